@@ -1,0 +1,86 @@
+// groupmm/gemm.hpp: grouped GEMM for the three MoE passes, per-expert row counts on the device.
+//
+// Weight layout is [G, N, K] row-major (out, in). Activations are [M_total, *] row-major with
+// expert g owning rows [start_g, start_g + splits[g]) where start_g = sum_{j<g} splits[j].
+//
+//   forward  (TN): y_g  = alpha * x_g W_g^T + bias_g    a = x  [M, K], b = W [G, N, K], out = y  [M, N]
+//   dgrad    (NN): dx_g = alpha * dy_g W_g              a = dy [M, N], b = W [G, N, K], out = dx [M, K]
+//   wgrad    (NT): dW_g = alpha * dy_g^T x_g + beta*dW_g a = dy [M, N], b = x [M, K],    out = dW [G, N, K]
+//
+// dtypes: a and b are both bf16 or both fp16; fp32 accumulation. forward/dgrad write out in a's
+// dtype; wgrad writes fp32 (main_grad, beta 0 or 1) or a's dtype (beta 0). bias is [G, N] in a's
+// dtype (forward only). A zero-row expert gets y/dx rows of nothing, dW_g = 0 (beta = 0) or an
+// unchanged dW_g (beta = 1), which is what delayed/accumulated wgrad needs.
+//
+// Alignment (CUDA engines): N and K multiples of 8 (16-byte rows for TMA); every pointer 16-byte
+// aligned. Violations throw groupmm::Error naming the argument. Splits need no alignment.
+//
+// Splits faults (device side, read with Context::check()): negative -> counted as 0; a running
+// sum past M_total -> the expert is clamped to the rows that exist (kFaultSplitsOverflow); a sum
+// different from M_total -> kFaultSplitsTotalMismatch (rows past the sum are left unwritten).
+//
+// Graph safety: the cutlass_sm90 engine (the default on sm_90) is graph safe: per-expert
+// pointers and problem sizes are built on the device from splits by one small kernel, the GEMM is
+// one persistent launch, no host sync, no allocation when a workspace is passed (or reserved on
+// the Context before capture). The cublas_loop engine copies splits to the host and is NOT graph
+// safe (baseline only). Minimum SM: sm_90 for CUDA; the CPU reference runs anywhere.
+#pragma once
+
+#include <string>
+
+#include "groupmm/core.hpp"
+
+namespace groupmm {
+
+enum class GemmPass : uint8_t { forward, dgrad, wgrad };
+const char* gemm_pass_name(GemmPass p);
+
+enum class GemmEngine : uint8_t {
+  automatic,     // cutlass_sm90 on a CUDA context, reference on a CPU context
+  cutlass_sm90,  // CUTLASS ptr-array grouped kernels (TMA, warp-specialized), graph safe
+  cublas_loop,   // one cuBLAS GEMM per expert after a host read of splits; NOT graph safe
+  reference,     // CPU loops (CPU context only)
+};
+const char* gemm_engine_name(GemmEngine e);
+
+struct GroupedGemmArgs {
+  GemmPass pass = GemmPass::forward;
+  TensorView a;       // see the table above
+  TensorView b;
+  TensorView out;
+  TensorView splits;  // [G] int32|int64, device (host on a CPU context)
+  TensorView bias;    // optional, forward only: [G, N] in a's dtype
+  float alpha = 1.0f;
+  float beta = 0.0f;  // wgrad only: 0 or 1 (1 = accumulate into out)
+  GemmEngine engine = GemmEngine::automatic;
+  std::string to_string() const;
+};
+
+// The problem dims (M_total, N, K, G) of the args, after validation.
+struct GemmDims {
+  int64_t M = 0, N = 0, K = 0, G = 0;
+};
+GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& args);
+
+// Bytes of device workspace that grouped_gemm needs for these args (host-known: depends on G, N,
+// K, dtypes and the engine, never on the split values).
+size_t grouped_gemm_workspace_size(const Context& ctx, const GroupedGemmArgs& args);
+
+// Runs the grouped GEMM on ctx's stream. workspace may be null: the Context's workspace is used
+// (it grows on demand outside graph capture; reserve it before capturing).
+void grouped_gemm(Context& ctx, const GroupedGemmArgs& args, void* workspace = nullptr,
+                  size_t workspace_bytes = 0);
+
+// Convenience wrappers.
+void gemm_forward(Context& ctx, const TensorView& x, const TensorView& w, const TensorView& splits,
+                  const TensorView& y, const TensorView& bias = TensorView());
+void gemm_dgrad(Context& ctx, const TensorView& dy, const TensorView& w, const TensorView& splits,
+                const TensorView& dx);
+void gemm_wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const TensorView& splits,
+                const TensorView& dw, bool accumulate);
+
+// Which kernel configuration the cutlass_sm90 engine picks for these dims ("tile 128x256x64
+// cooperative", ...), for logs and tests.
+std::string gemm_config_name(GemmPass pass, const GemmDims& dims, DType dtype);
+
+}  // namespace groupmm

@@ -1,0 +1,77 @@
+// Helpers shared by the CPU reference ops: element load/store by dtype, expert row ranges.
+#pragma once
+
+#include <vector>
+
+#include "groupmm/convert.hpp"
+#include "groupmm/core.hpp"
+
+namespace groupmm::cpu {
+
+// Reads element i of a float-typed view (bf16, fp16, fp32, fp8, e8m0) as fp32.
+inline float load_f(const TensorView& v, int64_t i) {
+  switch (v.dtype) {
+    case DType::bf16: return bf16_bits_to_float(v.ptr<uint16_t>()[i]);
+    case DType::fp16: return fp16_bits_to_float(v.ptr<uint16_t>()[i]);
+    case DType::fp32: return v.ptr<float>()[i];
+    case DType::fp8e4m3: return e4m3_to_float(v.ptr<uint8_t>()[i]);
+    case DType::fp8e5m2: return e5m2_to_float(v.ptr<uint8_t>()[i]);
+    case DType::e8m0: return e8m0_to_float(v.ptr<uint8_t>()[i]);
+    default: break;
+  }
+  GROUPMM_CHECK(false, "load_f: dtype ", dtype_name(v.dtype), " is not a float type");
+  return 0;
+}
+
+// Writes fp32 x into element i of a bf16/fp16/fp32 view with the format's rounding.
+inline void store_f(const TensorView& v, int64_t i, float x) {
+  switch (v.dtype) {
+    case DType::bf16: v.ptr<uint16_t>()[i] = float_to_bf16_bits(x); return;
+    case DType::fp16: v.ptr<uint16_t>()[i] = float_to_fp16_bits(x); return;
+    case DType::fp32: v.ptr<float>()[i] = x; return;
+    default: break;
+  }
+  GROUPMM_CHECK(false, "store_f: dtype ", dtype_name(v.dtype), " is not bf16/fp16/fp32");
+}
+
+// Whole view as fp32 (tests and references).
+inline std::vector<float> to_floats(const TensorView& v) {
+  std::vector<float> out(static_cast<size_t>(v.numel()));
+  for (int64_t i = 0; i < v.numel(); ++i) out[static_cast<size_t>(i)] = load_f(v, i);
+  return out;
+}
+
+struct RowRange {
+  int64_t start = 0, rows = 0;
+};
+
+// Expert row ranges from host splits with the device rules: negative -> 0 (kFaultNegativeSplit),
+// a range past `rows_total` clamped (kFaultSplitsOverflow), a sum != rows_total
+// (kFaultSplitsTotalMismatch). Faults are reported against `op`.
+inline std::vector<RowRange> expert_rows(Context& ctx, const TensorView& splits, int64_t rows_total,
+                                         OpId op) {
+  const int64_t G = splits.dim(0);
+  std::vector<RowRange> r(static_cast<size_t>(G));
+  int64_t run = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    int64_t m = splits.dtype == DType::int64 ? splits.ptr<int64_t>()[g]
+                                             : splits.ptr<int32_t>()[g];
+    if (m < 0) {
+      report_fault_host(ctx.status(), kFaultNegativeSplit, op, static_cast<int32_t>(g), m);
+      m = 0;
+    }
+    const int64_t start = run < rows_total ? run : rows_total;
+    int64_t rows = m;
+    if (start + rows > rows_total) {
+      report_fault_host(ctx.status(), kFaultSplitsOverflow, op, static_cast<int32_t>(g), m);
+      rows = rows_total - start;
+    }
+    r[static_cast<size_t>(g)] = {start, rows};
+    run += m;
+  }
+  if (run != rows_total)
+    report_fault_host(ctx.status(), kFaultSplitsTotalMismatch, op, -1, run);
+  return r;
+}
+
+}  // namespace groupmm::cpu
