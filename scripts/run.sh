@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-exec ./build/groupmm "${@:-info}"
+exec ./build/groupmm "${@:-demo}"

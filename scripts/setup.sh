@@ -45,6 +45,10 @@ if ! compgen -G "/usr/lib/*/cmake/GTest/GTestConfig.cmake" >/dev/null && ! compg
   echo "setup: installing libgtest-dev"
   apt_install libgtest-dev || { echo "setup: GoogleTest missing and could not be installed" >&2; exit 1; }
 fi
+# A source copy too, for machines that build without the system package (the lent GPU machine).
+if [ -d /usr/src/googletest ] && [ ! -f "$DEPS/googletest/CMakeLists.txt" ]; then
+  mkdir -p "$DEPS" && cp -r /usr/src/googletest "$DEPS/googletest"
+fi
 command -v ninja >/dev/null 2>&1 || apt_install ninja-build || true
 command -v ccache >/dev/null 2>&1 || apt_install ccache || echo "setup: ccache not available (optional)"
 

@@ -25,13 +25,14 @@ int run_info(const Args&) {
   for (int d = 0; d < n; ++d) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, d) != cudaSuccess) continue;
-    std::printf("  GPU %d: %s, sm_%d%d, %d SMs, L2 %.1f MiB, memory %.1f GiB, smem/block %zu KiB%s\n",
-                d, p.name, p.major, p.minor, p.multiProcessorCount, p.l2CacheSize / 1048576.0,
-                p.totalGlobalMem / 1073741824.0, p.sharedMemPerBlockOptin / 1024,
-                p.major == 9 ? "" : " (not sm_90: groupmm's CUDA kernels will not run here)");
+    std::printf(
+        "  GPU %d: %s, sm_%d%d, %d SMs, L2 %.1f MiB, memory %.1f GiB, smem/block %zu KiB%s\n", d,
+        p.name, p.major, p.minor, p.multiProcessorCount, p.l2CacheSize / 1048576.0,
+        p.totalGlobalMem / 1073741824.0, p.sharedMemPerBlockOptin / 1024,
+        p.major == 9 ? "" : " (not sm_90: groupmm's CUDA kernels will not run here)");
   }
-  std::printf("  backend: %s\n", groupmm::cuda_available() ? "CUDA (sm_90a kernels)"
-                                                           : "CPU reference (no sm_90 GPU)");
+  std::printf("  backend: %s\n",
+              groupmm::cuda_available() ? "CUDA (sm_90a kernels)" : "CPU reference (no sm_90 GPU)");
   return 0;
 }
 

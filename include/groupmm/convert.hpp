@@ -5,7 +5,8 @@
 // construction. The GPU tests also compare against the CUDA intrinsics.
 //
 // Rules (DESIGN.md section 5):
-//  - fp32 -> bf16 / fp16: round-to-nearest-even, IEEE overflow to Inf, NaN -> canonical quiet NaN.
+//  - fp32 -> bf16 / fp16: round-to-nearest-even, IEEE overflow to Inf, NaN -> 0x7FFF (the
+//    canonical NaN the CUDA conversions produce).
 //  - fp32 -> e4m3 / e5m2 / e2m1: round-to-nearest-even, saturating to the largest finite value
 //    (Inf saturates too). NaN -> 0x7F|sign (e4m3, e5m2, as cvt.satfinite does); e2m1 has no NaN,
 //    NaN -> +6 (0x7), like __nv_cvt_float_to_fp4. Signed zero keeps its sign.
@@ -54,7 +55,7 @@ template <int EB, int MB, int BIAS>
 GROUPMM_HD uint32_t round_minifloat_mag(uint32_t abs_bits) {
   const int fexp = static_cast<int>(abs_bits >> 23);
   if (fexp == 0) return 0;  // fp32 zero/subnormal: far below half the smallest target subnormal
-  const int e = fexp - 127 + BIAS;  // target biased exponent
+  const int e = fexp - 127 + BIAS;                          // target biased exponent
   const uint32_t sig = (abs_bits & 0x7FFFFFu) | 0x800000u;  // 24-bit significand
   const int shift = (e >= 1) ? (23 - MB) : (23 - MB + (1 - e));
   if (shift >= 25) return 0;  // below or at half the smallest subnormal: ties go to even (0)
@@ -87,18 +88,20 @@ GROUPMM_HD float decode_minifloat_mag(uint32_t code) {
 // ---- bf16 ---------------------------------------------------------------------------------------
 GROUPMM_HD uint16_t float_to_bf16_bits(float f) {
   const uint32_t u = float_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // qNaN
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;  // canonical NaN, as cvt.rn.bf16 does
   const uint32_t rounded = u + 0x7FFFu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(rounded >> 16);
 }
-GROUPMM_HD float bf16_bits_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+GROUPMM_HD float bf16_bits_to_float(uint16_t h) {
+  return bits_float(static_cast<uint32_t>(h) << 16);
+}
 
 // ---- fp16 ---------------------------------------------------------------------------------------
 GROUPMM_HD uint16_t float_to_fp16_bits(float f) {
   const uint32_t u = float_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return sign | 0x7E00u;   // NaN
+  if (a > 0x7F800000u) return 0x7FFFu;          // canonical NaN, as cvt.rn.f16 does
   if (a == 0x7F800000u) return sign | 0x7C00u;  // Inf
   uint32_t code = detail::round_minifloat_mag<5, 10, 15>(a);
   if (code >= 0x7C00u) code = 0x7C00u;  // IEEE overflow to Inf

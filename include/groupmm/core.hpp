@@ -39,22 +39,22 @@ std::string cat(const T&... parts) {
 }  // namespace detail
 
 // GROUPMM_CHECK(cond, "op: arg=", v, " must be ...") throws groupmm::Error with file:line.
-#define GROUPMM_CHECK(cond, ...)                                                            \
-  do {                                                                                      \
-    if (!(cond)) ::groupmm::detail::throw_error(__FILE__, __LINE__,                         \
-                                                ::groupmm::detail::cat(__VA_ARGS__));       \
+#define GROUPMM_CHECK(cond, ...)                                                               \
+  do {                                                                                         \
+    if (!(cond))                                                                               \
+      ::groupmm::detail::throw_error(__FILE__, __LINE__, ::groupmm::detail::cat(__VA_ARGS__)); \
   } while (0)
-#define GROUPMM_CHECK_CUDA(expr)                                                            \
-  do {                                                                                      \
-    cudaError_t groupmm_err_ = (expr);                                                      \
-    if (groupmm_err_ != cudaSuccess)                                                        \
-      ::groupmm::detail::throw_cuda_error(__FILE__, __LINE__, #expr, groupmm_err_);         \
+#define GROUPMM_CHECK_CUDA(expr)                                                    \
+  do {                                                                              \
+    cudaError_t groupmm_err_ = (expr);                                              \
+    if (groupmm_err_ != cudaSuccess)                                                \
+      ::groupmm::detail::throw_cuda_error(__FILE__, __LINE__, #expr, groupmm_err_); \
   } while (0)
-#define GROUPMM_CHECK_CUBLAS(expr)                                                          \
-  do {                                                                                      \
-    int groupmm_st_ = static_cast<int>(expr);                                               \
-    if (groupmm_st_ != 0) ::groupmm::detail::throw_cublas_error(__FILE__, __LINE__, #expr,  \
-                                                                groupmm_st_);               \
+#define GROUPMM_CHECK_CUBLAS(expr)                                                   \
+  do {                                                                               \
+    int groupmm_st_ = static_cast<int>(expr);                                        \
+    if (groupmm_st_ != 0)                                                            \
+      ::groupmm::detail::throw_cublas_error(__FILE__, __LINE__, #expr, groupmm_st_); \
   } while (0)
 // After a kernel launch: the launch error, if any.
 #define GROUPMM_CHECK_LAUNCH() GROUPMM_CHECK_CUDA(cudaGetLastError())
@@ -172,7 +172,7 @@ struct GroupedTensor {
   TensorView amax;                  // [G] fp32 per-expert amax
   TensorView global_scale;          // [G] fp32 (NVFP4 S_enc), absent otherwise
   QuantRecipe recipe = QuantRecipe::none;
-  bool scales_swizzled = false;     // 128x4 swizzled, per-expert 128-row padded
+  bool scales_swizzled = false;  // 128x4 swizzled, per-expert 128-row padded
   bool uniform() const { return !splits.present(); }
   std::string to_string() const;
 };
@@ -182,10 +182,11 @@ struct GroupedTensor {
 // ================================================================================================
 
 enum FaultBits : uint32_t {
-  kFaultNegativeSplit = 1u << 0,      // a split was < 0 (treated as 0)
+  kFaultNegativeSplit = 1u << 0,        // a split was < 0 (treated as 0)
   kFaultSplitsTotalMismatch = 1u << 1,  // sum of splits != the expected row count
-  kFaultSplitsOverflow = 1u << 2,     // splits run past the buffer (rows clamped, group skipped)
-  kFaultBadIndex = 1u << 3,           // an index (e.g. expert id) out of range (entry skipped)
+  kFaultSplitsOverflow = 1u << 2,       // splits run past the buffer (rows clamped, group skipped)
+  kFaultBadIndex = 1u << 3,             // an index (e.g. expert id) out of range (entry skipped)
+  kFaultSplitAlignment = 1u << 4,  // a split breaks an op's alignment rule (group's output skipped)
 };
 
 enum class OpId : uint32_t {

@@ -27,7 +27,9 @@ bool cuda_available() {
   return major == 9;  // the kernels are built for sm_90a only
 }
 
-Device default_device() { return cuda_available() ? Device::CUDA : Device::CPU; }
+Device default_device() {
+  return cuda_available() ? Device::CUDA : Device::CPU;
+}
 
 Context::Context(Device device, cudaStream_t stream) : device_(device), stream_(stream) {
   if (device_ == Device::CPU) {
@@ -35,12 +37,16 @@ Context::Context(Device device, cudaStream_t stream) : device_(device), stream_(
     return;
   }
   device_index_ = usable_cuda_device();
-  GROUPMM_CHECK(device_index_ >= 0, "Context: Device::CUDA requested but no CUDA device is visible");
+  GROUPMM_CHECK(device_index_ >= 0,
+                "Context: Device::CUDA requested but no CUDA device is visible");
   int major = 0, minor = 0;
-  GROUPMM_CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index_));
-  GROUPMM_CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index_));
+  GROUPMM_CHECK_CUDA(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index_));
+  GROUPMM_CHECK_CUDA(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index_));
   cc_ = major * 10 + minor;
-  GROUPMM_CHECK(major == 9, "Context: groupmm's CUDA kernels are built for sm_90a (Hopper); device ",
+  GROUPMM_CHECK(major == 9,
+                "Context: groupmm's CUDA kernels are built for sm_90a (Hopper); device ",
                 device_index_, " is sm_", cc_, ". Use Device::CPU on this machine.");
   GROUPMM_CHECK_CUDA(
       cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_index_));

@@ -29,18 +29,30 @@ namespace groupmm {
 
 const char* op_name(OpId op) {
   switch (op) {
-    case OpId::none: return "none";
-    case OpId::group_offsets: return "group_offsets";
-    case OpId::grouped_gemm: return "grouped_gemm";
-    case OpId::group_quantize: return "group_quantize";
-    case OpId::group_dequantize: return "group_dequantize";
-    case OpId::group_dbias: return "group_dbias";
-    case OpId::swizzle_scales: return "swizzle_scales";
-    case OpId::moe_permute: return "moe_permute";
-    case OpId::moe_unpermute: return "moe_unpermute";
-    case OpId::swiglu: return "swiglu";
-    case OpId::layer: return "layer";
-    case OpId::count_: break;
+    case OpId::none:
+      return "none";
+    case OpId::group_offsets:
+      return "group_offsets";
+    case OpId::grouped_gemm:
+      return "grouped_gemm";
+    case OpId::group_quantize:
+      return "group_quantize";
+    case OpId::group_dequantize:
+      return "group_dequantize";
+    case OpId::group_dbias:
+      return "group_dbias";
+    case OpId::swizzle_scales:
+      return "swizzle_scales";
+    case OpId::moe_permute:
+      return "moe_permute";
+    case OpId::moe_unpermute:
+      return "moe_unpermute";
+    case OpId::swiglu:
+      return "swiglu";
+    case OpId::layer:
+      return "layer";
+    case OpId::count_:
+      break;
   }
   return "unknown";
 }
@@ -63,6 +75,7 @@ std::string describe_status(const StatusBlock& s) {
   if (s.bits & kFaultSplitsTotalMismatch) os << " sum of splits != expected rows;";
   if (s.bits & kFaultSplitsOverflow) os << " splits run past the buffer (rows clamped);";
   if (s.bits & kFaultBadIndex) os << " index out of range (entry skipped);";
+  if (s.bits & kFaultSplitAlignment) os << " split breaks the op's alignment rule (group skipped);";
   os << " first at group " << s.group << ", value " << s.value;
   return os.str();
 }

@@ -7,19 +7,26 @@ namespace groupmm {
 
 const char* gemm_pass_name(GemmPass p) {
   switch (p) {
-    case GemmPass::forward: return "forward";
-    case GemmPass::dgrad: return "dgrad";
-    case GemmPass::wgrad: return "wgrad";
+    case GemmPass::forward:
+      return "forward";
+    case GemmPass::dgrad:
+      return "dgrad";
+    case GemmPass::wgrad:
+      return "wgrad";
   }
   return "?";
 }
 
 const char* gemm_engine_name(GemmEngine e) {
   switch (e) {
-    case GemmEngine::automatic: return "automatic";
-    case GemmEngine::cutlass_sm90: return "cutlass_sm90";
-    case GemmEngine::cublas_loop: return "cublas_loop";
-    case GemmEngine::reference: return "reference";
+    case GemmEngine::automatic:
+      return "automatic";
+    case GemmEngine::cutlass_sm90:
+      return "cutlass_sm90";
+    case GemmEngine::cublas_loop:
+      return "cublas_loop";
+    case GemmEngine::reference:
+      return "reference";
   }
   return "?";
 }
@@ -50,8 +57,9 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
   if (a.pass == GemmPass::wgrad) {
     check_view(op, "a (dy)", a.a, t, 2, dev);
     check_view(op, "b (x)", a.b, t, 2, dev);
-    GROUPMM_CHECK(a.out.dtype == DType::fp32 || a.out.dtype == t, op, ": out.dtype=",
-                  dtype_name(a.out.dtype), " must be fp32 or ", dtype_name(t), " for wgrad");
+    GROUPMM_CHECK(a.out.dtype == DType::fp32 || a.out.dtype == t, op,
+                  ": out.dtype=", dtype_name(a.out.dtype), " must be fp32 or ", dtype_name(t),
+                  " for wgrad");
     check_view(op, "out (dW)", a.out, a.out.dtype, 3, dev);
     d.M = a.a.dim(0);
     d.N = a.a.dim(1);
@@ -61,8 +69,10 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
     check_dim(op, "out (dW)", a.out, 1, d.N);
     check_dim(op, "out (dW)", a.out, 2, d.K);
     GROUPMM_CHECK(a.beta == 0.0f || a.beta == 1.0f, op, ": beta=", a.beta, " must be 0 or 1");
-    GROUPMM_CHECK(a.beta == 0.0f || a.out.dtype == DType::fp32, op, ": beta=1 (accumulate) needs "
-                  "an fp32 out, got ", dtype_name(a.out.dtype));
+    GROUPMM_CHECK(a.beta == 0.0f || a.out.dtype == DType::fp32, op,
+                  ": beta=1 (accumulate) needs "
+                  "an fp32 out, got ",
+                  dtype_name(a.out.dtype));
     GROUPMM_CHECK(!a.bias.present(), op, ": bias is only valid for the forward pass");
   } else {
     const bool fwd = a.pass == GemmPass::forward;
@@ -126,8 +136,8 @@ void grouped_gemm(Context& ctx, const GroupedGemmArgs& args, void* workspace, si
       workspace = ctx.workspace(need);
       ws_bytes = ctx.workspace_size();
     }
-    GROUPMM_CHECK(ws_bytes >= need, "grouped_gemm: workspace_bytes=", ws_bytes, " must be >= ",
-                  need, " (grouped_gemm_workspace_size)");
+    GROUPMM_CHECK(ws_bytes >= need, "grouped_gemm: workspace_bytes=", ws_bytes,
+                  " must be >= ", need, " (grouped_gemm_workspace_size)");
     cuda::cutlass_grouped_gemm(ctx, args, d, workspace, ws_bytes);
   }
   ctx.after_op();

@@ -7,9 +7,9 @@ std::string OffsetsArgs::to_string() const {
   std::ostringstream os;
   os << "OffsetsArgs(splits=" << splits.to_string() << ", expected_total=" << expected_total
      << ", start=" << start.to_string() << ", end=" << end.to_string()
-     << ", element_start=" << element_start.to_string() << ", scale_row_start="
-     << scale_row_start.to_string() << ", pad_rows=" << pad_rows << ", total=" << total.to_string()
-     << ")";
+     << ", element_start=" << element_start.to_string()
+     << ", scale_row_start=" << scale_row_start.to_string() << ", pad_rows=" << pad_rows
+     << ", total=" << total.to_string() << ")";
   return os.str();
 }
 
@@ -34,8 +34,8 @@ void validate_offsets_args(const Context& ctx, const OffsetsArgs& a) {
   check_index_out("total", a.total, 1, ctx.device());
   if (a.element_start.present()) {
     const TensorView& e = a.element_start;
-    GROUPMM_CHECK(e.dtype == DType::int64, "group_offsets: element_start.dtype=",
-                  dtype_name(e.dtype), " must be int64");
+    GROUPMM_CHECK(e.dtype == DType::int64,
+                  "group_offsets: element_start.dtype=", dtype_name(e.dtype), " must be int64");
     GROUPMM_CHECK(e.rank == 2 && e.dim(1) == G && e.dim(0) >= 1 && e.dim(0) <= 4,
                   "group_offsets: element_start.shape=", e.shape_string(), " must be [S, ", G,
                   "] with 1 <= S <= 4");

@@ -9,8 +9,8 @@ namespace groupmm {
 // ---- TensorView --------------------------------------------------------------------------------
 TensorView::TensorView(void* p, DType t, Device d, std::initializer_list<int64_t> dims)
     : data(p), dtype(t), device(d), rank(static_cast<int>(dims.size())) {
-  GROUPMM_CHECK(dims.size() >= 1 && dims.size() <= 3,
-                "TensorView: rank=", dims.size(), " must be 1..3");
+  GROUPMM_CHECK(dims.size() >= 1 && dims.size() <= 3, "TensorView: rank=", dims.size(),
+                " must be 1..3");
   size_t i = 0;
   for (int64_t v : dims) {
     GROUPMM_CHECK(v >= 0, "TensorView: shape[", i, "]=", v, " must be >= 0");
@@ -79,9 +79,13 @@ void Tensor::reset() {
   view_ = TensorView();
 }
 
-Tensor::~Tensor() { reset(); }
+Tensor::~Tensor() {
+  reset();
+}
 
-Tensor::Tensor(Tensor&& o) noexcept : view_(o.view_), stream_(o.stream_) { o.view_ = TensorView(); }
+Tensor::Tensor(Tensor&& o) noexcept : view_(o.view_), stream_(o.stream_) {
+  o.view_ = TensorView();
+}
 
 Tensor& Tensor::operator=(Tensor&& o) noexcept {
   if (this != &o) {
@@ -131,7 +135,8 @@ std::string GroupedTensor::to_string() const {
   if (splits.present()) os << ", splits=" << splits.to_string();
   if (scale_inv.present()) os << ", scale_inv=" << scale_inv.to_string();
   if (columnwise_data.present()) os << ", columnwise=" << columnwise_data.to_string();
-  if (columnwise_scale_inv.present()) os << ", columnwise_scale_inv=" << columnwise_scale_inv.to_string();
+  if (columnwise_scale_inv.present())
+    os << ", columnwise_scale_inv=" << columnwise_scale_inv.to_string();
   if (amax.present()) os << ", amax=" << amax.to_string();
   if (global_scale.present()) os << ", global_scale=" << global_scale.to_string();
   if (scales_swizzled) os << ", swizzled";

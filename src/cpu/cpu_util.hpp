@@ -11,13 +11,20 @@ namespace groupmm::cpu {
 // Reads element i of a float-typed view (bf16, fp16, fp32, fp8, e8m0) as fp32.
 inline float load_f(const TensorView& v, int64_t i) {
   switch (v.dtype) {
-    case DType::bf16: return bf16_bits_to_float(v.ptr<uint16_t>()[i]);
-    case DType::fp16: return fp16_bits_to_float(v.ptr<uint16_t>()[i]);
-    case DType::fp32: return v.ptr<float>()[i];
-    case DType::fp8e4m3: return e4m3_to_float(v.ptr<uint8_t>()[i]);
-    case DType::fp8e5m2: return e5m2_to_float(v.ptr<uint8_t>()[i]);
-    case DType::e8m0: return e8m0_to_float(v.ptr<uint8_t>()[i]);
-    default: break;
+    case DType::bf16:
+      return bf16_bits_to_float(v.ptr<uint16_t>()[i]);
+    case DType::fp16:
+      return fp16_bits_to_float(v.ptr<uint16_t>()[i]);
+    case DType::fp32:
+      return v.ptr<float>()[i];
+    case DType::fp8e4m3:
+      return e4m3_to_float(v.ptr<uint8_t>()[i]);
+    case DType::fp8e5m2:
+      return e5m2_to_float(v.ptr<uint8_t>()[i]);
+    case DType::e8m0:
+      return e8m0_to_float(v.ptr<uint8_t>()[i]);
+    default:
+      break;
   }
   GROUPMM_CHECK(false, "load_f: dtype ", dtype_name(v.dtype), " is not a float type");
   return 0;
@@ -26,10 +33,17 @@ inline float load_f(const TensorView& v, int64_t i) {
 // Writes fp32 x into element i of a bf16/fp16/fp32 view with the format's rounding.
 inline void store_f(const TensorView& v, int64_t i, float x) {
   switch (v.dtype) {
-    case DType::bf16: v.ptr<uint16_t>()[i] = float_to_bf16_bits(x); return;
-    case DType::fp16: v.ptr<uint16_t>()[i] = float_to_fp16_bits(x); return;
-    case DType::fp32: v.ptr<float>()[i] = x; return;
-    default: break;
+    case DType::bf16:
+      v.ptr<uint16_t>()[i] = float_to_bf16_bits(x);
+      return;
+    case DType::fp16:
+      v.ptr<uint16_t>()[i] = float_to_fp16_bits(x);
+      return;
+    case DType::fp32:
+      v.ptr<float>()[i] = x;
+      return;
+    default:
+      break;
   }
   GROUPMM_CHECK(false, "store_f: dtype ", dtype_name(v.dtype), " is not bf16/fp16/fp32");
 }
@@ -54,8 +68,7 @@ inline std::vector<RowRange> expert_rows(Context& ctx, const TensorView& splits,
   std::vector<RowRange> r(static_cast<size_t>(G));
   int64_t run = 0;
   for (int64_t g = 0; g < G; ++g) {
-    int64_t m = splits.dtype == DType::int64 ? splits.ptr<int64_t>()[g]
-                                             : splits.ptr<int32_t>()[g];
+    int64_t m = splits.dtype == DType::int64 ? splits.ptr<int64_t>()[g] : splits.ptr<int32_t>()[g];
     if (m < 0) {
       report_fault_host(ctx.status(), kFaultNegativeSplit, op, static_cast<int32_t>(g), m);
       m = 0;
@@ -69,8 +82,7 @@ inline std::vector<RowRange> expert_rows(Context& ctx, const TensorView& splits,
     r[static_cast<size_t>(g)] = {start, rows};
     run += m;
   }
-  if (run != rows_total)
-    report_fault_host(ctx.status(), kFaultSplitsTotalMismatch, op, -1, run);
+  if (run != rows_total) report_fault_host(ctx.status(), kFaultSplitsTotalMismatch, op, -1, run);
   return r;
 }
 

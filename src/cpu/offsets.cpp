@@ -12,7 +12,8 @@ static void store(const TensorView& v, int64_t i, int64_t value, StatusBlock* st
     return;
   }
   if (value > INT32_MAX) {
-    report_fault_host(st, kFaultSplitsOverflow, OpId::group_offsets, static_cast<int32_t>(g), value);
+    report_fault_host(st, kFaultSplitsOverflow, OpId::group_offsets, static_cast<int32_t>(g),
+                      value);
     value = INT32_MAX;
   }
   v.ptr<int32_t>()[i] = static_cast<int32_t>(value);

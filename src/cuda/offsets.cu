@@ -35,7 +35,8 @@ struct OffsetsParams {
   StatusBlock* status;
 };
 
-__device__ __forceinline__ void store(IndexOut o, int64_t i, int64_t v, StatusBlock* st, int64_t g) {
+__device__ __forceinline__ void store(IndexOut o, int64_t i, int64_t v, StatusBlock* st,
+                                      int64_t g) {
   if (o.p == nullptr) return;
   if (o.is64) {
     static_cast<int64_t*>(o.p)[i] = v;
@@ -77,7 +78,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) group_offsets_kernel(OffsetsPar
       if (g < p.G) {
         m = load_split(p.splits, p.splits64, g);
         if (m < 0) {
-          report_fault(p.status, kFaultNegativeSplit, OpId::group_offsets, static_cast<int32_t>(g), m);
+          report_fault(p.status, kFaultNegativeSplit, OpId::group_offsets, static_cast<int32_t>(g),
+                       m);
           m = 0;
         }
       }
@@ -97,7 +99,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) group_offsets_kernel(OffsetsPar
       store(p.start, g, start, p.status, g);
       store(p.end, g, end, p.status, g);
       store(p.scale_row_start, g, pstart, p.status, g);
-      for (int s = 0; s < p.num_strides; ++s) p.element_start[s * p.G + g] = start * p.row_strides[s];
+      for (int s = 0; s < p.num_strides; ++s)
+        p.element_start[s * p.G + g] = start * p.row_strides[s];
     }
     __syncthreads();  // everyone has read carry and tmp
     if (threadIdx.x == 0) carry = {c.rows + tile_total.rows, c.padded + tile_total.padded};

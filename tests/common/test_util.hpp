@@ -17,23 +17,23 @@
 namespace groupmm::test {
 
 // Skips the current test cleanly where no sm_90 GPU exists (CI machines).
-#define GROUPMM_REQUIRE_GPU()                                                \
-  do {                                                                       \
+#define GROUPMM_REQUIRE_GPU()                                                 \
+  do {                                                                        \
     if (!::groupmm::cuda_available()) GTEST_SKIP() << "no sm_90 GPU visible"; \
   } while (0)
 
 // Asserts that `stmt` throws groupmm::Error whose message contains `needle`.
-#define EXPECT_THROW_MSG(stmt, needle)                                                  \
-  do {                                                                                  \
-    bool groupmm_thrown_ = false;                                                       \
-    try {                                                                               \
-      stmt;                                                                             \
-    } catch (const ::groupmm::Error& e) {                                               \
-      groupmm_thrown_ = true;                                                           \
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)                  \
-          << "message: " << e.what() << "\nexpected to contain: " << (needle);         \
-    }                                                                                   \
-    EXPECT_TRUE(groupmm_thrown_) << #stmt " did not throw groupmm::Error";             \
+#define EXPECT_THROW_MSG(stmt, needle)                                         \
+  do {                                                                         \
+    bool groupmm_thrown_ = false;                                              \
+    try {                                                                      \
+      stmt;                                                                    \
+    } catch (const ::groupmm::Error& e) {                                      \
+      groupmm_thrown_ = true;                                                  \
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)         \
+          << "message: " << e.what() << "\nexpected to contain: " << (needle); \
+    }                                                                          \
+    EXPECT_TRUE(groupmm_thrown_) << #stmt " did not throw groupmm::Error";     \
   } while (0)
 
 inline std::mt19937_64& rng() {
@@ -42,18 +42,35 @@ inline std::mt19937_64& rng() {
 }
 
 // ---- split patterns (DESIGN section 7) ---------------------------------------------------------
-enum class Pattern { balanced, zipf, zero_first, zero_middle, zero_last, zero_all, quarter_empty, random_odd };
+enum class Pattern {
+  balanced,
+  zipf,
+  zero_first,
+  zero_middle,
+  zero_last,
+  zero_all,
+  quarter_empty,
+  random_odd
+};
 
 inline const char* pattern_name(Pattern p) {
   switch (p) {
-    case Pattern::balanced: return "balanced";
-    case Pattern::zipf: return "zipf";
-    case Pattern::zero_first: return "zero_first";
-    case Pattern::zero_middle: return "zero_middle";
-    case Pattern::zero_last: return "zero_last";
-    case Pattern::zero_all: return "zero_all";
-    case Pattern::quarter_empty: return "quarter_empty";
-    case Pattern::random_odd: return "random_odd";
+    case Pattern::balanced:
+      return "balanced";
+    case Pattern::zipf:
+      return "zipf";
+    case Pattern::zero_first:
+      return "zero_first";
+    case Pattern::zero_middle:
+      return "zero_middle";
+    case Pattern::zero_last:
+      return "zero_last";
+    case Pattern::zero_all:
+      return "zero_all";
+    case Pattern::quarter_empty:
+      return "quarter_empty";
+    case Pattern::random_odd:
+      return "random_odd";
   }
   return "?";
 }
@@ -66,13 +83,20 @@ inline std::vector<int64_t> make_splits(Pattern p, int64_t G, int64_t total,
   if (p == Pattern::zero_all || total == 0) return out;
   switch (p) {
     case Pattern::zipf: {
-      for (int64_t i = 0; i < G; ++i) w[static_cast<size_t>(i)] = 1.0 / std::pow(double(i + 1), 1.1);
+      for (int64_t i = 0; i < G; ++i)
+        w[static_cast<size_t>(i)] = 1.0 / std::pow(double(i + 1), 1.1);
       std::shuffle(w.begin(), w.end(), g);
       break;
     }
-    case Pattern::zero_first: w[0] = 0; break;
-    case Pattern::zero_middle: w[static_cast<size_t>(G / 2)] = 0; break;
-    case Pattern::zero_last: w[static_cast<size_t>(G - 1)] = 0; break;
+    case Pattern::zero_first:
+      w[0] = 0;
+      break;
+    case Pattern::zero_middle:
+      w[static_cast<size_t>(G / 2)] = 0;
+      break;
+    case Pattern::zero_last:
+      w[static_cast<size_t>(G - 1)] = 0;
+      break;
     case Pattern::quarter_empty:
       for (int64_t i = 0; i < G; ++i)
         if (i % 4 == 1) w[static_cast<size_t>(i)] = 0;
@@ -82,14 +106,16 @@ inline std::vector<int64_t> make_splits(Pattern p, int64_t G, int64_t total,
       for (auto& x : w) x = u(g);
       break;
     }
-    default: break;
+    default:
+      break;
   }
   if (G > 1 && std::all_of(w.begin(), w.end(), [](double x) { return x == 0; })) w[0] = 1;
   if (G == 1) w[0] = 1;
   const double sum = std::accumulate(w.begin(), w.end(), 0.0);
   int64_t assigned = 0;
   for (int64_t i = 0; i < G; ++i) {
-    out[static_cast<size_t>(i)] = static_cast<int64_t>(std::floor(w[static_cast<size_t>(i)] / sum * double(total)));
+    out[static_cast<size_t>(i)] =
+        static_cast<int64_t>(std::floor(w[static_cast<size_t>(i)] / sum * double(total)));
     assigned += out[static_cast<size_t>(i)];
   }
   // Hand the remainder to non-zero-weight groups so the total is exact.

@@ -60,19 +60,31 @@ TEST(ConvertDecode, Fp16AndBf16KnownCodes) {
 // ---- brute-force encode oracle -----------------------------------------------------------------
 struct Format {
   const char* name;
-  int codes;         // number of magnitude codes to search (sign handled separately)
+  int codes;          // number of magnitude codes to search (sign handled separately)
   uint32_t max_code;  // largest finite magnitude code
   float (*decode)(uint32_t);
   uint32_t (*encode)(float);
   uint32_t sign_bit;
 };
 
-uint32_t enc_e4m3(float f) { return float_to_e4m3(f); }
-uint32_t enc_e5m2(float f) { return float_to_e5m2(f); }
-uint32_t enc_e2m1(float f) { return float_to_e2m1(f); }
-float dec_e4m3(uint32_t c) { return e4m3_to_float(static_cast<uint8_t>(c)); }
-float dec_e5m2(uint32_t c) { return e5m2_to_float(static_cast<uint8_t>(c)); }
-float dec_e2m1(uint32_t c) { return e2m1_to_float(static_cast<uint8_t>(c)); }
+uint32_t enc_e4m3(float f) {
+  return float_to_e4m3(f);
+}
+uint32_t enc_e5m2(float f) {
+  return float_to_e5m2(f);
+}
+uint32_t enc_e2m1(float f) {
+  return float_to_e2m1(f);
+}
+float dec_e4m3(uint32_t c) {
+  return e4m3_to_float(static_cast<uint8_t>(c));
+}
+float dec_e5m2(uint32_t c) {
+  return e5m2_to_float(static_cast<uint8_t>(c));
+}
+float dec_e2m1(uint32_t c) {
+  return e2m1_to_float(static_cast<uint8_t>(c));
+}
 
 // Nearest finite magnitude code to |x| (ties -> even code), saturating.
 uint32_t oracle_mag(const Format& f, double ax) {
@@ -112,6 +124,10 @@ std::vector<float> probe_values(const Format& f) {
   return v;
 }
 
+void PrintTo(const Format& f, std::ostream* os) {
+  *os << f.name;
+}
+
 class EncodeOracle : public ::testing::TestWithParam<Format> {};
 
 TEST_P(EncodeOracle, MatchesNearestEvenSaturating) {
@@ -139,12 +155,11 @@ TEST_P(EncodeOracle, SpecialValues) {
   EXPECT_EQ(f.encode(0.0f), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, EncodeOracle,
-    ::testing::Values(Format{"e4m3", 128, 0x7E, dec_e4m3, enc_e4m3, 0x80},
-                      Format{"e5m2", 128, 0x7B, dec_e5m2, enc_e5m2, 0x80},
-                      Format{"e2m1", 8, 0x7, dec_e2m1, enc_e2m1, 0x8}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Formats, EncodeOracle,
+                         ::testing::Values(Format{"e4m3", 128, 0x7E, dec_e4m3, enc_e4m3, 0x80},
+                                           Format{"e5m2", 128, 0x7B, dec_e5m2, enc_e5m2, 0x80},
+                                           Format{"e2m1", 8, 0x7, dec_e2m1, enc_e2m1, 0x8}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST(ConvertEncode, NaNRules) {
   EXPECT_EQ(float_to_e4m3(NAN), 0x7F);

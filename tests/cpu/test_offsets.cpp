@@ -64,7 +64,8 @@ TEST(OffsetsCpu, ValidationNamesOpArgumentAndValue) {
   std::vector<int64_t> short_out(2), elem(6);
   OffsetsArgs a;
   a.splits = host_view(bad, DType::fp32, {3});
-  EXPECT_THROW_MSG(group_offsets(ctx, a), "group_offsets: splits.dtype=fp32 must be int32 or int64");
+  EXPECT_THROW_MSG(group_offsets(ctx, a),
+                   "group_offsets: splits.dtype=fp32 must be int32 or int64");
   a.splits = host_view(splits, DType::int32, {3});
   a.start = host_view(short_out, DType::int64, {2});
   EXPECT_THROW_MSG(group_offsets(ctx, a), "group_offsets: start.shape=[2] must be [3]");
@@ -76,7 +77,8 @@ TEST(OffsetsCpu, ValidationNamesOpArgumentAndValue) {
   EXPECT_THROW_MSG(group_offsets(ctx, a), "group_offsets: pad_rows=0 must be >= 1");
   a.pad_rows = 128;
   a.splits.device = Device::CUDA;
-  EXPECT_THROW_MSG(group_offsets(ctx, a), "group_offsets: splits is on cuda but the context is cpu");
+  EXPECT_THROW_MSG(group_offsets(ctx, a),
+                   "group_offsets: splits is on cuda but the context is cpu");
 }
 
 TEST(OffsetsCpu, LargeGMatchesRunningSum) {

@@ -51,6 +51,11 @@ struct Case {
   bool splits64;
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << pattern_name(c.pattern) << " G=" << c.G << " total=" << c.total
+      << (c.splits64 ? " int64" : " int32");
+}
+
 class OffsetsGpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(OffsetsGpu, MatchesCpuReference) {
@@ -59,7 +64,8 @@ TEST_P(OffsetsGpu, MatchesCpuReference) {
   const auto s = make_splits(c.pattern, c.G, c.total);
   std::vector<int64_t> s64 = s;
   std::vector<int32_t> s32 = to_i32(s);
-  TensorView hs = c.splits64 ? host_view(s64, DType::int64, {c.G}) : host_view(s32, DType::int32, {c.G});
+  TensorView hs =
+      c.splits64 ? host_view(s64, DType::int64, {c.G}) : host_view(s32, DType::int32, {c.G});
   for (DType it : {DType::int32, DType::int64}) {
     Context cctx(Device::CPU), gctx(Device::CUDA);
     Outs ho(c.G, Device::CPU, it), go(c.G, Device::CUDA, it);
@@ -72,18 +78,22 @@ TEST_P(OffsetsGpu, MatchesCpuReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Patterns, OffsetsGpu,
-    ::testing::Values(Case{Pattern::balanced, 32, 32768, false}, Case{Pattern::zipf, 128, 65536, true},
-                      Case{Pattern::zero_first, 8, 1001, false}, Case{Pattern::zero_middle, 9, 77, true},
-                      Case{Pattern::zero_last, 16, 4097, false}, Case{Pattern::zero_all, 5, 0, false},
-                      Case{Pattern::balanced, 1, 123, false}, Case{Pattern::zipf, 4096, 1 << 20, false},
-                      Case{Pattern::random_odd, 4096, 999999, true},
-                      Case{Pattern::quarter_empty, 5000, 70001, false}),
-    [](const auto& info) {
-      return std::string(pattern_name(info.param.pattern)) + "_G" + std::to_string(info.param.G) +
-             (info.param.splits64 ? "_i64" : "_i32");
-    });
+INSTANTIATE_TEST_SUITE_P(Patterns, OffsetsGpu,
+                         ::testing::Values(Case{Pattern::balanced, 32, 32768, false},
+                                           Case{Pattern::zipf, 128, 65536, true},
+                                           Case{Pattern::zero_first, 8, 1001, false},
+                                           Case{Pattern::zero_middle, 9, 77, true},
+                                           Case{Pattern::zero_last, 16, 4097, false},
+                                           Case{Pattern::zero_all, 5, 0, false},
+                                           Case{Pattern::balanced, 1, 123, false},
+                                           Case{Pattern::zipf, 4096, 1 << 20, false},
+                                           Case{Pattern::random_odd, 4096, 999999, true},
+                                           Case{Pattern::quarter_empty, 5000, 70001, false}),
+                         [](const auto& info) {
+                           return std::string(pattern_name(info.param.pattern)) + "_G" +
+                                  std::to_string(info.param.G) +
+                                  (info.param.splits64 ? "_i64" : "_i32");
+                         });
 
 TEST(OffsetsGpuGraph, ReplayWithNewSplitsEqualsEager) {
   GROUPMM_REQUIRE_GPU();

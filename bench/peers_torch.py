@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Times torch._grouped_mm on the exact cases (same splits) of a `groupmm bench gemm --json` file,
+in the same device call, and prints the merged table with our ratio to it.
+
+    build/groupmm bench gemm --json out/gemm.json && python3 bench/peers_torch.py out/gemm.json
+
+forward: x[M,K] @ W^T (2d x 3d, W given as [G,K,N] view of [G,N,K]); dgrad: dy[M,N] @ W[G,N,K]
+(2d x 3d); wgrad: dy^T[N,M] @ x[M,K] (2d x 2d, offs over M) -> [G,N,K]. bf16 in and out, fp32 accumulation.
+"""
+import json
+import math
+import statistics
+import sys
+
+import torch
+
+
+def median_ms(fn, warmup=3, iters=10):
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def rotation(nbytes):
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(1, min(16, math.ceil(3 * l2 / max(nbytes, 1))))
+
+
+def time_case(c):
+    G, M, N, K = c["G"], c["M"], c["N"], c["K"]
+    dev = "cuda"
+    offs = torch.tensor(c["splits"], dtype=torch.int64, device=dev).cumsum(0).to(torch.int32)
+    bf = torch.bfloat16
+    if c["pass"] == "fwd":
+        nbytes = (M * K + G * N * K) * 2
+        R = rotation(nbytes)
+        xs = [torch.randn(M, K, device=dev, dtype=bf) for _ in range(R)]
+        ws = [torch.randn(G, N, K, device=dev, dtype=bf) * 0.05 for _ in range(R)]
+        args = [(xs[i], ws[i].transpose(-2, -1)) for i in range(R)]
+    elif c["pass"] == "dgrad":
+        nbytes = (M * N + G * N * K) * 2
+        R = rotation(nbytes)
+        dys = [torch.randn(M, N, device=dev, dtype=bf) for _ in range(R)]
+        ws = [torch.randn(G, N, K, device=dev, dtype=bf) * 0.05 for _ in range(R)]
+        # torch wants the second operand's last dim contiguous in one of the two allowed majors;
+        # W[G,N,K] row-major is [G,K_in=N,N_out=K] with stride (N*K, K, 1).
+        args = [(dys[i], ws[i]) for i in range(R)]
+    else:
+        nbytes = (M * N + M * K) * 2
+        R = rotation(nbytes)
+        dys = [torch.randn(M, N, device=dev, dtype=bf) for _ in range(R)]
+        xs = [torch.randn(M, K, device=dev, dtype=bf) for _ in range(R)]
+        args = [(dys[i].t(), xs[i]) for i in range(R)]
+    state = {"i": 0}
+
+    def run():
+        a, b = args[state["i"] % R]
+        state["i"] += 1
+        return torch._grouped_mm(a, b, offs=offs, out_dtype=bf)
+
+    try:
+        run()
+    except Exception as e:  # layout requirement: retry with a contiguous copy (outside timing)
+        msg = str(e).splitlines()[0][:120]
+        if c["pass"] == "wgrad":
+            args = [(a.contiguous().t().contiguous().t(), b) for a, b in args]
+        else:
+            args = [(a, b.contiguous()) for a, b in args]
+        try:
+            run()
+        except Exception as e2:
+            return None, f"torch failed: {msg} / {str(e2).splitlines()[0][:120]}"
+    return median_ms(run) * 1e3, None
+
+
+def main():
+    data = json.load(open(sys.argv[1]))
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}; our numbers from {sys.argv[1]}")
+    hdr = f"{'case':22} {'pass':6} {'pattern':8} {'ours_us':>9} {'torch_us':>9} {'x_torch':>7} {'x_dense':>7} {'TFLOP/s':>8}"
+    print(hdr)
+    ratios = {"fwd": [], "dgrad": [], "wgrad": []}
+    for c in data["cases"]:
+        t, err = time_case(c)
+        c["torch_us"] = t
+        if t is None:
+            print(f"{c['case']:22} {c['pass']:6} {c['pattern']:8} {c['us']:9.1f}  {err}")
+            continue
+        r = t / c["us"]
+        ratios[c["pass"]].append(r)
+        c["x_torch"] = r
+        print(f"{c['case']:22} {c['pass']:6} {c['pattern']:8} {c['us']:9.1f} {t:9.1f} {r:7.3f} "
+              f"{c['dense_us'] / c['us']:7.3f} {c['flops'] / c['us'] / 1e6:8.1f}")
+        torch.cuda.empty_cache()
+    for p, rs in ratios.items():
+        if rs:
+            gm = math.exp(sum(math.log(x) for x in rs) / len(rs))
+            print(f"{p}: geometric mean speedup vs torch._grouped_mm {gm:.3f} (min {min(rs):.3f}, n={len(rs)})")
+    json.dump(data, open(sys.argv[1].replace(".json", "_merged.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

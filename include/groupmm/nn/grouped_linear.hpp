@@ -1,0 +1,184 @@
+// groupmm/nn/grouped_linear.hpp: the GroupedLinear layer MoE frameworks call.
+//
+// One layer = G experts, each y_g = x_g W_g^T (+ b_g), with one contiguous grouped weight
+// W [G, N, K] (out, in) and bias b [G, N]. Rows of x are sorted by expert; splits [G] (device int32
+// or int64 row counts) say how many rows each expert owns.
+//
+//   GroupedLinear gate_up(ctx, {.experts = 128, .in_features = 2048, .out_features = 1536,
+//                               .max_tokens = 32768});
+//   TensorView y  = gate_up.forward(ctx, x, splits);   // [M, N], layer-owned
+//   TensorView dx = gate_up.backward(ctx, dy);         // [M, K], layer-owned; dW, db too
+//   gate_up.backward_dw(ctx);                          // only with delay_wgrad
+//
+// Context: every call takes the Context to run on (its stream and workspace). The constructor's
+// Context decides the device and the allocation stream, and the constructor calls prepare() on it,
+// which reserves that Context's workspace for the largest call of every pass. Running on another
+// Context of the same device? Call prepare(other) once before capturing on it.
+//
+// Graph safety (CUDA): forward, backward and backward_dw never read splits on the host, never
+// synchronize and never allocate (all outputs, grads and the splits copy are allocated for
+// max_tokens rows at construction), so the whole forward + backward + backward_dw sequence can be
+// captured in one CUDA graph and replayed with new splits (same M). Minimum SM: sm_90 for CUDA;
+// the CPU backend runs anywhere (same API, reference numerics).
+//
+// Lifetimes (like autograd's saved tensors, nothing is copied): x passed to forward must stay
+// alive and unchanged until backward (immediate wgrad) or backward_dw (delayed wgrad) has been
+// enqueued; with delay_wgrad, dy passed to backward must too. splits is copied into the layer at
+// forward (G values), so the caller may reuse its buffer right away. One micro-batch is in flight
+// at a time: forward may be called again after backward (or backward_dw when delay_wgrad), and as
+// often as wanted without backward (inference), but not while a delayed wgrad is pending.
+// The returned y / dx views point into layer buffers that the next forward / backward overwrites.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "groupmm/core.hpp"
+#include "groupmm/gemm.hpp"
+
+namespace groupmm::nn {
+
+class LinearRecipe;
+
+struct GroupedLinearConfig {
+  int64_t experts = 0;       // G
+  int64_t in_features = 0;   // K
+  int64_t out_features = 0;  // N
+  bool bias = false;
+  DType dtype = DType::bf16;  // bf16 or fp16: weight, bias, activations and gradients
+  // Wgrad (dW and db) is computed by backward_dw() instead of backward().
+  bool delay_wgrad = false;
+  // dW and db accumulate into fp32 main grads ([G, N, K] and [G, N]; beta = 1) instead of being
+  // written in dtype. A zero-row expert leaves its main grads unchanged.
+  bool accumulate_into_main_grad = false;
+  int64_t max_tokens = 0;  // most rows a forward may see (buffers are sized for it)
+  uint64_t seed = 0;       // initialization (see GroupedLinear)
+  // What the layer quantizes and which GEMM it calls; null = high_precision_recipe().
+  std::shared_ptr<const LinearRecipe> recipe;
+  std::string to_string() const;
+};
+
+// ---- Recipe seam
+// ---------------------------------------------------------------------------------
+//
+// A recipe decides how the layer's three GEMMs (and dbias) run: which operands are quantized into
+// which format and which grouped GEMM engine consumes them. The layer owns the parameters, grads
+// and the bookkeeping; the recipe's per-layer executor owns anything format-specific (quantized
+// copies of x / dy / W with their scales, sized for max_tokens at construction) and may keep, at
+// forward, whatever its wgrad needs (e.g. a columnwise-quantized x) instead of x itself.
+// Every executor call must be graph safe in the sense above.
+
+// Views at their largest size (max_tokens rows), for workspace sizing and format buffers.
+struct LinearPassViews {
+  TensorView x, dy;    // [max_tokens, K], [max_tokens, N] (stand-ins of the right shape/dtype)
+  TensorView y, dx;    // layer outputs
+  TensorView w, bias;  // [G, N, K], [G, N] (bias absent when the layer has none)
+  TensorView dw, db;   // weight / bias grad (dtype or fp32 main grad)
+  TensorView splits32, splits64;  // [G] stand-ins of both index types
+};
+
+class LinearExecutor {
+ public:
+  virtual ~LinearExecutor() = default;
+  // Bytes of Context workspace the largest call of any pass needs (host-known).
+  virtual size_t workspace_bytes(const Context& ctx, const LinearPassViews& v) const = 0;
+  // y = x W^T (+ b) per expert.
+  virtual void forward(Context& ctx, const TensorView& x, const TensorView& w,
+                       const TensorView& bias, const TensorView& splits, const TensorView& y) = 0;
+  // dx = dy W per expert.
+  virtual void dgrad(Context& ctx, const TensorView& dy, const TensorView& w,
+                     const TensorView& splits, const TensorView& dx) = 0;
+  // dW = dy^T x (beta 0 or, with accumulate, 1 into fp32) and db = colsum(dy) (when present).
+  virtual void wgrad(Context& ctx, const TensorView& dy, const TensorView& x,
+                     const TensorView& splits, const TensorView& dw, const TensorView& db,
+                     bool accumulate) = 0;
+  // The layer's weights changed (import, optimizer step): drop cached quantized weights.
+  virtual void weights_changed() {}
+};
+
+class LinearRecipe {
+ public:
+  virtual ~LinearRecipe() = default;
+  virtual std::string name() const = 0;
+  virtual QuantRecipe quantization() const = 0;  // QuantRecipe::none = bf16/fp16 GEMMs
+  // Throws groupmm::Error naming the recipe when it cannot serve cfg (dtype, alignment).
+  virtual std::unique_ptr<LinearExecutor> make_executor(Context& ctx,
+                                                        const GroupedLinearConfig& cfg) const = 0;
+};
+
+// bf16/fp16 end to end, fp32 accumulation: grouped_gemm with `engine` (automatic = the graph-safe
+// cutlass_sm90 engine on CUDA, the reference on CPU; cublas_loop is a NOT graph safe baseline) and
+// group_dbias. The only recipe shipped today; quantized recipes (FP8, MXFP8, NVFP4) plug in here.
+std::shared_ptr<const LinearRecipe> high_precision_recipe(
+    GemmEngine engine = GemmEngine::automatic);
+
+// ---- The layer
+// -----------------------------------------------------------------------------------
+
+class GroupedLinear {
+ public:
+  // Allocates W [G, N, K], b [G, N], grads, y [max_tokens, N], dx [max_tokens, K] on ctx's device
+  // (stream-ordered on ctx's stream) and initializes like nn.Linear: every weight and bias element
+  // is U(-1/sqrt(K), 1/sqrt(K)) from fill_uniform (random.hpp: counter-based, a function of
+  // (seed, element index) only, so independent of max_tokens and the same on CPU and CUDA).
+  // Grads (and main grads) start at zero.
+  // Throws on bad config (G, K, N, max_tokens >= 1; dtype bf16/fp16; the recipe's constraints).
+  GroupedLinear(Context& ctx, const GroupedLinearConfig& cfg);
+  ~GroupedLinear();
+  GroupedLinear(const GroupedLinear&) = delete;
+  GroupedLinear& operator=(const GroupedLinear&) = delete;
+
+  // Reserves ctx's workspace for every pass at max_tokens (allocates: not during capture).
+  void prepare(Context& ctx);
+
+  // x [M, K] (M <= max_tokens) in dtype, splits [G] int32/int64 on the layer's device.
+  // Returns y [M, N]. Saves x (by reference) and a copy of splits for backward.
+  TensorView forward(Context& ctx, const TensorView& x, const TensorView& splits);
+  // dy [M, N] with forward's M. Returns dx [M, K]; computes dW/db now unless delay_wgrad.
+  TensorView backward(Context& ctx, const TensorView& dy);
+  // With delay_wgrad: computes the queued dW/db (throws if nothing is queued).
+  void backward_dw(Context& ctx);
+  bool wgrad_pending() const { return pending_wgrad_; }
+
+  // ---- parameters and grads (device views; writable, e.g. by an optimizer) ----
+  const TensorView& weight() const { return w_.view(); }  // [G, N, K] dtype
+  const TensorView& bias() const { return b_.view(); }    // [G, N] dtype, absent without bias
+  // dW: [G, N, K] in dtype, or the fp32 main grad with accumulate_into_main_grad.
+  const TensorView& weight_grad() const { return dw_view_; }
+  // db: [G, N] in dtype, or the fp32 bias main grad. Absent without bias.
+  const TensorView& bias_grad() const { return db_view_; }
+  // Zeroes the grads (stream-ordered, graph safe).
+  void zero_grad(Context& ctx);
+  // Points the main grads at caller buffers (fp32 [G, N, K] / [G, N], e.g. a distributed
+  // optimizer's grad buffer); only with accumulate_into_main_grad.
+  void set_main_grad(const TensorView& dw, const TensorView& db = TensorView());
+  // Call after changing weight()/bias() in place (lets a quantized recipe drop cached copies).
+  void weights_changed();
+
+  // ---- checkpoint compatibility: per-expert [N, K] weights and [N] biases, any device, dtype ----
+  void import_weights(Context& ctx, const std::vector<TensorView>& w,
+                      const std::vector<TensorView>& b = {});
+  void export_weights(Context& ctx, const std::vector<TensorView>& w,
+                      const std::vector<TensorView>& b = {}) const;
+
+  const GroupedLinearConfig& config() const { return cfg_; }
+  Device device() const { return device_; }
+  const LinearRecipe& recipe() const { return *cfg_.recipe; }
+  std::string to_string() const;
+
+ private:
+  void check_ctx(const Context& ctx, const char* fn) const;
+  void run_wgrad(Context& ctx, const TensorView& dy, const TensorView& x);
+
+  GroupedLinearConfig cfg_;
+  Device device_;
+  std::unique_ptr<LinearExecutor> exec_;
+  Tensor w_, b_, dw_, db_, y_, dx_, splits_;
+  TensorView dw_view_, db_view_;
+  TensorView saved_x_, saved_splits_, pending_dy_;
+  int64_t saved_m_ = -1;
+  bool pending_wgrad_ = false;
+};
+
+}  // namespace groupmm::nn

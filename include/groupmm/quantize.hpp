@@ -1,0 +1,201 @@
+// groupmm/quantize.hpp: grouped quantization of MoE activations and weights in one launch,
+// dequantization, scale swizzling, and the fused bias-gradient + quantize op.
+//
+// Numerics are exactly those of DESIGN.md section 5; the CPU reference and the CUDA kernels agree
+// bit for bit (data and scales). Recipes (QuantRecipe in core.hpp):
+//   fp8_current  FP8 (e4m3 or e5m2) with one scale per expert from the expert's amax.
+//                scale_g = fmax / amax_g (1 when amax_g is 0, not finite, or the quotient is not
+//                finite); pow2_scales rounds scale_g down to a power of two. scale_inv_g =
+//                1/scale_g.
+//   fp8_block    FP8 with fp32 block scales (DeepSeek-V3): 1x128 rowwise / 128x1 columnwise, or
+//                128x128 for weights (block_2d). scale_inv = amax_block / fmax (pow2_scales:
+//                rounded up to a power of two); q = fp8(x * scale), scale = fmax / amax_block (or
+//                1/scale_inv with pow2). amax_block 0, not finite, or scale_inv not a normal fp32:
+//                scale = scale_inv = 1.
+//   mxfp8        OCP MX: 1x32 rowwise / 32x1 columnwise blocks, E8M0 scales, e4m3 (or e5m2) data;
+//                the e8m0 exponent is float_to_e8m0_roundup(amax_block * (1/fmax)).
+//   nvfp4        E2M1 data (two per byte, element 2j in the low nibble), 1x16 rowwise / 16x1
+//                columnwise blocks (16x16 for weights with block_2d), E4M3 block scales, an fp32
+//                per-expert S_enc = 2688 / amax_g (1 when amax_g is 0 / not finite / the quotient
+//                is not finite); q = e2m1((x * S_enc) / fp32(s_b)), evaluated left to right.
+// Block amax: max |x| over the block; a NaN anywhere in the block makes it NaN (exact and
+// order-independent on every backend). Blocks never straddle two experts: a partial block at the
+// end of an expert is quantized over its valid rows only.
+//
+// ---- Layouts (M = M_total rows, K columns, G experts, m_g = rows of expert g) -----------------
+// Expert g owns rows [start_g, start_g + m_g) with start_g = sum_{j<g} m_j. Derived per expert:
+//   tiles_g  = ceil(m_g / 128)          tile_start_g = sum_{j<g} tiles_j
+//   nb_g     = ceil(m_g / Bc)           cb_start_g   = sum_{j<g} nb_j   (Bc: column block rows)
+//   cs4_g    = roundup(nb_g, 4)         cs4_start_g  = sum_{j<g} cs4_j
+// rowwise data             [M, K] row-major in the data dtype (fp4e2m1x2: M*K/2 bytes).
+// columnwise data          per expert the transposed [K, m_g] block, row-major (tokens contiguous),
+//                          stored at element offset K*start_g; the whole buffer is [K, M]-sized.
+//                          This is what a grouped wgrad GEMM (dW_g = dy_g^T x_g) reads as a K-major
+//                          operand with leading dimension m_g.
+// rowwise scales, plain    1xB blocks: [M, K/B] row-major (row = token).
+//                          fp8 128x128 (weights): [M/128 + G, K/128]; expert g's block-rows start
+//                          at row tile_start_g.
+// rowwise scales, swizzled [M + 127*G, roundup(K/B, 4)] bytes; expert g's 128-row-padded block
+//                          starts at swizzled row 128*tile_start_g; scale (r, c) of the block goes
+//                          to (r/128)*128*Kp + (c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + (c%4).
+// columnwise scales, plain per expert the [K, nb_g] scales of the transposed block, row-major, at
+//                          element offset K*cb_start_g; buffer [M/Bc + G, K]-sized.
+//                          fp8 128x128: per expert [K/128, nb_g] at (K/128)*cb_start_g.
+// columnwise scales, swizzled per expert the [K, nb_g] scales padded to [roundup(K,128),
+//                          roundup(nb_g,4)] and swizzled, at byte offset
+//                          roundup(K,128)*cs4_start_g; buffer [M/Bc + 4*G, roundup(K,128)]-sized.
+// Per-expert padding inside a swizzled block is written as 0. Entries of a scale buffer past the
+// last expert's block (the slack of the host-known bound) are left unwritten.
+// fp8_current: scale_inv [G] fp32 serves both copies; amax [G] fp32 is written.
+// nvfp4: amax [G] and global_scale [G] (S_enc) fp32 are written; dequant = q * fp32(s_b) / S_enc,
+// and a GEMM's per-expert alpha is (1/S_enc_a) * (1/S_enc_b).
+// NVFP4 columnwise copies need even m_g (packed nibbles of one byte never belong to two
+// rows); an odd split sets kFaultSplitAlignment and that expert's columnwise copy is skipped.
+//
+// ---- Contract ----------------------------------------------------------------------------------
+// Inputs: activations [M, K] (splits [G] int32/int64, device) or weights [G, N, K] (splits
+// absent, every expert has N rows). bf16, fp16 or fp32; 16-byte aligned pointers. K must be a
+// multiple of the rowwise block (128 fp8_block, 32 mxfp8, 16 nvfp4, 16 fp8_current).
+// Swizzled scales: mxfp8 and nvfp4 only. block_2d: weights only, fp8_block or nvfp4.
+// Device faults in splits (negative, past M): clamped like group_offsets, reported with
+// OpId::group_quantize; rows past sum(splits) are left unwritten. Never writes out of bounds.
+// Graph safe: no host read of splits, no sync, no allocation when a workspace of
+// group_quantize_workspace_size() bytes is passed (or reserved on the Context before capture).
+// The first call of a (recipe, input dtype) in a process sets the kernel's shared-memory
+// attribute (cudaFuncSetAttribute, not a stream operation); warm up eagerly before capturing.
+// Launches: a plan kernel (per-expert offsets), an amax kernel (fp8_current, nvfp4), one
+// quantize kernel over all experts, and a reduce kernel for dbias. Minimum SM: sm_90 (CUDA).
+#pragma once
+
+#include <string>
+
+#include "groupmm/core.hpp"
+
+namespace groupmm {
+
+enum class QuantDirection : uint8_t { rowwise = 1, columnwise = 2, both = 3 };
+const char* quant_direction_name(QuantDirection d);
+inline bool has_rowwise(QuantDirection d) {
+  return (static_cast<int>(d) & 1) != 0;
+}
+inline bool has_columnwise(QuantDirection d) {
+  return (static_cast<int>(d) & 2) != 0;
+}
+
+enum class ScaleLayout : uint8_t { plain, swizzled };
+const char* scale_layout_name(ScaleLayout l);
+
+struct QuantizeConfig {
+  QuantRecipe recipe = QuantRecipe::mxfp8;
+  DType fp8_dtype = DType::fp8e4m3;  // fp8_current / fp8_block / mxfp8 data: fp8e4m3 or fp8e5m2
+  bool pow2_scales = false;          // fp8_current, fp8_block
+  bool block_2d = false;             // weights: fp8_block 128x128, nvfp4 16x16
+  QuantDirection direction = QuantDirection::both;
+  ScaleLayout scale_layout = ScaleLayout::plain;  // swizzled: mxfp8, nvfp4
+  std::string to_string() const;
+
+  int row_block() const;  // block length along K for rowwise scales (16 for fp8_current)
+  int col_block() const;  // block length along M for columnwise scales (128 for fp8_current)
+  DType data_dtype() const;
+  DType scale_dtype() const;  // fp32, e8m0 or fp8e4m3
+};
+
+// What a quantized output needs (dtype + shape; rank 0 = not produced).
+struct TensorSpec {
+  DType dtype = DType::fp32;
+  int rank = 0;
+  std::array<int64_t, 3> shape{0, 0, 0};
+  bool present() const { return rank > 0; }
+  int64_t numel() const;
+  std::string to_string() const;
+};
+
+struct QuantizedShapes {
+  TensorSpec data, scale_inv, columnwise_data, columnwise_scale_inv, amax, global_scale;
+  std::string to_string() const;
+};
+
+// Host-known output sizes for `rows_total` rows (M_total, or G*N for weights) of K columns in G
+// experts. Throws the same errors as group_quantize for an invalid (K, config).
+QuantizedShapes group_quantize_shapes(int64_t rows_total, int64_t K, int64_t G,
+                                      const QuantizeConfig& cfg);
+
+// Owning buffers for one quantized grouped tensor (tests, tools, layers).
+struct QuantizedBuffers {
+  Tensor data, scale_inv, columnwise_data, columnwise_scale_inv, amax, global_scale;
+  // A GroupedTensor over these buffers (splits: the activation's splits, or absent for weights).
+  GroupedTensor view(int64_t G, const TensorView& splits, const QuantizeConfig& cfg) const;
+};
+QuantizedBuffers allocate_quantized(const QuantizedShapes& s, Device d,
+                                    cudaStream_t stream = nullptr);
+
+struct GroupQuantizeArgs {
+  TensorView input;   // [M, K] activations or [G, N, K] weights; bf16/fp16/fp32
+  TensorView splits;  // [G] int32/int64 row counts (device); absent for weights
+  QuantizeConfig config;
+  // Outputs (caller-provided, at least group_quantize_shapes() elements, dtypes as given there):
+  // out.data / out.scale_inv when rowwise, out.columnwise_data / out.columnwise_scale_inv when
+  // columnwise, out.amax (fp8_current, nvfp4), out.global_scale (nvfp4).
+  GroupedTensor out;
+  std::string to_string() const;
+};
+
+// Device workspace bytes that group_quantize / bgrad_group_quantize need (host-known).
+size_t group_quantize_workspace_size(const Context& ctx, const GroupQuantizeArgs& args,
+                                     bool with_dbias = false);
+
+// Quantizes every expert of args.input in one pass; returns args.out with recipe, splits,
+// num_groups and scales_swizzled filled in. workspace null: the Context's workspace is used.
+GroupedTensor group_quantize(Context& ctx, const GroupQuantizeArgs& args, void* workspace = nullptr,
+                             size_t workspace_bytes = 0);
+
+// Fused: the same quantization of dy, plus db[g, :] = sum of dy_g's rows (activations only).
+// dbias [G, K] bf16/fp16/fp32; a zero-row expert gets 0. Summation order (bit-exact on both
+// backends): fp32; per 128-row tile of the expert, per 16-row segment a sequential sum from +0,
+// the tile sums its 8 segments in order, the expert sums its tiles in order.
+GroupedTensor bgrad_group_quantize(Context& ctx, const GroupQuantizeArgs& args,
+                                   const TensorView& dbias, void* workspace = nullptr,
+                                   size_t workspace_bytes = 0);
+
+// ---- dequantize ----------------------------------------------------------------------------
+struct GroupDequantizeArgs {
+  GroupedTensor in;  // as returned by group_quantize (recipe, splits, views)
+  QuantizeConfig config;
+  bool from_columnwise = false;  // read the columnwise copy instead of the rowwise one
+  TensorView out;                // [M, K] or [G, N, K], bf16/fp16/fp32, un-transposed
+  std::string to_string() const;
+};
+// out = dequantized values (rows past sum(splits) unwritten). Graph safe as group_quantize.
+void group_dequantize(Context& ctx, const GroupDequantizeArgs& args, void* workspace = nullptr,
+                      size_t workspace_bytes = 0);
+size_t group_dequantize_workspace_size(const Context& ctx, const GroupDequantizeArgs& args);
+
+// ---- swizzle ---------------------------------------------------------------------------------
+// Converts grouped 1-byte scales (e8m0 or fp8e4m3) between the plain and the swizzled layout
+// described above. columnwise=false: rowwise scales, plain [M, C] <-> swizzled
+// [M + 127*G, roundup(C,4)]. columnwise=true: per-expert [K, nb_g] (nb_g = ceil(m_g/block)) plain
+// <-> swizzled (C = K). Swizzling writes padding as 0. Graph safe as group_quantize.
+struct SwizzleScalesArgs {
+  TensorView splits;       // [G] device row counts of the quantized tensor
+  int64_t rows_total = 0;  // M
+  int64_t cols = 0;        // C = K/B (rowwise) or K (columnwise)
+  bool columnwise = false;
+  int block = 32;          // columnwise: block rows Bc (16 or 32)
+  bool unswizzle = false;  // false: plain -> swizzled; true: swizzled -> plain
+  TensorView plain;        // see above (numel >= the plain size)
+  TensorView swizzled;     // numel >= the swizzled size
+  std::string to_string() const;
+};
+int64_t swizzled_scales_numel(int64_t rows_total, int64_t cols, int64_t G, bool columnwise,
+                              int block);
+int64_t plain_scales_numel(int64_t rows_total, int64_t cols, int64_t G, bool columnwise, int block);
+void swizzle_scales(Context& ctx, const SwizzleScalesArgs& args, void* workspace = nullptr,
+                    size_t workspace_bytes = 0);
+size_t swizzle_scales_workspace_size(int64_t G);
+
+// The swizzled 128x4 index of scale (r, c) in a matrix with Kp (multiple of 4) padded columns.
+inline int64_t swizzle_128x4_index(int64_t r, int64_t c, int64_t Kp) {
+  return (r / 128) * 128 * Kp + (c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
+}
+
+}  // namespace groupmm

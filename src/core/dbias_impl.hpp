@@ -1,0 +1,14 @@
+// Backend entry points of group_dbias (args already validated).
+#pragma once
+
+#include "groupmm/dbias.hpp"
+
+namespace groupmm::cpu {
+void group_dbias(Context& ctx, const TensorView& dy, const TensorView& splits, const TensorView& db,
+                 bool accumulate);
+}
+namespace groupmm::cuda {
+size_t group_dbias_workspace_size(int64_t M, int64_t N, int64_t G);
+void group_dbias(Context& ctx, const TensorView& dy, const TensorView& splits, const TensorView& db,
+                 bool accumulate, void* workspace, size_t workspace_bytes);
+}  // namespace groupmm::cuda

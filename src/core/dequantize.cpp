@@ -1,0 +1,54 @@
+// group_dequantize: validation and backend dispatch.
+#include "core/quantize_impl.hpp"
+
+namespace groupmm {
+
+std::string GroupDequantizeArgs::to_string() const {
+  return detail::cat("GroupDequantizeArgs(in=", in.to_string(), ", ", config.to_string(),
+                     from_columnwise ? ", from columnwise" : ", from rowwise",
+                     ", out=", out.to_string(), ")");
+}
+
+static QuantProblem validate_dequantize(const Context& ctx, const GroupDequantizeArgs& a) {
+  const char* op = "group_dequantize";
+  const TensorView& o = a.out;
+  GROUPMM_CHECK(o.present(), op, ": out is required");
+  GROUPMM_CHECK(o.dtype == DType::bf16 || o.dtype == DType::fp16 || o.dtype == DType::fp32, op,
+                ": out.dtype=", dtype_name(o.dtype), " must be bf16, fp16 or fp32");
+  GROUPMM_CHECK(a.in.recipe == a.config.recipe, op, ": in.recipe=", recipe_name(a.in.recipe),
+                " must equal config.recipe=", recipe_name(a.config.recipe));
+  // Reuse the quantize validation with the output/input roles swapped: the quantized views must
+  // have the sizes group_quantize would have required.
+  GroupQuantizeArgs q;
+  q.input = o;
+  q.splits = a.in.splits;
+  q.config = a.config;
+  q.config.direction = a.from_columnwise ? QuantDirection::columnwise : QuantDirection::rowwise;
+  q.out = a.in;
+  return validate_quantize_args(ctx, q, op, "out", "in");
+}
+
+size_t group_dequantize_workspace_size(const Context&, const GroupDequantizeArgs& a) {
+  const int64_t G =
+      a.in.splits.present() ? a.in.splits.dim(0) : (a.out.rank == 3 ? a.out.dim(0) : 1);
+  return plan_bytes(G);
+}
+
+void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, void* ws, size_t ws_bytes) {
+  const QuantProblem p = validate_dequantize(ctx, a);
+  if (ctx.device() == Device::CPU) {
+    cpu::group_dequantize(ctx, a, p);
+  } else {
+    const size_t need = group_dequantize_workspace_size(ctx, a);
+    if (ws == nullptr) {
+      ws = ctx.workspace(need);
+      ws_bytes = need;
+    }
+    GROUPMM_CHECK(ws_bytes >= need, "group_dequantize: workspace_bytes=", ws_bytes,
+                  " must be >= ", need);
+    cuda::group_dequantize(ctx, a, p, ws, ws_bytes);
+  }
+  ctx.after_op();
+}
+
+}  // namespace groupmm

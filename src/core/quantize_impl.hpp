@@ -1,0 +1,45 @@
+// Backend entry points of the quantize family (args already validated) and shared host helpers.
+#pragma once
+
+#include "core/quantize_numerics.hpp"
+#include "groupmm/quantize.hpp"
+
+namespace groupmm {
+
+// The validated problem: rows M (G*N for weights), K, G, and the static layout.
+struct QuantProblem {
+  int64_t M = 0, K = 0, G = 0;
+  bool uniform = false;  // weights: every expert has M/G rows
+  qnum::Layout L;
+  bool rowwise = false, columnwise = false;
+};
+
+// iname / qname: how messages name the bf16/fp16/fp32 tensor and the quantized GroupedTensor.
+QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs& a, const char* op,
+                                    const char* iname = "input", const char* qname = "out");
+qnum::Layout make_layout(const QuantizeConfig& cfg, int64_t K);
+
+// Workspace: the per-expert plan (5 arrays of G+1 int64), then the dbias partial sums.
+inline size_t plan_bytes(int64_t G) {
+  return (static_cast<size_t>(5 * (G + 1)) * 8 + 255) / 256 * 256;
+}
+inline int64_t tile_bound(int64_t M, int64_t G) {
+  return M / qnum::kTileRows + G;
+}
+
+}  // namespace groupmm
+
+namespace groupmm::cpu {
+void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem& p,
+                    const TensorView& dbias);
+void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantProblem& p);
+void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a);
+}  // namespace groupmm::cpu
+
+namespace groupmm::cuda {
+void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem& p,
+                    const TensorView& dbias, void* ws, size_t ws_bytes);
+void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantProblem& p, void* ws,
+                      size_t ws_bytes);
+void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t ws_bytes);
+}  // namespace groupmm::cuda

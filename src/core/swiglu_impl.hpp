@@ -1,0 +1,46 @@
+// Backend entry points of swiglu_forward / swiglu_backward (args already validated), and the
+// scalar math both backends share.
+#pragma once
+
+#include <cmath>
+
+#include "groupmm/moe.hpp"
+
+#if defined(__CUDACC__)
+#define GROUPMM_SWIGLU_HD __host__ __device__ __forceinline__
+#else
+#define GROUPMM_SWIGLU_HD inline
+#endif
+
+namespace groupmm {
+
+// One element of each direction in fp32 (same expression order on host and device).
+GROUPMM_SWIGLU_HD float swiglu_sigmoid(float g) {
+#if defined(__CUDA_ARCH__)
+  return 1.0f / (1.0f + expf(-g));
+#else
+  return 1.0f / (1.0f + std::exp(-g));
+#endif
+}
+GROUPMM_SWIGLU_HD float swiglu_fwd_elem(float g, float u) {
+  return g * swiglu_sigmoid(g) * u;
+}
+GROUPMM_SWIGLU_HD void swiglu_bwd_elem(float dout, float g, float u, float& dg, float& du) {
+  const float s = swiglu_sigmoid(g);
+  const float silu = g * s;
+  du = dout * silu;
+  dg = dout * u * (s * (1.0f + g * (1.0f - s)));
+}
+
+}  // namespace groupmm
+
+namespace groupmm::cpu {
+void swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& out);
+void swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
+                     const TensorView& dgate_up);
+}  // namespace groupmm::cpu
+namespace groupmm::cuda {
+void swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& out);
+void swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
+                     const TensorView& dgate_up);
+}  // namespace groupmm::cuda

@@ -1,0 +1,67 @@
+// swizzle_scales: sizes, validation and backend dispatch.
+#include "core/quantize_impl.hpp"
+
+namespace groupmm {
+
+std::string SwizzleScalesArgs::to_string() const {
+  return detail::cat("SwizzleScalesArgs(splits=", splits.to_string(), ", rows_total=", rows_total,
+                     ", cols=", cols, columnwise ? ", columnwise block=" : ", rowwise",
+                     columnwise ? std::to_string(block) : std::string(),
+                     unswizzle ? ", unswizzle" : ", swizzle", ", plain=", plain.to_string(),
+                     ", swizzled=", swizzled.to_string(), ")");
+}
+
+int64_t swizzled_scales_numel(int64_t M, int64_t cols, int64_t G, bool columnwise, int block) {
+  if (columnwise) return (M / block + 4 * G) * qnum::round_up(cols, 128);
+  return (M + 127 * G) * qnum::round_up(cols, 4);
+}
+
+int64_t plain_scales_numel(int64_t M, int64_t cols, int64_t G, bool columnwise, int block) {
+  return columnwise ? (M / block + G) * cols : M * cols;
+}
+
+size_t swizzle_scales_workspace_size(int64_t G) {
+  return plan_bytes(G);
+}
+
+static void check_scales(const char* arg, const TensorView& v, int64_t need, Device dev) {
+  const char* op = "swizzle_scales";
+  GROUPMM_CHECK(v.present(), op, ": ", arg, " is required");
+  GROUPMM_CHECK(v.dtype == DType::e8m0 || v.dtype == DType::fp8e4m3, op, ": ", arg,
+                ".dtype=", dtype_name(v.dtype), " must be e8m0 or fp8e4m3 (1-byte scales)");
+  GROUPMM_CHECK(v.device == dev, op, ": ", arg, " is on ", device_name(v.device),
+                " but the context is ", device_name(dev));
+  GROUPMM_CHECK(v.numel() >= need, op, ": ", arg, ".numel=", v.numel(), " (shape ",
+                v.shape_string(), ") is too small: needs ", need);
+  GROUPMM_CHECK(v.data != nullptr || need == 0, op, ": ", arg, ".data is null");
+}
+
+void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t ws_bytes) {
+  const char* op = "swizzle_scales";
+  check_splits(op, a.splits, -1, ctx.device());
+  const int64_t G = a.splits.dim(0);
+  GROUPMM_CHECK(G >= 1, op, ": splits.shape[0]=", G, " must be >= 1");
+  GROUPMM_CHECK(G <= 65535, op, ": splits.shape[0]=", G, " must be <= 65535");
+  GROUPMM_CHECK(a.rows_total >= 0, op, ": rows_total=", a.rows_total, " must be >= 0");
+  GROUPMM_CHECK(a.cols >= 1, op, ": cols=", a.cols, " must be >= 1");
+  GROUPMM_CHECK(!a.columnwise || a.block == 16 || a.block == 32, op, ": block=", a.block,
+                " must be 16 or 32");
+  check_scales("plain", a.plain, plain_scales_numel(a.rows_total, a.cols, G, a.columnwise, a.block),
+               ctx.device());
+  check_scales("swizzled", a.swizzled,
+               swizzled_scales_numel(a.rows_total, a.cols, G, a.columnwise, a.block), ctx.device());
+  if (ctx.device() == Device::CPU) {
+    cpu::swizzle_scales(ctx, a);
+  } else {
+    const size_t need = swizzle_scales_workspace_size(G);
+    if (ws == nullptr) {
+      ws = ctx.workspace(need);
+      ws_bytes = need;
+    }
+    GROUPMM_CHECK(ws_bytes >= need, op, ": workspace_bytes=", ws_bytes, " must be >= ", need);
+    cuda::swizzle_scales(ctx, a, ws, ws_bytes);
+  }
+  ctx.after_op();
+}
+
+}  // namespace groupmm

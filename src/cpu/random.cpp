@@ -1,0 +1,23 @@
+// fill_uniform: validation, dispatch and the CPU backend.
+#include "cpu/cpu_util.hpp"
+#include "groupmm/random.hpp"
+
+namespace groupmm {
+namespace cuda {
+void fill_uniform(Context& ctx, const TensorView& v, float lo, float hi, uint64_t seed);
+}
+
+void fill_uniform(Context& ctx, const TensorView& v, float lo, float hi, uint64_t seed) {
+  GROUPMM_CHECK(v.dtype == DType::bf16 || v.dtype == DType::fp16 || v.dtype == DType::fp32,
+                "fill_uniform: v.dtype=", dtype_name(v.dtype), " must be bf16, fp16 or fp32");
+  GROUPMM_CHECK(v.device == ctx.device(), "fill_uniform: v is on ", device_name(v.device),
+                " but the context is ", device_name(ctx.device()));
+  if (v.device == Device::CUDA) {
+    cuda::fill_uniform(ctx, v, lo, hi, seed);
+    return;
+  }
+  for (int64_t i = 0; i < v.numel(); ++i)
+    cpu::store_f(v, i, lo + (hi - lo) * uniform01(seed, static_cast<uint64_t>(i)));
+}
+
+}  // namespace groupmm

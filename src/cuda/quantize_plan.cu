@@ -1,0 +1,127 @@
+// The quantize plan kernel: one block scans the splits in tiles (CUB BlockScan), carrying the
+// running sums between tiles, so any G works in one launch.
+#include <cub/block/block_scan.cuh>
+
+#include "core/quantize_impl.hpp"
+#include "cuda/quantize_plan.cuh"
+#include "cuda/status.cuh"
+
+namespace groupmm::cuda {
+namespace {
+
+struct PlanConfig {
+  static constexpr int kThreads = 256;
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block size");
+};
+
+struct Quad {
+  int64_t a, b, c, d;
+};
+struct QuadSum {
+  __device__ Quad operator()(const Quad& x, const Quad& y) const {
+    return {x.a + y.a, x.b + y.b, x.c + y.c, x.d + y.d};
+  }
+};
+
+struct PlanParams {
+  QuantPlan plan;
+  const void* splits;  // null: uniform
+  bool splits64;
+  int64_t rows_total;
+  int64_t uniform_rows;
+  int64_t cb;
+  uint32_t* amax_bits;
+  StatusBlock* status;
+  OpId op;
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p) {
+  using Scan = cub::BlockScan<Quad, Cfg::kThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ Quad carry;  // a: unclamped rows, b: tiles, c: column blocks, d: padded blocks
+  if (threadIdx.x == 0) carry = {0, 0, 0, 0};
+  __syncthreads();
+  const int64_t G = p.plan.G;
+  for (int64_t base = 0; base < G; base += Cfg::kThreads) {
+    const int64_t g = base + threadIdx.x;
+    int64_t m = 0;
+    if (g < G) {
+      if (p.splits == nullptr) {
+        m = p.uniform_rows;
+      } else {
+        m = load_split(p.splits, p.splits64, g);
+        if (m < 0) {
+          report_fault(p.status, kFaultNegativeSplit, p.op, static_cast<int32_t>(g), m);
+          m = 0;
+        }
+      }
+      if (p.amax_bits) p.amax_bits[g] = 0;
+    }
+    // First scan: unclamped starts, then clamp against the buffer like cpu::expert_rows.
+    Quad item{m, 0, 0, 0}, excl;
+    Quad tile_total;
+    Scan(tmp).ExclusiveScan(item, excl, Quad{0, 0, 0, 0}, QuadSum{}, tile_total);
+    const Quad c0 = carry;
+    const int64_t run = c0.a + excl.a;
+    const int64_t start = run < p.rows_total ? run : p.rows_total;
+    int64_t rows = m;
+    if (g < G && start + rows > p.rows_total) {
+      report_fault(p.status, kFaultSplitsOverflow, p.op, static_cast<int32_t>(g), m);
+      rows = p.rows_total - start;
+    }
+    if (g >= G) rows = 0;
+    __syncthreads();
+    const int64_t nb = qnum::ceil_div(rows, p.cb);
+    Quad item2{0, qnum::ceil_div(rows, qnum::kTileRows), nb, qnum::round_up(nb, 4)}, excl2;
+    Quad total2;
+    Scan(tmp).ExclusiveScan(item2, excl2, Quad{0, 0, 0, 0}, QuadSum{}, total2);
+    if (g < G) {
+      p.plan.start[g] = start;
+      p.plan.rows[g] = rows;
+      p.plan.tile_start[g] = c0.b + excl2.b;
+      p.plan.cb_start[g] = c0.c + excl2.c;
+      p.plan.cs4_start[g] = c0.d + excl2.d;
+    }
+    __syncthreads();  // everyone has read carry and tmp
+    if (threadIdx.x == 0)
+      carry = {c0.a + tile_total.a, c0.b + total2.b, c0.c + total2.c, c0.d + total2.d};
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const Quad c = carry;
+    p.plan.start[G] = c.a < p.rows_total ? c.a : p.rows_total;
+    p.plan.rows[G] = 0;
+    p.plan.tile_start[G] = c.b;
+    p.plan.cb_start[G] = c.c;
+    p.plan.cs4_start[G] = c.d;
+    if (p.splits != nullptr && c.a != p.rows_total)
+      report_fault(p.status, kFaultSplitsTotalMismatch, p.op, -1, c.a);
+  }
+}
+
+}  // namespace
+
+QuantPlan plan_view(void* ws, int64_t G) {
+  int64_t* b = static_cast<int64_t*>(ws);
+  const int64_t n = G + 1;
+  return {b, b + n, b + 2 * n, b + 3 * n, b + 4 * n, G};
+}
+
+void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& splits,
+                       int64_t rows_total, int col_block, uint32_t* amax_bits, OpId op) {
+  PlanParams p{};
+  p.plan = plan;
+  p.splits = splits.present() ? splits.data : nullptr;
+  p.splits64 = splits.present() && splits.dtype == DType::int64;
+  p.rows_total = rows_total;
+  p.uniform_rows = rows_total / plan.G;
+  p.cb = col_block;
+  p.amax_bits = amax_bits;
+  p.status = ctx.status();
+  p.op = op;
+  quant_plan_kernel<PlanConfig><<<1, PlanConfig::kThreads, 0, ctx.stream()>>>(p);
+  GROUPMM_CHECK_LAUNCH();
+}
+
+}  // namespace groupmm::cuda

@@ -1,0 +1,47 @@
+// The per-expert plan of the quantize family on the device: clamped row ranges and the tile /
+// column-block / swizzle offsets of quantize.hpp "Layouts", built by one small kernel so that no
+// host ever reads splits (graph safe). Arrays of G+1 int64 (entry G holds the total).
+#pragma once
+
+#include "core/quantize_numerics.hpp"
+#include "groupmm/core.hpp"
+
+namespace groupmm::cuda {
+
+struct QuantPlan {
+  int64_t* start;       // clamped start row
+  int64_t* rows;        // clamped rows
+  int64_t* tile_start;  // prefix of ceil(rows/128)
+  int64_t* cb_start;    // prefix of ceil(rows/cb)
+  int64_t* cs4_start;   // prefix of roundup(ceil(rows/cb), 4)
+  int64_t G;
+
+  __device__ __forceinline__ qnum::Geom geom(int64_t g) const {
+    return {start[g], rows[g], tile_start[g], cb_start[g], cs4_start[g]};
+  }
+};
+
+// Carves the plan out of `ws` (plan_bytes(G) bytes).
+QuantPlan plan_view(void* ws, int64_t G);
+
+// Builds the plan. splits absent: G experts of rows_total / G rows (weights). Zeroes amax_bits[G]
+// when given (the amax pass merges into it). Faults are reported against `op`.
+void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& splits,
+                       int64_t rows_total, int col_block, uint32_t* amax_bits, OpId op);
+
+// The expert whose half-open range [prefix[g], prefix[g+1]) holds t (t < prefix[G]); empty
+// experts are skipped because the last g with prefix[g] <= t is taken.
+__device__ __forceinline__ int64_t find_group(const int64_t* prefix, int64_t G, int64_t t) {
+  int64_t lo = 0, hi = G - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (prefix[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+}  // namespace groupmm::cuda

@@ -1,0 +1,341 @@
+// GroupedLinear: parameters, grads and saved state around a recipe's executor. Built only from the
+// public ops (grouped_gemm, group_dbias); nothing here knows about the backends.
+#include "groupmm/nn/grouped_linear.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "groupmm/dbias.hpp"
+#include "groupmm/random.hpp"
+
+namespace groupmm::nn {
+
+std::string GroupedLinearConfig::to_string() const {
+  std::ostringstream os;
+  os << "GroupedLinearConfig(G=" << experts << ", K=" << in_features << ", N=" << out_features
+     << ", bias=" << (bias ? "true" : "false") << ", dtype=" << dtype_name(dtype)
+     << ", delay_wgrad=" << (delay_wgrad ? "true" : "false")
+     << ", main_grad=" << (accumulate_into_main_grad ? "true" : "false")
+     << ", max_tokens=" << max_tokens << ", seed=" << seed
+     << ", recipe=" << (recipe ? recipe->name() : std::string("default")) << ")";
+  return os.str();
+}
+
+// ================================================================================================
+// High-precision recipe: bf16/fp16 operands straight into grouped_gemm, dbias by group_dbias
+// ================================================================================================
+namespace {
+
+class HighPrecisionExecutor final : public LinearExecutor {
+ public:
+  explicit HighPrecisionExecutor(GemmEngine e) : engine_(e) {}
+
+  size_t workspace_bytes(const Context& ctx, const LinearPassViews& v) const override {
+    size_t need = 0;
+    for (const TensorView* s : {&v.splits32, &v.splits64}) {
+      need = std::max(need, grouped_gemm_workspace_size(
+                                ctx, args(GemmPass::forward, v.x, v.w, v.y, *s, v.bias)));
+      need = std::max(need,
+                      grouped_gemm_workspace_size(ctx, args(GemmPass::dgrad, v.dy, v.w, v.dx, *s)));
+      GroupedGemmArgs wg = args(GemmPass::wgrad, v.dy, v.x, v.dw, *s);
+      wg.beta = v.dw.dtype == DType::fp32 ? 1.0f : 0.0f;
+      need = std::max(need, grouped_gemm_workspace_size(ctx, wg));
+    }
+    if (v.db.present())
+      need = std::max(need, group_dbias_workspace_size(ctx, v.dy.dim(0), v.dy.dim(1), v.db.dim(0)));
+    return need;
+  }
+
+  void forward(Context& ctx, const TensorView& x, const TensorView& w, const TensorView& bias,
+               const TensorView& splits, const TensorView& y) override {
+    grouped_gemm(ctx, args(GemmPass::forward, x, w, y, splits, bias));
+  }
+
+  void dgrad(Context& ctx, const TensorView& dy, const TensorView& w, const TensorView& splits,
+             const TensorView& dx) override {
+    grouped_gemm(ctx, args(GemmPass::dgrad, dy, w, dx, splits));
+  }
+
+  void wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const TensorView& splits,
+             const TensorView& dw, const TensorView& db, bool accumulate) override {
+    GroupedGemmArgs a = args(GemmPass::wgrad, dy, x, dw, splits);
+    a.beta = accumulate ? 1.0f : 0.0f;
+    grouped_gemm(ctx, a);
+    if (db.present()) group_dbias(ctx, dy, splits, db, accumulate);
+  }
+
+ private:
+  GroupedGemmArgs args(GemmPass pass, const TensorView& a, const TensorView& b,
+                       const TensorView& out, const TensorView& splits,
+                       const TensorView& bias = TensorView()) const {
+    GroupedGemmArgs g;
+    g.pass = pass;
+    g.a = a;
+    g.b = b;
+    g.out = out;
+    g.splits = splits;
+    g.bias = bias;
+    g.engine = engine_;
+    return g;
+  }
+  GemmEngine engine_;
+};
+
+class HighPrecisionRecipe final : public LinearRecipe {
+ public:
+  explicit HighPrecisionRecipe(GemmEngine e) : engine_(e) {}
+  std::string name() const override {
+    return std::string("high_precision(") + gemm_engine_name(engine_) + ")";
+  }
+  QuantRecipe quantization() const override { return QuantRecipe::none; }
+  std::unique_ptr<LinearExecutor> make_executor(Context& ctx,
+                                                const GroupedLinearConfig& cfg) const override {
+    GROUPMM_CHECK(cfg.dtype == DType::bf16 || cfg.dtype == DType::fp16, name(),
+                  ": dtype=", dtype_name(cfg.dtype), " must be bf16 or fp16");
+    const bool cpu_engine = engine_ == GemmEngine::automatic || engine_ == GemmEngine::reference;
+    const bool cuda_engine = engine_ != GemmEngine::reference;
+    GROUPMM_CHECK(ctx.device() == Device::CPU ? cpu_engine : cuda_engine, name(),
+                  ": engine cannot run on a ", device_name(ctx.device()), " context");
+    GROUPMM_CHECK(!(cfg.bias && engine_ == GemmEngine::cublas_loop), name(),
+                  ": the cublas_loop engine does not apply bias");
+    return std::make_unique<HighPrecisionExecutor>(engine_);
+  }
+
+ private:
+  GemmEngine engine_;
+};
+
+// ---- initialization: fill_uniform (random.hpp) with one derived seed per parameter
+// ---------------
+uint64_t param_seed(uint64_t seed, uint64_t which) {
+  uint64_t x = seed * 2 + which + 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+std::shared_ptr<const LinearRecipe> high_precision_recipe(GemmEngine engine) {
+  return std::make_shared<HighPrecisionRecipe>(engine);
+}
+
+// ================================================================================================
+// GroupedLinear
+// ================================================================================================
+
+GroupedLinear::GroupedLinear(Context& ctx, const GroupedLinearConfig& cfg)
+    : cfg_(cfg), device_(ctx.device()) {
+  const char* op = "GroupedLinear";
+  GROUPMM_CHECK(cfg.experts >= 1, op, ": experts=", cfg.experts, " must be >= 1");
+  GROUPMM_CHECK(cfg.in_features >= 1, op, ": in_features=", cfg.in_features, " must be >= 1");
+  GROUPMM_CHECK(cfg.out_features >= 1, op, ": out_features=", cfg.out_features, " must be >= 1");
+  GROUPMM_CHECK(cfg.max_tokens >= 1, op, ": max_tokens=", cfg.max_tokens, " must be >= 1");
+  GROUPMM_CHECK(cfg.dtype == DType::bf16 || cfg.dtype == DType::fp16, op,
+                ": dtype=", dtype_name(cfg.dtype), " must be bf16 or fp16");
+  if (!cfg_.recipe) cfg_.recipe = high_precision_recipe();
+  exec_ = cfg_.recipe->make_executor(ctx, cfg_);
+
+  const int64_t G = cfg.experts, K = cfg.in_features, N = cfg.out_features;
+  const DType t = cfg.dtype, gt = cfg.accumulate_into_main_grad ? DType::fp32 : t;
+  cudaStream_t s = ctx.stream();
+  w_ = Tensor::empty({G, N, K}, t, device_, s);
+  dw_ = Tensor::empty({G, N, K}, gt, device_, s);
+  if (cfg.bias) {
+    b_ = Tensor::empty({G, N}, t, device_, s);
+    db_ = Tensor::empty({G, N}, gt, device_, s);
+  }
+  y_ = Tensor::empty({cfg.max_tokens, N}, t, device_, s);
+  dx_ = Tensor::empty({cfg.max_tokens, K}, t, device_, s);
+  splits_ = Tensor::empty({G}, DType::int64, device_, s);
+  dw_view_ = dw_.view();
+  db_view_ = db_.view();
+
+  const float bound = 1.0f / std::sqrt(static_cast<float>(K));
+  fill_uniform(ctx, w_, -bound, bound, param_seed(cfg.seed, 0));
+  if (cfg.bias) fill_uniform(ctx, b_, -bound, bound, param_seed(cfg.seed, 1));
+  zero_grad(ctx);
+  prepare(ctx);
+}
+
+GroupedLinear::~GroupedLinear() = default;
+
+void GroupedLinear::check_ctx(const Context& ctx, const char* fn) const {
+  GROUPMM_CHECK(ctx.device() == device_, "GroupedLinear.", fn, ": the context is ",
+                device_name(ctx.device()), " but the layer lives on ", device_name(device_));
+}
+
+void GroupedLinear::prepare(Context& ctx) {
+  check_ctx(ctx, "prepare");
+  LinearPassViews v;
+  v.x = dx_.view();
+  v.dy = y_.view();
+  v.y = y_.view();
+  v.dx = dx_.view();
+  v.w = w_.view();
+  v.bias = b_.view();
+  v.dw = dw_view_;
+  v.db = db_view_;
+  v.splits64 = splits_.view();
+  v.splits32 = TensorView(splits_.data(), DType::int32, device_, {cfg_.experts});
+  const size_t need = exec_->workspace_bytes(ctx, v);
+  if (need > 0) ctx.reserve_workspace(need);
+}
+
+TensorView GroupedLinear::forward(Context& ctx, const TensorView& x, const TensorView& splits) {
+  const char* op = "GroupedLinear.forward";
+  check_ctx(ctx, "forward");
+  GROUPMM_CHECK(!pending_wgrad_, op,
+                ": a delayed wgrad is pending; call backward_dw() before the "
+                "next forward");
+  check_view(op, "x", x, cfg_.dtype, 2, device_);
+  check_dim(op, "x", x, 1, cfg_.in_features);
+  const int64_t M = x.dim(0);
+  GROUPMM_CHECK(M <= cfg_.max_tokens, op, ": x.shape[0]=", M,
+                " exceeds max_tokens=", cfg_.max_tokens);
+  check_splits(op, splits, cfg_.experts, device_);
+
+  saved_splits_ = TensorView(splits_.data(), splits.dtype, device_, {cfg_.experts});
+  copy(saved_splits_, splits, ctx.stream());
+  const TensorView y(y_.data(), cfg_.dtype, device_, {M, cfg_.out_features});
+  exec_->forward(ctx, x, w_.view(), b_.view(), saved_splits_, y);
+  saved_x_ = x;
+  saved_m_ = M;
+  return y;
+}
+
+TensorView GroupedLinear::backward(Context& ctx, const TensorView& dy) {
+  const char* op = "GroupedLinear.backward";
+  check_ctx(ctx, "backward");
+  GROUPMM_CHECK(saved_m_ >= 0, op,
+                ": no saved forward (call forward first; each backward "
+                "consumes one forward)");
+  check_view(op, "dy", dy, cfg_.dtype, 2, device_);
+  GROUPMM_CHECK(dy.dim(0) == saved_m_, op, ": dy.shape[0]=", dy.dim(0),
+                " must equal forward's x.shape[0]=", saved_m_);
+  check_dim(op, "dy", dy, 1, cfg_.out_features);
+
+  const TensorView dx(dx_.data(), cfg_.dtype, device_, {saved_m_, cfg_.in_features});
+  exec_->dgrad(ctx, dy, w_.view(), saved_splits_, dx);
+  if (cfg_.delay_wgrad) {
+    pending_dy_ = dy;
+    pending_wgrad_ = true;
+  } else {
+    run_wgrad(ctx, dy, saved_x_);
+    saved_x_ = TensorView();
+  }
+  saved_m_ = -1;
+  return dx;
+}
+
+void GroupedLinear::backward_dw(Context& ctx) {
+  check_ctx(ctx, "backward_dw");
+  if (!cfg_.delay_wgrad) return;  // wgrad already ran in backward
+  GROUPMM_CHECK(pending_wgrad_,
+                "GroupedLinear.backward_dw: no wgrad is pending (call backward "
+                "first; each backward queues one)");
+  run_wgrad(ctx, pending_dy_, saved_x_);
+  pending_wgrad_ = false;
+  pending_dy_ = TensorView();
+  saved_x_ = TensorView();
+}
+
+void GroupedLinear::run_wgrad(Context& ctx, const TensorView& dy, const TensorView& x) {
+  exec_->wgrad(ctx, dy, x, saved_splits_, dw_view_, db_view_, cfg_.accumulate_into_main_grad);
+}
+
+void GroupedLinear::zero_grad(Context& ctx) {
+  check_ctx(ctx, "zero_grad");
+  fill_bytes(dw_view_, 0, ctx.stream());
+  if (db_view_.present()) fill_bytes(db_view_, 0, ctx.stream());
+}
+
+void GroupedLinear::set_main_grad(const TensorView& dw, const TensorView& db) {
+  const char* op = "GroupedLinear.set_main_grad";
+  GROUPMM_CHECK(cfg_.accumulate_into_main_grad, op,
+                ": the layer was built with "
+                "accumulate_into_main_grad=false");
+  check_view(op, "dw", dw, DType::fp32, 3, device_);
+  check_dim(op, "dw", dw, 0, cfg_.experts);
+  check_dim(op, "dw", dw, 1, cfg_.out_features);
+  check_dim(op, "dw", dw, 2, cfg_.in_features);
+  if (cfg_.bias) {
+    check_view(op, "db", db, DType::fp32, 2, device_);
+    check_dim(op, "db", db, 0, cfg_.experts);
+    check_dim(op, "db", db, 1, cfg_.out_features);
+  } else {
+    GROUPMM_CHECK(!db.present(), op, ": db given but the layer has no bias");
+  }
+  dw_view_ = dw;
+  db_view_ = db;
+}
+
+void GroupedLinear::weights_changed() {
+  exec_->weights_changed();
+}
+
+// ---- checkpoint import / export
+// ------------------------------------------------------------------
+
+namespace {
+// Views of expert g's [N, K] weight slice (k > 0) or [N] bias slice (k == 0).
+TensorView expert_slice(const TensorView& t, int64_t g, int64_t n, int64_t k) {
+  const int64_t esz = dtype_bits(t.dtype) / 8;
+  void* p = static_cast<char*>(t.data) + g * n * (k > 0 ? k : 1) * esz;
+  return k > 0 ? TensorView(p, t.dtype, t.device, {n, k}) : TensorView(p, t.dtype, t.device, {n});
+}
+
+void check_lists(const char* op, const GroupedLinearConfig& c, const std::vector<TensorView>& w,
+                 const std::vector<TensorView>& b) {
+  GROUPMM_CHECK(static_cast<int64_t>(w.size()) == c.experts, op, ": ", w.size(),
+                " weights given, expected experts=", c.experts);
+  GROUPMM_CHECK(b.empty() || c.bias, op, ": biases given but the layer has no bias");
+  GROUPMM_CHECK(b.empty() || static_cast<int64_t>(b.size()) == c.experts, op, ": ", b.size(),
+                " biases given, expected experts=", c.experts);
+  for (size_t g = 0; g < w.size(); ++g) {
+    const TensorView& v = w[g];
+    GROUPMM_CHECK(v.present() && v.dtype == c.dtype && v.rank == 2 && v.dim(0) == c.out_features &&
+                      v.dim(1) == c.in_features && v.data != nullptr,
+                  op, ": weight[", g, "]=", v.to_string(), " must be ", dtype_name(c.dtype), "[",
+                  c.out_features, ", ", c.in_features, "]");
+  }
+  for (size_t g = 0; g < b.size(); ++g) {
+    const TensorView& v = b[g];
+    GROUPMM_CHECK(v.present() && v.dtype == c.dtype && v.rank == 1 && v.dim(0) == c.out_features &&
+                      v.data != nullptr,
+                  op, ": bias[", g, "]=", v.to_string(), " must be ", dtype_name(c.dtype), "[",
+                  c.out_features, "]");
+  }
+}
+}  // namespace
+
+void GroupedLinear::import_weights(Context& ctx, const std::vector<TensorView>& w,
+                                   const std::vector<TensorView>& b) {
+  check_ctx(ctx, "import_weights");
+  check_lists("GroupedLinear.import_weights", cfg_, w, b);
+  const int64_t N = cfg_.out_features, K = cfg_.in_features;
+  for (size_t g = 0; g < w.size(); ++g)
+    copy(expert_slice(w_.view(), static_cast<int64_t>(g), N, K), w[g], ctx.stream());
+  for (size_t g = 0; g < b.size(); ++g)
+    copy(expert_slice(b_.view(), static_cast<int64_t>(g), N, 0), b[g], ctx.stream());
+  weights_changed();
+}
+
+void GroupedLinear::export_weights(Context& ctx, const std::vector<TensorView>& w,
+                                   const std::vector<TensorView>& b) const {
+  check_ctx(ctx, "export_weights");
+  check_lists("GroupedLinear.export_weights", cfg_, w, b);
+  const int64_t N = cfg_.out_features, K = cfg_.in_features;
+  for (size_t g = 0; g < w.size(); ++g)
+    copy(w[g], expert_slice(w_.view(), static_cast<int64_t>(g), N, K), ctx.stream());
+  for (size_t g = 0; g < b.size(); ++g)
+    copy(b[g], expert_slice(b_.view(), static_cast<int64_t>(g), N, 0), ctx.stream());
+  ctx.synchronize();  // device destinations are complete when this returns, like host ones
+}
+
+std::string GroupedLinear::to_string() const {
+  return detail::cat("GroupedLinear(", cfg_.to_string(), ", device=", device_name(device_), ")");
+}
+
+}  // namespace groupmm::nn

@@ -1,0 +1,103 @@
+// Helpers of the quantize suites: run group_quantize into poisoned buffers, read bytes back.
+#pragma once
+
+#include <cstring>
+
+#include "common/test_util.hpp"
+#include "groupmm/quantize.hpp"
+
+namespace groupmm::test {
+
+inline std::vector<uint8_t> quant_bytes(const TensorView& v) {
+  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
+  if (!h.empty()) copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}), v);
+  return h;
+}
+
+// Any float view (any device) as fp32 values.
+inline std::vector<float> cpu_floats(const TensorView& v) {
+  const std::vector<uint8_t> b = quant_bytes(v);
+  std::vector<float> out(static_cast<size_t>(v.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint16_t h = 0;
+    if (dtype_bits(v.dtype) == 16) std::memcpy(&h, &b[2 * i], 2);
+    switch (v.dtype) {
+      case DType::fp32:
+        std::memcpy(&out[i], &b[4 * i], 4);
+        break;
+      case DType::bf16:
+        out[i] = bf16_bits_to_float(h);
+        break;
+      case DType::fp16:
+        out[i] = fp16_bits_to_float(h);
+        break;
+      default:
+        out[i] = NAN;
+    }
+  }
+  return out;
+}
+
+// Input values rounded to `t` (bf16/fp16/fp32), as a tensor on device d.
+inline Tensor make_input(const std::vector<float>& v, DType t, std::initializer_list<int64_t> dims,
+                         Device d) {
+  Tensor h = Tensor::empty(dims, t, Device::CPU);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::fp32) h.ptr<float>()[i] = v[i];
+    if (t == DType::bf16) h.ptr<uint16_t>()[i] = float_to_bf16_bits(v[i]);
+    if (t == DType::fp16) h.ptr<uint16_t>()[i] = float_to_fp16_bits(v[i]);
+  }
+  if (d == Device::CPU) return h;
+  return clone_to(h, d);
+}
+
+struct Quantized {
+  QuantizedBuffers buf;
+  GroupedTensor gt;
+};
+
+// Allocates (poisoned 0xFF) and runs group_quantize (or bgrad_group_quantize with dbias).
+inline Quantized run_quantize(Context& ctx, const TensorView& x, const TensorView& splits,
+                              const QuantizeConfig& cfg, const TensorView& dbias = TensorView()) {
+  const bool weights = !splits.present();
+  const int64_t G = weights ? x.dim(0) : splits.dim(0);
+  const int64_t M = weights ? x.dim(0) * x.dim(1) : x.dim(0);
+  const int64_t K = weights ? x.dim(2) : x.dim(1);
+  Quantized q;
+  q.buf = allocate_quantized(group_quantize_shapes(M, K, G, cfg), ctx.device(), ctx.stream());
+  for (const Tensor* t : {&q.buf.data, &q.buf.scale_inv, &q.buf.columnwise_data,
+                          &q.buf.columnwise_scale_inv, &q.buf.amax, &q.buf.global_scale})
+    if (t->view().present()) fill_bytes(*t, 0xFF, ctx.stream());
+  GroupQuantizeArgs a;
+  a.input = x;
+  a.splits = splits;
+  a.config = cfg;
+  a.out = q.buf.view(G, splits, cfg);
+  q.gt = dbias.present() ? bgrad_group_quantize(ctx, a, dbias) : group_quantize(ctx, a);
+  return q;
+}
+
+inline std::string cfg_name(const QuantizeConfig& c) {
+  std::string s = recipe_name(c.recipe);
+  if (c.recipe != QuantRecipe::nvfp4 && c.fp8_dtype == DType::fp8e5m2) s += "_e5m2";
+  if (c.pow2_scales) s += "_pow2";
+  if (c.block_2d) s += "_2d";
+  s += std::string("_") + quant_direction_name(c.direction);
+  if (c.scale_layout == ScaleLayout::swizzled) s += "_swz";
+  return s;
+}
+
+inline QuantizeConfig qcfg(QuantRecipe r, QuantDirection d = QuantDirection::both,
+                           ScaleLayout l = ScaleLayout::plain, DType fp8 = DType::fp8e4m3,
+                           bool pow2 = false, bool block_2d = false) {
+  QuantizeConfig c;
+  c.recipe = r;
+  c.direction = d;
+  c.scale_layout = l;
+  c.fp8_dtype = fp8;
+  c.pow2_scales = pow2;
+  c.block_2d = block_2d;
+  return c;
+}
+
+}  // namespace groupmm::test

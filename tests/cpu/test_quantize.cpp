@@ -1,0 +1,272 @@
+// group_quantize / dequantize / swizzle_scales / bgrad on the CPU backend: round trips within the
+// format's error, layout cross-checks (columnwise = transposed rowwise where scales coincide,
+// swizzled = swizzle_scales(plain)), bias gradients, faults, validation messages.
+#include "common/quant_test_util.hpp"
+
+namespace groupmm::test {
+namespace {
+
+struct Problem {
+  int64_t M, K, G;
+  std::vector<int32_t> splits;
+  Tensor x;
+  TensorView sv;
+};
+
+Problem make_problem(Pattern pat, int64_t G, int64_t M, int64_t K, DType t = DType::bf16) {
+  Problem p{M, K, G, to_i32(make_splits(pat, G, M)), Tensor(), TensorView()};
+  p.x = make_input(rand_wide(static_cast<size_t>(M * K)), t, {M, K}, Device::CPU);
+  p.sv = host_view(p.splits, DType::int32, {G});
+  return p;
+}
+
+// Rounds every split down to even and hands the (even) remainder to the largest one.
+void make_even(std::vector<int32_t>& s, int64_t M) {
+  int64_t total = 0;
+  for (auto& v : s) total += (v -= v % 2);
+  *std::max_element(s.begin(), s.end()) += static_cast<int32_t>(M - total);
+}
+
+std::vector<float> dequant(Context& ctx, const Quantized& q, const QuantizeConfig& cfg,
+                           const TensorView& x, bool col) {
+  TensorView ov = x;
+  ov.dtype = DType::fp32;
+  Tensor o32 = Tensor::empty_like(ov, Device::CPU);
+  fill_bytes(o32, 0);
+  GroupDequantizeArgs d;
+  d.in = q.gt;
+  d.config = cfg;
+  d.from_columnwise = col;
+  d.out = o32;
+  group_dequantize(ctx, d);
+  return cpu_floats(o32);
+}
+
+double tol(const QuantizeConfig& c) {
+  if (c.recipe == QuantRecipe::nvfp4) return 0.2;
+  return c.fp8_dtype == DType::fp8e5m2 ? 0.1 : 0.05;
+}
+
+class QuantRoundTrip : public ::testing::TestWithParam<QuantizeConfig> {};
+
+TEST_P(QuantRoundTrip, DequantizeWithinFormatErrorBothDirections) {
+  const QuantizeConfig cfg = GetParam();
+  for (Pattern pat : {Pattern::random_odd, Pattern::zero_middle}) {
+    Context ctx(Device::CPU);
+    Problem p = make_problem(pat, 5, 302, 256);
+    if (cfg.recipe == QuantRecipe::nvfp4) make_even(p.splits, p.M);  // columnwise NVFP4
+    Quantized q = run_quantize(ctx, p.x, p.sv, cfg);
+    EXPECT_NO_THROW(ctx.check());
+    const std::vector<float> ref = cpu_floats(p.x);
+    if (has_rowwise(cfg.direction))
+      EXPECT_LE(rel_error(dequant(ctx, q, cfg, p.x, false), ref), tol(cfg)) << pattern_name(pat);
+    if (has_columnwise(cfg.direction))
+      EXPECT_LE(rel_error(dequant(ctx, q, cfg, p.x, true), ref), tol(cfg)) << pattern_name(pat);
+  }
+}
+
+std::vector<QuantizeConfig> activation_configs() {
+  std::vector<QuantizeConfig> v;
+  const auto B = QuantDirection::both;
+  v.push_back(qcfg(QuantRecipe::fp8_current, B));
+  v.push_back(qcfg(QuantRecipe::fp8_current, B, ScaleLayout::plain, DType::fp8e5m2, true));
+  v.push_back(qcfg(QuantRecipe::fp8_block, B));
+  v.push_back(qcfg(QuantRecipe::fp8_block, B, ScaleLayout::plain, DType::fp8e4m3, true));
+  v.push_back(qcfg(QuantRecipe::mxfp8, B));
+  v.push_back(qcfg(QuantRecipe::mxfp8, B, ScaleLayout::swizzled));
+  v.push_back(qcfg(QuantRecipe::mxfp8, B, ScaleLayout::plain, DType::fp8e5m2));
+  v.push_back(qcfg(QuantRecipe::nvfp4, B));
+  v.push_back(qcfg(QuantRecipe::nvfp4, B, ScaleLayout::swizzled));
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, QuantRoundTrip, ::testing::ValuesIn(activation_configs()),
+                         [](const auto& info) { return cfg_name(info.param); });
+
+TEST(QuantCpu, SwizzledScalesEqualSwizzleOfPlainAndUnswizzleInverts) {
+  for (QuantRecipe r : {QuantRecipe::mxfp8, QuantRecipe::nvfp4}) {
+    Context ctx(Device::CPU);
+    Problem p = make_problem(Pattern::quarter_empty, 6, 520, 160);
+    make_even(p.splits, p.M);
+    const auto cp = qcfg(r, QuantDirection::both);
+    const auto cs = qcfg(r, QuantDirection::both, ScaleLayout::swizzled);
+    Quantized qp = run_quantize(ctx, p.x, p.sv, cp), qs = run_quantize(ctx, p.x, p.sv, cs);
+    EXPECT_EQ(quant_bytes(qp.buf.data), quant_bytes(qs.buf.data));
+    EXPECT_EQ(quant_bytes(qp.buf.columnwise_data), quant_bytes(qs.buf.columnwise_data));
+    for (bool col : {false, true}) {
+      const TensorView plain = col ? qp.buf.columnwise_scale_inv.view() : qp.buf.scale_inv.view();
+      const TensorView swz_ref = col ? qs.buf.columnwise_scale_inv.view() : qs.buf.scale_inv.view();
+      Tensor swz = Tensor::empty_like(swz_ref, Device::CPU);
+      fill_bytes(swz, 0xFF);
+      SwizzleScalesArgs a;
+      a.splits = p.sv;
+      a.rows_total = p.M;
+      a.cols = col ? p.K : p.K / cp.row_block();
+      a.columnwise = col;
+      a.block = cp.col_block();
+      a.plain = plain;
+      a.swizzled = swz;
+      swizzle_scales(ctx, a);
+      EXPECT_EQ(quant_bytes(swz), quant_bytes(swz_ref)) << recipe_name(r) << " col=" << col;
+      Tensor back = Tensor::empty_like(plain, Device::CPU);
+      fill_bytes(back, 0xFF);
+      a.unswizzle = true;
+      a.plain = back;
+      swizzle_scales(ctx, a);
+      EXPECT_EQ(quant_bytes(back), quant_bytes(plain)) << recipe_name(r) << " col=" << col;
+    }
+    EXPECT_NO_THROW(ctx.check());
+  }
+}
+
+TEST(QuantCpu, ColumnwiseIsTransposedRowwiseWhenScalesCoincide) {
+  // Per-expert scales (fp8_current) and 2D blocks (weights) give both copies the same scale for
+  // every element, so the columnwise block of expert g must be the transpose of its rows.
+  Context ctx(Device::CPU);
+  Problem p = make_problem(Pattern::zero_first, 4, 200, 64);
+  Quantized q = run_quantize(ctx, p.x, p.sv, qcfg(QuantRecipe::fp8_current));
+  auto rw = quant_bytes(q.buf.data), cw = quant_bytes(q.buf.columnwise_data);
+  int64_t start = 0;
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t m = p.splits[static_cast<size_t>(g)];
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t k = 0; k < p.K; ++k)
+        ASSERT_EQ(cw[static_cast<size_t>(p.K * start + k * m + r)],
+                  rw[static_cast<size_t>((start + r) * p.K + k)]);
+    start += m;
+  }
+  for (QuantRecipe r : {QuantRecipe::fp8_block, QuantRecipe::nvfp4}) {
+    const int64_t G = 3, N = 144, K = 256;
+    Tensor w =
+        make_input(rand_wide(static_cast<size_t>(G * N * K)), DType::bf16, {G, N, K}, Device::CPU);
+    const auto cfg = qcfg(r, QuantDirection::both, ScaleLayout::plain, DType::fp8e4m3, false, true);
+    Quantized wq = run_quantize(ctx, w, TensorView(), cfg);
+    const auto a = quant_bytes(wq.buf.data), b = quant_bytes(wq.buf.columnwise_data);
+    const bool fp4 = r == QuantRecipe::nvfp4;
+    auto code = [&](const std::vector<uint8_t>& v, int64_t e) -> int {
+      return fp4 ? (v[static_cast<size_t>(e / 2)] >> (4 * (e % 2))) & 0xF
+                 : v[static_cast<size_t>(e)];
+    };
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k)
+          ASSERT_EQ(code(b, K * g * N + k * N + n), code(a, (g * N + n) * K + k))
+              << recipe_name(r) << " g" << g << " n" << n << " k" << k;
+    GroupDequantizeArgs d;
+    d.in = wq.gt;
+    d.config = cfg;
+    Tensor o = Tensor::empty({G, N, K}, DType::fp32, Device::CPU);
+    d.out = o;
+    group_dequantize(ctx, d);
+    EXPECT_LE(rel_error(cpu_floats(o), cpu_floats(w)), fp4 ? 0.2 : 0.05);
+  }
+  EXPECT_NO_THROW(ctx.check());
+}
+
+TEST(QuantCpu, BgradSumsRowsPerExpertZeroRowGetsZero) {
+  Context ctx(Device::CPU);
+  Problem p = make_problem(Pattern::zero_middle, 5, 333, 48, DType::fp32);
+  std::vector<float> db(static_cast<size_t>(p.G * p.K), -1.0f);
+  Quantized q = run_quantize(ctx, p.x, p.sv, qcfg(QuantRecipe::fp8_current),
+                             host_view(db, DType::fp32, {p.G, p.K}));
+  const std::vector<float> x = cpu_floats(p.x);
+  int64_t start = 0;
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t m = p.splits[static_cast<size_t>(g)];
+    for (int64_t k = 0; k < p.K; ++k) {
+      double ref = 0, mag = 0;
+      for (int64_t r = start; r < start + m; ++r) {
+        ref += x[static_cast<size_t>(r * p.K + k)];
+        mag += std::fabs(x[static_cast<size_t>(r * p.K + k)]);
+      }
+      const float got = db[static_cast<size_t>(g * p.K + k)];
+      if (m == 0) {
+        EXPECT_EQ(got, 0.0f);
+      } else {
+        EXPECT_NEAR(got, ref, 1e-5 * mag + 1e-30) << "g" << g << " k" << k;
+      }
+    }
+    start += m;
+  }
+}
+
+TEST(QuantCpu, FaultsAreReportedAndOddNvfp4ColumnwiseSkipped) {
+  Context ctx(Device::CPU);
+  Problem p = make_problem(Pattern::balanced, 3, 96, 32);
+  p.splits = {40, -5, 56};
+  Quantized q = run_quantize(ctx, p.x, p.sv, qcfg(QuantRecipe::mxfp8));
+  EXPECT_THROW_MSG(ctx.check(), "device fault in group_quantize (status 0x1): negative split");
+  p.splits = {31, 33, 32};
+  q = run_quantize(ctx, p.x, p.sv, qcfg(QuantRecipe::nvfp4));
+  const StatusBlock st = ctx.take_status();
+  EXPECT_EQ(st.bits, kFaultSplitAlignment);
+  EXPECT_EQ(st.group, 0);
+  p.splits = {64, 64, 64};  // runs past M = 96: clamped, no write out of bounds
+  q = run_quantize(ctx, p.x, p.sv, qcfg(QuantRecipe::mxfp8));
+  EXPECT_TRUE(ctx.take_status().bits & kFaultSplitsOverflow);
+}
+
+TEST(QuantCpu, ValidationNamesOpArgumentAndValue) {
+  Context ctx(Device::CPU);
+  Problem p = make_problem(Pattern::balanced, 2, 64, 96);
+  auto cfg = qcfg(QuantRecipe::mxfp8);
+  QuantizedBuffers b = allocate_quantized(group_quantize_shapes(64, 96, 2, cfg), Device::CPU);
+  GroupQuantizeArgs a;
+  a.input = p.x;
+  a.splits = p.sv;
+  a.config = cfg;
+  a.out = b.view(2, p.sv, cfg);
+  EXPECT_NO_THROW(group_quantize(ctx, a));
+  a.config.recipe = QuantRecipe::fp8_block;
+  EXPECT_THROW_MSG(
+      group_quantize(ctx, a),
+      "group_quantize: input.shape[-1]=K=96 must be a multiple of 128 (fp8_block block)");
+  a.config = cfg;
+  a.config.scale_layout = ScaleLayout::swizzled;
+  EXPECT_THROW_MSG(group_quantize(ctx, a), "group_quantize: out.scale_inv.numel=192");
+  a.config = cfg;
+  a.config.fp8_dtype = DType::bf16;
+  EXPECT_THROW_MSG(group_quantize(ctx, a),
+                   "group_quantize: config.fp8_dtype=bf16 must be fp8e4m3 or fp8e5m2");
+  a.config = cfg;
+  a.config.fp8_dtype = DType::fp8e5m2;
+  EXPECT_THROW_MSG(group_quantize(ctx, a),
+                   "group_quantize: out.data.dtype=fp8e4m3 must be fp8e5m2");
+  a.config = cfg;
+  TensorView xi = a.input;
+  xi.dtype = DType::int32;
+  a.input = xi;
+  EXPECT_THROW_MSG(group_quantize(ctx, a),
+                   "group_quantize: input.dtype=int32 must be bf16, fp16 or fp32");
+  a.input = p.x;
+  a.out.columnwise_scale_inv = TensorView();
+  EXPECT_THROW_MSG(group_quantize(ctx, a),
+                   "group_quantize: out.columnwise_scale_inv is required (e8m0[4, 96])");
+  a.out = b.view(2, p.sv, cfg);
+  a.config.scale_layout = ScaleLayout::swizzled;
+  a.config.recipe = QuantRecipe::fp8_block;
+  EXPECT_THROW_MSG(
+      group_quantize_shapes(64, 128, 2, a.config),
+      "group_quantize_shapes: config.scale_layout=swizzled needs mxfp8 or nvfp4, not fp8_block");
+  a.config = qcfg(QuantRecipe::nvfp4);
+  a.config.block_2d = true;
+  EXPECT_THROW_MSG(group_quantize(ctx, a),
+                   "group_quantize: config.block_2d is for weights ([G, N, K], no splits)");
+  std::vector<float> db(10);
+  a.config = cfg;
+  EXPECT_THROW_MSG(bgrad_group_quantize(ctx, a, host_view(db, DType::fp32, {2, 5})),
+                   "bgrad_group_quantize: dbias.shape=[2, 5] must be [2, 96]");
+  GroupDequantizeArgs d;
+  d.in = b.view(2, p.sv, cfg);
+  d.config = cfg;
+  d.out = p.x;
+  d.in.recipe = QuantRecipe::nvfp4;
+  EXPECT_THROW_MSG(group_dequantize(ctx, d),
+                   "group_dequantize: in.recipe=nvfp4 must equal config.recipe=mxfp8");
+  d.in.recipe = QuantRecipe::mxfp8;
+  d.in.data = TensorView();
+  EXPECT_THROW_MSG(group_dequantize(ctx, d), "group_dequantize: in.data is required");
+}
+
+}  // namespace
+}  // namespace groupmm::test

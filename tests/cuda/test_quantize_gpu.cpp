@@ -1,0 +1,348 @@
+// group_quantize / bgrad / dequantize / swizzle_scales on the GPU: every output byte equals the
+// CPU reference (outputs poisoned 0xFF on both sides first), for every recipe, both directions,
+// plain and swizzled scales, split patterns with zero-row and unaligned experts, weights; CUDA
+// graph replay with changed splits equals eager bit for bit; device faults set the status.
+#include "common/quant_test_util.hpp"
+
+namespace groupmm::test {
+namespace {
+
+// Rounds every split down to even and hands the (even) remainder to the largest one.
+void make_even(std::vector<int64_t>& s, int64_t M) {
+  int64_t total = 0;
+  for (auto& v : s) total += (v -= v % 2);
+  *std::max_element(s.begin(), s.end()) += M - total;
+}
+
+// Wide random values plus, optionally, the special values every encoder must agree on.
+std::vector<float> input_values(int64_t n, bool specials) {
+  std::vector<float> v = rand_wide(static_cast<size_t>(n));
+  if (specials && n > 4000) {
+    v[17] = INFINITY;
+    v[1000] = -INFINITY;
+    v[2001] = NAN;
+    v[2002] = -NAN;
+    v[3003] = -0.0f;
+    v[3004] = 1e-41f;  // fp32 subnormal
+    v[n - 1] = 448.0f;
+  }
+  return v;
+}
+
+void expect_same_outputs(const Quantized& gpu, const Quantized& cpu, const std::string& what) {
+  const std::pair<const char*, std::pair<const Tensor*, const Tensor*>> outs[] = {
+      {"data", {&gpu.buf.data, &cpu.buf.data}},
+      {"scale_inv", {&gpu.buf.scale_inv, &cpu.buf.scale_inv}},
+      {"columnwise_data", {&gpu.buf.columnwise_data, &cpu.buf.columnwise_data}},
+      {"columnwise_scale_inv", {&gpu.buf.columnwise_scale_inv, &cpu.buf.columnwise_scale_inv}},
+      {"amax", {&gpu.buf.amax, &cpu.buf.amax}},
+      {"global_scale", {&gpu.buf.global_scale, &cpu.buf.global_scale}}};
+  for (const auto& [name, t] : outs) {
+    if (!t.second->view().present()) continue;
+    const auto a = quant_bytes(*t.first), b = quant_bytes(*t.second);
+    ASSERT_EQ(a.size(), b.size()) << what << " " << name;
+    size_t bad = 0, first = a.size();
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i] != b[i]) {
+        if (first == a.size()) first = i;
+        ++bad;
+      }
+    EXPECT_EQ(bad, 0u) << what << " " << name << ": " << bad << " bytes differ, first at byte "
+                       << first << " (gpu " << int(a[first < a.size() ? first : 0]) << ", cpu "
+                       << int(b[first < b.size() ? first : 0]) << ")";
+  }
+}
+
+struct Case {
+  QuantizeConfig cfg;
+  Pattern pattern;
+  int64_t G, M, K;
+  DType in;
+  bool specials;
+};
+
+std::string case_name(const Case& c) {
+  return cfg_name(c.cfg) + "_" + pattern_name(c.pattern) + "_G" + std::to_string(c.G) + "_M" +
+         std::to_string(c.M) + "_K" + std::to_string(c.K) + "_" + dtype_name(c.in) +
+         (c.specials ? "_specials" : "");
+}
+
+class QuantizeGpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(QuantizeGpu, MatchesCpuReferenceBitForBit) {
+  GROUPMM_REQUIRE_GPU();
+  Case c = GetParam();
+  // NVFP4 packs two tokens per byte in the columnwise copy: every split must be even (an odd one
+  // is a documented fault, tested in QuantizeGpuFaults), so the total must be even too.
+  if (c.cfg.recipe == QuantRecipe::nvfp4) c.M -= c.M % 2;
+  auto s = make_splits(c.pattern, c.G, c.M);
+  if (c.cfg.recipe == QuantRecipe::nvfp4 && c.pattern != Pattern::zero_all) make_even(s, c.M);
+  std::vector<int64_t> s64 = s;
+  const std::vector<float> v = input_values(c.M * c.K, c.specials);
+  Context cctx(Device::CPU), gctx(Device::CUDA);
+  Tensor hx = make_input(v, c.in, {c.M, c.K}, Device::CPU);
+  Tensor dx = clone_to(hx, Device::CUDA);
+  TensorView hs = host_view(s64, DType::int64, {c.G});
+  Tensor ds = clone_to(hs, Device::CUDA);
+  Quantized qc = run_quantize(cctx, hx, hs, c.cfg);
+  Quantized qg = run_quantize(gctx, dx, ds, c.cfg);
+  EXPECT_NO_THROW(gctx.check());
+  EXPECT_NO_THROW(cctx.check());
+  expect_same_outputs(qg, qc, case_name(c));
+  // dequantize both directions on both backends
+  for (bool col : {false, true}) {
+    if (col ? !has_columnwise(c.cfg.direction) : !has_rowwise(c.cfg.direction)) continue;
+    Tensor oc = Tensor::empty({c.M, c.K}, DType::fp32, Device::CPU);
+    Tensor og = Tensor::empty({c.M, c.K}, DType::bf16, Device::CUDA);
+    Tensor oc16 = Tensor::empty({c.M, c.K}, DType::bf16, Device::CPU);
+    fill_bytes(oc16, 0xFF);
+    fill_bytes(og, 0xFF);
+    GroupDequantizeArgs d;
+    d.config = c.cfg;
+    d.from_columnwise = col;
+    d.in = qc.gt;
+    d.out = oc16;
+    group_dequantize(cctx, d);
+    d.in = qg.gt;
+    d.out = og;
+    group_dequantize(gctx, d);
+    EXPECT_NO_THROW(gctx.check());
+    EXPECT_EQ(quant_bytes(og), quant_bytes(oc16)) << "dequantize col=" << col;
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  const auto B = QuantDirection::both, Rw = QuantDirection::rowwise,
+             Cw = QuantDirection::columnwise;
+  const auto P = ScaleLayout::plain, S = ScaleLayout::swizzled;
+  const std::vector<QuantizeConfig> cfgs = {
+      qcfg(QuantRecipe::fp8_current, B),
+      qcfg(QuantRecipe::fp8_current, Rw, P, DType::fp8e5m2, true),
+      qcfg(QuantRecipe::fp8_block, B),
+      qcfg(QuantRecipe::fp8_block, Cw, P, DType::fp8e4m3, true),
+      qcfg(QuantRecipe::mxfp8, B),
+      qcfg(QuantRecipe::mxfp8, B, S),
+      qcfg(QuantRecipe::mxfp8, Rw, S, DType::fp8e5m2),
+      qcfg(QuantRecipe::nvfp4, B),
+      qcfg(QuantRecipe::nvfp4, B, S),
+      qcfg(QuantRecipe::nvfp4, Cw, S)};
+  const std::vector<std::tuple<Pattern, int64_t, int64_t>> pats = {
+      {Pattern::balanced, 8, 2048},      {Pattern::zipf, 32, 3001},
+      {Pattern::zero_first, 5, 999},     {Pattern::zero_last, 7, 1300},
+      {Pattern::zero_all, 4, 0},         {Pattern::random_odd, 16, 2333},
+      {Pattern::quarter_empty, 9, 1111}, {Pattern::balanced, 1, 300}};
+  for (const auto& cfg : cfgs) {
+    const int64_t K = cfg.recipe == QuantRecipe::fp8_block ? 384 : 320;  // 320: a partial tile
+    for (const auto& [pat, G, M] : pats) v.push_back({cfg, pat, G, M, K, DType::bf16, false});
+    v.push_back({cfg, Pattern::random_odd, 6, 1500, K, DType::fp32, true});
+    v.push_back({cfg, Pattern::zipf, 6, 1500, K, DType::fp16, false});
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, QuantizeGpu, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return case_name(info.param); });
+
+TEST(QuantizeGpuWeights, UniformGroupsAllRecipesMatchCpu) {
+  GROUPMM_REQUIRE_GPU();
+  const int64_t G = 3, N = 200, K = 256;  // N not a multiple of 128: partial 2D blocks
+  const std::vector<float> v = input_values(G * N * K, true);
+  Context cctx(Device::CPU), gctx(Device::CUDA);
+  Tensor hw = make_input(v, DType::bf16, {G, N, K}, Device::CPU);
+  Tensor dw = clone_to(hw, Device::CUDA);
+  const auto B = QuantDirection::both;
+  for (const auto& cfg :
+       {qcfg(QuantRecipe::fp8_block, B, ScaleLayout::plain, DType::fp8e4m3, false, true),
+        qcfg(QuantRecipe::fp8_block, B, ScaleLayout::plain, DType::fp8e4m3, true, false),
+        qcfg(QuantRecipe::nvfp4, B, ScaleLayout::swizzled, DType::fp8e4m3, false, true),
+        qcfg(QuantRecipe::nvfp4, B, ScaleLayout::plain, DType::fp8e4m3, false, false),
+        qcfg(QuantRecipe::mxfp8, B, ScaleLayout::swizzled), qcfg(QuantRecipe::fp8_current, B)}) {
+    Quantized qc = run_quantize(cctx, hw, TensorView(), cfg);
+    Quantized qg = run_quantize(gctx, dw, TensorView(), cfg);
+    EXPECT_NO_THROW(gctx.check());
+    expect_same_outputs(qg, qc, "weights " + cfg_name(cfg));
+  }
+}
+
+TEST(QuantizeGpuBgrad, DbiasAndDataMatchCpuBitForBit) {
+  GROUPMM_REQUIRE_GPU();
+  for (DType dbt : {DType::fp32, DType::bf16}) {
+    const int64_t G = 12, M = 3000, K = 448;
+    auto s = make_splits(Pattern::quarter_empty, G, M);
+    make_even(s, M);
+    const std::vector<float> v = input_values(M * K, false);
+    Context cctx(Device::CPU), gctx(Device::CUDA);
+    Tensor hx = make_input(v, DType::bf16, {M, K}, Device::CPU);
+    Tensor dx = clone_to(hx, Device::CUDA);
+    TensorView hs = host_view(s, DType::int64, {G});
+    Tensor ds = clone_to(hs, Device::CUDA);
+    Tensor dbc = Tensor::empty({G, K}, dbt, Device::CPU),
+           dbg = Tensor::empty({G, K}, dbt, Device::CUDA);
+    fill_bytes(dbc, 0xFF);
+    fill_bytes(dbg, 0xFF);
+    const auto cfg = qcfg(QuantRecipe::mxfp8, QuantDirection::both, ScaleLayout::swizzled);
+    Quantized qc = run_quantize(cctx, hx, hs, cfg, dbc);
+    Quantized qg = run_quantize(gctx, dx, ds, cfg, dbg);
+    EXPECT_NO_THROW(gctx.check());
+    expect_same_outputs(qg, qc, "bgrad");
+    EXPECT_EQ(quant_bytes(dbg), quant_bytes(dbc)) << "dbias " << dtype_name(dbt);
+  }
+}
+
+TEST(QuantizeGpuSwizzle, SwizzleAndUnswizzleMatchCpu) {
+  GROUPMM_REQUIRE_GPU();
+  const int64_t G = 10, M = 2500;
+  auto s = make_splits(Pattern::zipf, G, M);
+  s[3] = 0;
+  s[0] += M - std::accumulate(s.begin(), s.end(), int64_t(0));
+  TensorView hs = host_view(s, DType::int64, {G});
+  Context cctx(Device::CPU), gctx(Device::CUDA);
+  Tensor ds = clone_to(hs, Device::CUDA);
+  for (bool col : {false, true}) {
+    const int64_t cols = col ? 300 : 13;
+    const int block = 16;
+    const int64_t pn = plain_scales_numel(M, cols, G, col, block);
+    const int64_t sn = swizzled_scales_numel(M, cols, G, col, block);
+    std::vector<uint8_t> pv(static_cast<size_t>(pn));
+    for (auto& b : pv) b = static_cast<uint8_t>(rng()() % 255 + 1);  // never 0: padding shows
+    Tensor hp = clone_to(TensorView(pv.data(), DType::e8m0, Device::CPU, {pn}), Device::CPU);
+    Tensor dp = clone_to(hp, Device::CUDA);
+    Tensor hsw = Tensor::empty({sn}, DType::e8m0, Device::CPU),
+           dsw = Tensor::empty({sn}, DType::e8m0, Device::CUDA);
+    fill_bytes(hsw, 0xFF);
+    fill_bytes(dsw, 0xFF);
+    SwizzleScalesArgs a;
+    a.rows_total = M;
+    a.cols = cols;
+    a.columnwise = col;
+    a.block = block;
+    a.splits = hs;
+    a.plain = hp;
+    a.swizzled = hsw;
+    swizzle_scales(cctx, a);
+    a.splits = ds;
+    a.plain = dp;
+    a.swizzled = dsw;
+    swizzle_scales(gctx, a);
+    EXPECT_EQ(quant_bytes(dsw), quant_bytes(hsw)) << "swizzle col=" << col;
+    Tensor back = Tensor::empty({pn}, DType::e8m0, Device::CUDA);
+    fill_bytes(back, 0xFF);
+    a.unswizzle = true;
+    a.plain = back;
+    swizzle_scales(gctx, a);
+    EXPECT_NO_THROW(gctx.check());
+    // plain entries past the last expert's rows are not part of any expert; compare the used part
+    const auto got = quant_bytes(back);
+    const int64_t used = col ? [&] {
+      int64_t n = 0;
+      for (auto m : s) n += (m + block - 1) / block;
+      return n * cols;
+    }() : M * cols;
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + used, pv.begin())) << "unswizzle col=" << col;
+  }
+}
+
+// Captures the whole op (plan + amax + quantize + dbias reduce) and replays it with new splits.
+TEST(QuantizeGpuGraph, ReplayWithNewSplitsEqualsEager) {
+  GROUPMM_REQUIRE_GPU();
+  const int64_t G = 16, M = 4096, K = 512;
+  cudaStream_t stream;
+  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    Context ctx(Device::CUDA, stream);
+    Tensor dx = make_input(input_values(M * K, false), DType::bf16, {M, K}, Device::CUDA);
+    Tensor ds = Tensor::empty({G}, DType::int32, Device::CUDA, stream);
+    for (const auto& cfg : {qcfg(QuantRecipe::mxfp8, QuantDirection::both, ScaleLayout::swizzled),
+                            qcfg(QuantRecipe::nvfp4, QuantDirection::both, ScaleLayout::swizzled),
+                            qcfg(QuantRecipe::fp8_current, QuantDirection::both),
+                            qcfg(QuantRecipe::fp8_block, QuantDirection::both)}) {
+      std::vector<int32_t> s0 = to_i32(make_splits(Pattern::balanced, G, M));
+      copy(ds, host_view(s0, DType::int32, {G}), stream);
+      Tensor db_graph = Tensor::empty({G, K}, DType::fp32, Device::CUDA, stream);
+      GroupQuantizeArgs a;
+      a.input = dx;
+      a.splits = ds;
+      a.config = cfg;
+      QuantizedBuffers gb =
+          allocate_quantized(group_quantize_shapes(M, K, G, cfg), Device::CUDA, stream);
+      a.out = gb.view(G, ds, cfg);
+      ctx.reserve_workspace(group_quantize_workspace_size(ctx, a, true));
+      bgrad_group_quantize(ctx, a, db_graph);  // eager warm-up: sets kernel attributes once
+      GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      GROUPMM_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      bgrad_group_quantize(ctx, a, db_graph);
+      GROUPMM_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+      GROUPMM_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      for (Pattern p :
+           {Pattern::zipf, Pattern::quarter_empty, Pattern::zero_first, Pattern::random_odd}) {
+        auto s64 = make_splits(p, G, M);
+        make_even(s64, M);  // NVFP4 columnwise
+        std::vector<int32_t> s = to_i32(s64);
+        copy(ds, host_view(s, DType::int32, {G}), stream);
+        Quantized graph_out{std::move(gb), GroupedTensor()};
+        for (const Tensor* t : {&graph_out.buf.data, &graph_out.buf.scale_inv,
+                                &graph_out.buf.columnwise_data, &graph_out.buf.columnwise_scale_inv,
+                                &graph_out.buf.amax, &graph_out.buf.global_scale, &db_graph})
+          if (t->view().present()) fill_bytes(*t, 0xFF, stream);
+        GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        Tensor db_eager = Tensor::empty({G, K}, DType::fp32, Device::CUDA, stream);
+        fill_bytes(db_eager, 0xFF, stream);
+        Quantized eager = run_quantize(ctx, dx, ds, cfg, db_eager);
+        GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+        expect_same_outputs(graph_out, eager,
+                            std::string("graph ") + cfg_name(cfg) + " " + pattern_name(p));
+        EXPECT_EQ(quant_bytes(db_graph), quant_bytes(db_eager)) << "dbias " << pattern_name(p);
+        gb = std::move(graph_out.buf);
+      }
+      ctx.check();
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST(QuantizeGpuFaults, BadSplitsSetStatusAndMatchCpu) {
+  GROUPMM_REQUIRE_GPU();
+  const int64_t M = 512, K = 64, G = 4;
+  const std::vector<float> v = input_values(M * K, false);
+  struct F {
+    std::vector<int64_t> s;
+    QuantRecipe r;
+    uint32_t bits;
+  };
+  const F faults[] = {
+      {{100, -7, 300, 112}, QuantRecipe::mxfp8, kFaultNegativeSplit},
+      {{300, 300, 0, 0}, QuantRecipe::mxfp8, kFaultSplitsOverflow | kFaultSplitsTotalMismatch},
+      {{101, 99, 200, 112}, QuantRecipe::nvfp4, kFaultSplitAlignment}};
+  for (const F& f : faults) {
+    Context cctx(Device::CPU), gctx(Device::CUDA);
+    Tensor hx = make_input(v, DType::bf16, {M, K}, Device::CPU);
+    Tensor dx = clone_to(hx, Device::CUDA);
+    std::vector<int64_t> s = f.s;
+    TensorView hs = host_view(s, DType::int64, {G});
+    Tensor ds = clone_to(hs, Device::CUDA);
+    const auto cfg = qcfg(f.r, QuantDirection::both, ScaleLayout::swizzled);
+    Quantized qc = run_quantize(cctx, hx, hs, cfg);
+    Quantized qg = run_quantize(gctx, dx, ds, cfg);
+    EXPECT_EQ(gctx.take_status().bits, f.bits);
+    EXPECT_EQ(cctx.take_status().bits, f.bits);
+    expect_same_outputs(qg, qc, "fault case");
+  }
+}
+
+TEST(QuantizeGpuFaults, CheckThrowsReadableMessage) {
+  GROUPMM_REQUIRE_GPU();
+  Context ctx(Device::CUDA);
+  std::vector<int32_t> s = {64, -3};
+  Tensor ds = clone_to(host_view(s, DType::int32, {2}), Device::CUDA);
+  Tensor dx = make_input(input_values(64 * 32, false), DType::bf16, {64, 32}, Device::CUDA);
+  run_quantize(ctx, dx, ds, qcfg(QuantRecipe::mxfp8));
+  EXPECT_THROW_MSG(ctx.check(), "device fault in group_quantize (status 0x1): negative split");
+}
+
+}  // namespace
+}  // namespace groupmm::test

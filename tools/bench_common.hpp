@@ -1,0 +1,87 @@
+// Shared pieces of the `groupmm bench` suites: split patterns, event timing, L2 rotation count.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "groupmm/core.hpp"
+
+namespace groupmm::tool {
+
+// DESIGN section 8 split patterns: balanced, Zipf (exponent 1.1, shuffled), 25% of experts empty.
+inline std::vector<int64_t> bench_splits(const std::string& pattern, int64_t G, int64_t total,
+                                         uint64_t seed = 7) {
+  std::mt19937_64 rng(seed);
+  std::vector<double> w(static_cast<size_t>(G), 1.0);
+  if (pattern == "zipf") {
+    for (int64_t i = 0; i < G; ++i) w[size_t(i)] = 1.0 / std::pow(double(i + 1), 1.1);
+    std::shuffle(w.begin(), w.end(), rng);
+  } else if (pattern == "empty25") {
+    std::vector<int64_t> idx(static_cast<size_t>(G));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::shuffle(idx.begin(), idx.end(), rng);
+    for (int64_t i = 0; i < G / 4; ++i) w[size_t(idx[size_t(i)])] = 0;
+  }
+  const double sum = std::accumulate(w.begin(), w.end(), 0.0);
+  std::vector<int64_t> s(static_cast<size_t>(G));
+  int64_t assigned = 0;
+  for (int64_t i = 0; i < G; ++i) {
+    s[size_t(i)] = int64_t(std::floor(w[size_t(i)] / sum * double(total)));
+    assigned += s[size_t(i)];
+  }
+  for (int64_t i = 0; assigned < total; i = (i + 1) % G)
+    if (w[size_t(i)] > 0) ++s[size_t(i)], ++assigned;
+  return s;
+}
+
+// Median over `iters` timed runs (ms), CUDA events around each run, after `warmup` runs.
+template <class F>
+double median_ms(cudaStream_t stream, int warmup, int iters, F&& fn) {
+  for (int i = 0; i < warmup; ++i) fn(i);
+  std::vector<cudaEvent_t> ev(size_t(iters) + 1);
+  for (auto& e : ev) GROUPMM_CHECK_CUDA(cudaEventCreate(&e));
+  GROUPMM_CHECK_CUDA(cudaEventRecord(ev[0], stream));
+  for (int i = 0; i < iters; ++i) {
+    fn(warmup + i);
+    GROUPMM_CHECK_CUDA(cudaEventRecord(ev[size_t(i) + 1], stream));
+  }
+  GROUPMM_CHECK_CUDA(cudaEventSynchronize(ev.back()));
+  std::vector<float> t(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i)
+    GROUPMM_CHECK_CUDA(cudaEventElapsedTime(&t[size_t(i)], ev[size_t(i)], ev[size_t(i) + 1]));
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Copies of the inputs needed so that rotating through them touches more than 3x L2.
+inline int rotation_copies(int64_t input_bytes) {
+  int dev = 0, l2 = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+  if (input_bytes <= 0) return 1;
+  return int(std::min<int64_t>(
+      16, std::max<int64_t>(1, (3 * int64_t(l2) + input_bytes - 1) / input_bytes)));
+}
+
+// Device-to-device copy bandwidth (bytes read + written per second), the memory ceiling.
+inline double copy_bandwidth_gbs(cudaStream_t stream) {
+  const size_t bytes = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  GROUPMM_CHECK_CUDA(cudaMalloc(&a, bytes));
+  GROUPMM_CHECK_CUDA(cudaMalloc(&b, bytes));
+  GROUPMM_CHECK_CUDA(cudaMemsetAsync(a, 1, bytes, stream));
+  const double ms = median_ms(stream, 2, 10, [&](int) {
+    GROUPMM_CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
+}
+
+}  // namespace groupmm::tool

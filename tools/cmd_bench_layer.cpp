@@ -1,0 +1,187 @@
+// `groupmm bench layer`: GroupedLinear forward + backward of the Qwen3-30B-A3B expert layers
+// (gate_up G=128 K=2048 N=1536, down G=128 K=768 N=2048; bf16, 65536 routed rows) against the
+// sum of the same grouped GEMMs called directly, measured in the same run, and the host time of
+// one eager forward. Targets (issue 5): layer time <= 1.10x the GEMM sum; host time per forward
+// <= 30 us (no graphs). Each case is validated first against the cuBLAS per-expert loop.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "bench_common.hpp"
+#include "commands.hpp"
+#include "groupmm/gemm.hpp"
+#include "groupmm/nn/grouped_linear.hpp"
+#include "groupmm/random.hpp"
+
+namespace groupmm::tool {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+struct LayerShape {
+  const char* name;
+  int64_t G, K, N;
+};
+const LayerShape kLayers[] = {{"qwen3_gate_up", 128, 2048, 1536}, {"qwen3_down", 128, 768, 2048}};
+
+// Median time (us) of fn over iters runs after warmup: CUDA events on a GPU, wall clock on CPU.
+template <class F>
+double time_us(const Context& ctx, int warmup, int iters, F&& fn) {
+  if (ctx.device() == Device::CUDA) return 1e3 * median_ms(ctx.stream(), warmup, iters, fn);
+  for (int i = 0; i < warmup; ++i) fn(i);
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = clock_type::now();
+    fn(i);
+    t.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double rel_err(const TensorView& a, const TensorView& b) {
+  std::vector<uint16_t> ha(size_t(a.numel())), hb(ha.size());
+  copy(TensorView(ha.data(), a.dtype, Device::CPU, {a.numel()}), a);
+  copy(TensorView(hb.data(), b.dtype, Device::CPU, {b.numel()}), b);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ha.size(); ++i) {
+    const double x = bf16_bits_to_float(ha[i]), y = bf16_bits_to_float(hb[i]);
+    if (!std::isfinite(x)) return INFINITY;
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+int run_bench_layer(const Args& args) {
+  const bool on_cpu = has_flag(args, "--cpu");  // smoke run of the code path on small shapes
+  GROUPMM_CHECK(on_cpu || cuda_available(),
+                "bench layer: needs an sm_90 GPU (none visible); --cpu "
+                "runs a small smoke version on the CPU reference");
+  const Device dev = on_cpu ? Device::CPU : Device::CUDA;
+  const int64_t rows = std::stoll(get_opt(args, "--rows", on_cpu ? "512" : "65536"));
+  const int64_t scale = on_cpu ? 16 : 1;  // CPU smoke: every dim / 16
+  const int iters = std::stoi(get_opt(args, "--iters", on_cpu ? "2" : "20"));
+  const std::string patterns = get_opt(args, "--pattern", "balanced,zipf,empty25");
+  const std::string json_path = get_opt(args, "--json", "");
+  std::ofstream json;
+  if (!json_path.empty()) json.open(json_path), json << "[\n";
+  bool first_record = true, all_met = true;
+
+  cudaStream_t stream = nullptr;
+  if (!on_cpu) GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    Context ctx(dev, stream);
+    std::printf(
+        "bench layer: GroupedLinear forward + backward (immediate wgrad) vs its grouped GEMMs, "
+        "bf16, "
+        "%lld rows, %s\n",
+        (long long)rows, on_cpu ? "CPU reference smoke run (dims / 16)" : "CUDA");
+    std::printf("%-14s %-8s %-22s %10s %10s %10s %10s %10s %7s %9s\n", "case", "pattern",
+                "shape (G,M,N,K)", "layer us", "fwd us", "dgrad us", "wgrad us", "gemm sum",
+                "ratio", "host us");
+    for (const LayerShape& ls : kLayers) {
+      const int64_t G = ls.G / (on_cpu ? 8 : 1), K = ls.K / scale, N = ls.N / scale;
+      nn::GroupedLinearConfig cfg;
+      cfg.experts = G;
+      cfg.in_features = K;
+      cfg.out_features = N;
+      cfg.max_tokens = rows;
+      nn::GroupedLinear layer(ctx, cfg);
+      Tensor x = Tensor::empty({rows, K}, DType::bf16, dev, stream);
+      Tensor dy = Tensor::empty({rows, N}, DType::bf16, dev, stream);
+      Tensor y2 = Tensor::empty({rows, N}, DType::bf16, dev, stream);
+      Tensor dx2 = Tensor::empty({rows, K}, DType::bf16, dev, stream);
+      Tensor dw2 = Tensor::empty({G, N, K}, DType::bf16, dev, stream);
+      Tensor sp = Tensor::empty({G}, DType::int32, dev, stream);
+      fill_uniform(ctx, x, -1.0f, 1.0f, 1);
+      fill_uniform(ctx, dy, -0.05f, 0.05f, 2);
+      for (size_t p0 = 0; p0 < patterns.size();) {
+        size_t p1 = patterns.find(',', p0);
+        if (p1 == std::string::npos) p1 = patterns.size();
+        const std::string pat = patterns.substr(p0, p1 - p0);
+        p0 = p1 + 1;
+        const auto s64 = bench_splits(pat, G, rows);
+        std::vector<int32_t> s32(s64.begin(), s64.end());
+        copy(sp, TensorView(s32.data(), DType::int32, Device::CPU, {G}), stream);
+
+        // validate: the layer's y and dx against the cuBLAS per-expert loop (GPU) or the ops (CPU)
+        const TensorView y = layer.forward(ctx, x, sp);
+        const TensorView dx = layer.backward(ctx, dy);
+        GroupedGemmArgs ref;
+        ref.engine = on_cpu ? GemmEngine::reference : GemmEngine::cublas_loop;
+        ref.pass = GemmPass::forward, ref.a = x, ref.b = layer.weight(), ref.out = y2,
+        ref.splits = sp;
+        grouped_gemm(ctx, ref);
+        ref.pass = GemmPass::dgrad, ref.a = dy, ref.out = dx2;
+        grouped_gemm(ctx, ref);
+        ctx.check();
+        const double ey = rel_err(y, y2), edx = rel_err(dx, dx2);
+        GROUPMM_CHECK(ey <= 1e-2 && edx <= 1e-2, "bench layer: ", ls.name, "/", pat,
+                      " failed validation: rel err y ", ey, ", dx ", edx);
+
+        // time: the layer, then each of its GEMMs alone (same buffers and splits)
+        const double layer_us = time_us(ctx, 3, iters, [&](int) {
+          layer.forward(ctx, x, sp);
+          layer.backward(ctx, dy);
+        });
+        const double fwd_us =
+            time_us(ctx, 3, iters, [&](int) { gemm_forward(ctx, x, layer.weight(), sp, y2); });
+        const double dgrad_us =
+            time_us(ctx, 3, iters, [&](int) { gemm_dgrad(ctx, dy, layer.weight(), sp, dx2); });
+        const double wgrad_us =
+            time_us(ctx, 3, iters, [&](int) { gemm_wgrad(ctx, dy, x, sp, dw2, false); });
+        const double sum_us = fwd_us + dgrad_us + wgrad_us, ratio = layer_us / sum_us;
+
+        // host time per eager forward: batches of 16 calls without sync, median per call
+        std::vector<double> host;
+        for (int b = 0; b < (on_cpu ? 1 : 20); ++b) {
+          ctx.synchronize();
+          const int calls = on_cpu ? 1 : 16;
+          const auto t0 = clock_type::now();
+          for (int c = 0; c < calls; ++c) layer.forward(ctx, x, sp);
+          host.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() /
+                         calls);
+        }
+        ctx.synchronize();
+        std::sort(host.begin(), host.end());
+        const double host_us = host[host.size() / 2];
+        const double flops = 6.0 * double(rows) * double(N) * double(K);
+        char shape[64];
+        std::snprintf(shape, sizeof shape, "%lld,%lld,%lld,%lld", (long long)G, (long long)rows,
+                      (long long)N, (long long)K);
+        const bool met = ratio <= 1.10 && host_us <= 30.0;
+        all_met = all_met && met;
+        std::printf(
+            "%-14s %-8s %-22s %10.1f %10.1f %10.1f %10.1f %10.1f %6.3fx %9.2f  %.1f TFLOP/s%s\n",
+            ls.name, pat.c_str(), shape, layer_us, fwd_us, dgrad_us, wgrad_us, sum_us, ratio,
+            host_us, flops / (layer_us * 1e-6) / 1e12,
+            on_cpu ? "" : (met ? "  [targets met]" : "  [TARGET MISSED]"));
+        if (json.is_open()) {
+          json << (first_record ? "" : ",\n") << "  {\"suite\": \"layer\", \"case\": \"" << ls.name
+               << "\", \"pattern\": \"" << pat << "\", \"G\": " << G << ", \"M\": " << rows
+               << ", \"N\": " << N << ", \"K\": " << K << ", \"layer_us\": " << layer_us
+               << ", \"fwd_us\": " << fwd_us << ", \"dgrad_us\": " << dgrad_us
+               << ", \"wgrad_us\": " << wgrad_us << ", \"ratio\": " << ratio
+               << ", \"host_us_per_forward\": " << host_us << ", \"device\": \"" << device_name(dev)
+               << "\"}";
+          first_record = false;
+        }
+      }
+    }
+    std::printf("targets (GPU): layer <= 1.10x GEMM sum, host <= 30 us per forward: %s\n",
+                on_cpu ? "n/a on CPU" : (all_met ? "all met" : "MISSED (see rows above)"));
+  }
+  if (json.is_open()) json << "\n]\n";
+  if (stream) cudaStreamDestroy(stream);
+  return 0;
+}
+
+Register reg(
+    "bench layer",
+    "GroupedLinear fwd+bwd vs its grouped GEMMs (Qwen3-30B layers) and host time per forward; "
+    "[--pattern list] [--rows M] [--iters n] [--json path] [--cpu]",
+    run_bench_layer);
+
+}  // namespace
+}  // namespace groupmm::tool

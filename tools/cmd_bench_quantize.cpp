@@ -1,0 +1,243 @@
+// `groupmm bench quantize`: bandwidth of grouped quantization per recipe on MoE activation shapes,
+// rowwise and rowwise+columnwise, against a device-to-device copy measured in the same run.
+//
+// Bytes counted: the input read once plus every output written (data, scales, amax). fp8_current
+// and nvfp4 read the input twice (amax pass + quantize pass); the targets account for that.
+// Each case is first validated bit for bit against the CPU reference on a reduced problem (the
+// first rows, fewer experts) so a broken kernel never reports a bandwidth.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "groupmm/convert.hpp"
+#include "groupmm/quantize.hpp"
+
+namespace groupmm::tool {
+namespace {
+
+struct BenchCase {
+  int64_t M, K, G;
+  QuantRecipe recipe;
+  QuantDirection dir;
+};
+
+QuantizeConfig config_of(const BenchCase& c) {
+  QuantizeConfig q;
+  q.recipe = c.recipe;
+  q.direction = c.dir;
+  q.scale_layout = (c.recipe == QuantRecipe::mxfp8 || c.recipe == QuantRecipe::nvfp4)
+                       ? ScaleLayout::swizzled
+                       : ScaleLayout::plain;
+  return q;
+}
+
+Tensor random_bf16(int64_t M, int64_t K, Device d) {
+  Tensor h = Tensor::empty({M, K}, DType::bf16, Device::CPU);
+  std::mt19937_64 g(1234);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::uniform_real_distribution<float> e(-8.0f, 8.0f);
+  uint16_t* p = h.ptr<uint16_t>();
+  for (int64_t i = 0; i < M * K; ++i) p[i] = float_to_bf16_bits(n(g) * std::exp2(e(g)));
+  return d == Device::CPU ? std::move(h) : clone_to(h, d);
+}
+
+Tensor balanced_splits(int64_t M, int64_t G, Device d) {
+  std::vector<int32_t> s(static_cast<size_t>(G), static_cast<int32_t>(M / G));
+  s[0] += static_cast<int32_t>(M - (M / G) * G);
+  return clone_to(TensorView(s.data(), DType::int32, Device::CPU, {G}), d);
+}
+
+struct Outputs {
+  QuantizedBuffers buf;
+  GroupedTensor view;
+  int64_t bytes = 0;
+};
+
+Outputs alloc_outputs(int64_t M, int64_t K, int64_t G, const QuantizeConfig& cfg, Device d,
+                      const TensorView& splits) {
+  Outputs o;
+  o.buf = allocate_quantized(group_quantize_shapes(M, K, G, cfg), d);
+  o.view = o.buf.view(G, splits, cfg);
+  for (const Tensor* t : {&o.buf.data, &o.buf.scale_inv, &o.buf.columnwise_data,
+                          &o.buf.columnwise_scale_inv, &o.buf.amax, &o.buf.global_scale})
+    if (t->view().present()) {
+      fill_bytes(*t, 0xFF);
+      o.bytes += t->nbytes();
+    }
+  return o;
+}
+
+std::vector<uint8_t> host_bytes(const TensorView& v) {
+  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
+  if (!h.empty()) copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}), v);
+  return h;
+}
+
+// Bit-exact check of the GPU kernels against the CPU reference on [rows, K] with g experts.
+bool validate(const BenchCase& c) {
+  const int64_t rows = 2124, G = 4;  // even splits: NVFP4 columnwise
+  const QuantizeConfig cfg = config_of(c);
+  Tensor hx = random_bf16(rows, c.K, Device::CPU);
+  Tensor dx = clone_to(hx, Device::CUDA);
+  std::vector<int32_t> s = {600, 0, 1100, 424};
+  TensorView hs(s.data(), DType::int32, Device::CPU, {G});
+  Tensor ds = clone_to(hs, Device::CUDA);
+  Context cctx(Device::CPU), gctx(Device::CUDA);
+  Outputs oc = alloc_outputs(rows, c.K, G, cfg, Device::CPU, hs);
+  Outputs og = alloc_outputs(rows, c.K, G, cfg, Device::CUDA, ds);
+  GroupQuantizeArgs a;
+  a.config = cfg;
+  a.input = hx;
+  a.splits = hs;
+  a.out = oc.view;
+  group_quantize(cctx, a);
+  a.input = dx;
+  a.splits = ds;
+  a.out = og.view;
+  group_quantize(gctx, a);
+  gctx.check();
+  const TensorView* pairs[][2] = {{&oc.view.data, &og.view.data},
+                                  {&oc.view.scale_inv, &og.view.scale_inv},
+                                  {&oc.view.columnwise_data, &og.view.columnwise_data},
+                                  {&oc.view.columnwise_scale_inv, &og.view.columnwise_scale_inv},
+                                  {&oc.view.amax, &og.view.amax},
+                                  {&oc.view.global_scale, &og.view.global_scale}};
+  for (auto& p : pairs)
+    if (p[0]->present() && host_bytes(*p[0]) != host_bytes(*p[1])) return false;
+  return true;
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median milliseconds of `fn` over `iters` runs after 3 warm-ups, timed with CUDA events.
+template <class Fn>
+float time_ms(cudaStream_t stream, int iters, Fn fn) {
+  cudaEvent_t a, b;
+  GROUPMM_CHECK_CUDA(cudaEventCreate(&a));
+  GROUPMM_CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    GROUPMM_CHECK_CUDA(cudaEventRecord(a, stream));
+    fn();
+    GROUPMM_CHECK_CUDA(cudaEventRecord(b, stream));
+    GROUPMM_CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    GROUPMM_CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median(t);
+}
+
+struct Row {
+  std::string recipe, dir, shape;
+  bool valid;
+  float us;
+  double gbps, frac, target;
+};
+
+double target_of(QuantRecipe r, QuantDirection d) {
+  if (d != QuantDirection::both && r != QuantRecipe::fp8_current) return 0;  // targets: both
+  switch (r) {
+    case QuantRecipe::mxfp8:
+    case QuantRecipe::fp8_block:
+      return 0.75;
+    case QuantRecipe::nvfp4:
+      return 0.70;
+    default:
+      return 0.60;
+  }
+}
+
+int run_bench_quantize(const Args& args) {
+  if (!cuda_available()) {
+    std::fprintf(stderr, "bench quantize: needs an sm_90 GPU (none visible)\n");
+    return 1;
+  }
+  const bool json = has_flag(args, "--json");
+  const int iters = std::stoi(get_opt(args, "--iters", "20"));
+  const int64_t G = 32;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{65536, 7168}, {32768, 2048}};
+  cudaStream_t stream;
+  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<Row> rows;
+  double copy_gbps_max = 0;
+  {
+    Context ctx(Device::CUDA, stream);
+    for (const auto& [M, K] : shapes) {
+      Tensor x = random_bf16(M, K, Device::CUDA);
+      Tensor splits = balanced_splits(M, G, Device::CUDA);
+      // The copy ceiling: a D2D memcpy of the input (read + write bytes).
+      Tensor dst = Tensor::empty({M, K}, DType::bf16, Device::CUDA);
+      const size_t in_bytes = static_cast<size_t>(x.nbytes());
+      const float copy_ms = time_ms(stream, iters, [&] {
+        GROUPMM_CHECK_CUDA(
+            cudaMemcpyAsync(dst.data(), x.data(), in_bytes, cudaMemcpyDeviceToDevice, stream));
+      });
+      const double copy_gbps = 2.0 * double(in_bytes) / (copy_ms * 1e-3) / 1e9;
+      copy_gbps_max = std::max(copy_gbps_max, copy_gbps);
+      const std::string shape = "[" + std::to_string(M) + ", " + std::to_string(K) + "] G=32";
+      rows.push_back({"copy (D2D)", "-", shape, true, copy_ms * 1000, copy_gbps, 1.0, 0});
+      for (QuantRecipe r : {QuantRecipe::fp8_current, QuantRecipe::fp8_block, QuantRecipe::mxfp8,
+                            QuantRecipe::nvfp4})
+        for (QuantDirection d : {QuantDirection::rowwise, QuantDirection::both}) {
+          const BenchCase c{M, K, G, r, d};
+          const bool ok = validate(c);
+          const QuantizeConfig cfg = config_of(c);
+          Outputs o = alloc_outputs(M, K, G, cfg, Device::CUDA, splits);
+          GroupQuantizeArgs a;
+          a.input = x;
+          a.splits = splits;
+          a.config = cfg;
+          a.out = o.view;
+          ctx.reserve_workspace(group_quantize_workspace_size(ctx, a));
+          const float ms = time_ms(stream, iters, [&] { group_quantize(ctx, a); });
+          ctx.check();
+          const double bytes = double(in_bytes) + double(o.bytes);
+          const double gbps = bytes / (ms * 1e-3) / 1e9;
+          rows.push_back({recipe_name(r), quant_direction_name(d), shape, ok, ms * 1000, gbps,
+                          gbps / copy_gbps, target_of(r, d)});
+        }
+    }
+  }
+  cudaStreamDestroy(stream);
+  if (json) {
+    std::printf("{\"suite\": \"quantize\", \"copy_gbps\": %.1f, \"cases\": [\n", copy_gbps_max);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::printf(
+          "  {\"recipe\": \"%s\", \"direction\": \"%s\", \"shape\": \"%s\", \"valid\": %s, "
+          "\"us\": %.2f, \"gbps\": %.1f, \"fraction_of_copy\": %.3f, \"target\": %.2f}%s\n",
+          r.recipe.c_str(), r.dir.c_str(), r.shape.c_str(), r.valid ? "true" : "false", r.us,
+          r.gbps, r.frac, r.target, i + 1 < rows.size() ? "," : "");
+    }
+    std::printf("]}\n");
+    return 0;
+  }
+  std::printf("%-12s %-10s %-22s %-6s %10s %9s %8s %7s\n", "recipe", "direction", "shape", "valid",
+              "us", "GB/s", "of copy", "target");
+  for (const Row& r : rows)
+    std::printf("%-12s %-10s %-22s %-6s %10.1f %9.1f %7.1f%% %6s\n", r.recipe.c_str(),
+                r.dir.c_str(), r.shape.c_str(), r.valid ? "ok" : "FAIL", r.us, r.gbps,
+                100.0 * r.frac,
+                r.target > 0 ? (std::to_string(int(r.target * 100)) + "%").c_str() : "-");
+  std::printf(
+      "bytes = input read once + all outputs written; copy = cudaMemcpy D2D (read+write)\n");
+  return 0;
+}
+
+Register reg("bench quantize",
+             "grouped quantization bandwidth per recipe vs D2D copy ([--iters N] [--json])",
+             run_bench_quantize);
+
+}  // namespace
+}  // namespace groupmm::tool
