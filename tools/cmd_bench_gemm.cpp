@@ -69,6 +69,9 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
   const std::string pattern_filter = get_opt(args, "--pattern", "");
   const int iters = std::stoi(get_opt(args, "--iters", "10"));
   const std::string json_path = get_opt(args, "--json", "");
+  // --config NAME: time that kernel configuration (cases of its pass only) instead of the
+  // heuristic's choice; for tuning A/B runs in one device call.
+  const std::string config = get_opt(args, "--config", "");
   Context ctx(Device::CUDA, stream);
   auto blas = static_cast<cublasHandle_t>(ctx.cublas_handle());
   const double copy_gbs = copy_bandwidth_gbs(stream);
@@ -76,8 +79,9 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
   cudaGetDeviceProperties(&prop, ctx.device_index());
   std::printf("groupmm bench gemm on %s (%d SMs); copy bandwidth %.0f GB/s (read+write)\n",
               prop.name, prop.multiProcessorCount, copy_gbs);
-  std::printf("%-22s %-6s %-8s %5s %6s %6s %6s %9s %7s %7s %8s %8s %7s\n", "case", "pass",
-              "pattern", "G", "M", "N", "K", "us", "TFLOP/s", "GB/s", "xdense", "xloop", "relerr");
+  std::printf("%-22s %-6s %-8s %5s %6s %6s %6s %9s %7s %7s %8s %8s %7s %s\n", "case", "pass",
+              "pattern", "G", "M", "N", "K", "us", "TFLOP/s", "GB/s", "xdense", "xloop", "relerr",
+              "config");
   std::ofstream json;
   if (!json_path.empty()) {
     json.open(json_path);
@@ -92,6 +96,7 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
     const int64_t G = s.G, M = s.M, N = s.N, K = s.K;
     for (const char* pass_name : {"fwd", "dgrad", "wgrad"}) {
       if (!pass_filter.empty() && pass_filter != pass_name) continue;
+      if (!config.empty() && config.rfind(pass_name, 0) != 0) continue;
       const GemmPass pass = pass_name[0] == 'f'   ? GemmPass::forward
                             : pass_name[0] == 'd' ? GemmPass::dgrad
                                                   : GemmPass::wgrad;
@@ -138,6 +143,7 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
           x.out = view_out(o);
           x.splits = dsplits;
           x.engine = e;
+          if (e == GemmEngine::cutlass_sm90) x.config = config;
           return x;
         };
         // validate first
@@ -148,7 +154,6 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
         const double err = rel_err_device(view_out(out), view_out(ref));
         const bool ok = err <= 1e-2;
         failures += ok ? 0 : 1;
-        const GemmDims dims{M, N, K, G};
         const size_t ws_need =
             grouped_gemm_workspace_size(ctx, make(0, GemmEngine::cutlass_sm90, out));
         ctx.reserve_workspace(ws_need);
@@ -187,11 +192,13 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
         double bytes = double(a_el) * 2 + double(out_el) * (out_t == DType::fp32 ? 4 : 2);
         bytes += pass == GemmPass::wgrad ? double(b_el) * 2 : double(active) * double(N * K) * 2;
         const double us = t_ours * 1e3;
+        const std::string config_name =
+            gemm_config_name(ctx, make(0, GemmEngine::cutlass_sm90, out));
         std::printf(
-            "%-22s %-6s %-8s %5lld %6lld %6lld %6lld %9.1f %7.1f %7.0f %8.3f %8.3f %7.1e%s\n",
+            "%-22s %-6s %-8s %5lld %6lld %6lld %6lld %9.1f %7.1f %7.0f %8.3f %8.3f %7.1e %s%s\n",
             s.name, pass_name, pattern, (long long)G, (long long)M, (long long)N, (long long)K, us,
             flops / (t_ours * 1e-3) / 1e12, bytes / (t_ours * 1e-3) / 1e9, t_dense / t_ours,
-            t_loop / t_ours, err, ok ? "" : "  FAILED");
+            t_loop / t_ours, err, config_name.c_str(), ok ? "" : "  FAILED");
         std::fflush(stdout);
         if (json.is_open()) {
           json << (first ? "" : ",\n") << "{\"case\": \"" << s.name << "\", \"pass\": \""
@@ -199,7 +206,8 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
                << ", \"M\": " << M << ", \"N\": " << N << ", \"K\": " << K << ", \"us\": " << us
                << ", \"dense_us\": " << t_dense * 1e3 << ", \"loop_us\": " << t_loop * 1e3
                << ", \"flops\": " << flops << ", \"bytes\": " << bytes << ", \"rel_err\": " << err
-               << ", \"config\": \"" << gemm_config_name(pass, dims, DType::bf16)
+               << ", \"config\": \""
+               << gemm_config_name(ctx, make(0, GemmEngine::cutlass_sm90, out))
                << "\", \"splits\": [";
           for (size_t i = 0; i < splits.size(); ++i) json << (i ? "," : "") << splits[i];
           json << "]}";

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "groupmm/core.hpp"
 
@@ -54,6 +55,10 @@ struct GroupedGemmArgs {
   float alpha = 1.0f;
   float beta = 0.0f;  // wgrad only: 0 or 1 (1 = accumulate into out)
   GemmEngine engine = GemmEngine::automatic;
+  // cutlass_sm90 only: run this kernel configuration instead of the heuristic's choice (names as
+  // printed by gemm_config_names(); tuning and tests). Empty = heuristic. A configuration for
+  // another pass or dtype is an error.
+  std::string config;
   std::string to_string() const;
 };
 
@@ -80,8 +85,10 @@ void gemm_dgrad(Context& ctx, const TensorView& dy, const TensorView& w, const T
 void gemm_wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const TensorView& splits,
                 const TensorView& dw, bool accumulate);
 
-// Which kernel configuration the cutlass_sm90 engine picks for these dims ("tile 128x256x64
-// cooperative", ...), for logs and tests.
-std::string gemm_config_name(GemmPass pass, const GemmDims& dims, DType dtype);
+// The cutlass_sm90 configuration these args run (args.config, or the heuristic's choice), e.g.
+// "fwd_bf16_128x256_coop_c12", for logs, benchmarks and tests.
+std::string gemm_config_name(const Context& ctx, const GroupedGemmArgs& args);
+// Every instantiated cutlass_sm90 configuration (for GroupedGemmArgs::config).
+std::vector<std::string> gemm_config_names();
 
 }  // namespace groupmm

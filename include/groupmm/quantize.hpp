@@ -17,7 +17,10 @@
 //   nvfp4        E2M1 data (two per byte, element 2j in the low nibble), 1x16 rowwise / 16x1
 //                columnwise blocks (16x16 for weights with block_2d), E4M3 block scales, an fp32
 //                per-expert S_enc = 2688 / amax_g (1 when amax_g is 0 / not finite / the quotient
-//                is not finite); q = e2m1((x * S_enc) / fp32(s_b)), evaluated left to right.
+//                is not finite); s_b = e4m3(amax_block * (S_enc / 6)); q = e2m1(x * scale_b)
+//                with scale_b = S_enc / fp32(s_b): DESIGN's formula is evaluated as
+//                x * (S_enc / s_b), as TransformerEngine does; one division per block (a quotient
+//                past FLT_MAX saturates to FLT_MAX; s_b = 0 encodes every element as 0).
 // Block amax: max |x| over the block; a NaN anywhere in the block makes it NaN (exact and
 // order-independent on every backend). Blocks never straddle two experts: a partial block at the
 // end of an expert is quantized over its valid rows only.

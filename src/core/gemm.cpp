@@ -36,7 +36,8 @@ std::string GroupedGemmArgs::to_string() const {
   os << "GroupedGemmArgs(pass=" << gemm_pass_name(pass) << ", a=" << a.to_string()
      << ", b=" << b.to_string() << ", out=" << out.to_string() << ", splits=" << splits.to_string()
      << ", bias=" << bias.to_string() << ", alpha=" << alpha << ", beta=" << beta
-     << ", engine=" << gemm_engine_name(engine) << ")";
+     << ", engine=" << gemm_engine_name(engine) << (config.empty() ? "" : ", config=" + config)
+     << ")";
   return os.str();
 }
 
@@ -99,6 +100,9 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
   GROUPMM_CHECK(d.M <= INT32_MAX, op, ": M_total=", d.M, " must fit int32");
 
   GemmEngine e = a.engine;
+  GROUPMM_CHECK(a.config.empty() || (dev == Device::CUDA && e != GemmEngine::cublas_loop), op,
+                ": config '", a.config, "' selects a cutlass_sm90 kernel; engine ",
+                gemm_engine_name(e), " on ", device_name(dev), " has none");
   if (dev == Device::CPU) {
     GROUPMM_CHECK(e == GemmEngine::automatic || e == GemmEngine::reference, op, ": engine ",
                   gemm_engine_name(e), " needs a CUDA context");
@@ -178,8 +182,14 @@ void gemm_wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const T
   grouped_gemm(ctx, a);
 }
 
-std::string gemm_config_name(GemmPass pass, const GemmDims& dims, DType dtype) {
-  return cuda::cutlass_config_name(pass, dims, dtype);
+std::string gemm_config_name(const Context& ctx, const GroupedGemmArgs& args) {
+  const GemmDims d = validate_gemm_args(ctx, args);
+  return use_cutlass(ctx, args) ? cuda::cutlass_config_name(args, d)
+                                : gemm_engine_name(args.engine);
+}
+
+std::vector<std::string> gemm_config_names() {
+  return cuda::cutlass_config_names();
 }
 
 }  // namespace groupmm

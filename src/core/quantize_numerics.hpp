@@ -2,6 +2,7 @@
 // the CUDA kernels (host + device) so the two agree bit for bit by construction. DESIGN.md sec. 5.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "groupmm/convert.hpp"
@@ -95,18 +96,53 @@ GROUPMM_HD float nvfp4_s_enc(float amax) {
 GROUPMM_HD uint8_t nvfp4_block_scale(float amax_block, float s_enc_div6) {
   return float_to_e4m3(amax_block * s_enc_div6);
 }
-GROUPMM_HD uint8_t nvfp4_code(float x, float s_enc, uint8_t s_b, float s_b_f) {
+// The multiplier of a block's elements. DESIGN's formula q = e2m1(x * S_enc / fp32(s_b)) is
+// evaluated as x * (S_enc / s_b), as TransformerEngine does; one division per block. A quotient
+// past the fp32 range (only when amax_g is below ~1e-32) saturates to FLT_MAX, so that x = 0 still
+// encodes as 0 and not as NaN (0 * Inf); a NaN s_b keeps a NaN multiplier.
+GROUPMM_HD float nvfp4_elem_scale(float s_enc, float s_b_f) {
+  const float s = s_enc / s_b_f;
+  return s > 3.40282347e38f ? 3.40282347e38f : s;
+}
+// Eight float_to_e2m1 codes packed in a word (element j in nibble j), for the kernels' inner
+// loop: ~10 integer/fp32 operations per element, no branches. Bit-identical to convert.hpp's
+// float_to_e2m1 (the pinned rule) for every non-NaN input (tests/cpu/test_quantize_formats.cpp
+// sweeps them); NaN inputs are the caller's business (a NaN block encodes as all 7s).
+// The fp32 adder does the rounding: |p| saturated at 6 (code 7 either way), E = its exponent
+// clamped to >= 0 (E2M1 steps: 0.5 below 2, then 1, 2), the power of two m = 2^(E+22) has ulp
+// 2^(E-1), so |p| + m rounds |p| to the E2M1 step with ties to even and leaves the number of
+// steps n in the mantissa field; code = n + 2E. The 2E + 254 terms are summed into the word as
+// (n + (bits(m) >> 22)) << 4j and the 254s are subtracted once (exact: the sum is linear mod
+// 2^32 and every final nibble is <= 7); the sign bits are ORed in last.
+GROUPMM_HD uint32_t e2m1x8_nonan(const float (&p)[8]) {
+  uint32_t w = 0, sign = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t u = float_bits(p[j]);
+    const float a = fminf(fabsf(p[j]), kE2M1Max);
+    uint32_t e = float_bits(a) & 0x7F800000u;
+    e = e < 0x3F800000u ? 0x3F800000u : e;
+    const uint32_t n = float_bits(a + bits_float(e + (22u << 23))) & 0x7FFFFFu;
+    w += (n + (e >> 22)) << (4 * j);
+    sign |= (u >> (28 - 4 * j)) & (8u << (4 * j));
+  }
+  return (w - 254u * 0x11111111u) | sign;
+}
+
+// Element code; `scale` = nvfp4_elem_scale(S_enc, fp32(s_b)). A zero block scale encodes 0.
+GROUPMM_HD uint8_t nvfp4_code(float x, uint8_t s_b, float scale) {
   if ((s_b & 0x7Fu) == 0) return 0;
-  return float_to_e2m1((x * s_enc) / s_b_f);  // e2m1 ignores the sign of NaN
+  return float_to_e2m1(x * scale);  // e2m1 ignores the sign of NaN
 }
 
 // Everything needed to quantize the elements of one block. fp8 recipes: code = fp8(x * mul);
-// nvfp4: code = nvfp4_code(x, s_enc, sb, sbf).
+// nvfp4: code = nvfp4_code(x, code, mul).
 struct BlockQuant {
-  float mul = 1.0f;        // fp8 recipes
+  float mul = 1.0f;        // fp8 recipes: the scale; nvfp4: S_enc / fp32(s_b)
   float scale_inv = 1.0f;  // fp8_current / fp8_block: the stored fp32 scale
   uint8_t code = 0;        // mxfp8: e8m0 exponent; nvfp4: e4m3 block scale
-  float s_enc = 1.0f, sbf = 1.0f;
 };
 
 // amax_block: canonical amax bits of the block (ignored by fp8_current); expert_amax: the
@@ -126,9 +162,9 @@ GROUPMM_HD BlockQuant make_block_quant(int recipe, bool e5m2, bool pow2, uint32_
     q.code = mx_e8m0(bits_float(amax_block), e5m2);
     q.mul = mx_quant_mul(q.code);
   } else {
-    q.s_enc = nvfp4_s_enc(expert_amax);
-    q.code = nvfp4_block_scale(bits_float(amax_block), q.s_enc / kE2M1Max);
-    q.sbf = e4m3_to_float(q.code);
+    const float s_enc = nvfp4_s_enc(expert_amax);
+    q.code = nvfp4_block_scale(bits_float(amax_block), s_enc / kE2M1Max);
+    q.mul = nvfp4_elem_scale(s_enc, e4m3_to_float(q.code));
   }
   return q;
 }

@@ -28,7 +28,7 @@ struct Quantizer {
     return m;
   }
   uint8_t code(const qnum::BlockQuant& q, float v) const {
-    if (L.recipe == qnum::kNvfp4) return qnum::nvfp4_code(v, q.s_enc, q.code, q.sbf);
+    if (L.recipe == qnum::kNvfp4) return qnum::nvfp4_code(v, q.code, q.mul);
     return qnum::to_fp8_soft(qnum::canon_nan(v * q.mul), L.e5m2);
   }
   static void put(const TensorView& t, int64_t i, uint8_t c, bool fp4) {

@@ -2,6 +2,7 @@
 // nvfp4 need the expert's amax before any element is scaled), the tile kernel, and the
 // deterministic per-expert reduction of the bias-gradient partial sums. All stream-ordered,
 // no host reads, no allocation: graph safe.
+#include <algorithm>
 #include <type_traits>
 
 #include "cuda/quantize_tile.cuh"
@@ -11,44 +12,110 @@ namespace {
 
 struct AmaxConfig {
   static constexpr int kThreads = 256;
+  static constexpr int kLoads = 8;  // 16-byte loads per thread per step: 32 KB per CTA in flight
   static_assert(kThreads % 32 == 0, "warps");
 };
 
-// One CTA per (128-row tile, 128-column tile), like the quantize kernel; the tile's amax is merged
-// into the expert's with an unsigned atomicMax on the canonical bits (exact, order-free).
+// The per-expert amax as a streaming reduction over the same items (128x128 tiles) and the same
+// per-CTA item ranges as the quantize kernel, walked forwards (the quantize kernel walks them
+// backwards and so starts on tiles still in L2). A tile is one step (16-bit inputs) or two
+// (fp32) of 8 independent 16-byte loads per thread; the next step's loads are issued before the
+// current step is reduced, so every CTA keeps 32-64 KB in flight. Magnitudes are merged raw
+// (two bf16/fp16 at a time) and canonicalized once; a warp merges its maximum into the expert's
+// bits with one atomicMax whenever the CTA's items move to another expert (exact, order-free).
 template <class In, class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    expert_amax_kernel(const In* x, int64_t K, QuantPlan plan, uint32_t* amax_bits) {
+    expert_amax_kernel(const In* x, int64_t K, int64_t col_tiles, QuantPlan plan,
+                       uint32_t* amax_bits) {
+  using E = tile_detail::Elt<In>;
+  using Pair = typename E::Pair;
   constexpr int kVec = 16 / static_cast<int>(sizeof(In));
-  constexpr int kChunksPerRow = 128 / kVec;
-  const int64_t G = plan.G;
-  const int64_t t = blockIdx.x;
-  if (t >= plan.tile_start[G]) return;
-  const int64_t gi = find_group(plan.tile_start, G, t);
-  const qnum::Geom g = plan.geom(gi);
-  const int64_t row0 = (t - g.tile_start) * 128;
-  const int valid_rows = static_cast<int>(min(int64_t(128), g.rows - row0));
-  const int64_t col0 = int64_t(blockIdx.y) * 128;
-  const int valid_cols = static_cast<int>(min(int64_t(128), K - col0));
-  const In* xg = x + (g.start + row0) * K + col0;
-  uint32_t m = 0;
-  for (int i = threadIdx.x; i < 128 * kChunksPerRow; i += Cfg::kThreads) {
-    const int r = i / kChunksPerRow, ch = i % kChunksPerRow;
-    if (r >= valid_rows || ch * kVec >= valid_cols) continue;
-    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(xg + r * K + ch * kVec));
-    const In* e = reinterpret_cast<const In*>(&u);
+  constexpr int kChunksPerRow = TileConfig::kCols / kVec;
+  constexpr int kSteps = TileConfig::kRows * kChunksPerRow / (Cfg::kThreads * Cfg::kLoads);
+  static_assert(kSteps * Cfg::kThreads * Cfg::kLoads == TileConfig::kRows * kChunksPerRow,
+                "step split");
+  const int tid = threadIdx.x;
+  const int64_t n_items = plan.tile_start[plan.G] * col_tiles;
+  int64_t begin, end;
+  tile_detail::item_range(n_items, blockIdx.x, gridDim.x, begin, end);
+  if (begin >= end) return;
+
+  struct Unit {  // one step of one tile
+    const In* xg;
+    int vr, vc, step;
+  };
+  tile_detail::GroupCursor cursor;
+  qnum::Geom g;
+  int64_t t = begin / col_tiles, ct = begin % col_tiles;
+  cursor.seek(plan, t);
+  g = plan.geom(cursor.gi);
+  auto make_unit = [&](int step) {
+    const int64_t row0 = (t - g.tile_start) * TileConfig::kRows, col0 = ct * TileConfig::kCols;
+    return Unit{x + (g.start + row0) * K + col0,
+                static_cast<int>(min(int64_t(TileConfig::kRows), g.rows - row0)),
+                static_cast<int>(min(int64_t(TileConfig::kCols), K - col0)), step};
+  };
+  auto load = [&](const Unit& u, uint4(&b)[Cfg::kLoads]) {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j)
-      m = qnum::amax_merge(m, qnum::abs_bits(tile_detail::to_f<In>(e[j])));
-  }
+    for (int j = 0; j < Cfg::kLoads; ++j) {
+      const int i = tid + (u.step * Cfg::kLoads + j) * Cfg::kThreads;
+      const int r = i / kChunksPerRow, ch = i % kChunksPerRow;
+      b[j] = make_uint4(0, 0, 0, 0);
+      if (r < u.vr && ch * kVec < u.vc)
+        b[j] = __ldg(reinterpret_cast<const uint4*>(u.xg + r * K + ch * kVec));
+    }
+  };
+
+  Unit cur = make_unit(0);
+  int64_t cur_gi = cursor.gi;
+  uint4 a[Cfg::kLoads];
+  load(cur, a);
+  Pair m = E::zero();
+  const int64_t n_units = (end - begin) * kSteps;
+  for (int64_t u = 0; u < n_units; ++u) {
+    const bool has_next = u + 1 < n_units;
+    Unit nxt = cur;
+    int64_t nxt_gi = cur_gi;
+    uint4 b[Cfg::kLoads];
+    if (has_next) {
+      if (cur.step + 1 < kSteps) {
+        nxt.step = cur.step + 1;
+      } else {
+        if (++ct == col_tiles) {
+          ct = 0;
+          ++t;
+          if (cursor.seek(plan, t)) g = plan.geom(cursor.gi);
+        }
+        nxt = make_unit(0);
+        nxt_gi = cursor.gi;
+      }
+      load(nxt, b);
+    }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = qnum::amax_merge(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-  __shared__ uint32_t warp_max[Cfg::kThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < Cfg::kThreads / 32; ++w) m = qnum::amax_merge(m, warp_max[w]);
-    if (m != 0) atomicMax(amax_bits + gi, m);
+    for (int j = 0; j < Cfg::kLoads; ++j) {
+      if constexpr (sizeof(In) == 4) {
+        m = E::absmax(m, make_uint2(a[j].x, a[j].y));
+        m = E::absmax(m, make_uint2(a[j].z, a[j].w));
+      } else {
+        m = E::absmax(m, a[j].x);
+        m = E::absmax(m, a[j].y);
+        m = E::absmax(m, a[j].z);
+        m = E::absmax(m, a[j].w);
+      }
+    }
+    if (!has_next || nxt_gi != cur_gi) {  // uniform across the CTA
+      uint32_t w = max(E::lo_bits(m), E::hi_bits(m));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) w = max(w, __shfl_xor_sync(0xFFFFFFFFu, w, o));
+      if (tid % 32 == 0 && w != 0) atomicMax(amax_bits + cur_gi, w);
+      m = E::zero();
+    }
+    if (has_next) {
+#pragma unroll
+      for (int j = 0; j < Cfg::kLoads; ++j) a[j] = b[j];
+      cur = nxt;
+      cur_gi = nxt_gi;
+    }
   }
 }
 
@@ -77,12 +144,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 }
 
 template <class In>
-void launch_amax(Context& ctx, const void* x, int64_t M, int64_t K, const QuantPlan& plan,
-                 uint32_t* amax_bits) {
-  const dim3 grid(static_cast<unsigned>(tile_bound(M, plan.G)),
-                  static_cast<unsigned>(qnum::ceil_div(K, 128)));
+void launch_amax(Context& ctx, const void* x, int64_t K, int64_t col_tiles, int grid,
+                 const QuantPlan& plan, uint32_t* amax_bits) {
   expert_amax_kernel<In, AmaxConfig><<<grid, AmaxConfig::kThreads, 0, ctx.stream()>>>(
-      static_cast<const In*>(x), K, plan, amax_bits);
+      static_cast<const In*>(x), K, col_tiles, plan, amax_bits);
   GROUPMM_CHECK_LAUNCH();
 }
 
@@ -97,6 +162,30 @@ void launch_reduce(Context& ctx, const float* partial, int64_t K, const QuantPla
 
 }  // namespace
 
+// Shared memory: two input tiles (double buffer), the transposed staging tile (columnwise), the
+// small amax arrays, the bias-gradient segment sums. Persistent grid: as many CTAs as fit
+// (two per SM for 16-bit inputs: ~84 KB each; one for fp32), at most one per item.
+void tile_layout(const Context& ctx, TileParams& p, int in_size) {
+  const bool fp4 = p.L.recipe == qnum::kNvfp4;
+  int off = 2 * TileConfig::kRows * TileConfig::kCols * in_size;
+  p.smem_stage = off;
+  if (p.colwise) off += TileConfig::kCols * (fp4 ? 64 : 128);
+  p.smem_small = off;
+  off += (TileConfig::kColSegs * TileConfig::kCols + 64) * 4;  // colamax [4][128], 2D [8][8]
+  p.smem_csum = off;
+  if (p.dbias_partial) off += 8 * TileConfig::kCols * 4;
+  p.smem_total = off;
+  int dev = 0, smem_per_sm = 0;
+  GROUPMM_CHECK_CUDA(cudaGetDevice(&dev));
+  GROUPMM_CHECK_CUDA(
+      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  const int by_smem = smem_per_sm / (p.smem_total + 1024);  // 1 KB per CTA reserved by the driver
+  const int per_sm = std::max(1, std::min(in_size == 4 ? 1 : TileConfig::kMinBlocks, by_smem));
+  const int64_t items_bound = tile_bound(p.M, p.plan.G) * p.col_tiles;
+  p.grid = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(items_bound, int64_t(ctx.sm_count()) * per_sm)));
+}
+
 void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem& p,
                     const TensorView& dbias, void* ws, size_t ws_bytes) {
   (void)ws_bytes;  // checked by the caller
@@ -104,24 +193,12 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
                 " must be <= 65535");
   GROUPMM_CHECK(qnum::ceil_div(p.K, 128) <= 65535, "group_quantize: K=", p.K,
                 " must be <= 65535*128");
+  const int64_t col_tiles = qnum::ceil_div(p.K, 128);
   const QuantPlan plan = plan_view(ws, p.G);
   const int R = p.L.recipe;
   const bool need_amax = R == qnum::kFp8Current || R == qnum::kNvfp4;
   uint32_t* amax_bits = need_amax ? static_cast<uint32_t*>(a.out.amax.data) : nullptr;
   launch_quant_plan(ctx, plan, a.splits, p.M, p.L.cb, amax_bits, OpId::group_quantize);
-  if (need_amax) {
-    switch (a.input.dtype) {
-      case DType::bf16:
-        launch_amax<uint16_t>(ctx, a.input.data, p.M, p.K, plan, amax_bits);
-        break;
-      case DType::fp16:
-        launch_amax<__half>(ctx, a.input.data, p.M, p.K, plan, amax_bits);
-        break;
-      default:
-        launch_amax<float>(ctx, a.input.data, p.M, p.K, plan, amax_bits);
-        break;
-    }
-  }
   TileParams tp{};
   tp.x = a.input.data;
   tp.M = p.M;
@@ -140,8 +217,26 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.dbias_partial = dbias.present()
                          ? reinterpret_cast<float*>(static_cast<char*>(ws) + plan_bytes(p.G))
                          : nullptr;
-  tp.col_tiles = qnum::ceil_div(p.K, 128);
+  tp.col_tiles = col_tiles;
+  tp.row_ncols = p.K / p.L.rb;
+  tp.row_kp = qnum::round_up(tp.row_ncols, 4);
+  tp.col_k128 = qnum::round_up(p.K, 128);
   tp.status = ctx.status();
+  const int in_size = a.input.dtype == DType::fp32 ? 4 : 2;
+  tile_layout(ctx, tp, in_size);
+  if (need_amax) {
+    switch (a.input.dtype) {
+      case DType::bf16:
+        launch_amax<uint16_t>(ctx, a.input.data, p.K, col_tiles, tp.grid, plan, amax_bits);
+        break;
+      case DType::fp16:
+        launch_amax<__half>(ctx, a.input.data, p.K, col_tiles, tp.grid, plan, amax_bits);
+        break;
+      default:
+        launch_amax<float>(ctx, a.input.data, p.K, col_tiles, tp.grid, plan, amax_bits);
+        break;
+    }
+  }
   switch (R) {
     case qnum::kFp8Current:
     case qnum::kFp8Block:

@@ -1,18 +1,31 @@
 // The grouped quantize kernel, templated on the input dtype and the recipe; quantize_fp8.cu,
 // quantize_mx.cu and quantize_nvfp4.cu instantiate it.
 //
-// One CTA owns a tile of 128 expert-local rows x 128 columns (tile t of the expert's
-// ceil(m_g/128) tiles; the grid covers the host-known bound M/128 + G row tiles and CTAs past the
-// device-side total exit). Because tiles start at multiples of 128 inside an expert, every 1x16 /
-// 1x32 / 1x128 row block, every 16/32/128-row column block, every 16x16 / 128x128 2D block and
-// every 128-row swizzle block lies inside one tile, so a CTA computes all its scales locally and
-// writes the swizzle padding of its own block. Phases:
-//   load    16-byte coalesced loads of the tile into shared memory (rows past the expert and
-//           columns past K are zero, which never changes an amax or a bias sum)
-//   amax    per 16-element row segment (rseg) and per 16-row column segment (cseg)
-//   rowwise each thread quantizes 16-element row segments and stores them as one 16-/8-byte store
-//   colwise each thread quantizes 16-row column segments into a transposed staging tile, which
-//           warps then copy out as contiguous runs of the expert's [K, m_g] block
+// Work items are tiles of 128 expert-local rows x 128 columns (tile t of the expert's
+// ceil(m_g/128) row tiles, column tile ct). Tiles start at multiples of 128 inside an expert, so
+// every 1x16 / 1x32 / 1x128 row block, every 16/32/128-row column block, every 16x16 / 128x128 2D
+// block and every 128-row swizzle block lies inside one tile: a tile computes all its scales
+// locally and writes the swizzle padding of its own block.
+//
+// Why it is shaped like this (H200: ~4.2 TB/s, 132 SMs, i.e. ~16 bytes per SM clock):
+//  - Persistent CTAs (2 per SM for 16-bit inputs: 64 KB of double-buffered input + 16 KB of
+//    transposed staging) each own a contiguous range of items, walked backwards (see
+//    quantize.cu: the amax pass walks the same ranges forwards, so the first tiles quantized are
+//    the last ones the amax pass left in L2). The expert of an item is tracked incrementally, so
+//    the plan's binary search runs once per CTA, not once per tile.
+//  - The next tile is fetched with cp.async (16-byte, zero-filled past the expert / past K) while
+//    the current one is quantized: each CTA keeps 32 KB in flight, 64 KB per SM, about twice what
+//    Little's law asks for at ~1 us loaded DRAM latency.
+//  - The smem tile has no padding but an XOR swizzle of its 16-byte chunks (swz below) so that
+//    all three access patterns are free of bank conflicts: cp.async writes and the columnwise
+//    pass read 8 consecutive chunks of one row; the rowwise pass reads chunk k of four 32-element
+//    slabs in two rows per quarter warp.
+//  - Rowwise: a thread quantizes a 1x32 slab (4 lanes per row; 1x128 amax by two shuffles) and
+//    stores it as 16-byte (fp8) / 8-byte (fp4) stores straight to global memory.
+//  - Columnwise: a thread owns 2 columns x 32 rows (bf16x2 words read across a row: conflict
+//    free), quantizes them in registers into a swizzled transposed staging tile, which the CTA
+//    then copies out as whole 128-byte (64-byte fp4) rows of the expert's [K, m_g] block: 16-byte
+//    stores when the expert's block is 16-byte aligned, 4-byte / byte runs otherwise.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,17 +40,19 @@ namespace groupmm::cuda {
 
 struct TileConfig {
   static constexpr int kThreads = 256;
+  static constexpr int kWarps = kThreads / 32;
   static constexpr int kRows = qnum::kTileRows;
   static constexpr int kCols = 128;
-  static constexpr int kSeg = 16;  // elements per thread work item (one 16x1 or 1x16 segment)
-  static constexpr int kSegsPerRow = kCols / kSeg;
-  static constexpr int kSegsPerCol = kRows / kSeg;
-  static constexpr int kItems = kRows * kSegsPerRow / kThreads;  // segments per thread
-  static constexpr int kStagePitch = kRows + 16;  // bytes; keeps 16-byte alignment, spreads banks
+  static constexpr int kSlab = 32;                                   // rowwise elements / thread
+  static constexpr int kSlabsPerRow = kCols / kSlab;                 // lanes sharing a row
+  static constexpr int kRowIters = kRows * kSlabsPerRow / kThreads;  // slabs per thread
+  static constexpr int kColSeg = 32;                                 // columnwise rows / thread
+  static constexpr int kColSegs = kRows / kColSeg;
+  static constexpr int kMinBlocks = 2;  // per SM, for 16-bit inputs (the register budget)
   static_assert(kRows == 128 && kCols == 128, "layouts assume 128x128 tiles (swizzle, 2D blocks)");
-  static_assert(kRows * kSegsPerRow == kItems * kThreads, "row segments split evenly");
-  static_assert(kCols * kSegsPerCol == kItems * kThreads, "column segments split evenly");
-  static_assert(kThreads % 32 == 0 && kCols / 32 * 8 >= 1, "warps");
+  static_assert(kSlabsPerRow == 4 && kRowIters * kThreads == kRows * kSlabsPerRow, "row split");
+  static_assert((kCols / 2) * kColSegs == kThreads, "2 columns x 32 rows per thread");
+  static_assert(kWarps == 2 * kColSegs, "two warps (64 column pairs) per column segment");
 };
 
 struct TileParams {
@@ -55,14 +70,19 @@ struct TileParams {
   float* global_scale;   // nvfp4 [G]
   float* dbias_partial;  // [tile bound, K] or null
   int64_t col_tiles;
+  int64_t row_ncols;  // K / rowwise block (K/128 for fp8_block)
+  int64_t row_kp;     // round_up(row_ncols, 4): swizzled rowwise scale columns
+  int64_t col_k128;   // round_up(K, 128): swizzled columnwise scale rows
   StatusBlock* status;
+  int grid;  // persistent CTAs (the amax pass uses the same grid and item ranges)
   // dynamic shared memory carve-up (bytes)
-  int smem_rseg, smem_cseg, smem_csum, smem_stage, smem_total;
+  int smem_stage, smem_small, smem_csum, smem_total;
 };
 
-// Host: fills the shared-memory offsets for an input element size and launches.
+// Host: shared-memory carve-up, persistent grid, and launch.
+void tile_layout(const Context& ctx, TileParams& p, int in_size);
 template <class In, int R>
-void launch_quantize_tile(Context& ctx, TileParams p);
+void launch_quantize_tile(Context& ctx, const TileParams& p);
 
 // Per-recipe launchers (one translation unit each), dispatching on the input dtype.
 void launch_quantize_fp8(Context& ctx, const TileParams& p, DType in);
@@ -71,19 +91,123 @@ void launch_quantize_nvfp4(Context& ctx, const TileParams& p, DType in);
 
 namespace tile_detail {
 
+// ---- input element traits: a Pair is two adjacent elements of one row -------------------------
+// Amax runs on raw magnitudes (for 16-bit inputs two at a time with max.u16x2); the unsigned order
+// of magnitude bits is the numeric order with NaN above Inf, so canonicalizing the maximum once
+// (canon) gives exactly qnum::amax_merge over qnum::abs_bits of every element.
+__device__ __forceinline__ uint32_t canon(uint32_t abs_bits) {
+  return abs_bits > 0x7F800000u ? 0x7FC00000u : abs_bits;
+}
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
 template <class In>
-__device__ __forceinline__ float to_f(In v);
+struct Elt;
 template <>
-__device__ __forceinline__ float to_f<uint16_t>(uint16_t v) {  // bf16 bits
-  return __uint_as_float(static_cast<uint32_t>(v) << 16);
+struct Elt<uint16_t> {  // bf16 bits
+  using Pair = uint32_t;
+  static __device__ __forceinline__ Pair zero() { return 0u; }
+  static __device__ __forceinline__ Pair absmax(Pair m, Pair w) {
+    return max_u16x2(m, w & 0x7FFF7FFFu);
+  }
+  static __device__ __forceinline__ uint32_t lo_bits(Pair m) { return canon(m << 16); }
+  static __device__ __forceinline__ uint32_t hi_bits(Pair m) { return canon(m & 0xFFFF0000u); }
+  static __device__ __forceinline__ float2 f2(Pair w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+  }
+};
+template <>
+struct Elt<__half> {
+  using Pair = uint32_t;
+  static __device__ __forceinline__ Pair zero() { return 0u; }
+  static __device__ __forceinline__ Pair absmax(Pair m, Pair w) {
+    return max_u16x2(m, w & 0x7FFF7FFFu);
+  }
+  static __device__ __forceinline__ uint32_t lo_bits(Pair m) {
+    return qnum::abs_bits(__half2float(__ushort_as_half(static_cast<unsigned short>(m))));
+  }
+  static __device__ __forceinline__ uint32_t hi_bits(Pair m) {
+    return qnum::abs_bits(__half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16))));
+  }
+  static __device__ __forceinline__ float2 f2(Pair w) {
+    return make_float2(__half2float(__ushort_as_half(static_cast<unsigned short>(w))),
+                       __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16))));
+  }
+};
+template <>
+struct Elt<float> {
+  using Pair = uint2;
+  static __device__ __forceinline__ Pair zero() { return make_uint2(0u, 0u); }
+  static __device__ __forceinline__ Pair absmax(Pair m, Pair w) {
+    return make_uint2(max(m.x, w.x & 0x7FFFFFFFu), max(m.y, w.y & 0x7FFFFFFFu));
+  }
+  static __device__ __forceinline__ uint32_t lo_bits(Pair m) { return canon(m.x); }
+  static __device__ __forceinline__ uint32_t hi_bits(Pair m) { return canon(m.y); }
+  static __device__ __forceinline__ float2 f2(Pair w) {
+    return make_float2(__uint_as_float(w.x), __uint_as_float(w.y));
+  }
+};
+
+// ---- shared-memory tile: 128 rows of 128 elements, 16-byte chunks XOR-swizzled ------------------
+// Bank group (chunk mod 8) of chunk ch in row r is (b2, b1^b3, b0^r0) of ch (plus b4 into b2 for
+// fp32 rows of 32 chunks): 8 consecutive chunks of a row hit 8 groups (cp.async writes, column
+// pair reads), and chunk k of the 4 slabs (ch = 4s+k, or 8s+k for fp32) of two adjacent rows
+// hit 8 groups (rowwise reads).
+__device__ __forceinline__ int swz(int r, int ch) {
+  return ch ^ (r & 1) ^ ((ch >> 2) & 6);
 }
-template <>
-__device__ __forceinline__ float to_f<__half>(__half v) {
-  return __half2float(v);
+template <class In>
+struct TileSmem {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(In));  // elements per chunk
+  static constexpr int kChunksPerRow = TileConfig::kCols / kVec;  // 16 or 32
+  static constexpr int kRowBytes = TileConfig::kCols * static_cast<int>(sizeof(In));
+  static constexpr int kBytes = TileConfig::kRows * kRowBytes;  // one buffer
+  static constexpr int kLoads = TileConfig::kRows * kChunksPerRow / TileConfig::kThreads;
+  static_assert(kLoads * TileConfig::kThreads == TileConfig::kRows * kChunksPerRow, "load split");
+
+  static __device__ __forceinline__ const uint8_t* chunk(const uint8_t* buf, int r, int ch) {
+    return buf + r * kRowBytes + (swz(r, ch) << 4);
+  }
+  // Columns (2cp, 2cp+1) of row r.
+  static __device__ __forceinline__ typename Elt<In>::Pair pair(const uint8_t* buf, int r, int cp) {
+    constexpr int kPairsPerChunk = 16 / (2 * static_cast<int>(sizeof(In)));
+    const uint8_t* c = chunk(buf, r, cp / kPairsPerChunk);
+    return *reinterpret_cast<const typename Elt<In>::Pair*>(c + (cp % kPairsPerChunk) * 2 *
+                                                                    static_cast<int>(sizeof(In)));
+  }
+  // The 32 elements [32s, 32s+32) of row r as 16 pairs.
+  static __device__ __forceinline__ void slab(const uint8_t* buf, int r, int s,
+                                              typename Elt<In>::Pair (&v)[16]) {
+    constexpr int kChunks = 32 / kVec;  // 4 or 8
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const uint4 u = *reinterpret_cast<const uint4*>(chunk(buf, r, s * kChunks + k));
+      if constexpr (sizeof(In) == 4) {
+        v[2 * k] = make_uint2(u.x, u.y);
+        v[2 * k + 1] = make_uint2(u.z, u.w);
+      } else {
+        v[4 * k] = u.x;
+        v[4 * k + 1] = u.y;
+        v[4 * k + 2] = u.z;
+        v[4 * k + 3] = u.w;
+      }
+    }
+  }
+};
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes)
+               : "memory");
 }
-template <>
-__device__ __forceinline__ float to_f<float>(float v) {
-  return v;
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait1() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
 // fp8 pair conversion: the hardware cvt (bit-identical to convert.hpp, which test_convert_gpu
@@ -96,340 +220,538 @@ __device__ __forceinline__ uint32_t fp8x2(float a, float b, bool e5m2) {
       __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3));
 #endif
 }
+// Four elements -> one word of fp8 codes (element 0 in the low byte).
+__device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d, float mul,
+                                          bool e5m2) {
+  return fp8x2(a * mul, b * mul, e5m2) | (fp8x2(c * mul, d * mul, e5m2) << 16);
+}
+// Eight elements -> one word of e2m1 codes (element j in nibble j), with qnum::nvfp4_code's
+// rules: a zero block scale encodes 0. A NaN multiplier (the block amax was NaN) makes every
+// product NaN, i.e. code 7; otherwise no product can be NaN (every |x| is at most the finite
+// block amax and the multiplier is finite and positive), so the NaN-free encoder applies.
+__device__ __forceinline__ uint32_t fp4x8(const float (&e)[8], float mul, uint8_t s_b) {
+  float p[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) p[j] = e[j] * mul;
+  const uint32_t w = mul != mul ? 0x77777777u : qnum::e2m1x8_nonan(p);
+  return (s_b & 0x7Fu) == 0 ? 0u : w;
+}
 
-// 16 quantized elements: fp8 -> 4 words (16 bytes), nvfp4 -> 2 words (8 bytes).
+// Per-expert values, reloaded only when a CTA's item moves to another expert.
+struct GroupInfo {
+  qnum::Geom g;
+  int64_t gi = -1;
+  int64_t nb = 0;      // column blocks of the expert: ceil(rows / cb)
+  float mul = 1.0f;    // fp8_current: the expert's scale
+  float s_enc = 1.0f;  // nvfp4 S_enc and S_enc / 6
+  float s_enc6 = 1.0f / 6.0f;
+};
+
 template <int R>
-__device__ __forceinline__ void quantize16(const float (&v)[16], const qnum::BlockQuant& q,
-                                           bool e5m2, uint32_t (&w)[4]) {
-  if constexpr (R == qnum::kNvfp4) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        word |= uint32_t(qnum::nvfp4_code(v[i * 8 + j], q.s_enc, q.code, q.sbf)) << (4 * j);
-      w[i] = word;
-    }
-    w[2] = w[3] = 0;
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      w[i] = fp8x2(v[4 * i] * q.mul, v[4 * i + 1] * q.mul, e5m2) |
-             (fp8x2(v[4 * i + 2] * q.mul, v[4 * i + 3] * q.mul, e5m2) << 16);
+__device__ __forceinline__ void load_group(const TileParams& p, int64_t gi, GroupInfo& gr) {
+  gr.gi = gi;
+  gr.g = p.plan.geom(gi);
+  gr.nb = qnum::ceil_div(gr.g.rows, p.L.cb);
+  if constexpr (R == qnum::kFp8Current) {
+    gr.mul = qnum::fp8_current_scale(p.amax[gi], p.L.e5m2, p.L.pow2).scale;
+  } else if constexpr (R == qnum::kNvfp4) {
+    gr.s_enc = qnum::nvfp4_s_enc(p.amax[gi]);
+    gr.s_enc6 = gr.s_enc / kE2M1Max;  // the same fp32 operation as make_block_quant
   }
 }
 
-__device__ __forceinline__ uint32_t amax16(const float (&v)[16]) {
-  uint32_t m = 0;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) m = qnum::amax_merge(m, qnum::abs_bits(v[i]));
-  return m;
+// Block quantization of a block with canonical amax bits `am` (the device half of
+// qnum::make_block_quant, with the per-expert part hoisted into GroupInfo).
+template <int R>
+__device__ __forceinline__ qnum::BlockQuant block_quant(uint32_t am, const GroupInfo& gr,
+                                                        const qnum::Layout& L) {
+  qnum::BlockQuant q;
+  if constexpr (R == qnum::kFp8Current) {
+    q.mul = gr.mul;
+  } else if constexpr (R == qnum::kFp8Block) {
+    const qnum::ScalePair s = qnum::fp8_block_scale(__uint_as_float(am), L.e5m2, L.pow2);
+    q.mul = s.scale;
+    q.scale_inv = s.scale_inv;
+  } else if constexpr (R == qnum::kMxfp8) {
+    q.code = qnum::mx_e8m0(__uint_as_float(am), L.e5m2);
+    q.mul = qnum::mx_quant_mul(q.code);
+  } else {
+    q.code = qnum::nvfp4_block_scale(__uint_as_float(am), gr.s_enc6);
+    q.mul = qnum::nvfp4_elem_scale(gr.s_enc, e4m3_to_float(q.code));
+  }
+  return q;
+}
+
+// Scale indices of quantize.hpp "Layouts" (qnum::row_scale_index / col_scale_index) with the
+// divisions by runtime block sizes hoisted into TileParams / GroupInfo.
+__device__ __forceinline__ int64_t row_sidx(const TileParams& p, const qnum::Geom& g, int64_t lr,
+                                            int64_t sc) {
+  if (p.L.fp8_2d) return (g.tile_start + lr / 128) * p.row_ncols + sc;
+  if (!p.L.swizzled) return (g.start + lr) * p.row_ncols + sc;
+  return qnum::swizzle_128x4(g.tile_start * 128 + lr, sc, p.row_kp);
+}
+__device__ __forceinline__ int64_t col_sidx(const TileParams& p, const GroupInfo& gr, int64_t k,
+                                            int64_t j) {
+  if (p.L.fp8_2d) return p.row_ncols * gr.g.cb_start + k * gr.nb + j;
+  if (!p.L.swizzled) return p.K * gr.g.cb_start + k * gr.nb + j;
+  return p.col_k128 * gr.g.cs4_start + qnum::swizzle_128x4(k, j, qnum::round_up(gr.nb, 4));
+}
+
+// Tracks the expert of a CTA's (monotone) sequence of row tiles: [lo, hi) = the expert's tiles.
+struct GroupCursor {
+  int64_t gi = -1, lo = 0, hi = 0;
+  __device__ __forceinline__ bool seek(const QuantPlan& plan, int64_t t) {
+    if (gi < 0) {
+      gi = find_group(plan.tile_start, plan.G, t);
+      lo = plan.tile_start[gi];
+      hi = plan.tile_start[gi + 1];
+      return true;
+    }
+    if (t >= lo && t < hi) return false;
+    while (t < lo) {  // empty experts have lo == hi and are stepped over
+      --gi;
+      hi = lo;
+      lo = plan.tile_start[gi];
+    }
+    while (t >= hi) {
+      ++gi;
+      lo = hi;
+      hi = plan.tile_start[gi + 1];
+    }
+    return true;
+  }
+};
+
+// Item range [begin, end) of CTA b out of n CTAs (sizes differ by at most one).
+__device__ __forceinline__ void item_range(int64_t n_items, int64_t b, int64_t n, int64_t& begin,
+                                           int64_t& end) {
+  begin = n_items * b / n;
+  end = n_items * (b + 1) / n;
 }
 
 }  // namespace tile_detail
 
 template <class In, int R>
-__global__ void __launch_bounds__(TileConfig::kThreads) quantize_tile_kernel(TileParams p) {
+__global__ void __launch_bounds__(TileConfig::kThreads,
+                                  sizeof(In) == 4 ? 1 : TileConfig::kMinBlocks)
+    quantize_tile_kernel(TileParams p) {
   using Cfg = TileConfig;
   using namespace tile_detail;
+  using E = Elt<In>;
+  using Pair = typename E::Pair;
+  using S = TileSmem<In>;
   constexpr bool kFp4 = R == qnum::kNvfp4;
-  constexpr int kVec = 16 / static_cast<int>(sizeof(In));
-  constexpr int kChunksPerRow = Cfg::kCols / kVec;
-  constexpr int kLoadIters = Cfg::kRows * kChunksPerRow / Cfg::kThreads;
-  constexpr int kPitch = Cfg::kCols * static_cast<int>(sizeof(In)) + 16;  // bytes per tile row
-  static_assert(kLoadIters * Cfg::kThreads == Cfg::kRows * kChunksPerRow, "load split");
-  extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ uint32_t tile_amax_s;
-  const int tid = threadIdx.x;
+  constexpr int kStageRow = kFp4 ? 64 : 128;  // bytes of one transposed row (128 tokens)
+  constexpr int kStageChunks = kStageRow / 16;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const stage = smem + p.smem_stage;                                  // [128][kStageRow]
+  uint32_t* const colamax = reinterpret_cast<uint32_t*>(smem + p.smem_small);  // [4][128]
+  uint32_t* const blk2d = colamax + Cfg::kColSegs * Cfg::kCols;      // [8][8] nvfp4, [8] fp8 2D
+  float* const csum = reinterpret_cast<float*>(smem + p.smem_csum);  // [8][128]
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const qnum::Layout& L = p.L;
   const int64_t K = p.K;
   const int64_t G = p.plan.G;
 
   // Per-expert scalars, once per launch (also covers zero-row experts, which own no tile).
-  if (blockIdx.x == 0 && blockIdx.y == 0) {
+  if (blockIdx.x == 0) {
     for (int64_t g = tid; g < G; g += Cfg::kThreads) {
       if constexpr (R == qnum::kFp8Current)
         p.scale_inv_g[g] = qnum::fp8_current_scale(p.amax[g], L.e5m2, L.pow2).scale_inv;
-      if constexpr (R == qnum::kNvfp4) p.global_scale[g] = qnum::nvfp4_s_enc(p.amax[g]);
+      if constexpr (kFp4) p.global_scale[g] = qnum::nvfp4_s_enc(p.amax[g]);
     }
   }
-  const int64_t t = blockIdx.x;
-  if (t >= p.plan.tile_start[G]) return;
-  const int64_t gi = find_group(p.plan.tile_start, G, t);
-  const qnum::Geom g = p.plan.geom(gi);
-  const int64_t lt = t - g.tile_start;
-  const int64_t row0 = lt * Cfg::kRows;
-  const int valid_rows = static_cast<int>(min(int64_t(Cfg::kRows), g.rows - row0));
-  const int64_t ct = blockIdx.y;
-  const int64_t col0 = ct * Cfg::kCols;
-  const int valid_cols = static_cast<int>(min(int64_t(Cfg::kCols), K - col0));
-  const float ea = (R == qnum::kFp8Current || kFp4) ? p.amax[gi] : 0.0f;
+  const int64_t n_items = p.plan.tile_start[G] * p.col_tiles;
+  int64_t begin, end;
+  item_range(n_items, blockIdx.x, gridDim.x, begin, end);
+  if (begin >= end) return;
 
-  // ---- load: all loads in flight before the first shared store ----------------------------
-  {
-    const In* xg = static_cast<const In*>(p.x) + (g.start + row0) * K + col0;
-    uint4 buf[kLoadIters];
-#pragma unroll
-    for (int it = 0; it < kLoadIters; ++it) {
-      const int i = tid + it * Cfg::kThreads;
-      const int r = i / kChunksPerRow, ch = i % kChunksPerRow;
-      buf[it] = make_uint4(0, 0, 0, 0);
-      if (r < valid_rows && ch * kVec < valid_cols)
-        buf[it] = __ldcs(reinterpret_cast<const uint4*>(xg + r * K + ch * kVec));
-    }
-#pragma unroll
-    for (int it = 0; it < kLoadIters; ++it) {
-      const int i = tid + it * Cfg::kThreads;
-      const int r = i / kChunksPerRow, ch = i % kChunksPerRow;
-      *reinterpret_cast<uint4*>(smem + r * kPitch + ch * 16) = buf[it];
-    }
-  }
-  __syncthreads();
-  auto elem = [&](int r, int c) -> float {
-    return to_f<In>(reinterpret_cast<const In*>(smem + r * kPitch)[c]);
-  };
-  auto row16 = [&](int r, int c0, float(&v)[16]) {  // 16-byte shared loads
-    const uint8_t* base = smem + r * kPitch + c0 * static_cast<int>(sizeof(In));
-#pragma unroll
-    for (int ch = 0; ch < 16 / kVec; ++ch) {
-      const uint4 u = *reinterpret_cast<const uint4*>(base + ch * 16);
-      const In* e = reinterpret_cast<const In*>(&u);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) v[ch * kVec + j] = to_f<In>(e[j]);
-    }
-  };
-  auto col16 = [&](int c, int r0, float(&v)[16]) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) v[j] = elem(r0 + j, c);
-  };
-  uint32_t* rseg = reinterpret_cast<uint32_t*>(smem + p.smem_rseg);  // [128][8]
-  uint32_t* cseg = reinterpret_cast<uint32_t*>(smem + p.smem_cseg);  // [8][128]
-  float* csum = reinterpret_cast<float*>(smem + p.smem_csum);        // [8][128]
-  uint8_t* stage = smem + p.smem_stage;                              // [128][kStagePitch]
+  // ---- the item sequence: end-1 down to begin; (t, ct) and the expert tracked incrementally ----
+  int64_t t = (end - 1) / p.col_tiles;
+  int ct = static_cast<int>((end - 1) % p.col_tiles);
+  GroupCursor cursor;
+  GroupInfo cur;
+  cursor.seek(p.plan, t);
+  load_group<R>(p, cursor.gi, cur);
 
-  // ---- segment amax (and bias segment sums) ------------------------------------------------
-  const bool need_rseg = R != qnum::kFp8Current && (p.rowwise || L.block_2d);
-  const bool need_cseg = R != qnum::kFp8Current && p.colwise && !L.block_2d;
-  const bool need_csum = p.dbias_partial != nullptr;
-  if (need_rseg) {
+  // cp.async of tile (tt, cc) of the expert with rows [start, start + rows) and first tile ts.
+  auto issue_loads = [&](uint8_t* buf, int64_t start, int64_t rows, int64_t ts, int64_t tt,
+                         int cc) {
+    const int64_t row0 = (tt - ts) * Cfg::kRows;
+    const int vr = static_cast<int>(min(int64_t(Cfg::kRows), rows - row0));
+    const int64_t col0 = int64_t(cc) * Cfg::kCols;
+    const int vc = static_cast<int>(min(int64_t(Cfg::kCols), K - col0));
+    const In* xg = static_cast<const In*>(p.x) + (start + row0) * K + col0;
 #pragma unroll
-    for (int it = 0; it < Cfg::kItems; ++it) {
-      const int i = tid + it * Cfg::kThreads;
-      float v[16];
-      row16(i / Cfg::kSegsPerRow, (i % Cfg::kSegsPerRow) * 16, v);
-      rseg[i] = amax16(v);
+    for (int j = 0; j < S::kLoads; ++j) {
+      const int i = tid + j * Cfg::kThreads;
+      const int r = i / S::kChunksPerRow, ch = i % S::kChunksPerRow;
+      const bool ok = r < vr && ch * S::kVec < vc;
+      cp_async16(buf + r * S::kRowBytes + (swz(r, ch) << 4), ok ? xg + r * K + ch * S::kVec : xg,
+                 ok ? 16 : 0);
     }
-  }
-  if (need_cseg || need_csum) {
+  };
+
+  issue_loads(smem, cur.g.start, cur.g.rows, cur.g.tile_start, t, ct);
+  cp_async_commit();
+  int bi = 0;  // buffer of the current item
+  for (int64_t item = end - 1; item >= begin; --item) {
+    // Prefetch the previous item into the other buffer (freed by the previous iteration's
+    // trailing barrier), then wait for this item's group only. Only the cursor runs ahead; the
+    // current expert's GroupInfo is replaced after the item (rarely: at expert boundaries).
+    int64_t nt = t;
+    int nct = ct - 1;
+    if (item > begin) {
+      if (nct < 0) {
+        nct = static_cast<int>(p.col_tiles) - 1;
+        --nt;
+        cursor.seek(p.plan, nt);
+      }
+      uint8_t* nbuf = smem + (bi ^ 1) * S::kBytes;
+      if (cursor.gi == cur.gi) {
+        issue_loads(nbuf, cur.g.start, cur.g.rows, cur.g.tile_start, nt, nct);
+      } else {
+        issue_loads(nbuf, p.plan.start[cursor.gi], p.plan.rows[cursor.gi], cursor.lo, nt, nct);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait1();
+    __syncthreads();
+    const uint8_t* const buf = smem + bi * S::kBytes;
+
+    const qnum::Geom& g = cur.g;
+    const int64_t lt = t - g.tile_start;
+    const int64_t row0 = lt * Cfg::kRows;
+    const int valid_rows = static_cast<int>(min(int64_t(Cfg::kRows), g.rows - row0));
+    const int64_t col0 = int64_t(ct) * Cfg::kCols;
+    const int valid_cols = static_cast<int>(min(int64_t(Cfg::kCols), K - col0));
+    // columnwise mapping: column pair cp (columns c0, c0+1), rows [32 seg, 32 seg + 32)
+    const int cp = lane + 32 * (warp & 1), seg = warp >> 1, c0 = 2 * cp;
+
+    // ---- 2D block amax (weights): 16x16 (nvfp4) or the whole 128x128 tile (fp8_block) -------
+    if (L.block_2d) {
+      Pair m0 = E::zero(), m1 = E::zero();
 #pragma unroll
-    for (int it = 0; it < Cfg::kItems; ++it) {
-      const int i = tid + it * Cfg::kThreads;  // i = rs * 128 + c
-      float v[16];
-      col16(i % Cfg::kCols, (i / Cfg::kCols) * 16, v);
-      if (need_cseg) cseg[i] = amax16(v);
-      if (need_csum) {
+      for (int j = 0; j < 16; ++j) m0 = E::absmax(m0, S::pair(buf, seg * 32 + j, cp));
+#pragma unroll
+      for (int j = 16; j < 32; ++j) m1 = E::absmax(m1, S::pair(buf, seg * 32 + j, cp));
+      uint32_t a0 = max(E::lo_bits(m0), E::hi_bits(m0));
+      uint32_t a1 = max(E::lo_bits(m1), E::hi_bits(m1));
+      if constexpr (kFp4) {  // the 8 lanes of a 16-column block: lanes 8m .. 8m+7
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) {
+          a0 = max(a0, __shfl_xor_sync(0xFFFFFFFFu, a0, o));
+          a1 = max(a1, __shfl_xor_sync(0xFFFFFFFFu, a1, o));
+        }
+        if (lane % 8 == 0) {
+          blk2d[(seg * 2) * 8 + cp / 8] = a0;
+          blk2d[(seg * 2 + 1) * 8 + cp / 8] = a1;
+        }
+      } else {
+        a0 = max(a0, a1);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) a0 = max(a0, __shfl_xor_sync(0xFFFFFFFFu, a0, o));
+        if (lane == 0) blk2d[warp] = a0;
+      }
+      __syncthreads();
+    }
+    auto tile_amax_2d = [&]() {
+      uint32_t m = 0;
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) m = max(m, blk2d[w]);
+      return m;
+    };
+
+    // ---- rowwise: 1x32 slabs, 4 lanes per row --------------------------------------------------
+    if (p.rowwise) {
+#pragma unroll
+      for (int it = 0; it < Cfg::kRowIters; ++it) {
+        const int r = it * 64 + warp * 8 + lane / 4, s = lane % 4;
+        Pair v[16];
+        S::slab(buf, r, s, v);
+        uint32_t am0 = 0, am1 = 0;  // nvfp4: the two 1x16 blocks; else am0 is the slab's block
+        if constexpr (R != qnum::kFp8Current) {
+          if (!L.block_2d) {
+            Pair m0 = E::zero(), m1 = E::zero();
+#pragma unroll
+            for (int i = 0; i < 8; ++i) m0 = E::absmax(m0, v[i]);
+#pragma unroll
+            for (int i = 8; i < 16; ++i) m1 = E::absmax(m1, v[i]);
+            am0 = max(E::lo_bits(m0), E::hi_bits(m0));
+            am1 = max(E::lo_bits(m1), E::hi_bits(m1));
+            if constexpr (!kFp4) am0 = max(am0, am1);
+            if constexpr (R == qnum::kFp8Block) {  // 1x128: the 4 lanes of the row
+              am0 = max(am0, __shfl_xor_sync(0xFFFFFFFFu, am0, 1));
+              am0 = max(am0, __shfl_xor_sync(0xFFFFFFFFu, am0, 2));
+            }
+          } else if constexpr (kFp4) {
+            am0 = blk2d[(r / 16) * 8 + 2 * s];
+            am1 = blk2d[(r / 16) * 8 + 2 * s + 1];
+          } else {
+            am0 = tile_amax_2d();
+          }
+        }
+        const qnum::BlockQuant q0 = block_quant<R>(am0, cur, L);
+        const qnum::BlockQuant q1 = kFp4 ? block_quant<R>(am1, cur, L) : q0;
+        const bool row_ok = r < valid_rows;
+        const int64_t e = (g.start + row0 + r) * K + col0 + s * 32;  // element index
+        const bool ok0 = row_ok && s * 32 < valid_cols, ok1 = row_ok && s * 32 + 16 < valid_cols;
+        if constexpr (kFp4) {
+          uint32_t w[4];
+#pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            float f[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float2 x2 = E::f2(v[4 * h + i]);
+              f[2 * i] = x2.x;
+              f[2 * i + 1] = x2.y;
+            }
+            const qnum::BlockQuant& q = h < 2 ? q0 : q1;
+            w[h] = fp4x8(f, q.mul, q.code);
+          }
+          if (ok0) __stcs(reinterpret_cast<uint2*>(p.q_row + e / 2), make_uint2(w[0], w[1]));
+          if (ok1) __stcs(reinterpret_cast<uint2*>(p.q_row + e / 2 + 8), make_uint2(w[2], w[3]));
+          const int64_t sc = (col0 + s * 32) / 16;
+          uint8_t* sr = static_cast<uint8_t*>(p.s_row);
+          if (ok0) sr[row_sidx(p, g, row0 + r, sc)] = q0.code;
+          if (ok1) sr[row_sidx(p, g, row0 + r, sc + 1)] = q1.code;
+        } else {
+          uint32_t w[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float2 a = E::f2(v[2 * i]), b = E::f2(v[2 * i + 1]);
+            w[i] = fp8x4(a.x, a.y, b.x, b.y, q0.mul, L.e5m2);
+          }
+          uint4* dst = reinterpret_cast<uint4*>(p.q_row + e);
+          if (ok0) __stcs(dst, make_uint4(w[0], w[1], w[2], w[3]));
+          if (ok1) __stcs(dst + 1, make_uint4(w[4], w[5], w[6], w[7]));
+          if constexpr (R == qnum::kFp8Block) {
+            float* sr = static_cast<float*>(p.s_row);
+            if (!L.fp8_2d && row_ok && s == 0)
+              sr[row_sidx(p, g, row0 + r, col0 / 128)] = q0.scale_inv;
+            if (L.fp8_2d && it == 0 && tid == 0)
+              sr[row_sidx(p, g, row0, col0 / 128)] = q0.scale_inv;
+          } else if constexpr (R == qnum::kMxfp8) {
+            if (ok0)
+              static_cast<uint8_t*>(p.s_row)[row_sidx(p, g, row0 + r, (col0 + s * 32) / 32)] =
+                  q0.code;
+          }
+        }
+      }
+      if (L.swizzled) {  // this tile's share of the expert's zero padding
+        const int64_t ncols = p.row_ncols, Kp = p.row_kp;
+        const int64_t c_begin = col0 / L.rb;
+        const int64_t c_end = ct == p.col_tiles - 1 ? Kp : (col0 + Cfg::kCols) / L.rb;
+        if (valid_rows < Cfg::kRows || c_end > ncols) {
+          const int width = static_cast<int>(c_end - c_begin);
+          for (int i = tid; i < Cfg::kRows * width; i += Cfg::kThreads) {
+            const int r = i / width;
+            const int64_t c = c_begin + i % width;
+            if (r >= valid_rows || c >= ncols)
+              static_cast<uint8_t*>(p.s_row)[qnum::row_scale_index(L, g, row0 + r, c)] = 0;
+          }
+        }
+      }
+    }
+
+    // ---- columnwise (and the bias-gradient segment sums): 2 columns x 32 rows per thread -------
+    const bool odd_fp4 = kFp4 && (g.rows & 1);  // packed nibbles would belong to two rows
+    if (kFp4 && p.colwise && odd_fp4 && lt == 0 && ct == 0 && tid == 0)
+      report_fault(p.status, kFaultSplitAlignment, OpId::group_quantize,
+                   static_cast<int32_t>(cur.gi), g.rows);
+    const bool do_col = p.colwise && !odd_fp4;
+    const bool do_sum = p.dbias_partial != nullptr;
+    if (do_col || do_sum) {
+      Pair v[32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = S::pair(buf, seg * 32 + j, cp);
+      if (do_sum) {  // the documented order: per 16-row segment a sequential sum from +0
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float sx = 0.0f, sy = 0.0f;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            const float2 f = E::f2(v[16 * h + j]);
+            sx += f.x;
+            sy += f.y;
+          }
+          csum[(seg * 2 + h) * Cfg::kCols + c0] = sx;
+          csum[(seg * 2 + h) * Cfg::kCols + c0 + 1] = sy;
+        }
+      }
+      // Column block amax: [column][16-row half] (nvfp4), else [column][0] over the 32 rows.
+      uint32_t am[2][2] = {{0, 0}, {0, 0}};
+      if (do_col && R != qnum::kFp8Current) {
+        if (!L.block_2d) {
+          Pair m0 = E::zero(), m1 = E::zero();
+#pragma unroll
+          for (int j = 0; j < 16; ++j) m0 = E::absmax(m0, v[j]);
+#pragma unroll
+          for (int j = 16; j < 32; ++j) m1 = E::absmax(m1, v[j]);
+          am[0][0] = E::lo_bits(m0);
+          am[0][1] = E::lo_bits(m1);
+          am[1][0] = E::hi_bits(m0);
+          am[1][1] = E::hi_bits(m1);
+          if constexpr (!kFp4) {
+#pragma unroll
+            for (int k = 0; k < 2; ++k) am[k][0] = max(am[k][0], am[k][1]);
+          }
+          if constexpr (R == qnum::kFp8Block) {  // 128x1: the 4 segments meet in smem
+            colamax[seg * Cfg::kCols + c0] = am[0][0];
+            colamax[seg * Cfg::kCols + c0 + 1] = am[1][0];
+          }
+        } else if constexpr (kFp4) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) am[0][h] = am[1][h] = blk2d[(seg * 2 + h) * 8 + cp / 8];
+        } else {
+          am[0][0] = am[1][0] = tile_amax_2d();
+        }
+      }
+      __syncthreads();  // colamax, csum
+      if (do_sum && tid < valid_cols) {
         float s = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) s += v[j];
-        csum[i] = s;
+        for (int rs = 0; rs < 8; ++rs) s += csum[rs * Cfg::kCols + tid];
+        p.dbias_partial[t * K + col0 + tid] = s;
       }
-    }
-  }
-  __syncthreads();
-  if (L.fp8_2d) {
-    if (tid < 32) {
-      uint32_t m = 0;
-      for (int j = tid; j < Cfg::kRows * Cfg::kSegsPerRow; j += 32)
-        m = qnum::amax_merge(m, rseg[j]);
+      if (do_col) {
+        if constexpr (R == qnum::kFp8Block) {
+          if (!L.block_2d) {
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = qnum::amax_merge(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      if (tid == 0) tile_amax_s = m;
-    }
-    __syncthreads();
-  }
-  if (need_csum && tid < Cfg::kCols && tid < valid_cols) {
-    float s = 0.0f;
-    for (int rs = 0; rs < Cfg::kSegsPerCol; ++rs) s += csum[rs * Cfg::kCols + tid];
-    p.dbias_partial[t * K + col0 + tid] = s;
-  }
-
-  // ---- rowwise --------------------------------------------------------------------------------
-  if (p.rowwise) {
+            for (int k = 0; k < 2; ++k) {
+              uint32_t m = 0;
 #pragma unroll
-    for (int it = 0; it < Cfg::kItems; ++it) {
-      const int i = tid + it * Cfg::kThreads;
-      const int r = i / Cfg::kSegsPerRow, s = i % Cfg::kSegsPerRow;
-      if (r >= valid_rows || s * 16 >= valid_cols) continue;
-      uint32_t am = 0;
-      if constexpr (R == qnum::kFp8Block) {
-        if (L.fp8_2d) {
-          am = tile_amax_s;
-        } else {
-          for (int j = 0; j < 8; ++j) am = qnum::amax_merge(am, rseg[r * 8 + j]);
+              for (int sg = 0; sg < Cfg::kColSegs; ++sg)
+                m = max(m, colamax[sg * Cfg::kCols + c0 + k]);
+              am[k][0] = m;
+            }
+          }
         }
-      } else if constexpr (R == qnum::kMxfp8) {
-        am = qnum::amax_merge(rseg[r * 8 + (s & ~1)], rseg[r * 8 + (s | 1)]);
-      } else if constexpr (R == qnum::kNvfp4) {
-        if (L.block_2d) {
-          for (int rr = r & ~15; rr < (r & ~15) + 16; ++rr)
-            am = qnum::amax_merge(am, rseg[rr * 8 + s]);
-        } else {
-          am = rseg[i];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {  // column c = c0 + k
+          const int c = c0 + k;
+          const qnum::BlockQuant q0 = block_quant<R>(am[k][0], cur, L);
+          const qnum::BlockQuant q1 = kFp4 ? block_quant<R>(am[k][1], cur, L) : q0;
+          // Column k of a pair, converted where it is used (keeps ~8 floats live, not 64).
+          auto col = [&](int j) {
+            const float2 x2 = E::f2(v[j]);
+            return k == 0 ? x2.x : x2.y;
+          };
+          uint8_t* srow = stage + c * kStageRow;
+          const int sw = (c >> 1) & (kStageChunks - 1);
+          if constexpr (kFp4) {
+            uint32_t w[4];
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+              float e8[8];
+#pragma unroll
+              for (int j = 0; j < 8; ++j) e8[j] = col(8 * h + j);
+              const qnum::BlockQuant& q = h < 2 ? q0 : q1;
+              w[h] = fp4x8(e8, q.mul, q.code);
+            }
+            *reinterpret_cast<uint4*>(srow + ((seg ^ sw) << 4)) =
+                make_uint4(w[0], w[1], w[2], w[3]);
+          } else {
+            uint32_t w[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+              w[i] =
+                  fp8x4(col(4 * i), col(4 * i + 1), col(4 * i + 2), col(4 * i + 3), q0.mul, L.e5m2);
+            *reinterpret_cast<uint4*>(srow + (((2 * seg) ^ sw) << 4)) =
+                make_uint4(w[0], w[1], w[2], w[3]);
+            *reinterpret_cast<uint4*>(srow + (((2 * seg + 1) ^ sw) << 4)) =
+                make_uint4(w[4], w[5], w[6], w[7]);
+          }
+          if (c < valid_cols) {
+            if constexpr (R == qnum::kFp8Block) {
+              float* sc = static_cast<float*>(p.s_col);
+              if (!L.fp8_2d && seg == 0) sc[col_sidx(p, cur, col0 + c, lt)] = q0.scale_inv;
+              if (L.fp8_2d && tid == 0 && k == 0)
+                sc[col_sidx(p, cur, col0 / 128, lt)] = q0.scale_inv;
+            } else if constexpr (R == qnum::kMxfp8) {
+              if (seg * 32 < valid_rows)
+                static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, col0 + c, lt * 4 + seg)] = q0.code;
+            } else if constexpr (kFp4) {
+              uint8_t* sc = static_cast<uint8_t*>(p.s_col);
+              if (seg * 32 < valid_rows) sc[col_sidx(p, cur, col0 + c, lt * 8 + seg * 2)] = q0.code;
+              if (seg * 32 + 16 < valid_rows)
+                sc[col_sidx(p, cur, col0 + c, lt * 8 + seg * 2 + 1)] = q1.code;
+            }
+          }
+        }
+        if (L.swizzled) {  // padding rows k >= K (last column tile), columns j >= nb (last tile)
+          const int64_t nb = cur.nb, Jp = qnum::round_up(nb, 4);
+          const int64_t per_tile = Cfg::kRows / L.cb;
+          const int64_t j_begin = lt * per_tile;
+          const bool last_tile = row0 + Cfg::kRows >= g.rows;
+          const int64_t j_end = last_tile ? Jp : j_begin + per_tile;
+          const int64_t k_end = ct == p.col_tiles - 1 ? p.col_k128 : col0 + Cfg::kCols;
+          if (k_end > K || j_end > nb) {
+            const int width = static_cast<int>(j_end - j_begin);
+            const int height = static_cast<int>(k_end - col0);
+            for (int i = tid; i < height * width; i += Cfg::kThreads) {
+              const int64_t k = col0 + i / width, j = j_begin + i % width;
+              if (k >= K || j >= nb)
+                static_cast<uint8_t*>(p.s_col)[qnum::col_scale_index(L, g, k, j)] = 0;
+            }
+          }
+        }
+        __syncthreads();  // stage complete
+        // Copy out: stage row c is bytes [row0, row0 + valid_rows) of row col0 + c of the
+        // expert's [K, m_g] block (halved for fp4; m_g even, so every run starts on a byte).
+        const int run = kFp4 ? valid_rows / 2 : valid_rows;
+        const int64_t e0 = K * g.start + col0 * g.rows + row0;  // element index of stage row 0
+        const bool aligned = ((reinterpret_cast<uintptr_t>(p.q_col) | run) & 15) == 0 &&
+                             (e0 & (kFp4 ? 31 : 15)) == 0 && (g.rows & (kFp4 ? 31 : 15)) == 0;
+        if (aligned) {  // every row starts 16-byte aligned: whole 16-byte chunks
+          constexpr int kRowsPerPass = Cfg::kThreads / kStageChunks;
+          const int q = tid % kStageChunks;
+          for (int c = tid / kStageChunks; c < valid_cols; c += kRowsPerPass) {
+            if (q * 16 >= run) continue;
+            const int64_t e = e0 + int64_t(c) * g.rows;
+            const uint8_t* src =
+                stage + c * kStageRow + ((q ^ ((c >> 1) & (kStageChunks - 1))) << 4);
+            __stcs(reinterpret_cast<uint4*>(p.q_col + (kFp4 ? e / 2 : e) + q * 16),
+                   *reinterpret_cast<const uint4*>(src));
+          }
+        } else {  // a warp per row: 4-byte words when the row allows, else bytes
+          for (int c = warp; c < valid_cols; c += Cfg::kWarps) {
+            const int64_t e = e0 + int64_t(c) * g.rows;
+            uint8_t* dst = p.q_col + (kFp4 ? e / 2 : e);
+            const uint8_t* srow = stage + c * kStageRow;
+            const int sw = (c >> 1) & (kStageChunks - 1);
+            if (((reinterpret_cast<uintptr_t>(dst) | run) & 3) == 0) {
+              for (int b = 4 * lane; b < run; b += 128)
+                *reinterpret_cast<uint32_t*>(dst + b) =
+                    *reinterpret_cast<const uint32_t*>(srow + (((b >> 4) ^ sw) << 4) + (b & 15));
+            } else {
+              for (int b = lane; b < run; b += 32) dst[b] = srow[(((b >> 4) ^ sw) << 4) + (b & 15)];
+            }
+          }
         }
       }
-      const qnum::BlockQuant q = qnum::make_block_quant(R, L.e5m2, L.pow2, am, ea);
-      float v[16];
-      row16(r, s * 16, v);
-      uint32_t w[4];
-      quantize16<R>(v, q, L.e5m2, w);
-      const int64_t e = (g.start + row0 + r) * K + col0 + s * 16;  // element index
-      if constexpr (kFp4) {
-        *reinterpret_cast<uint2*>(p.q_row + e / 2) = make_uint2(w[0], w[1]);
-      } else {
-        *reinterpret_cast<uint4*>(p.q_row + e) = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-      if constexpr (R == qnum::kFp8Block) {
-        if (!L.fp8_2d && s == 0)
-          static_cast<float*>(p.s_row)[qnum::row_scale_index(L, g, row0 + r, col0 / 128)] =
-              q.scale_inv;
-        if (L.fp8_2d && r == 0 && s == 0)
-          static_cast<float*>(p.s_row)[qnum::row_scale_index(L, g, row0, col0 / 128)] = q.scale_inv;
-      } else if constexpr (R == qnum::kMxfp8) {
-        if ((s & 1) == 0)
-          static_cast<uint8_t*>(
-              p.s_row)[qnum::row_scale_index(L, g, row0 + r, (col0 + s * 16) / 32)] = q.code;
-      } else if constexpr (R == qnum::kNvfp4) {
-        static_cast<uint8_t*>(
-            p.s_row)[qnum::row_scale_index(L, g, row0 + r, (col0 + s * 16) / 16)] = q.code;
-      }
     }
-    if (L.swizzled) {  // this tile's share of the expert's zero padding
-      const int64_t ncols = K / L.rb, Kp = qnum::round_up(ncols, 4);
-      const int64_t c_begin = col0 / L.rb;
-      const int64_t c_end = ct == p.col_tiles - 1 ? Kp : (col0 + Cfg::kCols) / L.rb;
-      const int width = static_cast<int>(c_end - c_begin);
-      for (int i = tid; i < Cfg::kRows * width; i += Cfg::kThreads) {
-        const int r = i / width;
-        const int64_t c = c_begin + i % width;
-        if (r >= valid_rows || c >= ncols)
-          static_cast<uint8_t*>(p.s_row)[qnum::row_scale_index(L, g, row0 + r, c)] = 0;
-      }
-    }
-  }
+    __syncthreads();  // buf, stage and the small arrays are free for the next item
 
-  // ---- columnwise -----------------------------------------------------------------------------
-  if (!p.colwise) return;
-  if (kFp4 && (g.rows & 1)) {  // packed nibbles of one byte would belong to two rows of [K, m_g]
-    if (lt == 0 && ct == 0 && tid == 0)
-      report_fault(p.status, kFaultSplitAlignment, OpId::group_quantize, static_cast<int32_t>(gi),
-                   g.rows);
-    return;
-  }
-#pragma unroll
-  for (int it = 0; it < Cfg::kItems; ++it) {
-    const int i = tid + it * Cfg::kThreads;
-    const int c = i % Cfg::kCols, rs = i / Cfg::kCols;
-    if (c >= valid_cols || rs * 16 >= valid_rows) continue;
-    uint32_t am = 0;
-    if constexpr (R == qnum::kFp8Block) {
-      if (L.fp8_2d) {
-        am = tile_amax_s;
-      } else {
-        for (int j = 0; j < 8; ++j) am = qnum::amax_merge(am, cseg[j * Cfg::kCols + c]);
-      }
-    } else if constexpr (R == qnum::kMxfp8) {
-      am = qnum::amax_merge(cseg[(rs & ~1) * Cfg::kCols + c], cseg[(rs | 1) * Cfg::kCols + c]);
-    } else if constexpr (R == qnum::kNvfp4) {
-      if (L.block_2d) {
-        for (int rr = rs * 16; rr < rs * 16 + 16; ++rr)
-          am = qnum::amax_merge(am, rseg[rr * 8 + c / 16]);
-      } else {
-        am = cseg[i];
-      }
-    }
-    const qnum::BlockQuant q = qnum::make_block_quant(R, L.e5m2, L.pow2, am, ea);
-    float v[16];
-    col16(c, rs * 16, v);
-    uint32_t w[4];
-    quantize16<R>(v, q, L.e5m2, w);
-    if constexpr (kFp4) {
-      *reinterpret_cast<uint2*>(stage + c * Cfg::kStagePitch + rs * 8) = make_uint2(w[0], w[1]);
-    } else {
-      *reinterpret_cast<uint4*>(stage + c * Cfg::kStagePitch + rs * 16) =
-          make_uint4(w[0], w[1], w[2], w[3]);
-    }
-    if constexpr (R == qnum::kFp8Block) {
-      if (!L.fp8_2d && rs == 0)
-        static_cast<float*>(p.s_col)[qnum::col_scale_index(L, g, col0 + c, lt)] = q.scale_inv;
-      if (L.fp8_2d && c == 0 && rs == 0)
-        static_cast<float*>(p.s_col)[qnum::col_scale_index(L, g, col0 / 128, lt)] = q.scale_inv;
-    } else if constexpr (R == qnum::kMxfp8) {
-      if ((rs & 1) == 0)
-        static_cast<uint8_t*>(p.s_col)[qnum::col_scale_index(L, g, col0 + c, lt * 4 + rs / 2)] =
-            q.code;
-    } else if constexpr (R == qnum::kNvfp4) {
-      static_cast<uint8_t*>(p.s_col)[qnum::col_scale_index(L, g, col0 + c, lt * 8 + rs)] = q.code;
-    }
-  }
-  if (L.swizzled) {  // padding rows k >= K (last column tile) and columns j >= nb_g (last tile)
-    const int64_t nb = qnum::ceil_div(g.rows, L.cb), Jp = qnum::round_up(nb, 4);
-    const int64_t per_tile = Cfg::kRows / L.cb;
-    const int64_t j_begin = lt * per_tile;
-    const bool last_tile = row0 + Cfg::kRows >= g.rows;
-    const int64_t j_end = last_tile ? Jp : j_begin + per_tile;
-    const int64_t k_end = ct == p.col_tiles - 1 ? qnum::round_up(K, 128) : col0 + Cfg::kCols;
-    const int width = static_cast<int>(j_end - j_begin);
-    const int height = static_cast<int>(k_end - col0);
-    for (int i = tid; i < height * width; i += Cfg::kThreads) {
-      const int64_t k = col0 + i / width, j = j_begin + i % width;
-      if (k >= K || j >= nb) static_cast<uint8_t*>(p.s_col)[qnum::col_scale_index(L, g, k, j)] = 0;
-    }
-  }
-  __syncthreads();
-  // Copy the staged transposed tile out: row k of the expert's [K, m_g] block, bytes
-  // [row0, row0 + valid_rows) (halved for fp4; m_g even so every run starts on a byte).
-  const int run_bytes = kFp4 ? valid_rows / 2 : valid_rows;
-  const int lane = tid % 32, warp = tid / 32;
-  for (int k = warp; k < valid_cols; k += Cfg::kThreads / 32) {
-    const int64_t e = K * g.start + (col0 + k) * g.rows + row0;  // element index
-    uint8_t* dst = p.q_col + (kFp4 ? e / 2 : e);
-    const uint8_t* src = stage + k * Cfg::kStagePitch;
-    const int b0 = lane * 4;
-    if (b0 >= run_bytes) continue;
-    if (b0 + 4 <= run_bytes && (reinterpret_cast<uintptr_t>(dst + b0) & 3) == 0) {
-      *reinterpret_cast<uint32_t*>(dst + b0) = *reinterpret_cast<const uint32_t*>(src + b0);
-    } else {
-      for (int b = b0; b < b0 + 4 && b < run_bytes; ++b) dst[b] = src[b];
-    }
+    t = nt;
+    ct = nct;
+    if (cursor.gi != cur.gi) load_group<R>(p, cursor.gi, cur);
+    bi ^= 1;
   }
 }
 
 template <class In, int R>
-void launch_quantize_tile(Context& ctx, TileParams p) {
-  using Cfg = TileConfig;
-  constexpr int kPitch = Cfg::kCols * static_cast<int>(sizeof(In)) + 16;
-  int off = Cfg::kRows * kPitch;
-  p.smem_rseg = off;
-  off += Cfg::kRows * Cfg::kSegsPerRow * 4;
-  p.smem_cseg = off;
-  off += Cfg::kCols * Cfg::kSegsPerCol * 4;
-  p.smem_csum = off;
-  if (p.dbias_partial) off += Cfg::kCols * Cfg::kSegsPerCol * 4;
-  p.smem_stage = off;
-  if (p.colwise) off += Cfg::kCols * Cfg::kStagePitch;
-  p.smem_total = off;
+void launch_quantize_tile(Context& ctx, const TileParams& p) {
   auto kernel = quantize_tile_kernel<In, R>;
   static int configured = 0;  // the attribute is per function; set it once to the maximum
   if (configured == 0) {
-    constexpr int kMax =
-        Cfg::kRows * kPitch + 3 * Cfg::kCols * Cfg::kSegsPerCol * 4 + Cfg::kCols * Cfg::kStagePitch;
+    constexpr int kMax = 2 * tile_detail::TileSmem<In>::kBytes + 128 * 128 + 4096 + 4096 + 512;
     GROUPMM_CHECK_CUDA(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMax));
     configured = 1;
   }
-  const dim3 grid(static_cast<unsigned>(tile_bound(p.M, p.plan.G)),
-                  static_cast<unsigned>(p.col_tiles));
-  kernel<<<grid, Cfg::kThreads, p.smem_total, ctx.stream()>>>(p);
+  kernel<<<p.grid, TileConfig::kThreads, p.smem_total, ctx.stream()>>>(p);
   GROUPMM_CHECK_LAUNCH();
 }
 

@@ -110,6 +110,11 @@ TEST(GemmCpu, BadInputMessages) {
   bad.beta = 1;
   EXPECT_THROW_MSG(grouped_gemm(ctx, bad), "grouped_gemm: beta=1 must be 0 for forward");
   bad = a;
+  bad.config = "fwd_bf16_128x256_coop_c12";
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: config 'fwd_bf16_128x256_coop_c12' selects a cutlass_sm90 "
+                   "kernel; engine automatic on cpu has none");
+  bad = a;
   bad.engine = GemmEngine::cutlass_sm90;
   EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
                    "grouped_gemm: engine cutlass_sm90 needs a CUDA context");

@@ -1,10 +1,12 @@
 // Hand-computed vectors pinning the format rules of DESIGN section 5, independent of our code:
 // E8M0 exponents at the edges, E2M1 codes and nibble order, FP8 current/blockwise scaling,
 // partial blocks, the swizzle index formula.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "common/quant_test_util.hpp"
+#include "core/quantize_numerics.hpp"
 
 namespace groupmm::test {
 namespace {
@@ -89,6 +91,65 @@ TEST(QuantFormats, Nvfp4RoundsHalfwayToEven) {
   // codes: 0, 2, 2, 4, 4, 6, 6, 7
   EXPECT_EQ(std::vector<uint8_t>(d.begin(), d.begin() + 4),
             (std::vector<uint8_t>{0x20, 0x42, 0x64, 0x76}));
+}
+
+TEST(QuantFormats, Nvfp4ElementScaleIsOneDivisionPerBlock) {
+  // q = e2m1(x * (S_enc / s_b)) (TransformerEngine's order), not e2m1((x * S_enc) / s_b). With
+  // amax_g = 7 (block 1): S_enc = 2688/7 = 384, block 0 amax 1: s_b = e4m3(384/6) = 64, so the
+  // multiplier is 384/64 = 6 exactly and x = 0.3 -> 1.8 -> e2m1 2.0 (code 4).
+  Context ctx(Device::CPU);
+  std::vector<float> row(32, 0.0f);
+  row[0] = 1.0f;
+  row[1] = 0.3f;
+  row[16] = 7.0f;
+  std::vector<int32_t> s;
+  Tensor x;
+  Quantized q = one_row(ctx, row, qcfg(QuantRecipe::nvfp4, QuantDirection::rowwise), s, x);
+  const auto d = quant_bytes(q.buf.data), sc = quant_bytes(q.buf.scale_inv);
+  EXPECT_EQ(q.buf.global_scale.ptr<float>()[0], 384.0f);
+  EXPECT_EQ(sc[0], float_to_e4m3(64.0f));
+  EXPECT_EQ(d[0], 0x47);  // 1.0 * 6 = 6 -> 0x7 (low), 0.3 * 6 -> 0x4 (high)
+  const float mul = qnum::nvfp4_elem_scale(384.0f, 64.0f);
+  EXPECT_EQ(mul, 6.0f);
+  EXPECT_EQ(qnum::nvfp4_code(0.3f, float_to_e4m3(64.0f), mul), 0x4);
+  EXPECT_EQ(qnum::nvfp4_code(-5.0f, 0x80, mul), 0x0) << "a zero block scale encodes 0";
+  // The quotient saturates instead of overflowing: 0 stays 0.
+  EXPECT_EQ(qnum::nvfp4_elem_scale(3e38f, 1.0f / 512), 3.40282347e38f);
+  EXPECT_EQ(qnum::nvfp4_code(0.0f, 0x01, qnum::nvfp4_elem_scale(3e38f, 1.0f / 512)), 0x0);
+}
+
+TEST(QuantFormats, E2m1PackedEncoderMatchesConvert) {
+  // The kernels' 8-wide encoder against the pinned convert.hpp rule, on every non-NaN pattern of
+  // both signs in the binades where codes change (|f| in [2^-7, 2^5): all ties and sticky bits),
+  // and in every other binade (zero, subnormals, huge, Inf) a strided sweep of the mantissa plus
+  // its ends. Values are fed 8 at a time, each landing in every nibble position over the sweep.
+  uint64_t bad = 0, first = ~uint64_t(0);
+#pragma omp parallel for reduction(+ : bad) reduction(min : first)
+  for (int64_t se = 0; se < 512; ++se) {  // sign and biased exponent
+    const uint32_t e = static_cast<uint32_t>(se & 255);
+    std::vector<uint32_t> mant;
+    if (e != 255) {
+      for (uint32_t m = 0; m < (1u << 23); m += (e >= 120 && e < 132) ? 1 : 4093) mant.push_back(m);
+      for (uint32_t m : {1u, 2u, 0x3FFFFFu, 0x400000u, 0x400001u, 0x7FFFFEu, 0x7FFFFFu})
+        mant.push_back(m);
+    } else {
+      mant.push_back(0);  // Inf (NaN excluded: the kernels encode a NaN block as all 7s)
+    }
+    for (size_t i = 0; i < mant.size(); i += 7) {  // stride 7: every value visits every nibble
+      float p[8];
+      uint32_t want = 0;
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t u = (static_cast<uint32_t>(se) << 23) | mant[(i + j) % mant.size()];
+        p[j] = bits_float(u);
+        want |= static_cast<uint32_t>(float_to_e2m1(p[j])) << (4 * j);
+      }
+      if (qnum::e2m1x8_nonan(p) != want) {
+        ++bad;
+        first = std::min<uint64_t>(first, float_bits(p[0]));
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "first mismatching group starts at bits 0x" << std::hex << first;
 }
 
 TEST(QuantFormats, Fp8CurrentScaling) {

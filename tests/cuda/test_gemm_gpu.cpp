@@ -149,6 +149,28 @@ TEST(GemmGpuCublasLoop, MatchesCpuReference) {
   }
 }
 
+// ---- explicit kernel configuration (tuning override) -----------------------------------------
+TEST(GemmGpuConfig, ExplicitConfigRunsAndBadOnesAreRefused) {
+  GROUPMM_REQUIRE_GPU();
+  // the decode kernel (operands swapped) on a problem the heuristic would not give it
+  GemmProblem p =
+      GemmProblem::make(GemmPass::forward, DType::bf16, 6,
+                        make_splits(Pattern::zero_middle, 6, 1500), 256, 320, true, 0, DType::bf16);
+  DeviceProblem d(p);
+  Context ctx(Device::CUDA);
+  GroupedGemmArgs a = d.args(p);
+  a.config = "fwdswap_bf16_128x32_pp_c11";
+  EXPECT_EQ(gemm_config_name(ctx, a), "fwdswap_bf16_128x32_pp_c11");
+  grouped_gemm(ctx, a);
+  ctx.check();
+  expect_matches_reference(p, d.out_bytes());
+  a.config = "fwd_bf16_1x1";
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "config 'fwd_bf16_1x1' is not an instantiated kernel");
+  a.config = "wgrad_bf16_f32_128x256_coop_c21";
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "computes wgrad bf16->fp32, not forward bf16->bf16");
+  EXPECT_FALSE(gemm_config_names().empty());
+}
+
 // ---- CUDA graph: forward + dgrad + wgrad captured once, replayed with new routings ------------
 TEST(GemmGpuGraph, ReplayWithNewRoutingsEqualsEager) {
   GROUPMM_REQUIRE_GPU();

@@ -1,6 +1,0 @@
-// SM90 grouped GEMM instantiation: wgrad_bf16_f32_128x256_coop, cutlass::bfloat16_t, float, wgrad,
-// 128, 256, 64, 1, 2, cooperative
-#include "cuda/gemm/sm90_grouped.cuh"
-
-GROUPMM_SM90_KERNEL(wgrad_bf16_f32_128x256_coop, cutlass::bfloat16_t, float, wgrad, 128, 256, 64, 1,
-                    2, cooperative)
