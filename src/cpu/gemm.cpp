@@ -14,15 +14,16 @@ void grouped_gemm(Context& ctx, const GroupedGemmArgs& a, const GemmDims& d) {
   for (int64_t g = 0; g < d.G; ++g) {
     const RowRange r = ranges[static_cast<size_t>(g)];
     if (a.pass == GemmPass::wgrad) {
-      // dW_g[n][k] = sum_m dy[m][n] * x[m][k]
+      // dW_g[n][k] = sum_m dy[m][n] * x[m][k]; one parallel region per expert (rows of dW are
+      // independent), rows m summed in order so the result does not depend on the thread count.
       std::vector<float> acc(static_cast<size_t>(N * K), 0.0f);
-      for (int64_t m = r.start; m < r.start + r.rows; ++m) {
-        const float* dy = &A[static_cast<size_t>(m * N)];
-        const float* x = &B[static_cast<size_t>(m * K)];
-#pragma omp parallel for
-        for (int64_t n = 0; n < N; ++n) {
-          float* row = &acc[static_cast<size_t>(n * K)];
-          for (int64_t k = 0; k < K; ++k) row[k] += dy[n] * x[k];
+#pragma omp parallel for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        float* row = &acc[static_cast<size_t>(n * K)];
+        for (int64_t m = r.start; m < r.start + r.rows; ++m) {
+          const float d = A[static_cast<size_t>(m * N + n)];
+          const float* x = &B[static_cast<size_t>(m * K)];
+          for (int64_t k = 0; k < K; ++k) row[k] += d * x[k];
         }
       }
       for (int64_t i = 0; i < N * K; ++i) {
