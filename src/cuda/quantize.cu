@@ -164,16 +164,17 @@ void launch_reduce(Context& ctx, const float* partial, int64_t K, const QuantPla
 
 // Shared memory: two input tiles (double buffer), the transposed staging tile (columnwise), the
 // small amax arrays, the bias-gradient segment sums. Persistent grid: as many CTAs as fit
-// (two per SM for 16-bit inputs: ~84 KB each; one for fp32), at most one per item.
+// (two 512-thread CTAs per SM for 16-bit inputs: ~86 KB each; one for fp32), at most one per
+// item.
 void tile_layout(const Context& ctx, TileParams& p, int in_size) {
   const bool fp4 = p.L.recipe == qnum::kNvfp4;
   int off = 2 * TileConfig::kRows * TileConfig::kCols * in_size;
   p.smem_stage = off;
   if (p.colwise) off += TileConfig::kCols * (fp4 ? 64 : 128);
   p.smem_small = off;
-  off += (TileConfig::kColSegs * TileConfig::kCols + 64) * 4;  // colamax [4][128], 2D [8][8]
+  off += TileConfig::kSmall;  // colamax [8][128], 2D [8][8]
   p.smem_csum = off;
-  if (p.dbias_partial) off += 8 * TileConfig::kCols * 4;
+  if (p.dbias_partial) off += TileConfig::kCsum;
   p.smem_total = off;
   int dev = 0, smem_per_sm = 0;
   GROUPMM_CHECK_CUDA(cudaGetDevice(&dev));

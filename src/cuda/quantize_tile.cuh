@@ -8,22 +8,26 @@
 // locally and writes the swizzle padding of its own block.
 //
 // Why it is shaped like this (H200: ~4.2 TB/s, 132 SMs, i.e. ~16 bytes per SM clock):
-//  - Persistent CTAs (2 per SM for 16-bit inputs: 64 KB of double-buffered input + 16 KB of
-//    transposed staging) each own a contiguous range of items, walked backwards (see
-//    quantize.cu: the amax pass walks the same ranges forwards, so the first tiles quantized are
-//    the last ones the amax pass left in L2). The expert of an item is tracked incrementally, so
-//    the plan's binary search runs once per CTA, not once per tile.
+//  - Persistent 512-thread CTAs (2 per SM for 16-bit inputs, 64 registers per thread: 50%
+//    occupancy; 64 KB of double-buffered input + 16 KB of transposed staging) each own a contiguous
+//    range of items, walked backwards (see quantize.cu: the amax pass walks the same ranges
+//    forwards, so the first tiles quantized are the last ones the amax pass left in L2). The expert
+//    of an item is tracked incrementally, so the plan's binary search runs once per CTA, not once
+//    per tile; its GroupInfo sits in shared memory and the per-thread addresses are recomputed per
+//    tile (registers, see the loop).
 //  - The next tile is fetched with cp.async (16-byte, zero-filled past the expert / past K) while
 //    the current one is quantized: each CTA keeps 32 KB in flight, 64 KB per SM, about twice what
 //    Little's law asks for at ~1 us loaded DRAM latency.
+//  - The fp8 format (e4m3 / e5m2) is a kernel template parameter, not a per-conversion branch.
 //  - The smem tile has no padding but an XOR swizzle of its 16-byte chunks (swz below) so that
 //    all three access patterns are free of bank conflicts: cp.async writes and the columnwise
 //    pass read 8 consecutive chunks of one row; the rowwise pass reads chunk k of four 32-element
 //    slabs in two rows per quarter warp.
-//  - Rowwise: a thread quantizes a 1x32 slab (4 lanes per row; 1x128 amax by two shuffles) and
+//  - Rowwise: a thread quantizes one 1x32 slab (4 lanes per row; 1x128 amax by two shuffles) and
 //    stores it as 16-byte (fp8) / 8-byte (fp4) stores straight to global memory.
-//  - Columnwise: a thread owns 2 columns x 32 rows (bf16x2 words read across a row: conflict
-//    free), quantizes them in registers into a swizzled transposed staging tile, which the CTA
+//  - Columnwise: a thread owns 2 columns x 16 rows (bf16x2 words read across a row: conflict
+//    free; 32-row / 128-row column blocks merge their amax through smem), quantizes both columns
+//    in registers into a swizzled transposed staging tile, which the CTA
 //    then copies out as whole 128-byte (64-byte fp4) rows of the expert's [K, m_g] block: 16-byte
 //    stores when the expert's block is 16-byte aligned, 4-byte / byte runs otherwise.
 #pragma once
@@ -39,20 +43,23 @@
 namespace groupmm::cuda {
 
 struct TileConfig {
-  static constexpr int kThreads = 256;
+  static constexpr int kThreads = 512;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kRows = qnum::kTileRows;
   static constexpr int kCols = 128;
   static constexpr int kSlab = 32;                                   // rowwise elements / thread
   static constexpr int kSlabsPerRow = kCols / kSlab;                 // lanes sharing a row
   static constexpr int kRowIters = kRows * kSlabsPerRow / kThreads;  // slabs per thread
-  static constexpr int kColSeg = 32;                                 // columnwise rows / thread
+  static constexpr int kColSeg = 16;                                 // columnwise rows / thread
   static constexpr int kColSegs = kRows / kColSeg;
-  static constexpr int kMinBlocks = 2;  // per SM, for 16-bit inputs (the register budget)
+  static constexpr int kMinBlocks = 2;  // per SM, for 16-bit inputs: 64 registers per thread
+  static constexpr int kSmall = (kColSegs * kCols + 64) * 4;  // colamax [8][128], 2D [8][8]
+  static constexpr int kCsum = kColSegs * kCols * 4;          // bias-gradient sums [8][128]
   static_assert(kRows == 128 && kCols == 128, "layouts assume 128x128 tiles (swizzle, 2D blocks)");
-  static_assert(kSlabsPerRow == 4 && kRowIters * kThreads == kRows * kSlabsPerRow, "row split");
-  static_assert((kCols / 2) * kColSegs == kThreads, "2 columns x 32 rows per thread");
+  static_assert(kSlabsPerRow == 4 && kRowIters == 1, "one 1x32 slab per thread");
+  static_assert((kCols / 2) * kColSegs == kThreads, "2 columns x 16 rows per thread");
   static_assert(kWarps == 2 * kColSegs, "two warps (64 column pairs) per column segment");
+  static_assert(kWarps <= 64, "fp8 2D amax: one blk2d entry per warp");
 };
 
 struct TileParams {
@@ -211,19 +218,27 @@ __device__ __forceinline__ void cp_async_wait1() {
 }
 
 // fp8 pair conversion: the hardware cvt (bit-identical to convert.hpp, which test_convert_gpu
-// checks on every input class) unless GROUPMM_QUANT_SOFT_CVT is defined.
-__device__ __forceinline__ uint32_t fp8x2(float a, float b, bool e5m2) {
+// checks on every input class) unless GROUPMM_QUANT_SOFT_CVT is defined. The format is a
+// template parameter (of the kernel): a runtime flag put every cvt in its own basic block behind
+// a uniform branch, which serialized the conversions.
+template <bool kE5m2>
+__device__ __forceinline__ uint32_t fp8x2(float a, float b) {
 #ifdef GROUPMM_QUANT_SOFT_CVT
-  return qnum::to_fp8_soft(a, e5m2) | (uint32_t(qnum::to_fp8_soft(b, e5m2)) << 8);
+  return qnum::to_fp8_soft(a, kE5m2) | (uint32_t(qnum::to_fp8_soft(b, kE5m2)) << 8);
 #else
-  return static_cast<uint32_t>(
-      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3));
+  uint16_t r;
+  if constexpr (kE5m2) {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %2, %1;" : "=h"(r) : "f"(a), "f"(b));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(r) : "f"(a), "f"(b));
+  }
+  return r;
 #endif
 }
 // Four elements -> one word of fp8 codes (element 0 in the low byte).
-__device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d, float mul,
-                                          bool e5m2) {
-  return fp8x2(a * mul, b * mul, e5m2) | (fp8x2(c * mul, d * mul, e5m2) << 16);
+template <bool kE5m2>
+__device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d, float mul) {
+  return fp8x2<kE5m2>(a * mul, b * mul) | (fp8x2<kE5m2>(c * mul, d * mul) << 16);
 }
 // Eight elements -> one word of e2m1 codes (element j in nibble j), with qnum::nvfp4_code's
 // rules: a zero block scale encodes 0. A NaN multiplier (the block amax was NaN) makes every
@@ -276,7 +291,9 @@ __device__ __forceinline__ qnum::BlockQuant block_quant(uint32_t am, const Group
     q.code = qnum::mx_e8m0(__uint_as_float(am), L.e5m2);
     q.mul = qnum::mx_quant_mul(q.code);
   } else {
-    q.code = qnum::nvfp4_block_scale(__uint_as_float(am), gr.s_enc6);
+    // qnum::nvfp4_block_scale with the e4m3 encode done by the same cvt as the fp8 data
+    // (bit-identical to float_to_e4m3; GROUPMM_QUANT_SOFT_CVT switches both back).
+    q.code = static_cast<uint8_t>(fp8x2<false>(__fmul_rn(__uint_as_float(am), gr.s_enc6), 0.0f));
     q.mul = qnum::nvfp4_elem_scale(gr.s_enc, e4m3_to_float(q.code));
   }
   return q;
@@ -331,7 +348,7 @@ __device__ __forceinline__ void item_range(int64_t n_items, int64_t b, int64_t n
 
 }  // namespace tile_detail
 
-template <class In, int R>
+template <class In, int R, bool kE5m2>
 __global__ void __launch_bounds__(TileConfig::kThreads,
                                   sizeof(In) == 4 ? 1 : TileConfig::kMinBlocks)
     quantize_tile_kernel(TileParams p) {
@@ -343,12 +360,15 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   constexpr bool kFp4 = R == qnum::kNvfp4;
   constexpr int kStageRow = kFp4 ? 64 : 128;  // bytes of one transposed row (128 tokens)
   constexpr int kStageChunks = kStageRow / 16;
+  constexpr int kUnit = kStageRow / Cfg::kColSegs;  // bytes of one 16-row segment: 16 or 8
+  static_assert(kUnit == (kFp4 ? 8 : 16), "a segment is 16 fp8 or 16 fp4 codes");
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const stage = smem + p.smem_stage;                                  // [128][kStageRow]
-  uint32_t* const colamax = reinterpret_cast<uint32_t*>(smem + p.smem_small);  // [4][128]
-  uint32_t* const blk2d = colamax + Cfg::kColSegs * Cfg::kCols;      // [8][8] nvfp4, [8] fp8 2D
+  uint32_t* const colamax = reinterpret_cast<uint32_t*>(smem + p.smem_small);  // [8][128]
+  uint32_t* const blk2d = colamax + Cfg::kColSegs * Cfg::kCols;      // [8][8] nvfp4, [16] fp8 2D
   float* const csum = reinterpret_cast<float*>(smem + p.smem_csum);  // [8][128]
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  // Not const: laundered at every item (see the loop), so that nothing derived from it is hoisted.
+  int tid = static_cast<int>(threadIdx.x);
   const qnum::Layout& L = p.L;
   const int64_t K = p.K;
   const int64_t G = p.plan.G;
@@ -367,12 +387,17 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   if (begin >= end) return;
 
   // ---- the item sequence: end-1 down to begin; (t, ct) and the expert tracked incrementally ----
+  // The current item's expert lives in shared memory (CTA-uniform; in registers it stayed live
+  // across the whole loop and pushed the 64-register budget into spills). The cursor (gi, lo =
+  // first tile of expert gi) only runs backwards, ahead of the current item by one (prefetch).
+  __shared__ __align__(16) unsigned char s_cur_raw[sizeof(GroupInfo)];
+  GroupInfo& s_cur = *reinterpret_cast<GroupInfo*>(s_cur_raw);
   int64_t t = (end - 1) / p.col_tiles;
   int ct = static_cast<int>((end - 1) % p.col_tiles);
-  GroupCursor cursor;
-  GroupInfo cur;
-  cursor.seek(p.plan, t);
-  load_group<R>(p, cursor.gi, cur);
+  int64_t gi = find_group(p.plan.tile_start, G, t);
+  int64_t lo = p.plan.tile_start[gi];
+  int64_t cur_gi = gi;
+  if (tid == 0) load_group<R>(p, gi, s_cur);  // published by the first loop barrier
 
   // cp.async of tile (tt, cc) of the expert with rows [start, start + rows) and first tile ts.
   auto issue_loads = [&](uint8_t* buf, int64_t start, int64_t rows, int64_t ts, int64_t tt,
@@ -392,10 +417,16 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     }
   };
 
-  issue_loads(smem, cur.g.start, cur.g.rows, cur.g.tile_start, t, ct);
+  issue_loads(smem, p.plan.start[gi], p.plan.rows[gi], lo, t, ct);
   cp_async_commit();
   int bi = 0;  // buffer of the current item
   for (int64_t item = end - 1; item >= begin; --item) {
+    // The per-thread addresses of every access pattern (cp.async, slab, column pairs, stage,
+    // scales) are loop invariant; hoisted out of the loop they took ~30 registers for the whole
+    // kernel and forced spills under the 64-register budget. Recomputing them costs a few integer
+    // operations per 128x128 tile.
+    asm volatile("" : "+r"(tid));
+    const int lane = tid % 32, warp = tid / 32;
     // Prefetch the previous item into the other buffer (freed by the previous iteration's
     // trailing barrier), then wait for this item's group only. Only the cursor runs ahead; the
     // current expert's GroupInfo is replaced after the item (rarely: at expert boundaries).
@@ -405,19 +436,15 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
       if (nct < 0) {
         nct = static_cast<int>(p.col_tiles) - 1;
         --nt;
-        cursor.seek(p.plan, nt);
+        while (nt < lo) lo = p.plan.tile_start[--gi];  // empty experts have no tile: skipped
       }
-      uint8_t* nbuf = smem + (bi ^ 1) * S::kBytes;
-      if (cursor.gi == cur.gi) {
-        issue_loads(nbuf, cur.g.start, cur.g.rows, cur.g.tile_start, nt, nct);
-      } else {
-        issue_loads(nbuf, p.plan.start[cursor.gi], p.plan.rows[cursor.gi], cursor.lo, nt, nct);
-      }
+      issue_loads(smem + (bi ^ 1) * S::kBytes, p.plan.start[gi], p.plan.rows[gi], lo, nt, nct);
     }
     cp_async_commit();
     cp_async_wait1();
     __syncthreads();
     const uint8_t* const buf = smem + bi * S::kBytes;
+    const GroupInfo& cur = s_cur;
 
     const qnum::Geom& g = cur.g;
     const int64_t lt = t - g.tile_start;
@@ -425,30 +452,20 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     const int valid_rows = static_cast<int>(min(int64_t(Cfg::kRows), g.rows - row0));
     const int64_t col0 = int64_t(ct) * Cfg::kCols;
     const int valid_cols = static_cast<int>(min(int64_t(Cfg::kCols), K - col0));
-    // columnwise mapping: column pair cp (columns c0, c0+1), rows [32 seg, 32 seg + 32)
+    // columnwise mapping: column pair cp (columns c0, c0+1), rows [16 seg, 16 seg + 16)
     const int cp = lane + 32 * (warp & 1), seg = warp >> 1, c0 = 2 * cp;
 
     // ---- 2D block amax (weights): 16x16 (nvfp4) or the whole 128x128 tile (fp8_block) -------
     if (L.block_2d) {
-      Pair m0 = E::zero(), m1 = E::zero();
+      Pair m0 = E::zero();
 #pragma unroll
-      for (int j = 0; j < 16; ++j) m0 = E::absmax(m0, S::pair(buf, seg * 32 + j, cp));
-#pragma unroll
-      for (int j = 16; j < 32; ++j) m1 = E::absmax(m1, S::pair(buf, seg * 32 + j, cp));
+      for (int j = 0; j < Cfg::kColSeg; ++j) m0 = E::absmax(m0, S::pair(buf, seg * 16 + j, cp));
       uint32_t a0 = max(E::lo_bits(m0), E::hi_bits(m0));
-      uint32_t a1 = max(E::lo_bits(m1), E::hi_bits(m1));
       if constexpr (kFp4) {  // the 8 lanes of a 16-column block: lanes 8m .. 8m+7
 #pragma unroll
-        for (int o = 1; o < 8; o <<= 1) {
-          a0 = max(a0, __shfl_xor_sync(0xFFFFFFFFu, a0, o));
-          a1 = max(a1, __shfl_xor_sync(0xFFFFFFFFu, a1, o));
-        }
-        if (lane % 8 == 0) {
-          blk2d[(seg * 2) * 8 + cp / 8] = a0;
-          blk2d[(seg * 2 + 1) * 8 + cp / 8] = a1;
-        }
+        for (int o = 1; o < 8; o <<= 1) a0 = max(a0, __shfl_xor_sync(0xFFFFFFFFu, a0, o));
+        if (lane % 8 == 0) blk2d[seg * 8 + cp / 8] = a0;
       } else {
-        a0 = max(a0, a1);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) a0 = max(a0, __shfl_xor_sync(0xFFFFFFFFu, a0, o));
         if (lane == 0) blk2d[warp] = a0;
@@ -462,11 +479,10 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
       return m;
     };
 
-    // ---- rowwise: 1x32 slabs, 4 lanes per row --------------------------------------------------
+    // ---- rowwise: one 1x32 slab per thread, 4 lanes per row ------------------------------------
     if (p.rowwise) {
-#pragma unroll
-      for (int it = 0; it < Cfg::kRowIters; ++it) {
-        const int r = it * 64 + warp * 8 + lane / 4, s = lane % 4;
+      {
+        const int r = warp * 8 + lane / 4, s = lane % 4;
         Pair v[16];
         S::slab(buf, r, s, v);
         uint32_t am0 = 0, am1 = 0;  // nvfp4: the two 1x16 blocks; else am0 is the slab's block
@@ -521,7 +537,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const float2 a = E::f2(v[2 * i]), b = E::f2(v[2 * i + 1]);
-            w[i] = fp8x4(a.x, a.y, b.x, b.y, q0.mul, L.e5m2);
+            w[i] = fp8x4<kE5m2>(a.x, a.y, b.x, b.y, q0.mul);
           }
           uint4* dst = reinterpret_cast<uint4*>(p.q_row + e);
           if (ok0) __stcs(dst, make_uint4(w[0], w[1], w[2], w[3]));
@@ -530,8 +546,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             float* sr = static_cast<float*>(p.s_row);
             if (!L.fp8_2d && row_ok && s == 0)
               sr[row_sidx(p, g, row0 + r, col0 / 128)] = q0.scale_inv;
-            if (L.fp8_2d && it == 0 && tid == 0)
-              sr[row_sidx(p, g, row0, col0 / 128)] = q0.scale_inv;
+            if (L.fp8_2d && tid == 0) sr[row_sidx(p, g, row0, col0 / 128)] = q0.scale_inv;
           } else if constexpr (R == qnum::kMxfp8) {
             if (ok0)
               static_cast<uint8_t*>(p.s_row)[row_sidx(p, g, row0 + r, (col0 + s * 32) / 32)] =
@@ -549,13 +564,13 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             const int r = i / width;
             const int64_t c = c_begin + i % width;
             if (r >= valid_rows || c >= ncols)
-              static_cast<uint8_t*>(p.s_row)[qnum::row_scale_index(L, g, row0 + r, c)] = 0;
+              static_cast<uint8_t*>(p.s_row)[row_sidx(p, g, row0 + r, c)] = 0;  // swizzled
           }
         }
       }
     }
 
-    // ---- columnwise (and the bias-gradient segment sums): 2 columns x 32 rows per thread -------
+    // ---- columnwise (and the bias-gradient segment sums): 2 columns x 16 rows per thread -------
     const bool odd_fp4 = kFp4 && (g.rows & 1);  // packed nibbles would belong to two rows
     if (kFp4 && p.colwise && odd_fp4 && lt == 0 && ct == 0 && tid == 0)
       report_fault(p.status, kFaultSplitAlignment, OpId::group_quantize,
@@ -563,106 +578,107 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     const bool do_col = p.colwise && !odd_fp4;
     const bool do_sum = p.dbias_partial != nullptr;
     if (do_col || do_sum) {
-      Pair v[32];
+      Pair v[Cfg::kColSeg];
 #pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = S::pair(buf, seg * 32 + j, cp);
+      for (int j = 0; j < Cfg::kColSeg; ++j) v[j] = S::pair(buf, seg * 16 + j, cp);
       if (do_sum) {  // the documented order: per 16-row segment a sequential sum from +0
+        float sx = 0.0f, sy = 0.0f;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float sx = 0.0f, sy = 0.0f;
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            const float2 f = E::f2(v[16 * h + j]);
-            sx += f.x;
-            sy += f.y;
-          }
-          csum[(seg * 2 + h) * Cfg::kCols + c0] = sx;
-          csum[(seg * 2 + h) * Cfg::kCols + c0 + 1] = sy;
+        for (int j = 0; j < Cfg::kColSeg; ++j) {
+          const float2 f = E::f2(v[j]);
+          sx += f.x;
+          sy += f.y;
         }
+        csum[seg * Cfg::kCols + c0] = sx;
+        csum[seg * Cfg::kCols + c0 + 1] = sy;
       }
-      // Column block amax: [column][16-row half] (nvfp4), else [column][0] over the 32 rows.
-      uint32_t am[2][2] = {{0, 0}, {0, 0}};
+      // Column block amax of columns c0, c0 + 1 over this thread's 16 rows (the whole block for
+      // nvfp4; merged with the other segments of the block through colamax otherwise).
+      uint32_t am[2] = {0, 0};
       if (do_col && R != qnum::kFp8Current) {
         if (!L.block_2d) {
-          Pair m0 = E::zero(), m1 = E::zero();
+          Pair m0 = E::zero();
 #pragma unroll
-          for (int j = 0; j < 16; ++j) m0 = E::absmax(m0, v[j]);
-#pragma unroll
-          for (int j = 16; j < 32; ++j) m1 = E::absmax(m1, v[j]);
-          am[0][0] = E::lo_bits(m0);
-          am[0][1] = E::lo_bits(m1);
-          am[1][0] = E::hi_bits(m0);
-          am[1][1] = E::hi_bits(m1);
-          if constexpr (!kFp4) {
-#pragma unroll
-            for (int k = 0; k < 2; ++k) am[k][0] = max(am[k][0], am[k][1]);
-          }
-          if constexpr (R == qnum::kFp8Block) {  // 128x1: the 4 segments meet in smem
-            colamax[seg * Cfg::kCols + c0] = am[0][0];
-            colamax[seg * Cfg::kCols + c0 + 1] = am[1][0];
+          for (int j = 0; j < Cfg::kColSeg; ++j) m0 = E::absmax(m0, v[j]);
+          am[0] = E::lo_bits(m0);
+          am[1] = E::hi_bits(m0);
+          if constexpr (!kFp4) {  // 32x1 (mxfp8: segments 2i, 2i+1) / 128x1: meet in smem
+            colamax[seg * Cfg::kCols + c0] = am[0];
+            colamax[seg * Cfg::kCols + c0 + 1] = am[1];
           }
         } else if constexpr (kFp4) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) am[0][h] = am[1][h] = blk2d[(seg * 2 + h) * 8 + cp / 8];
+          am[0] = am[1] = blk2d[seg * 8 + cp / 8];
         } else {
-          am[0][0] = am[1][0] = tile_amax_2d();
+          am[0] = am[1] = tile_amax_2d();
         }
       }
       __syncthreads();  // colamax, csum
       if (do_sum && tid < valid_cols) {
         float s = 0.0f;
 #pragma unroll
-        for (int rs = 0; rs < 8; ++rs) s += csum[rs * Cfg::kCols + tid];
+        for (int rs = 0; rs < Cfg::kColSegs; ++rs) s += csum[rs * Cfg::kCols + tid];
         p.dbias_partial[t * K + col0 + tid] = s;
       }
       if (do_col) {
-        if constexpr (R == qnum::kFp8Block) {
+        if constexpr (R == qnum::kFp8Block || R == qnum::kMxfp8) {
           if (!L.block_2d) {
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
-              uint32_t m = 0;
+              uint32_t m = am[k];
+              if constexpr (R == qnum::kMxfp8) {
+                m = max(m, colamax[(seg ^ 1) * Cfg::kCols + c0 + k]);
+              } else {
 #pragma unroll
-              for (int sg = 0; sg < Cfg::kColSegs; ++sg)
-                m = max(m, colamax[sg * Cfg::kCols + c0 + k]);
-              am[k][0] = m;
+                for (int sg = 0; sg < Cfg::kColSegs; ++sg)
+                  m = max(m, colamax[sg * Cfg::kCols + c0 + k]);
+              }
+              am[k] = m;
             }
           }
         }
+        // Both columns of the pairs at once, 4 (fp8) / 8 (fp4) rows at a time: each pair word is
+        // unpacked once and dies right away (8 output words live, not 32 floats).
+        const qnum::BlockQuant qk[2] = {block_quant<R>(am[0], cur, L),
+                                        block_quant<R>(am[1], cur, L)};
+        // Stage row c: 8 units of kUnit bytes (one per segment), unit u at u ^ ((c >> 1) & 7);
+        // c >> 1 = cp for both columns of the pair.
+        const int unit_off = (seg ^ (cp & 7)) * kUnit;
+        if constexpr (kFp4) {
+          uint32_t w[2][2];
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {  // column c = c0 + k
-          const int c = c0 + k;
-          const qnum::BlockQuant q0 = block_quant<R>(am[k][0], cur, L);
-          const qnum::BlockQuant q1 = kFp4 ? block_quant<R>(am[k][1], cur, L) : q0;
-          // Column k of a pair, converted where it is used (keeps ~8 floats live, not 64).
-          auto col = [&](int j) {
-            const float2 x2 = E::f2(v[j]);
-            return k == 0 ? x2.x : x2.y;
-          };
-          uint8_t* srow = stage + c * kStageRow;
-          const int sw = (c >> 1) & (kStageChunks - 1);
-          if constexpr (kFp4) {
-            uint32_t w[4];
+          for (int h = 0; h < 2; ++h) {
+            float e0[8], e1[8];
 #pragma unroll
-            for (int h = 0; h < 4; ++h) {
-              float e8[8];
-#pragma unroll
-              for (int j = 0; j < 8; ++j) e8[j] = col(8 * h + j);
-              const qnum::BlockQuant& q = h < 2 ? q0 : q1;
-              w[h] = fp4x8(e8, q.mul, q.code);
+            for (int j = 0; j < 8; ++j) {
+              const float2 x2 = E::f2(v[8 * h + j]);
+              e0[j] = x2.x;
+              e1[j] = x2.y;
             }
-            *reinterpret_cast<uint4*>(srow + ((seg ^ sw) << 4)) =
-                make_uint4(w[0], w[1], w[2], w[3]);
-          } else {
-            uint32_t w[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-              w[i] =
-                  fp8x4(col(4 * i), col(4 * i + 1), col(4 * i + 2), col(4 * i + 3), q0.mul, L.e5m2);
-            *reinterpret_cast<uint4*>(srow + (((2 * seg) ^ sw) << 4)) =
-                make_uint4(w[0], w[1], w[2], w[3]);
-            *reinterpret_cast<uint4*>(srow + (((2 * seg + 1) ^ sw) << 4)) =
-                make_uint4(w[4], w[5], w[6], w[7]);
+            w[0][h] = fp4x8(e0, qk[0].mul, qk[0].code);
+            w[1][h] = fp4x8(e1, qk[1].mul, qk[1].code);
           }
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+            *reinterpret_cast<uint2*>(stage + (c0 + k) * kStageRow + unit_off) =
+                make_uint2(w[k][0], w[k][1]);
+        } else {
+          uint32_t w[2][4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float2 a = E::f2(v[4 * i]), b = E::f2(v[4 * i + 1]), c = E::f2(v[4 * i + 2]),
+                         d = E::f2(v[4 * i + 3]);
+            w[0][i] = fp8x4<kE5m2>(a.x, b.x, c.x, d.x, qk[0].mul);
+            w[1][i] = fp8x4<kE5m2>(a.y, b.y, c.y, d.y, qk[1].mul);
+          }
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+            *reinterpret_cast<uint4*>(stage + (c0 + k) * kStageRow + unit_off) =
+                make_uint4(w[k][0], w[k][1], w[k][2], w[k][3]);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {  // scales of column c = c0 + k
+          const int c = c0 + k;
+          const qnum::BlockQuant& q0 = qk[k];
           if (c < valid_cols) {
             if constexpr (R == qnum::kFp8Block) {
               float* sc = static_cast<float*>(p.s_col);
@@ -670,13 +686,12 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
               if (L.fp8_2d && tid == 0 && k == 0)
                 sc[col_sidx(p, cur, col0 / 128, lt)] = q0.scale_inv;
             } else if constexpr (R == qnum::kMxfp8) {
-              if (seg * 32 < valid_rows)
-                static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, col0 + c, lt * 4 + seg)] = q0.code;
+              if ((seg & 1) == 0 && seg * 16 < valid_rows)
+                static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, col0 + c, lt * 4 + seg / 2)] =
+                    q0.code;
             } else if constexpr (kFp4) {
-              uint8_t* sc = static_cast<uint8_t*>(p.s_col);
-              if (seg * 32 < valid_rows) sc[col_sidx(p, cur, col0 + c, lt * 8 + seg * 2)] = q0.code;
-              if (seg * 32 + 16 < valid_rows)
-                sc[col_sidx(p, cur, col0 + c, lt * 8 + seg * 2 + 1)] = q1.code;
+              if (seg * 16 < valid_rows)
+                static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, col0 + c, lt * 8 + seg)] = q0.code;
             }
           }
         }
@@ -693,7 +708,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             for (int i = tid; i < height * width; i += Cfg::kThreads) {
               const int64_t k = col0 + i / width, j = j_begin + i % width;
               if (k >= K || j >= nb)
-                static_cast<uint8_t*>(p.s_col)[qnum::col_scale_index(L, g, k, j)] = 0;
+                static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, k, j)] = 0;  // swizzled
             }
           }
         }
@@ -710,23 +725,29 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
           for (int c = tid / kStageChunks; c < valid_cols; c += kRowsPerPass) {
             if (q * 16 >= run) continue;
             const int64_t e = e0 + int64_t(c) * g.rows;
-            const uint8_t* src =
-                stage + c * kStageRow + ((q ^ ((c >> 1) & (kStageChunks - 1))) << 4);
-            __stcs(reinterpret_cast<uint4*>(p.q_col + (kFp4 ? e / 2 : e) + q * 16),
-                   *reinterpret_cast<const uint4*>(src));
+            const int sw = (c >> 1) & 7;
+            uint4 u;
+            if constexpr (kFp4) {  // units 2q, 2q+1: chunk q ^ (sw >> 1), halves swapped by sw & 1
+              u = *reinterpret_cast<const uint4*>(stage + c * kStageRow + ((q ^ (sw >> 1)) << 4));
+              if (sw & 1) u = make_uint4(u.z, u.w, u.x, u.y);
+            } else {
+              u = *reinterpret_cast<const uint4*>(stage + c * kStageRow + ((q ^ sw) << 4));
+            }
+            __stcs(reinterpret_cast<uint4*>(p.q_col + (kFp4 ? e / 2 : e) + q * 16), u);
           }
         } else {  // a warp per row: 4-byte words when the row allows, else bytes
           for (int c = warp; c < valid_cols; c += Cfg::kWarps) {
             const int64_t e = e0 + int64_t(c) * g.rows;
             uint8_t* dst = p.q_col + (kFp4 ? e / 2 : e);
             const uint8_t* srow = stage + c * kStageRow;
-            const int sw = (c >> 1) & (kStageChunks - 1);
+            const int sw = (c >> 1) & 7;
+            auto at = [&](int b) { return (((b / kUnit) ^ sw) * kUnit) + (b % kUnit); };
             if (((reinterpret_cast<uintptr_t>(dst) | run) & 3) == 0) {
               for (int b = 4 * lane; b < run; b += 128)
                 *reinterpret_cast<uint32_t*>(dst + b) =
-                    *reinterpret_cast<const uint32_t*>(srow + (((b >> 4) ^ sw) << 4) + (b & 15));
+                    *reinterpret_cast<const uint32_t*>(srow + at(b));
             } else {
-              for (int b = lane; b < run; b += 32) dst[b] = srow[(((b >> 4) ^ sw) << 4) + (b & 15)];
+              for (int b = lane; b < run; b += 32) dst[b] = srow[at(b)];
             }
           }
         }
@@ -736,23 +757,37 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
 
     t = nt;
     ct = nct;
-    if (cursor.gi != cur.gi) load_group<R>(p, cursor.gi, cur);
+    if (gi != cur_gi) {  // nobody reads s_cur again before the next loop barrier
+      cur_gi = gi;
+      if (tid == 0) load_group<R>(p, gi, s_cur);
+    }
     bi ^= 1;
   }
 }
 
-template <class In, int R>
-void launch_quantize_tile(Context& ctx, const TileParams& p) {
-  auto kernel = quantize_tile_kernel<In, R>;
+template <class In, int R, bool kE5m2>
+void launch_quantize_tile_fmt(Context& ctx, const TileParams& p) {
+  auto kernel = quantize_tile_kernel<In, R, kE5m2>;
   static int configured = 0;  // the attribute is per function; set it once to the maximum
   if (configured == 0) {
-    constexpr int kMax = 2 * tile_detail::TileSmem<In>::kBytes + 128 * 128 + 4096 + 4096 + 512;
+    constexpr int kMax = 2 * tile_detail::TileSmem<In>::kBytes + TileConfig::kCols * 128 +
+                         TileConfig::kSmall + TileConfig::kCsum;
     GROUPMM_CHECK_CUDA(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMax));
     configured = 1;
   }
   kernel<<<p.grid, TileConfig::kThreads, p.smem_total, ctx.stream()>>>(p);
   GROUPMM_CHECK_LAUNCH();
+}
+
+// The fp8 data format is a kernel template parameter (nvfp4 has none).
+template <class In, int R>
+void launch_quantize_tile(Context& ctx, const TileParams& p) {
+  if (R != qnum::kNvfp4 && p.L.e5m2) {
+    launch_quantize_tile_fmt<In, R, R != qnum::kNvfp4>(ctx, p);
+  } else {
+    launch_quantize_tile_fmt<In, R, false>(ctx, p);
+  }
 }
 
 // Input-dtype dispatch used by the per-recipe translation units.

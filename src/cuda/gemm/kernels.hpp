@@ -19,8 +19,7 @@ struct KernelEntry;
   X(wgrad_bf16_f32_128x256_coop_c21, wgrad, bf16, fp32)  \
   X(wgrad_fp16_f32_128x256_coop_c21, wgrad, fp16, fp32)  \
   X(wgrad_bf16_bf16_128x256_coop_c21, wgrad, bf16, bf16) \
-  X(wgrad_fp16_fp16_128x256_coop_c21, wgrad, fp16, fp16)                 \
-  X(wgrad_bf16_bf16_256x128_coop_c21, wgrad, bf16, bf16)
+  X(wgrad_fp16_fp16_128x256_coop_c21, wgrad, fp16, fp16)
 
 #define GROUPMM_DECLARE_KERNEL(name, pass, in, out) KernelEntry name();
 GROUPMM_FOR_EACH_SM90_KERNEL(GROUPMM_DECLARE_KERNEL)
