@@ -23,13 +23,18 @@
 //    all three access patterns are free of bank conflicts: cp.async writes and the columnwise
 //    pass read 8 consecutive chunks of one row; the rowwise pass reads chunk k of four 32-element
 //    slabs in two rows per quarter warp.
-//  - Rowwise: a thread quantizes one 1x32 slab (4 lanes per row; 1x128 amax by two shuffles) and
-//    stores it as 16-byte (fp8) / 8-byte (fp4) stores straight to global memory.
+//  - Rowwise: 4 lanes per row, 32 elements per lane: fp4 one 1x32 slab (one 16-byte store of
+//    codes), fp8 the 16-element runs s and 4 + s, so that each 16-byte warp store writes 64
+//    contiguous bytes of each of 8 rows (whole sectors; 1x128 amax by two shuffles, mxfp8 1x32 by
+//    one). nvfp4 signs come from the input words (prmt; see row_signs8).
 //  - Columnwise: a thread owns 2 columns x 16 rows (bf16x2 words read across a row: conflict
-//    free; 32-row / 128-row column blocks merge their amax through smem), quantizes both columns
+//    free; 32-row / 128-row column blocks merge their raw amax pairs through smem, one
+//    conflict-free word per thread and segment), quantizes both columns
 //    in registers into a swizzled transposed staging tile, which the CTA
 //    then copies out as whole 128-byte (64-byte fp4) rows of the expert's [K, m_g] block: 16-byte
-//    stores when the expert's block is 16-byte aligned, 4-byte / byte runs otherwise.
+//    stores when the expert's block is 16-byte aligned, 4-byte / byte runs otherwise. mxfp8 /
+//    nvfp4 column scales are staged too (colsc) and written as one 4 / 8-byte run per column
+//    (plain) or as whole 512-byte blocks (swizzled, padding included).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,9 +57,11 @@ struct TileConfig {
   static constexpr int kRowIters = kRows * kSlabsPerRow / kThreads;  // slabs per thread
   static constexpr int kColSeg = 16;                                 // columnwise rows / thread
   static constexpr int kColSegs = kRows / kColSeg;
-  static constexpr int kMinBlocks = 2;  // per SM, for 16-bit inputs: 64 registers per thread
-  static constexpr int kSmall = (kColSegs * kCols + 64) * 4;  // colamax [8][128], 2D [8][8]
-  static constexpr int kCsum = kColSegs * kCols * 4;          // bias-gradient sums [8][128]
+  static constexpr int kMinBlocks = 2;         // per SM, for 16-bit inputs: 64 registers per thread
+  static constexpr int kColScale = kCols * 8;  // staged columnwise scale bytes [128][<= 8]
+  // colamax [8][128] words (raw amax pairs, [8][64] Pairs), 2D [8][8], column scales
+  static constexpr int kSmall = (kColSegs * kCols + 64) * 4 + kColScale;
+  static constexpr int kCsum = kColSegs * kCols * 4;  // bias-gradient sums [8][128]
   static_assert(kRows == 128 && kCols == 128, "layouts assume 128x128 tiles (swizzle, 2D blocks)");
   static_assert(kSlabsPerRow == 4 && kRowIters == 1, "one 1x32 slab per thread");
   static_assert((kCols / 2) * kColSegs == kThreads, "2 columns x 16 rows per thread");
@@ -120,6 +127,7 @@ struct Elt<uint16_t> {  // bf16 bits
   static __device__ __forceinline__ Pair absmax(Pair m, Pair w) {
     return max_u16x2(m, w & 0x7FFF7FFFu);
   }
+  static __device__ __forceinline__ Pair max2(Pair a, Pair b) { return max_u16x2(a, b); }
   static __device__ __forceinline__ uint32_t lo_bits(Pair m) { return canon(m << 16); }
   static __device__ __forceinline__ uint32_t hi_bits(Pair m) { return canon(m & 0xFFFF0000u); }
   static __device__ __forceinline__ float2 f2(Pair w) {
@@ -133,6 +141,7 @@ struct Elt<__half> {
   static __device__ __forceinline__ Pair absmax(Pair m, Pair w) {
     return max_u16x2(m, w & 0x7FFF7FFFu);
   }
+  static __device__ __forceinline__ Pair max2(Pair a, Pair b) { return max_u16x2(a, b); }
   static __device__ __forceinline__ uint32_t lo_bits(Pair m) {
     return qnum::abs_bits(__half2float(__ushort_as_half(static_cast<unsigned short>(m))));
   }
@@ -150,6 +159,9 @@ struct Elt<float> {
   static __device__ __forceinline__ Pair zero() { return make_uint2(0u, 0u); }
   static __device__ __forceinline__ Pair absmax(Pair m, Pair w) {
     return make_uint2(max(m.x, w.x & 0x7FFFFFFFu), max(m.y, w.y & 0x7FFFFFFFu));
+  }
+  static __device__ __forceinline__ Pair max2(Pair a, Pair b) {
+    return make_uint2(max(a.x, b.x), max(a.y, b.y));
   }
   static __device__ __forceinline__ uint32_t lo_bits(Pair m) { return canon(m.x); }
   static __device__ __forceinline__ uint32_t hi_bits(Pair m) { return canon(m.y); }
@@ -185,13 +197,13 @@ struct TileSmem {
     return *reinterpret_cast<const typename Elt<In>::Pair*>(c + (cp % kPairsPerChunk) * 2 *
                                                                     static_cast<int>(sizeof(In)));
   }
-  // The 32 elements [32s, 32s+32) of row r as 16 pairs.
-  static __device__ __forceinline__ void slab(const uint8_t* buf, int r, int s,
-                                              typename Elt<In>::Pair (&v)[16]) {
-    constexpr int kChunks = 32 / kVec;  // 4 or 8
+  // The 16 elements [e0, e0 + 16) of row r (e0 a multiple of 16) as 8 pairs.
+  static __device__ __forceinline__ void run16(const uint8_t* buf, int r, int e0,
+                                               typename Elt<In>::Pair* v) {
+    constexpr int kChunks = 16 / kVec;  // 2 or 4
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
-      const uint4 u = *reinterpret_cast<const uint4*>(chunk(buf, r, s * kChunks + k));
+      const uint4 u = *reinterpret_cast<const uint4*>(chunk(buf, r, e0 / kVec + k));
       if constexpr (sizeof(In) == 4) {
         v[2 * k] = make_uint2(u.x, u.y);
         v[2 * k + 1] = make_uint2(u.z, u.w);
@@ -250,6 +262,66 @@ __device__ __forceinline__ uint32_t fp4x8(const float (&e)[8], float mul, uint8_
   for (int j = 0; j < 8; ++j) p[j] = e[j] * mul;
   const uint32_t w = mul != mul ? 0x77777777u : qnum::e2m1x8_nonan(p);
   return (s_b & 0x7Fu) == 0 ? 0u : w;
+}
+
+// ---- nvfp4 with 16-bit inputs: the e2m1 sign bits straight from the input words --------------
+// The multiplier is positive (finite, at most FLT_MAX) or NaN, and a NaN multiplier overrides the
+// word with all 7s; otherwise sign(x * mul) = sign(x) for every x (zeros and underflows included:
+// an IEEE product's sign is the XOR of its operands' signs), so nibble j's bit 3 is the sign bit
+// of input element j. prmt with a selector nibble >= 8 replicates the sign of the selected byte.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+// P = sign bytes (0x00 / 0xFF) of elements 0, 2, 4, 6; Q = of elements 1, 3, 5, 7.
+__device__ __forceinline__ uint32_t sign_nibbles(uint32_t P, uint32_t Q) {
+  return (P & 0x08080808u) | (Q & 0x80808080u);
+}
+// Eight consecutive elements of a row: pair words w0..w3 (element 2i in the low half of wi).
+__device__ __forceinline__ uint32_t row_signs8(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  const uint32_t a = prmt(w0, w1, 0xFBD9u);  // s0 s2 s1 s3
+  const uint32_t b = prmt(w2, w3, 0xFBD9u);  // s4 s6 s5 s7
+  return sign_nibbles(prmt(a, b, 0x5410u), prmt(a, b, 0x7632u));
+}
+// e2m1x8_nonan without the sign bits (the same operations, see quantize_numerics.hpp).
+__device__ __forceinline__ uint32_t e2m1x8_mag(const float (&p)[8]) {
+  uint32_t w = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float a = fminf(fabsf(p[j]), kE2M1Max);
+    uint32_t e = __float_as_uint(a) & 0x7F800000u;
+    e = e < 0x3F800000u ? 0x3F800000u : e;
+    const uint32_t n = __float_as_uint(a + __uint_as_float(e + (22u << 23))) & 0x7FFFFFu;
+    w += (n + (e >> 22)) << (4 * j);
+  }
+  return w - 254u * 0x11111111u;
+}
+// fp4x8 with the sign bits given (16-bit inputs).
+__device__ __forceinline__ uint32_t fp4x8_signed(const float (&e)[8], float mul, uint8_t s_b,
+                                                 uint32_t sign) {
+  float p[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) p[j] = e[j] * mul;
+  const uint32_t w = mul != mul ? 0x77777777u : (e2m1x8_mag(p) | sign);
+  return (s_b & 0x7Fu) == 0 ? 0u : w;
+}
+// Eight consecutive elements of a row (4 pairs) -> one word of e2m1 codes.
+template <class In>
+__device__ __forceinline__ uint32_t fp4x8_pairs(const typename Elt<In>::Pair* v, float mul,
+                                                uint8_t s_b) {
+  float f[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x2 = Elt<In>::f2(v[i]);
+    f[2 * i] = x2.x;
+    f[2 * i + 1] = x2.y;
+  }
+  if constexpr (sizeof(In) == 4) {
+    return fp4x8(f, mul, s_b);
+  } else {
+    return fp4x8_signed(f, mul, s_b, row_signs8(v[0], v[1], v[2], v[3]));
+  }
 }
 
 // Per-expert values, reloaded only when a CTA's item moves to another expert.
@@ -362,10 +434,13 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   constexpr int kStageChunks = kStageRow / 16;
   constexpr int kUnit = kStageRow / Cfg::kColSegs;  // bytes of one 16-row segment: 16 or 8
   static_assert(kUnit == (kFp4 ? 8 : 16), "a segment is 16 fp8 or 16 fp4 codes");
+  constexpr int kPerTile = kFp4 ? 8 : 4;  // mxfp8 / nvfp4 column blocks per tile (staged scales)
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const stage = smem + p.smem_stage;                                  // [128][kStageRow]
   uint32_t* const colamax = reinterpret_cast<uint32_t*>(smem + p.smem_small);  // [8][128]
   uint32_t* const blk2d = colamax + Cfg::kColSegs * Cfg::kCols;      // [8][8] nvfp4, [16] fp8 2D
+  Pair* const colpair = reinterpret_cast<Pair*>(colamax);            // [8][64] raw column-pair amax
+  uint8_t* const colsc = reinterpret_cast<uint8_t*>(blk2d + 64);     // [128][kPerTile] col scales
   float* const csum = reinterpret_cast<float*>(smem + p.smem_csum);  // [8][128]
   // Not const: laundered at every item (see the loop), so that nothing derived from it is hoisted.
   int tid = static_cast<int>(threadIdx.x);
@@ -482,10 +557,16 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     // ---- rowwise: one 1x32 slab per thread, 4 lanes per row ------------------------------------
     if (p.rowwise) {
       {
+        // Lane s of a row reads two 16-element runs: fp4 [32s, 32s + 32) (its two 1x16 blocks,
+        // one 16-byte store of codes); fp8 [16s, 16s + 16) and [64 + 16s, 80 + 16s), so that each
+        // of the two 16-byte stores of a warp writes 64 contiguous bytes of each of 8 rows (whole
+        // sectors). mxfp8 blocks (1x32) then span two lanes: s / 2 and 2 + s / 2 (one shuffle).
         const int r = warp * 8 + lane / 4, s = lane % 4;
+        const int e_run0 = kFp4 ? 32 * s : 16 * s, e_run1 = e_run0 + (kFp4 ? 16 : 64);
         Pair v[16];
-        S::slab(buf, r, s, v);
-        uint32_t am0 = 0, am1 = 0;  // nvfp4: the two 1x16 blocks; else am0 is the slab's block
+        S::run16(buf, r, e_run0, v);
+        S::run16(buf, r, e_run1, v + 8);
+        uint32_t am0 = 0, am1 = 0;  // amax of run 0 / run 1 (or of their blocks)
         if constexpr (R != qnum::kFp8Current) {
           if (!L.block_2d) {
             Pair m0 = E::zero(), m1 = E::zero();
@@ -495,10 +576,13 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             for (int i = 8; i < 16; ++i) m1 = E::absmax(m1, v[i]);
             am0 = max(E::lo_bits(m0), E::hi_bits(m0));
             am1 = max(E::lo_bits(m1), E::hi_bits(m1));
-            if constexpr (!kFp4) am0 = max(am0, am1);
             if constexpr (R == qnum::kFp8Block) {  // 1x128: the 4 lanes of the row
+              am0 = max(am0, am1);
               am0 = max(am0, __shfl_xor_sync(0xFFFFFFFFu, am0, 1));
               am0 = max(am0, __shfl_xor_sync(0xFFFFFFFFu, am0, 2));
+            } else if constexpr (R == qnum::kMxfp8) {  // 1x32: lanes s, s ^ 1
+              am0 = max(am0, __shfl_xor_sync(0xFFFFFFFFu, am0, 1));
+              am1 = max(am1, __shfl_xor_sync(0xFFFFFFFFu, am1, 1));
             }
           } else if constexpr (kFp4) {
             am0 = blk2d[(r / 16) * 8 + 2 * s];
@@ -507,50 +591,63 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             am0 = tile_amax_2d();
           }
         }
+        constexpr bool kTwoQ = kFp4 || R == qnum::kMxfp8;
         const qnum::BlockQuant q0 = block_quant<R>(am0, cur, L);
-        const qnum::BlockQuant q1 = kFp4 ? block_quant<R>(am1, cur, L) : q0;
+        const qnum::BlockQuant q1 = kTwoQ ? block_quant<R>(am1, cur, L) : q0;
         const bool row_ok = r < valid_rows;
-        const int64_t e = (g.start + row0 + r) * K + col0 + s * 32;  // element index
-        const bool ok0 = row_ok && s * 32 < valid_cols, ok1 = row_ok && s * 32 + 16 < valid_cols;
+        const int64_t e = (g.start + row0 + r) * K + col0;  // element index of the row's col0
+        const bool ok0 = row_ok && e_run0 < valid_cols, ok1 = row_ok && e_run1 < valid_cols;
         if constexpr (kFp4) {
           uint32_t w[4];
 #pragma unroll
           for (int h = 0; h < 4; ++h) {
-            float f[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float2 x2 = E::f2(v[4 * h + i]);
-              f[2 * i] = x2.x;
-              f[2 * i + 1] = x2.y;
-            }
             const qnum::BlockQuant& q = h < 2 ? q0 : q1;
-            w[h] = fp4x8(f, q.mul, q.code);
+            w[h] = fp4x8_pairs<In>(v + 4 * h, q.mul, q.code);
           }
-          if (ok0) __stcs(reinterpret_cast<uint2*>(p.q_row + e / 2), make_uint2(w[0], w[1]));
-          if (ok1) __stcs(reinterpret_cast<uint2*>(p.q_row + e / 2 + 8), make_uint2(w[2], w[3]));
-          const int64_t sc = (col0 + s * 32) / 16;
+          uint8_t* const dst = p.q_row + (e + e_run0) / 2;
+          // K % 32 == 0: every row's 16-byte pieces are 16-byte aligned.
+          const bool v16 = (reinterpret_cast<uintptr_t>(p.q_row) & 15) == 0 && (K & 31) == 0;
+          if (v16 && ok1) {
+            __stcs(reinterpret_cast<uint4*>(dst), make_uint4(w[0], w[1], w[2], w[3]));
+          } else {
+            if (ok0) __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
+            if (ok1) __stcs(reinterpret_cast<uint2*>(dst + 8), make_uint2(w[2], w[3]));
+          }
+          const int64_t sc = (col0 + e_run0) / 16;  // even
           uint8_t* sr = static_cast<uint8_t*>(p.s_row);
-          if (ok0) sr[row_sidx(p, g, row0 + r, sc)] = q0.code;
-          if (ok1) sr[row_sidx(p, g, row0 + r, sc + 1)] = q1.code;
+          const int64_t si = row_sidx(p, g, row0 + r, sc);
+          // Scales sc, sc + 1 are adjacent in both layouts (sc even; plain: K / 16 even).
+          if (ok1 && ((reinterpret_cast<uintptr_t>(sr) | uintptr_t(si)) & 1) == 0) {
+            *reinterpret_cast<uint16_t*>(sr + si) =
+                static_cast<uint16_t>(q0.code | (uint32_t(q1.code) << 8));
+          } else {
+            if (ok0) sr[si] = q0.code;
+            if (ok1) sr[row_sidx(p, g, row0 + r, sc + 1)] = q1.code;
+          }
         } else {
           uint32_t w[8];
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const float2 a = E::f2(v[2 * i]), b = E::f2(v[2 * i + 1]);
-            w[i] = fp8x4<kE5m2>(a.x, a.y, b.x, b.y, q0.mul);
+            w[i] = fp8x4<kE5m2>(a.x, a.y, b.x, b.y, i < 4 ? q0.mul : q1.mul);
           }
-          uint4* dst = reinterpret_cast<uint4*>(p.q_row + e);
-          if (ok0) __stcs(dst, make_uint4(w[0], w[1], w[2], w[3]));
-          if (ok1) __stcs(dst + 1, make_uint4(w[4], w[5], w[6], w[7]));
+          if (ok0)
+            __stcs(reinterpret_cast<uint4*>(p.q_row + e + e_run0),
+                   make_uint4(w[0], w[1], w[2], w[3]));
+          if (ok1)
+            __stcs(reinterpret_cast<uint4*>(p.q_row + e + e_run1),
+                   make_uint4(w[4], w[5], w[6], w[7]));
           if constexpr (R == qnum::kFp8Block) {
             float* sr = static_cast<float*>(p.s_row);
             if (!L.fp8_2d && row_ok && s == 0)
               sr[row_sidx(p, g, row0 + r, col0 / 128)] = q0.scale_inv;
             if (L.fp8_2d && tid == 0) sr[row_sidx(p, g, row0, col0 / 128)] = q0.scale_inv;
           } else if constexpr (R == qnum::kMxfp8) {
-            if (ok0)
-              static_cast<uint8_t*>(p.s_row)[row_sidx(p, g, row0 + r, (col0 + s * 32) / 32)] =
-                  q0.code;
+            // Lane s stores block b = s / 2 (s even, run 0) or 2 + s / 2 (s odd, run 1).
+            const int b = (s & 1) ? 2 + s / 2 : s / 2;
+            if (row_ok && 32 * b < valid_cols)
+              static_cast<uint8_t*>(p.s_row)[row_sidx(p, g, row0 + r, col0 / 32 + b)] =
+                  (s & 1) ? q1.code : q0.code;
           }
         }
       }
@@ -589,22 +686,23 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
           sx += f.x;
           sy += f.y;
         }
-        csum[seg * Cfg::kCols + c0] = sx;
-        csum[seg * Cfg::kCols + c0 + 1] = sy;
+        *reinterpret_cast<float2*>(csum + seg * Cfg::kCols + c0) = make_float2(sx, sy);
       }
       // Column block amax of columns c0, c0 + 1 over this thread's 16 rows (the whole block for
       // nvfp4; merged with the other segments of the block through colamax otherwise).
       uint32_t am[2] = {0, 0};
+      // Raw (not yet canonicalized) amax pair; fp8_block / mxfp8 merge it through colpair: one
+      // conflict-free word (two for fp32) per thread and segment. canon(max) = max(canon).
+      Pair mc = E::zero();
       if (do_col && R != qnum::kFp8Current) {
         if (!L.block_2d) {
-          Pair m0 = E::zero();
 #pragma unroll
-          for (int j = 0; j < Cfg::kColSeg; ++j) m0 = E::absmax(m0, v[j]);
-          am[0] = E::lo_bits(m0);
-          am[1] = E::hi_bits(m0);
+          for (int j = 0; j < Cfg::kColSeg; ++j) mc = E::absmax(mc, v[j]);
           if constexpr (!kFp4) {  // 32x1 (mxfp8: segments 2i, 2i+1) / 128x1: meet in smem
-            colamax[seg * Cfg::kCols + c0] = am[0];
-            colamax[seg * Cfg::kCols + c0 + 1] = am[1];
+            colpair[seg * (Cfg::kCols / 2) + cp] = mc;
+          } else {
+            am[0] = E::lo_bits(mc);
+            am[1] = E::hi_bits(mc);
           }
         } else if constexpr (kFp4) {
           am[0] = am[1] = blk2d[seg * 8 + cp / 8];
@@ -612,7 +710,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
           am[0] = am[1] = tile_amax_2d();
         }
       }
-      __syncthreads();  // colamax, csum
+      __syncthreads();  // colpair, csum
       if (do_sum && tid < valid_cols) {
         float s = 0.0f;
 #pragma unroll
@@ -622,18 +720,15 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
       if (do_col) {
         if constexpr (R == qnum::kFp8Block || R == qnum::kMxfp8) {
           if (!L.block_2d) {
+            if constexpr (R == qnum::kMxfp8) {
+              mc = E::max2(mc, colpair[(seg ^ 1) * (Cfg::kCols / 2) + cp]);
+            } else {
 #pragma unroll
-            for (int k = 0; k < 2; ++k) {
-              uint32_t m = am[k];
-              if constexpr (R == qnum::kMxfp8) {
-                m = max(m, colamax[(seg ^ 1) * Cfg::kCols + c0 + k]);
-              } else {
-#pragma unroll
-                for (int sg = 0; sg < Cfg::kColSegs; ++sg)
-                  m = max(m, colamax[sg * Cfg::kCols + c0 + k]);
-              }
-              am[k] = m;
+              for (int sg = 0; sg < Cfg::kColSegs; ++sg)
+                mc = E::max2(mc, colpair[sg * (Cfg::kCols / 2) + cp]);
             }
+            am[0] = E::lo_bits(mc);
+            am[1] = E::hi_bits(mc);
           }
         }
         // Both columns of the pairs at once, 4 (fp8) / 8 (fp4) rows at a time: each pair word is
@@ -654,8 +749,20 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
               e0[j] = x2.x;
               e1[j] = x2.y;
             }
-            w[0][h] = fp4x8(e0, qk[0].mul, qk[0].code);
-            w[1][h] = fp4x8(e1, qk[1].mul, qk[1].code);
+            if constexpr (sizeof(In) == 4) {
+              w[0][h] = fp4x8(e0, qk[0].mul, qk[0].code);
+              w[1][h] = fp4x8(e1, qk[1].mul, qk[1].code);
+            } else {  // rows 8h + j; L / H: signs of column c0 / c0 + 1
+              const Pair* u8 = v + 8 * h;
+              const uint32_t a = prmt(u8[0], u8[2], 0xFBD9u);  // L0 L2 H0 H2
+              const uint32_t b = prmt(u8[4], u8[6], 0xFBD9u);  // L4 L6 H4 H6
+              const uint32_t c = prmt(u8[1], u8[3], 0xFBD9u);  // L1 L3 H1 H3
+              const uint32_t d = prmt(u8[5], u8[7], 0xFBD9u);  // L5 L7 H5 H7
+              w[0][h] = fp4x8_signed(e0, qk[0].mul, qk[0].code,
+                                     sign_nibbles(prmt(a, b, 0x5410u), prmt(c, d, 0x5410u)));
+              w[1][h] = fp4x8_signed(e1, qk[1].mul, qk[1].code,
+                                     sign_nibbles(prmt(a, b, 0x7632u), prmt(c, d, 0x7632u)));
+            }
           }
 #pragma unroll
           for (int k = 0; k < 2; ++k)
@@ -685,14 +792,14 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
               if (!L.fp8_2d && seg == 0) sc[col_sidx(p, cur, col0 + c, lt)] = q0.scale_inv;
               if (L.fp8_2d && tid == 0 && k == 0)
                 sc[col_sidx(p, cur, col0 / 128, lt)] = q0.scale_inv;
-            } else if constexpr (R == qnum::kMxfp8) {
-              if ((seg & 1) == 0 && seg * 16 < valid_rows)
-                static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, col0 + c, lt * 4 + seg / 2)] =
-                    q0.code;
-            } else if constexpr (kFp4) {
-              if (seg * 16 < valid_rows)
-                static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, col0 + c, lt * 8 + seg)] = q0.code;
+            } else if constexpr (R == qnum::kMxfp8) {  // staged: colsc[c][j - 4 lt]
+              if ((seg & 1) == 0)
+                colsc[c * kPerTile + seg / 2] = seg * 16 < valid_rows ? q0.code : 0;
+            } else if constexpr (kFp4) {  // staged: colsc[c][j - 8 lt]
+              colsc[c * kPerTile + seg] = seg * 16 < valid_rows ? q0.code : 0;
             }
+          } else if constexpr (R == qnum::kMxfp8 || kFp4) {  // swizzled padding k >= K
+            if (kFp4 || (seg & 1) == 0) colsc[c * kPerTile + (kFp4 ? seg : seg / 2)] = 0;
           }
         }
         if (L.swizzled) {  // padding rows k >= K (last column tile), columns j >= nb (last tile)
@@ -712,7 +819,50 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             }
           }
         }
-        __syncthreads();  // stage complete
+        __syncthreads();                            // stage complete
+        if constexpr (R == qnum::kMxfp8 || kFp4) {  // the staged column scales
+          uint8_t* const sc = static_cast<uint8_t*>(p.s_col);
+          const int64_t j0 = lt * kPerTile;  // the tile's first column block
+          if (L.swizzled) {
+            // The tile's scales are whole 512-byte blocks (k / 128 = ct, j / 4 = j0 / 4 + b):
+            // byte (c % 32) * 16 + (c / 32) * 4 + j % 4, padding included (0 staged). An nvfp4
+            // tile of <= 64 rows owns only the first (the second lies past round_up(nb, 4)).
+            const int nblk = kFp4 && valid_rows <= 64 ? 1 : kPerTile / 4;
+            uint8_t* const blk = sc + col_sidx(p, cur, col0, j0);
+            if ((reinterpret_cast<uintptr_t>(blk) & 15) == 0) {
+              if (tid < 32 * nblk) {
+                const int b = tid / 32, m = tid % 32;
+                const uint32_t* st = reinterpret_cast<const uint32_t*>(colsc);
+                uint4 u;
+                u.x = st[(m + 0) * (kPerTile / 4) + b];
+                u.y = st[(m + 32) * (kPerTile / 4) + b];
+                u.z = st[(m + 64) * (kPerTile / 4) + b];
+                u.w = st[(m + 96) * (kPerTile / 4) + b];
+                *reinterpret_cast<uint4*>(blk + b * 512 + m * 16) = u;
+              }
+            } else {
+              for (int i = tid; i < 512 * nblk; i += Cfg::kThreads) {
+                const int b = i / 512, o = i % 512;
+                const int c = ((o / 4) % 4) * 32 + o / 16;
+                blk[i] = colsc[c * kPerTile + 4 * b + o % 4];
+              }
+            }
+          } else if (tid < valid_cols) {  // plain: a run of kPerTile bytes per column
+            const int c = tid;
+            const int n = min(kPerTile, (valid_rows + L.cb - 1) / L.cb);
+            uint8_t* const dst = sc + col_sidx(p, cur, col0 + c, j0);
+            if (n == kPerTile && (reinterpret_cast<uintptr_t>(dst) & (kPerTile - 1)) == 0) {
+              if constexpr (kFp4) {
+                *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(colsc + c * 8);
+              } else {
+                *reinterpret_cast<uint32_t*>(dst) =
+                    *reinterpret_cast<const uint32_t*>(colsc + c * 4);
+              }
+            } else {
+              for (int j = 0; j < n; ++j) dst[j] = colsc[c * kPerTile + j];
+            }
+          }
+        }
         // Copy out: stage row c is bytes [row0, row0 + valid_rows) of row col0 + c of the
         // expert's [K, m_g] block (halved for fp4; m_g even, so every run starts on a byte).
         const int run = kFp4 ? valid_rows / 2 : valid_rows;
