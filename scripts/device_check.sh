@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: build (all cores), GPU tests, compute-sanitizer, benchmarks.
-#   bash scripts/device_check.sh [build] [test] [sanitize] [bench-gemm] [bench-quant] [bench-layer] [demo]
+#   bash scripts/device_check.sh [build] [test] [sanitize] [bench-gemm] [bench-quant] [ncu-quant] [bench-layer] [demo]
 # Logs go to $OUT (or out/ when unset). Each stage has its own time limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,5 +34,15 @@ if has bench-gemm; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/peers_torch.py "$OUT/gemm.json" 2>&1 | tee "$OUT/bench_gemm_torch.txt" | tail -8
 fi
 if has bench-quant; then timeout 200 ./$B/groupmm bench quantize 2>&1 | tee "$OUT/bench_quant.txt" | tail -30; fi
+if has ncu-quant; then  # NCU_CASES="recipe/direction ..." on [65536, 7168]
+  for c in ${NCU_CASES:-mxfp8/both nvfp4/rowwise}; do
+    timeout 240 ncu --clock-control none -k regex:quantize_tile_kernel --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section InstructionStats \
+      --section MemoryWorkloadAnalysis --section Occupancy --section SourceCounters \
+      ./$B/groupmm bench quantize --recipe "${c%/*}" --direction "${c#*/}" --shape 65536x7168 --iters 1 \
+      >"$OUT/ncu_${c%/*}_${c#*/}.txt" 2>&1
+    echo "ncu $c: exit $?"; grep -E "Duration|DRAM Throughput|Executed Ipc A|Issue Slots Busy|No Eligible" "$OUT/ncu_${c%/*}_${c#*/}.txt" | head -8
+  done
+fi
 if has bench-layer; then timeout 200 ./$B/groupmm bench layer 2>&1 | tee "$OUT/bench_layer.txt" | tail -20; fi
 if has demo; then timeout 120 ./$B/groupmm demo 2>&1 | tee "$OUT/demo.txt" | tail -30; fi

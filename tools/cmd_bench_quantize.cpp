@@ -2,7 +2,8 @@
 // rowwise and rowwise+columnwise, against a device-to-device copy measured in the same run.
 //
 // Bytes counted: the input read once plus every output written (data, scales, amax). fp8_current
-// and nvfp4 read the input twice (amax pass + quantize pass); the targets account for that.
+// and nvfp4 need each expert's amax first: their kernel reads a tile for the amax and again for
+// the quantization (the second read hits L2 when the expert fits; see quantize_tile.cuh).
 // Each case is first validated bit for bit against the CPU reference on a reduced problem (the
 // first rows, fewer experts) so a broken kernel never reports a bandwidth.
 #include <algorithm>
@@ -165,6 +166,10 @@ int run_bench_quantize(const Args& args) {
   }
   const bool json = has_flag(args, "--json");
   const int iters = std::stoi(get_opt(args, "--iters", "20"));
+  // Filters (profiling one case): --recipe NAME, --direction rowwise|both, --shape MxK.
+  const std::string only_recipe = get_opt(args, "--recipe", "");
+  const std::string only_dir = get_opt(args, "--direction", "");
+  const std::string only_shape = get_opt(args, "--shape", "");
   const int64_t G = 32;
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{65536, 7168}, {32768, 2048}};
   cudaStream_t stream;
@@ -174,6 +179,8 @@ int run_bench_quantize(const Args& args) {
   {
     Context ctx(Device::CUDA, stream);
     for (const auto& [M, K] : shapes) {
+      if (!only_shape.empty() && only_shape != std::to_string(M) + "x" + std::to_string(K))
+        continue;
       Tensor x = random_bf16(M, K, Device::CUDA);
       Tensor splits = balanced_splits(M, G, Device::CUDA);
       // The copy ceiling: a D2D memcpy of the input (read + write bytes).
@@ -190,6 +197,9 @@ int run_bench_quantize(const Args& args) {
       for (QuantRecipe r : {QuantRecipe::fp8_current, QuantRecipe::fp8_block, QuantRecipe::mxfp8,
                             QuantRecipe::nvfp4})
         for (QuantDirection d : {QuantDirection::rowwise, QuantDirection::both}) {
+          if ((!only_recipe.empty() && only_recipe != recipe_name(r)) ||
+              (!only_dir.empty() && only_dir != quant_direction_name(d)))
+            continue;
           const BenchCase c{M, K, G, r, d};
           const bool ok = validate(c);
           const QuantizeConfig cfg = config_of(c);
@@ -236,7 +246,8 @@ int run_bench_quantize(const Args& args) {
 }
 
 Register reg("bench quantize",
-             "grouped quantization bandwidth per recipe vs D2D copy ([--iters N] [--json])",
+             "grouped quantization bandwidth per recipe vs D2D copy ([--iters N] [--json] "
+             "[--recipe R] [--direction rowwise|both] [--shape MxK])",
              run_bench_quantize);
 
 }  // namespace

@@ -278,6 +278,7 @@ size_t group_quantize_workspace_size(const Context&, const GroupQuantizeArgs& a,
     K = a.input.dim(2);
   }
   size_t bytes = plan_bytes(G);
+  if (a.config.recipe == QuantRecipe::fp8_current) bytes += amax_slot_bytes(M, K, G);
   if (with_dbias) bytes += static_cast<size_t>(tile_bound(M, G) * K) * 4;
   return bytes;
 }

@@ -1,5 +1,5 @@
-// CUDA group_quantize / bgrad_group_quantize: plan kernel, per-expert amax pass (fp8_current and
-// nvfp4 need the expert's amax before any element is scaled), the tile kernel, and the
+// CUDA group_quantize / bgrad_group_quantize: plan kernel, the tile kernel (for fp8_current and
+// nvfp4 it also computes each expert's amax, see quantize_tile.cuh "item schedule"), and the
 // deterministic per-expert reduction of the bias-gradient partial sums. All stream-ordered,
 // no host reads, no allocation: graph safe.
 #include <algorithm>
@@ -10,15 +10,40 @@
 namespace groupmm::cuda {
 namespace {
 
+// Tracks the expert of a CTA's (monotone) sequence of row tiles: [lo, hi) = the expert's tiles.
+struct GroupCursor {
+  int64_t gi = -1, lo = 0, hi = 0;
+  __device__ __forceinline__ bool seek(const QuantPlan& plan, int64_t t) {
+    if (gi < 0) {
+      gi = find_group(plan.tile_start, plan.G, t);
+      lo = plan.tile_start[gi];
+      hi = plan.tile_start[gi + 1];
+      return true;
+    }
+    if (t >= lo && t < hi) return false;
+    while (t < lo) {  // empty experts have lo == hi and are stepped over
+      --gi;
+      hi = lo;
+      lo = plan.tile_start[gi];
+    }
+    while (t >= hi) {
+      ++gi;
+      lo = hi;
+      hi = plan.tile_start[gi + 1];
+    }
+    return true;
+  }
+};
+
 struct AmaxConfig {
   static constexpr int kThreads = 256;
   static constexpr int kLoads = 8;  // 16-byte loads per thread per step: 32 KB per CTA in flight
   static_assert(kThreads % 32 == 0, "warps");
 };
 
-// The per-expert amax as a streaming reduction over the same items (128x128 tiles) and the same
-// per-CTA item ranges as the quantize kernel, walked forwards (the quantize kernel walks them
-// backwards and so starts on tiles still in L2). A tile is one step (16-bit inputs) or two
+// NVFP4's per-expert amax: a separate streaming pass before the tile kernel (NVFP4 quantization is
+// ALU-bound, so the fused amax items of fp8_current cost it more than this pass at ~91% of DRAM
+// peak). Items are 128x128 tiles in per-CTA ranges. A tile is one step (16-bit inputs) or two
 // (fp32) of 8 independent 16-byte loads per thread; the next step's loads are issued before the
 // current step is reduced, so every CTA keeps 32-64 KB in flight. Magnitudes are merged raw
 // (two bf16/fp16 at a time) and canonicalized once; a warp merges its maximum into the expert's
@@ -44,7 +69,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const In* xg;
     int vr, vc, step;
   };
-  tile_detail::GroupCursor cursor;
+  GroupCursor cursor;
   qnum::Geom g;
   int64_t t = begin / col_tiles, ct = begin % col_tiles;
   cursor.seek(plan, t);
@@ -175,6 +200,8 @@ void tile_layout(const Context& ctx, TileParams& p, int in_size) {
   off += TileConfig::kSmall;  // colamax [8][128], 2D [8][8]
   p.smem_csum = off;
   if (p.dbias_partial) off += TileConfig::kCsum;
+  p.smem_plan = off;
+  if (p.plan.G <= TileConfig::kPlanCacheG) off += TileConfig::kPlanCache;
   p.smem_total = off;
   int dev = 0, smem_per_sm = 0;
   GROUPMM_CHECK_CUDA(cudaGetDevice(&dev));
@@ -195,6 +222,9 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   GROUPMM_CHECK(qnum::ceil_div(p.K, 128) <= 65535, "group_quantize: K=", p.K,
                 " must be <= 65535*128");
   const int64_t col_tiles = qnum::ceil_div(p.K, 128);
+  // The fused amax schedule counts items (128x128 tiles, twice) in 32 bits.
+  GROUPMM_CHECK(tile_bound(p.M, p.G) * col_tiles < (int64_t(1) << 30), "group_quantize: M=", p.M,
+                ", K=", p.K, " has too many 128x128 tiles (at most 2^30)");
   const QuantPlan plan = plan_view(ws, p.G);
   const int R = p.L.recipe;
   const bool need_amax = R == qnum::kFp8Current || R == qnum::kNvfp4;
@@ -212,12 +242,17 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.q_col = static_cast<uint8_t*>(a.out.columnwise_data.data);
   tp.s_row = a.out.scale_inv.data;
   tp.s_col = a.out.columnwise_scale_inv.data;
-  tp.amax = static_cast<const float*>(a.out.amax.data);
+  tp.amax_bits = amax_bits;
+  char* ws_next = static_cast<char*>(ws) + plan_bytes(p.G);
+  if (R == qnum::kFp8Current) {  // empty slots; the tile kernel fills them (fused amax items)
+    tp.slots = reinterpret_cast<uint32_t*>(ws_next);
+    const size_t n = amax_slot_bytes(p.M, p.K, p.G);
+    GROUPMM_CHECK_CUDA(cudaMemsetAsync(tp.slots, 0xFF, n, ctx.stream()));
+    ws_next += n;
+  }
   tp.scale_inv_g = R == qnum::kFp8Current ? static_cast<float*>(a.out.scale_inv.data) : nullptr;
   tp.global_scale = static_cast<float*>(a.out.global_scale.data);
-  tp.dbias_partial = dbias.present()
-                         ? reinterpret_cast<float*>(static_cast<char*>(ws) + plan_bytes(p.G))
-                         : nullptr;
+  tp.dbias_partial = dbias.present() ? reinterpret_cast<float*>(ws_next) : nullptr;
   tp.col_tiles = col_tiles;
   tp.row_ncols = p.K / p.L.rb;
   tp.row_kp = qnum::round_up(tp.row_ncols, 4);
@@ -225,7 +260,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.status = ctx.status();
   const int in_size = a.input.dtype == DType::fp32 ? 4 : 2;
   tile_layout(ctx, tp, in_size);
-  if (need_amax) {
+  if (R == qnum::kNvfp4) {
     switch (a.input.dtype) {
       case DType::bf16:
         launch_amax<uint16_t>(ctx, a.input.data, p.K, col_tiles, tp.grid, plan, amax_bits);

@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
     p.plan.tile_start[G] = c.b;
     p.plan.cb_start[G] = c.c;
     p.plan.cs4_start[G] = c.d;
+    *p.plan.ticket = 0;
     if (p.splits != nullptr && c.a != p.rows_total)
       report_fault(p.status, kFaultSplitsTotalMismatch, p.op, -1, c.a);
   }
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
 QuantPlan plan_view(void* ws, int64_t G) {
   int64_t* b = static_cast<int64_t*>(ws);
   const int64_t n = G + 1;
-  return {b, b + n, b + 2 * n, b + 3 * n, b + 4 * n, G};
+  return {b, b + n, b + 2 * n, b + 3 * n, b + 4 * n, reinterpret_cast<uint32_t*>(b + 5 * n), G};
 }
 
 void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& splits,

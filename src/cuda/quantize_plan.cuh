@@ -14,6 +14,7 @@ struct QuantPlan {
   int64_t* tile_start;  // prefix of ceil(rows/128)
   int64_t* cb_start;    // prefix of ceil(rows/cb)
   int64_t* cs4_start;   // prefix of roundup(ceil(rows/cb), 4)
+  uint32_t* ticket;     // fused amax pass: the next work ticket (zeroed by the plan)
   int64_t G;
 
   __device__ __forceinline__ qnum::Geom geom(int64_t g) const {
@@ -25,7 +26,7 @@ struct QuantPlan {
 QuantPlan plan_view(void* ws, int64_t G);
 
 // Builds the plan. splits absent: G experts of rows_total / G rows (weights). Zeroes amax_bits[G]
-// when given (the amax pass merges into it). Faults are reported against `op`.
+// when given, and the fused schedule's ticket. Faults are reported against `op`.
 void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& splits,
                        int64_t rows_total, int col_block, uint32_t* amax_bits, OpId op);
 

@@ -9,12 +9,12 @@
 //
 // Why it is shaped like this (H200: ~4.2 TB/s, 132 SMs, i.e. ~16 bytes per SM clock):
 //  - Persistent 512-thread CTAs (2 per SM for 16-bit inputs, 64 registers per thread: 50%
-//    occupancy; 64 KB of double-buffered input + 16 KB of transposed staging) each own a contiguous
-//    range of items, walked backwards (see quantize.cu: the amax pass walks the same ranges
-//    forwards, so the first tiles quantized are the last ones the amax pass left in L2). The expert
-//    of an item is tracked incrementally, so the plan's binary search runs once per CTA, not once
-//    per tile; its GroupInfo sits in shared memory and the per-thread addresses are recomputed per
-//    tile (registers, see the loop).
+//    occupancy; 64 KB of double-buffered input + 16 KB of transposed staging). Thread 0 schedules
+//    the items (see "item schedule" below: contiguous ranges, or for fp8_current one
+//    ticket sequence that interleaves each expert's amax items with the previous expert's
+//    quantize items, so the expert amax needs no separate pass) and publishes each item's
+//    CTA-uniform description (ItemInfo) and its expert (GroupInfo) in shared memory; per-thread
+//    addresses are 32-bit offsets from those, recomputed per tile (registers, see the loop).
 //  - The next tile is fetched with cp.async (16-byte, zero-filled past the expert / past K) while
 //    the current one is quantized: each CTA keeps 32 KB in flight, 64 KB per SM, about twice what
 //    Little's law asks for at ~1 us loaded DRAM latency.
@@ -62,6 +62,10 @@ struct TileConfig {
   // colamax [8][128] words (raw amax pairs, [8][64] Pairs), 2D [8][8], column scales
   static constexpr int kSmall = (kColSegs * kCols + 64) * 4 + kColScale;
   static constexpr int kCsum = kColSegs * kCols * 4;  // bias-gradient sums [8][128]
+  // The scheduler reads the plan (tile_start, start, rows) from shared memory when G is at most
+  // this (thread 0's dependent global loads were on every item's critical path).
+  static constexpr int kPlanCacheG = 256;
+  static constexpr int kPlanCache = 3 * (kPlanCacheG + 1) * 8;
   static_assert(kRows == 128 && kCols == 128, "layouts assume 128x128 tiles (swizzle, 2D blocks)");
   static_assert(kSlabsPerRow == 4 && kRowIters == 1, "one 1x32 slab per thread");
   static_assert((kCols / 2) * kColSegs == kThreads, "2 columns x 16 rows per thread");
@@ -79,7 +83,8 @@ struct TileParams {
   uint8_t* q_col;
   void* s_row;
   void* s_col;
-  const float* amax;     // per-expert amax (fp8_current, nvfp4), complete before this kernel
+  uint32_t* amax_bits;   // [G] per-expert amax (fp8_current: output; nvfp4: complete on entry)
+  uint32_t* slots;       // fused: [items] each amax item's maximum, 0xFFFFFFFF until written
   float* scale_inv_g;    // fp8_current [G]
   float* global_scale;   // nvfp4 [G]
   float* dbias_partial;  // [tile bound, K] or null
@@ -88,9 +93,9 @@ struct TileParams {
   int64_t row_kp;     // round_up(row_ncols, 4): swizzled rowwise scale columns
   int64_t col_k128;   // round_up(K, 128): swizzled columnwise scale rows
   StatusBlock* status;
-  int grid;  // persistent CTAs (the amax pass uses the same grid and item ranges)
+  int grid;  // persistent CTAs
   // dynamic shared memory carve-up (bytes)
-  int smem_stage, smem_small, smem_csum, smem_total;
+  int smem_stage, smem_small, smem_csum, smem_plan, smem_total;
 };
 
 // Host: shared-memory carve-up, persistent grid, and launch.
@@ -217,6 +222,8 @@ struct TileSmem {
   }
 };
 
+// No L2 eviction-priority hints: an L2::cache_hint cp.async with a createpolicy descriptor in
+// the fused kernel faulted with an illegal instruction on the H200 (CUDA 13.0), see the notes.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes)
@@ -334,15 +341,17 @@ struct GroupInfo {
   float s_enc6 = 1.0f / 6.0f;
 };
 
+// amax: the expert's amax (fused recipes only).
 template <int R>
-__device__ __forceinline__ void load_group(const TileParams& p, int64_t gi, GroupInfo& gr) {
+__device__ __forceinline__ void load_group(const TileParams& p, int64_t gi, GroupInfo& gr,
+                                           float amax = 0.0f) {
   gr.gi = gi;
   gr.g = p.plan.geom(gi);
   gr.nb = qnum::ceil_div(gr.g.rows, p.L.cb);
   if constexpr (R == qnum::kFp8Current) {
-    gr.mul = qnum::fp8_current_scale(p.amax[gi], p.L.e5m2, p.L.pow2).scale;
+    gr.mul = qnum::fp8_current_scale(amax, p.L.e5m2, p.L.pow2).scale;
   } else if constexpr (R == qnum::kNvfp4) {
-    gr.s_enc = qnum::nvfp4_s_enc(p.amax[gi]);
+    gr.s_enc = qnum::nvfp4_s_enc(amax);
     gr.s_enc6 = gr.s_enc / kE2M1Max;  // the same fp32 operation as make_block_quant
   }
 }
@@ -379,6 +388,17 @@ __device__ __forceinline__ int64_t row_sidx(const TileParams& p, const qnum::Geo
   if (!p.L.swizzled) return (g.start + lr) * p.row_ncols + sc;
   return qnum::swizzle_128x4(g.tile_start * 128 + lr, sc, p.row_kp);
 }
+// row_sidx of row r (< 128) of the expert-local tile lt: the tile part is CTA-uniform 64-bit, the
+// in-tile part 32-bit (it is on every rowwise thread's path).
+__device__ __forceinline__ int64_t row_sidx_t(const TileParams& p, const qnum::Geom& g, int64_t lt,
+                                              int r, int sc) {
+  if (p.L.fp8_2d) return (g.tile_start + lt) * p.row_ncols + sc;
+  const unsigned ur = static_cast<unsigned>(r), us = static_cast<unsigned>(sc);
+  if (!p.L.swizzled)
+    return (g.start + lt * 128) * p.row_ncols + int64_t(ur * unsigned(p.row_ncols) + us);
+  return (g.tile_start + lt) * 128 * p.row_kp +
+         int64_t((us >> 2) * 512u + (ur & 31u) * 16u + (ur >> 5) * 4u + (us & 3u));
+}
 __device__ __forceinline__ int64_t col_sidx(const TileParams& p, const GroupInfo& gr, int64_t k,
                                             int64_t j) {
   if (p.L.fp8_2d) return p.row_ncols * gr.g.cb_start + k * gr.nb + j;
@@ -386,36 +406,155 @@ __device__ __forceinline__ int64_t col_sidx(const TileParams& p, const GroupInfo
   return p.col_k128 * gr.g.cs4_start + qnum::swizzle_128x4(k, j, qnum::round_up(gr.nb, 4));
 }
 
-// Tracks the expert of a CTA's (monotone) sequence of row tiles: [lo, hi) = the expert's tiles.
-struct GroupCursor {
-  int64_t gi = -1, lo = 0, hi = 0;
-  __device__ __forceinline__ bool seek(const QuantPlan& plan, int64_t t) {
-    if (gi < 0) {
-      gi = find_group(plan.tile_start, plan.G, t);
-      lo = plan.tile_start[gi];
-      hi = plan.tile_start[gi + 1];
-      return true;
-    }
-    if (t >= lo && t < hi) return false;
-    while (t < lo) {  // empty experts have lo == hi and are stepped over
-      --gi;
-      hi = lo;
-      lo = plan.tile_start[gi];
-    }
-    while (t >= hi) {
-      ++gi;
-      lo = hi;
-      hi = plan.tile_start[gi + 1];
-    }
-    return true;
-  }
-};
-
 // Item range [begin, end) of CTA b out of n CTAs (sizes differ by at most one).
 __device__ __forceinline__ void item_range(int64_t n_items, int64_t b, int64_t n, int64_t& begin,
                                            int64_t& end) {
   begin = n_items * b / n;
   end = n_items * (b + 1) / n;
+}
+
+// ---- the item schedule (thread 0 of each CTA; state and results in shared memory) ---------------
+// Static recipes (fp8_block, mxfp8, nvfp4 after its amax pass): CTA b quantizes the contiguous
+// item range item_range(b). The fused recipe (fp8_current) needs each expert's amax before any
+// of its elements is scaled. Instead of a separate amax pass (the input read twice from DRAM) every
+// tile is an amax item and later a quantize item of the same kernel, handed out by one atomic
+// ticket counter in this order: block 0 = amax items of expert 0; block k = quantize items of
+// expert k-1 merged with amax items of expert k (the first `grid` of them first, the rest spread
+// evenly). So an expert is quantized while the next one is read, and its tiles are re-read from L2
+// about one expert's worth of traffic after their amax read (working set ~ one expert + one grid of
+// tiles). Each amax item stores its maximum into its own slot (one relaxed store: no atomics, no
+// fence on the item's path); a CTA's first quantize item of an expert reduces the expert's slots,
+// waiting for any still empty. Forward progress needs no co-residency: a quantize item waits only
+// for amax items with smaller tickets, and the smallest unfinished ticket always belongs to a
+// running CTA that can finish it. Block k starts at ticket S(k-1) + S(k), S(k) = tile_start[k] *
+// col_tiles (items before expert k).
+enum : int32_t { kItemNone = 0, kItemQuant = 1, kItemAmax = 2 };
+
+struct ItemInfo {      // one 128x128 work item, CTA-uniform
+  const uint8_t* src;  // input element (row0, col0) of the tile
+  int64_t gi;          // expert
+  int64_t t;           // global row tile (dbias partial row)
+  int32_t lt, ct;      // expert-local row tile, column tile
+  int32_t vr, vc;      // valid rows, valid columns
+  int32_t kind;
+  int32_t pad;
+  int64_t slot0, slot1;  // fused quantize item: the expert's amax slots [slot0, slot1)
+};
+
+struct SchedState {
+  int64_t next, end;  // static: next item and end of this CTA's range
+  int64_t gi, hi;     // static: expert cursor (its tiles end at hi); fused: block cursor in gi
+  // The plan arrays the scheduler reads: shared-memory copies when G <= kPlanCacheG.
+  const int64_t *tile_start, *start, *rows;
+};
+
+__device__ __forceinline__ int64_t items_before(const TileParams& p, const SchedState& s,
+                                                int64_t k) {  // S(k)
+  if (k < 0) return 0;
+  return s.tile_start[k < p.plan.G ? k : p.plan.G] * p.col_tiles;
+}
+
+// floor(a * b / c) for c > 0 (a, b < 2^31): one double division, then an exact fix-up.
+__device__ __forceinline__ int64_t muldiv(int64_t a, int64_t b, int64_t c) {
+  const int64_t n = a * b;
+  int64_t q = static_cast<int64_t>(static_cast<double>(n) / static_cast<double>(c));
+  while (q * c > n) --q;
+  while ((q + 1) * c <= n) ++q;
+  return q;
+}
+
+template <class In>
+__device__ void make_item(const TileParams& p, const SchedState& s, int32_t kind, int64_t gi,
+                          int64_t t, int ct, ItemInfo& it) {
+  const int64_t start = s.start[gi], rows = s.rows[gi], ts = s.tile_start[gi];
+  const int64_t row0 = (t - ts) * qnum::kTileRows, col0 = int64_t(ct) * TileConfig::kCols;
+  it.src =
+      reinterpret_cast<const uint8_t*>(static_cast<const In*>(p.x) + (start + row0) * p.K + col0);
+  it.gi = gi;
+  it.t = t;
+  it.lt = static_cast<int32_t>(t - ts);
+  it.ct = ct;
+  it.vr = static_cast<int32_t>(min(int64_t(qnum::kTileRows), rows - row0));
+  it.vc = static_cast<int32_t>(min(int64_t(TileConfig::kCols), p.K - col0));
+  it.kind = kind;
+}
+
+template <class In, bool kFused>
+__device__ void sched_init(const TileParams& p, SchedState& s) {
+  if constexpr (kFused) {
+    s.gi = 0;
+  } else {
+    item_range(s.tile_start[p.plan.G] * p.col_tiles, blockIdx.x, gridDim.x, s.next, s.end);
+    if (s.next < s.end) {
+      s.gi = find_group(s.tile_start, p.plan.G, s.next / p.col_tiles);
+      s.hi = s.tile_start[s.gi + 1];
+    }
+  }
+}
+
+// The next item of this CTA. Fused: `ticket` is this call's ticket (fetched one call ahead).
+template <class In, bool kFused>
+__device__ void sched_next(const TileParams& p, SchedState& s, uint32_t ticket, ItemInfo& it) {
+  const uint32_t ncol = static_cast<uint32_t>(p.col_tiles);
+  if constexpr (!kFused) {
+    if (s.next >= s.end) {
+      it.kind = kItemNone;
+      return;
+    }
+    const int64_t item = s.next++;
+    const int64_t t = item / p.col_tiles;
+    while (t >= s.hi) s.hi = s.tile_start[++s.gi + 1];  // empty experts are stepped over
+    make_item<In>(p, s, kItemQuant, s.gi, t, static_cast<int>(item - t * p.col_tiles), it);
+  } else {
+    const int64_t G = p.plan.G;
+    const int64_t T = ticket;
+    if (T >= 2 * items_before(p, s, G)) {
+      it.kind = kItemNone;
+      return;
+    }
+    int64_t k = s.gi;
+    while (k < G && T >= items_before(p, s, k) + items_before(p, s, k + 1)) ++k;
+    s.gi = k;
+    const int64_t s0 = items_before(p, s, k - 1), s1 = items_before(p, s, k),
+                  s2 = items_before(p, s, k + 1);
+    const int64_t j = T - (s0 + s1), nq = s1 - s0, na = s2 - s1;
+    const int64_t F = min(na, int64_t(gridDim.x));
+    bool amax_item = j < F;
+    int64_t idx = j;
+    if (!amax_item) {
+      const int64_t jj = j - F, r = na - F, tot = r + nq;
+      const int64_t before = muldiv(jj, r, tot);
+      amax_item = muldiv(jj + 1, r, tot) > before;
+      // Quantize items walk the expert backwards: the tiles read last by its amax items (most
+      // likely still in L2) are quantized first.
+      idx = amax_item ? F + before : nq - 1 - (jj - before);
+    }
+    const int64_t e = amax_item ? k : k - 1;
+    const uint32_t tl = static_cast<uint32_t>(idx) / ncol;  // idx < 2^31 (host check)
+    make_item<In>(p, s, amax_item ? kItemAmax : kItemQuant, e, s.tile_start[e] + tl,
+                  static_cast<int>(static_cast<uint32_t>(idx) - tl * ncol), it);
+    it.slot0 = items_before(p, s, e);
+    it.slot1 = items_before(p, s, e + 1);
+  }
+}
+
+// The amax slots are data and flag in one word: relaxed (morally strong) accesses, no fences.
+__device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* a) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_gpu(uint32_t* a, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
+}
+constexpr uint32_t kSlotEmpty = 0xFFFFFFFFu;  // above every canonical amax (NaN is 0x7FC00000)
+
+// Per-expert outputs of the fused recipes from the expert's final amax.
+template <int R>
+__device__ __forceinline__ void write_expert_scalars(const TileParams& p, int64_t g, float amax) {
+  if constexpr (R == qnum::kFp8Current)
+    p.scale_inv_g[g] = qnum::fp8_current_scale(amax, p.L.e5m2, p.L.pow2).scale_inv;
+  if constexpr (R == qnum::kNvfp4) p.global_scale[g] = qnum::nvfp4_s_enc(amax);
 }
 
 }  // namespace tile_detail
@@ -446,89 +585,153 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   int tid = static_cast<int>(threadIdx.x);
   const qnum::Layout& L = p.L;
   const int64_t K = p.K;
+  const int Ki = static_cast<int>(K);  // K <= 65535 * 128: in-tile offsets r * K fit in 32 bits
   const int64_t G = p.plan.G;
+  // fp8_current fuses its amax pass (see "item schedule"); nvfp4 gets the amax from a separate
+  // pass (quantize.cu: its quantization is ALU-bound, and the fused items cost it 5-14 points).
+  constexpr bool kFused = R == qnum::kFp8Current;
 
-  // Per-expert scalars, once per launch (also covers zero-row experts, which own no tile).
-  if (blockIdx.x == 0) {
-    for (int64_t g = tid; g < G; g += Cfg::kThreads) {
-      if constexpr (R == qnum::kFp8Current)
-        p.scale_inv_g[g] = qnum::fp8_current_scale(p.amax[g], L.e5m2, L.pow2).scale_inv;
-      if constexpr (kFp4) p.global_scale[g] = qnum::nvfp4_s_enc(p.amax[g]);
+  // Items, the scheduler state and the current expert live in shared memory, written by thread
+  // 0 (CTA-uniform values held in registers across the loop pushed the 64-register budget into
+  // spills, and recomputing them in every thread cost ~20% of all instructions). Item i uses
+  // s_item[i % 3]: thread 0 fills item i + 2 while item i is processed and item i + 1 loads.
+  __shared__ ItemInfo s_item[3];
+  __shared__ SchedState s_sched;
+  __shared__ __align__(16) unsigned char s_cur_raw[sizeof(GroupInfo)];
+  __shared__ uint32_t s_amax;  // the current amax item's / expert's maximum (canonical bits)
+  GroupInfo& s_cur = *reinterpret_cast<GroupInfo*>(s_cur_raw);
+  const bool cache_plan = G <= Cfg::kPlanCacheG;
+  if (cache_plan) {
+    int64_t* const pc = reinterpret_cast<int64_t*>(smem + p.smem_plan);
+    for (int i = tid; i <= G; i += Cfg::kThreads) {
+      pc[i] = p.plan.tile_start[i];
+      pc[G + 1 + i] = p.plan.start[i];
+      pc[2 * (G + 1) + i] = p.plan.rows[i];
     }
   }
-  const int64_t n_items = p.plan.tile_start[G] * p.col_tiles;
-  int64_t begin, end;
-  item_range(n_items, blockIdx.x, gridDim.x, begin, end);
-  if (begin >= end) return;
+  uint32_t ticket = 0;  // thread 0, fused: the ticket of the next sched_next, fetched one ahead
+  __syncthreads();
+  if (tid == 0) {
+    const int64_t* const pc = reinterpret_cast<const int64_t*>(smem + p.smem_plan);
+    s_sched.tile_start = cache_plan ? pc : p.plan.tile_start;
+    s_sched.start = cache_plan ? pc + (G + 1) : p.plan.start;
+    s_sched.rows = cache_plan ? pc + 2 * (G + 1) : p.plan.rows;
+    sched_init<In, kFused>(p, s_sched);
+    if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);
+    sched_next<In, kFused>(p, s_sched, ticket, s_item[0]);
+    if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);
+    sched_next<In, kFused>(p, s_sched, ticket, s_item[1]);
+    if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);
+    s_cur.gi = -1;
+    s_amax = 0;
+  }
+  // Per-expert scalars. Fused: only zero-row experts (no item; amax 0, zeroed by the plan); the
+  // others are written where their amax is reduced. nvfp4: all, from the finished amax pass.
+  if (blockIdx.x == 0) {
+    for (int64_t g = tid; g < G; g += Cfg::kThreads) {
+      if (kFused && p.plan.rows[g] == 0) write_expert_scalars<R>(p, g, 0.0f);
+      if (R == qnum::kNvfp4) write_expert_scalars<R>(p, g, __uint_as_float(p.amax_bits[g]));
+    }
+  }
+  __syncthreads();
+  if (s_item[0].kind == kItemNone) return;
 
-  // ---- the item sequence: end-1 down to begin; (t, ct) and the expert tracked incrementally ----
-  // The current item's expert lives in shared memory (CTA-uniform; in registers it stayed live
-  // across the whole loop and pushed the 64-register budget into spills). The cursor (gi, lo =
-  // first tile of expert gi) only runs backwards, ahead of the current item by one (prefetch).
-  __shared__ __align__(16) unsigned char s_cur_raw[sizeof(GroupInfo)];
-  GroupInfo& s_cur = *reinterpret_cast<GroupInfo*>(s_cur_raw);
-  int64_t t = (end - 1) / p.col_tiles;
-  int ct = static_cast<int>((end - 1) % p.col_tiles);
-  int64_t gi = find_group(p.plan.tile_start, G, t);
-  int64_t lo = p.plan.tile_start[gi];
-  int64_t cur_gi = gi;
-  if (tid == 0) load_group<R>(p, gi, s_cur);  // published by the first loop barrier
-
-  // cp.async of tile (tt, cc) of the expert with rows [start, start + rows) and first tile ts.
-  auto issue_loads = [&](uint8_t* buf, int64_t start, int64_t rows, int64_t ts, int64_t tt,
-                         int cc) {
-    const int64_t row0 = (tt - ts) * Cfg::kRows;
-    const int vr = static_cast<int>(min(int64_t(Cfg::kRows), rows - row0));
-    const int64_t col0 = int64_t(cc) * Cfg::kCols;
-    const int vc = static_cast<int>(min(int64_t(Cfg::kCols), K - col0));
-    const In* xg = static_cast<const In*>(p.x) + (start + row0) * K + col0;
+  // cp.async of item `it` into buf: 16-byte chunks, zero-filled past the expert / past K.
+  auto issue_loads = [&](uint8_t* buf, const ItemInfo& it) {
+    const In* xg = reinterpret_cast<const In*>(it.src);
+    const int vr = it.vr, vc = it.vc;
+    const unsigned u = static_cast<unsigned>(tid);
 #pragma unroll
     for (int j = 0; j < S::kLoads; ++j) {
-      const int i = tid + j * Cfg::kThreads;
-      const int r = i / S::kChunksPerRow, ch = i % S::kChunksPerRow;
+      const unsigned i = u + j * Cfg::kThreads;
+      const int r = static_cast<int>(i / S::kChunksPerRow),
+                ch = static_cast<int>(i % S::kChunksPerRow);
       const bool ok = r < vr && ch * S::kVec < vc;
-      cp_async16(buf + r * S::kRowBytes + (swz(r, ch) << 4), ok ? xg + r * K + ch * S::kVec : xg,
+      cp_async16(buf + r * S::kRowBytes + (swz(r, ch) << 4), xg + (ok ? r * Ki + ch * S::kVec : 0),
                  ok ? 16 : 0);
     }
   };
 
-  issue_loads(smem, p.plan.start[gi], p.plan.rows[gi], lo, t, ct);
+  issue_loads(smem, s_item[0]);
   cp_async_commit();
   int bi = 0;  // buffer of the current item
-  for (int64_t item = end - 1; item >= begin; --item) {
-    // The per-thread addresses of every access pattern (cp.async, slab, column pairs, stage,
-    // scales) are loop invariant; hoisted out of the loop they took ~30 registers for the whole
-    // kernel and forced spills under the 64-register budget. Recomputing them costs a few integer
-    // operations per 128x128 tile.
+  for (int i = 0;; ++i) {
+    // The per-thread addresses of every access pattern are loop invariant; hoisted out of the
+    // loop they took ~30 registers for the whole kernel and forced spills under the 64-register
+    // budget. Recomputing them costs a few integer operations per 128x128 tile.
     asm volatile("" : "+r"(tid));
     const int lane = tid % 32, warp = tid / 32;
-    // Prefetch the previous item into the other buffer (freed by the previous iteration's
-    // trailing barrier), then wait for this item's group only. Only the cursor runs ahead; the
-    // current expert's GroupInfo is replaced after the item (rarely: at expert boundaries).
-    int64_t nt = t;
-    int nct = ct - 1;
-    if (item > begin) {
-      if (nct < 0) {
-        nct = static_cast<int>(p.col_tiles) - 1;
-        --nt;
-        while (nt < lo) lo = p.plan.tile_start[--gi];  // empty experts have no tile: skipped
-      }
-      issue_loads(smem + (bi ^ 1) * S::kBytes, p.plan.start[gi], p.plan.rows[gi], lo, nt, nct);
-    }
+    const ItemInfo& it = s_item[i % 3];
+    const ItemInfo& nx = s_item[(i + 1) % 3];
+    const bool has_next = nx.kind != kItemNone;
+    if (has_next) issue_loads(smem + (bi ^ 1) * S::kBytes, nx);
     cp_async_commit();
+    if (tid == 0) {  // schedule item i + 2; a quantize item waits for its expert's amax
+      ItemInfo& n2 = s_item[(i + 2) % 3];
+      if (has_next) {
+        sched_next<In, kFused>(p, s_sched, ticket, n2);
+        if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);  // used one item later
+      } else {
+        n2.kind = kItemNone;
+      }
+      if (!kFused && it.gi != s_cur.gi) {
+        const float am = R == qnum::kNvfp4 ? __uint_as_float(p.amax_bits[it.gi]) : 0.0f;
+        load_group<R>(p, it.gi, s_cur, am);
+      }
+    }
     cp_async_wait1();
     __syncthreads();
     const uint8_t* const buf = smem + bi * S::kBytes;
-    const GroupInfo& cur = s_cur;
-
-    const qnum::Geom& g = cur.g;
-    const int64_t lt = t - g.tile_start;
-    const int64_t row0 = lt * Cfg::kRows;
-    const int valid_rows = static_cast<int>(min(int64_t(Cfg::kRows), g.rows - row0));
-    const int64_t col0 = int64_t(ct) * Cfg::kCols;
-    const int valid_cols = static_cast<int>(min(int64_t(Cfg::kCols), K - col0));
     // columnwise mapping: column pair cp (columns c0, c0+1), rows [16 seg, 16 seg + 16)
     const int cp = lane + 32 * (warp & 1), seg = warp >> 1, c0 = 2 * cp;
+
+    if (kFused && it.kind == kItemAmax) {  // ---- fused amax item: the tile's maximum ---------
+      Pair m = E::zero();
+#pragma unroll
+      for (int j = 0; j < Cfg::kColSeg; ++j) m = E::absmax(m, S::pair(buf, seg * 16 + j, cp));
+      uint32_t a = max(E::lo_bits(m), E::hi_bits(m));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) a = max(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+      if (lane == 0 && a != 0) atomicMax(&s_amax, a);
+      __syncthreads();
+      if (tid == 0) {  // publish
+        st_relaxed_gpu(p.slots + it.t * p.col_tiles + it.ct, s_amax);
+        s_amax = 0;
+      }
+      if (!has_next) break;
+      bi ^= 1;
+      continue;
+    }
+    if (kFused && it.gi != s_cur.gi) {  // ---- first quantize item of an expert: its amax -------
+      uint32_t m = 0;
+      for (int64_t j = it.slot0 + tid; j < it.slot1; j += Cfg::kThreads) {
+        uint32_t v;
+        while ((v = ld_relaxed_gpu(p.slots + j)) == kSlotEmpty) __nanosleep(32);
+        m = max(m, v);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      if (lane == 0 && m != 0) atomicMax(&s_amax, m);
+      __syncthreads();
+      if (tid == 0) {  // every CTA that reduces the expert writes the same values
+        const uint32_t am = s_amax;
+        s_amax = 0;
+        p.amax_bits[it.gi] = am;
+        write_expert_scalars<R>(p, it.gi, __uint_as_float(am));
+        load_group<R>(p, it.gi, s_cur, __uint_as_float(am));
+      }
+      __syncthreads();
+    }
+
+    const GroupInfo& cur = s_cur;
+    const qnum::Geom& g = cur.g;
+    const int64_t t = it.t;
+    const int ct = it.ct;
+    const int64_t lt = it.lt;
+    const int64_t row0 = lt * Cfg::kRows;
+    const int valid_rows = it.vr;
+    const int64_t col0 = int64_t(ct) * Cfg::kCols;
+    const int valid_cols = it.vc;
 
     // ---- 2D block amax (weights): 16x16 (nvfp4) or the whole 128x128 tile (fp8_block) -------
     if (L.block_2d) {
@@ -595,7 +798,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
         const qnum::BlockQuant q0 = block_quant<R>(am0, cur, L);
         const qnum::BlockQuant q1 = kTwoQ ? block_quant<R>(am1, cur, L) : q0;
         const bool row_ok = r < valid_rows;
-        const int64_t e = (g.start + row0 + r) * K + col0;  // element index of the row's col0
+        const int64_t e = (g.start + row0) * K + col0 + r * Ki;  // element index of row r, col0
         const bool ok0 = row_ok && e_run0 < valid_cols, ok1 = row_ok && e_run1 < valid_cols;
         if constexpr (kFp4) {
           uint32_t w[4];
@@ -615,14 +818,14 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
           }
           const int64_t sc = (col0 + e_run0) / 16;  // even
           uint8_t* sr = static_cast<uint8_t*>(p.s_row);
-          const int64_t si = row_sidx(p, g, row0 + r, sc);
+          const int64_t si = row_sidx_t(p, g, lt, r, static_cast<int>(sc));
           // Scales sc, sc + 1 are adjacent in both layouts (sc even; plain: K / 16 even).
           if (ok1 && ((reinterpret_cast<uintptr_t>(sr) | uintptr_t(si)) & 1) == 0) {
             *reinterpret_cast<uint16_t*>(sr + si) =
                 static_cast<uint16_t>(q0.code | (uint32_t(q1.code) << 8));
           } else {
             if (ok0) sr[si] = q0.code;
-            if (ok1) sr[row_sidx(p, g, row0 + r, sc + 1)] = q1.code;
+            if (ok1) sr[row_sidx_t(p, g, lt, r, static_cast<int>(sc) + 1)] = q1.code;
           }
         } else {
           uint32_t w[8];
@@ -639,14 +842,13 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
                    make_uint4(w[4], w[5], w[6], w[7]));
           if constexpr (R == qnum::kFp8Block) {
             float* sr = static_cast<float*>(p.s_row);
-            if (!L.fp8_2d && row_ok && s == 0)
-              sr[row_sidx(p, g, row0 + r, col0 / 128)] = q0.scale_inv;
+            if (!L.fp8_2d && row_ok && s == 0) sr[row_sidx_t(p, g, lt, r, ct)] = q0.scale_inv;
             if (L.fp8_2d && tid == 0) sr[row_sidx(p, g, row0, col0 / 128)] = q0.scale_inv;
           } else if constexpr (R == qnum::kMxfp8) {
             // Lane s stores block b = s / 2 (s even, run 0) or 2 + s / 2 (s odd, run 1).
             const int b = (s & 1) ? 2 + s / 2 : s / 2;
             if (row_ok && 32 * b < valid_cols)
-              static_cast<uint8_t*>(p.s_row)[row_sidx(p, g, row0 + r, col0 / 32 + b)] =
+              static_cast<uint8_t*>(p.s_row)[row_sidx_t(p, g, lt, r, 4 * ct + b)] =
                   (s & 1) ? q1.code : q0.code;
           }
         }
@@ -904,13 +1106,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
       }
     }
     __syncthreads();  // buf, stage and the small arrays are free for the next item
-
-    t = nt;
-    ct = nct;
-    if (gi != cur_gi) {  // nobody reads s_cur again before the next loop barrier
-      cur_gi = gi;
-      if (tid == 0) load_group<R>(p, gi, s_cur);
-    }
+    if (!has_next) break;
     bi ^= 1;
   }
 }
@@ -921,7 +1117,7 @@ void launch_quantize_tile_fmt(Context& ctx, const TileParams& p) {
   static int configured = 0;  // the attribute is per function; set it once to the maximum
   if (configured == 0) {
     constexpr int kMax = 2 * tile_detail::TileSmem<In>::kBytes + TileConfig::kCols * 128 +
-                         TileConfig::kSmall + TileConfig::kCsum;
+                         TileConfig::kSmall + TileConfig::kCsum + TileConfig::kPlanCache;
     GROUPMM_CHECK_CUDA(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMax));
     configured = 1;
