@@ -233,6 +233,7 @@ class Context {
   Device device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   int sm_count() const { return sm_count_; }
+  int smem_per_sm() const { return smem_per_sm_; }  // bytes of shared memory per SM
   int device_index() const { return device_index_; }
   int cc() const { return cc_; }  // 90 for sm_90
 
@@ -266,6 +267,7 @@ class Context {
   cudaStream_t stream_ = nullptr;
   int device_index_ = -1;
   int sm_count_ = 0;
+  int smem_per_sm_ = 0;
   int cc_ = 0;
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;

@@ -50,6 +50,8 @@ Context::Context(Device device, cudaStream_t stream) : device_(device), stream_(
                 device_index_, " is sm_", cc_, ". Use Device::CPU on this machine.");
   GROUPMM_CHECK_CUDA(
       cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_index_));
+  GROUPMM_CHECK_CUDA(cudaDeviceGetAttribute(
+      &smem_per_sm_, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_index_));
   GROUPMM_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&status_), sizeof(StatusBlock)));
   GROUPMM_CHECK_CUDA(cudaMemsetAsync(status_, 0, sizeof(StatusBlock), stream_));
 }

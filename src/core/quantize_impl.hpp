@@ -19,10 +19,10 @@ QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs&
                                     const char* iname = "input", const char* qname = "out");
 qnum::Layout make_layout(const QuantizeConfig& cfg, int64_t K);
 
-// Workspace: the per-expert plan (5 arrays of G+1 int64, then the fused schedule's ticket), then
-// for fp8_current one amax slot (uint32) per 128x128 tile, then the dbias partial sums.
+// Workspace: the per-expert plan (5 arrays of G+1 int64, then one word for the fused schedule's
+// ticket), then for fp8_current one amax slot (uint32) per 128x128 tile, then the dbias partials.
 inline size_t plan_bytes(int64_t G) {
-  return (static_cast<size_t>(6 * (G + 1)) * 8 + 255) / 256 * 256;
+  return (static_cast<size_t>(5 * (G + 1) + 1) * 8 + 255) / 256 * 256;
 }
 inline int64_t tile_bound(int64_t M, int64_t G) {
   return M / qnum::kTileRows + G;

@@ -1,5 +1,6 @@
-// CUDA group_quantize / bgrad_group_quantize: plan kernel, the tile kernel (for fp8_current and
-// nvfp4 it also computes each expert's amax, see quantize_tile.cuh "item schedule"), and the
+// CUDA group_quantize / bgrad_group_quantize: plan kernel, nvfp4's per-expert amax pass, the tile
+// kernel (for fp8_current it also computes each expert's amax, see quantize_tile.cuh "item
+// schedule"), and the
 // deterministic per-expert reduction of the bias-gradient partial sums. All stream-ordered,
 // no host reads, no allocation: graph safe.
 #include <algorithm>
@@ -203,11 +204,8 @@ void tile_layout(const Context& ctx, TileParams& p, int in_size) {
   p.smem_plan = off;
   if (p.plan.G <= TileConfig::kPlanCacheG) off += TileConfig::kPlanCache;
   p.smem_total = off;
-  int dev = 0, smem_per_sm = 0;
-  GROUPMM_CHECK_CUDA(cudaGetDevice(&dev));
-  GROUPMM_CHECK_CUDA(
-      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  const int by_smem = smem_per_sm / (p.smem_total + 1024);  // 1 KB per CTA reserved by the driver
+  const int by_smem =
+      ctx.smem_per_sm() / (p.smem_total + 1024);  // 1 KB per CTA reserved by the driver
   const int per_sm = std::max(1, std::min(in_size == 4 ? 1 : TileConfig::kMinBlocks, by_smem));
   const int64_t items_bound = tile_bound(p.M, p.plan.G) * p.col_tiles;
   p.grid = static_cast<int>(
@@ -222,11 +220,12 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   GROUPMM_CHECK(qnum::ceil_div(p.K, 128) <= 65535, "group_quantize: K=", p.K,
                 " must be <= 65535*128");
   const int64_t col_tiles = qnum::ceil_div(p.K, 128);
-  // The fused amax schedule counts items (128x128 tiles, twice) in 32 bits.
-  GROUPMM_CHECK(tile_bound(p.M, p.G) * col_tiles < (int64_t(1) << 30), "group_quantize: M=", p.M,
-                ", K=", p.K, " has too many 128x128 tiles (at most 2^30)");
   const QuantPlan plan = plan_view(ws, p.G);
   const int R = p.L.recipe;
+  // The fused amax schedule (fp8_current) counts items (128x128 tiles, twice) in 32 bits.
+  GROUPMM_CHECK(R != qnum::kFp8Current || tile_bound(p.M, p.G) * col_tiles < (int64_t(1) << 30),
+                "group_quantize: M=", p.M, ", K=", p.K,
+                " has too many 128x128 tiles for fp8_current (at most 2^30)");
   const bool need_amax = R == qnum::kFp8Current || R == qnum::kNvfp4;
   uint32_t* amax_bits = need_amax ? static_cast<uint32_t*>(a.out.amax.data) : nullptr;
   launch_quant_plan(ctx, plan, a.splits, p.M, p.L.cb, amax_bits, OpId::group_quantize);
