@@ -166,7 +166,7 @@ int run_bench_quantize(const Args& args) {
   }
   const bool json = has_flag(args, "--json");
   const int iters = std::stoi(get_opt(args, "--iters", "20"));
-  // Filters (profiling one case): --recipe NAME, --direction rowwise|both, --shape MxK.
+  // Filters (profiling one case): --recipe NAME, --direction rowwise|columnwise|both, --shape MxK.
   const std::string only_recipe = get_opt(args, "--recipe", "");
   const std::string only_dir = get_opt(args, "--direction", "");
   const std::string only_shape = get_opt(args, "--shape", "");
@@ -196,9 +196,12 @@ int run_bench_quantize(const Args& args) {
       rows.push_back({"copy (D2D)", "-", shape, true, copy_ms * 1000, copy_gbps, 1.0, 0});
       for (QuantRecipe r : {QuantRecipe::fp8_current, QuantRecipe::fp8_block, QuantRecipe::mxfp8,
                             QuantRecipe::nvfp4})
-        for (QuantDirection d : {QuantDirection::rowwise, QuantDirection::both}) {
+        for (QuantDirection d :
+             {QuantDirection::rowwise, QuantDirection::columnwise, QuantDirection::both}) {
+          // columnwise alone only when asked for (profiling); the table has rowwise and both
           if ((!only_recipe.empty() && only_recipe != recipe_name(r)) ||
-              (!only_dir.empty() && only_dir != quant_direction_name(d)))
+              (!only_dir.empty() && only_dir != quant_direction_name(d)) ||
+              (only_dir.empty() && d == QuantDirection::columnwise))
             continue;
           const BenchCase c{M, K, G, r, d};
           const bool ok = validate(c);
@@ -247,7 +250,7 @@ int run_bench_quantize(const Args& args) {
 
 Register reg("bench quantize",
              "grouped quantization bandwidth per recipe vs D2D copy ([--iters N] [--json] "
-             "[--recipe R] [--direction rowwise|both] [--shape MxK])",
+             "[--recipe R] [--direction rowwise|columnwise|both] [--shape MxK])",
              run_bench_quantize);
 
 }  // namespace

@@ -53,6 +53,8 @@ template <class In, class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
     expert_amax_kernel(const In* x, int64_t K, int64_t col_tiles, QuantPlan plan,
                        uint32_t* amax_bits) {
+  pdl_launch_dependents();  // the tile kernel may start launching; it waits for this grid
+  pdl_wait();               // the plan
   using E = tile_detail::Elt<In>;
   using Pair = typename E::Pair;
   constexpr int kVec = 16 / static_cast<int>(sizeof(In));
@@ -172,9 +174,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 template <class In>
 void launch_amax(Context& ctx, const void* x, int64_t K, int64_t col_tiles, int grid,
                  const QuantPlan& plan, uint32_t* amax_bits) {
-  expert_amax_kernel<In, AmaxConfig><<<grid, AmaxConfig::kThreads, 0, ctx.stream()>>>(
-      static_cast<const In*>(x), K, col_tiles, plan, amax_bits);
-  GROUPMM_CHECK_LAUNCH();
+  launch_pdl(expert_amax_kernel<In, AmaxConfig>, dim3(grid), dim3(AmaxConfig::kThreads), 0,
+             ctx.stream(), static_cast<const In*>(x), K, col_tiles, plan, amax_bits);
 }
 
 template <class Out>
@@ -188,19 +189,12 @@ void launch_reduce(Context& ctx, const float* partial, int64_t K, const QuantPla
 
 }  // namespace
 
-// Shared memory: two input tiles (double buffer), the transposed staging tile (columnwise), the
-// small amax arrays, the bias-gradient segment sums. Persistent grid: as many CTAs as fit
-// (two 512-thread CTAs per SM for 16-bit inputs: ~86 KB each; one for fp32), at most one per
+// Shared memory: the input tile buffers and the plan cache. Persistent grid: as many CTAs as fit
+// (two 512-thread CTAs per SM for 16-bit inputs: ~102 KB each; one for fp32), at most one per
 // item.
 void tile_layout(const Context& ctx, TileParams& p, int in_size) {
-  const bool fp4 = p.L.recipe == qnum::kNvfp4;
-  int off = 2 * TileConfig::kRows * TileConfig::kCols * in_size;
-  p.smem_stage = off;
-  if (p.colwise) off += TileConfig::kCols * (fp4 ? 64 : 128);
-  p.smem_small = off;
-  off += TileConfig::kSmall;  // colamax [8][128], 2D [8][8]
-  p.smem_csum = off;
-  if (p.dbias_partial) off += TileConfig::kCsum;
+  const int stages = p.L.recipe == qnum::kFp8Current ? 2 : TileConfig::kStages;  // see kSt
+  int off = stages * TileConfig::kRows * TileConfig::kCols * in_size;
   p.smem_plan = off;
   if (p.plan.G <= TileConfig::kPlanCacheG) off += TileConfig::kPlanCache;
   p.smem_total = off;
@@ -228,7 +222,12 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
                 " has too many 128x128 tiles for fp8_current (at most 2^30)");
   const bool need_amax = R == qnum::kFp8Current || R == qnum::kNvfp4;
   uint32_t* amax_bits = need_amax ? static_cast<uint32_t*>(a.out.amax.data) : nullptr;
-  launch_quant_plan(ctx, plan, a.splits, p.M, p.L.cb, amax_bits, OpId::group_quantize);
+  // fp8_current: the plan kernel also empties the fused amax slots (no separate memset launch).
+  uint32_t* const slots =
+      R == qnum::kFp8Current ? reinterpret_cast<uint32_t*>(static_cast<char*>(ws) + plan_bytes(p.G))
+                             : nullptr;
+  launch_quant_plan(ctx, plan, a.splits, p.M, p.L.cb, amax_bits, OpId::group_quantize, slots,
+                    col_tiles);
   TileParams tp{};
   tp.x = a.input.data;
   tp.M = p.M;
@@ -243,11 +242,9 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.s_col = a.out.columnwise_scale_inv.data;
   tp.amax_bits = amax_bits;
   char* ws_next = static_cast<char*>(ws) + plan_bytes(p.G);
-  if (R == qnum::kFp8Current) {  // empty slots; the tile kernel fills them (fused amax items)
-    tp.slots = reinterpret_cast<uint32_t*>(ws_next);
-    const size_t n = amax_slot_bytes(p.M, p.K, p.G);
-    GROUPMM_CHECK_CUDA(cudaMemsetAsync(tp.slots, 0xFF, n, ctx.stream()));
-    ws_next += n;
+  if (R == qnum::kFp8Current) {  // emptied by the plan; the tile kernel's amax items fill them
+    tp.slots = slots;
+    ws_next += amax_slot_bytes(p.M, p.K, p.G);
   }
   tp.scale_inv_g = R == qnum::kFp8Current ? static_cast<float*>(a.out.scale_inv.data) : nullptr;
   tp.global_scale = static_cast<float*>(a.out.global_scale.data);

@@ -31,12 +31,17 @@ struct PlanParams {
   int64_t uniform_rows;
   int64_t cb;
   uint32_t* amax_bits;
+  uint32_t* slots;  // fp8_current's fused amax slots: [tiles * col_tiles] set to kSlotEmpty
+  int64_t col_tiles;
   StatusBlock* status;
   OpId op;
 };
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p) {
+  // The kernels after the plan are launched with programmatic dependent launch and wait for the
+  // whole plan (griddepcontrol.wait) before reading it: let them start launching now.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   using Scan = cub::BlockScan<Quad, Cfg::kThreads>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ Quad carry;  // a: unclamped rows, b: tiles, c: column blocks, d: padded blocks
@@ -99,6 +104,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
     if (p.splits != nullptr && c.a != p.rows_total)
       report_fault(p.status, kFaultSplitsTotalMismatch, p.op, -1, c.a);
   }
+  if (p.slots != nullptr) {  // the slots of the items that exist (carry.b = all row tiles)
+    const int64_t n = carry.b * p.col_tiles;
+    for (int64_t i = threadIdx.x; i < n; i += Cfg::kThreads) p.slots[i] = 0xFFFFFFFFu;
+  }
 }
 
 }  // namespace
@@ -110,7 +119,8 @@ QuantPlan plan_view(void* ws, int64_t G) {
 }
 
 void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& splits,
-                       int64_t rows_total, int col_block, uint32_t* amax_bits, OpId op) {
+                       int64_t rows_total, int col_block, uint32_t* amax_bits, OpId op,
+                       uint32_t* slots, int64_t col_tiles) {
   PlanParams p{};
   p.plan = plan;
   p.splits = splits.present() ? splits.data : nullptr;
@@ -119,6 +129,8 @@ void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& sp
   p.uniform_rows = rows_total / plan.G;
   p.cb = col_block;
   p.amax_bits = amax_bits;
+  p.slots = slots;
+  p.col_tiles = col_tiles;
   p.status = ctx.status();
   p.op = op;
   quant_plan_kernel<PlanConfig><<<1, PlanConfig::kThreads, 0, ctx.stream()>>>(p);

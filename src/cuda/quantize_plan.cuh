@@ -3,6 +3,8 @@
 // host ever reads splits (graph safe). Arrays of G+1 int64 (entry G holds the total).
 #pragma once
 
+#include <utility>
+
 #include "core/quantize_numerics.hpp"
 #include "groupmm/core.hpp"
 
@@ -26,9 +28,38 @@ struct QuantPlan {
 QuantPlan plan_view(void* ws, int64_t G);
 
 // Builds the plan. splits absent: G experts of rows_total / G rows (weights). Zeroes amax_bits[G]
-// when given, and the fused schedule's ticket. Faults are reported against `op`.
+// when given, and the fused schedule's ticket; sets the fused amax slots of the existing items
+// (sum of row tiles x col_tiles) to 0xFFFFFFFF when given. Faults are reported against `op`.
+// The plan kernel triggers programmatic dependent launch at its start: a kernel launched after
+// it with launch_pdl (below) must execute pdl_wait() before it reads anything the plan wrote.
 void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& splits,
-                       int64_t rows_total, int col_block, uint32_t* amax_bits, OpId op);
+                       int64_t rows_total, int col_block, uint32_t* amax_bits, OpId op,
+                       uint32_t* slots = nullptr, int64_t col_tiles = 0);
+
+// Programmatic dependent launch: the kernel may start while the kernel before it in the stream
+// finishes (its launch latency and prologue overlap that kernel's tail), and waits for it (and
+// for its memory) in pdl_wait(). Stream capture records it as a programmatic graph edge.
+template <class... KArgs, class... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  GROUPMM_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 
 // The expert whose half-open range [prefix[g], prefix[g+1]) holds t (t < prefix[G]); empty
 // experts are skipped because the last g with prefix[g] <= t is taken.

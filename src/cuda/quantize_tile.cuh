@@ -9,32 +9,29 @@
 //
 // Why it is shaped like this (H200: ~4.2 TB/s, 132 SMs, i.e. ~16 bytes per SM clock):
 //  - Persistent 512-thread CTAs (2 per SM for 16-bit inputs, 64 registers per thread: 50%
-//    occupancy; 64 KB of double-buffered input + 16 KB of transposed staging). Thread 0 schedules
+//    occupancy; three input tile buffers, two for fp8_current). Thread 0 schedules
 //    the items (see "item schedule" below: contiguous ranges, or for fp8_current one
 //    ticket sequence that interleaves each expert's amax items with the previous expert's
 //    quantize items, so the expert amax needs no separate pass) and publishes each item's
 //    CTA-uniform description (ItemInfo) and its expert (GroupInfo) in shared memory; per-thread
 //    addresses are 32-bit offsets from those, recomputed per tile (registers, see the loop).
-//  - The next tile is fetched with cp.async (16-byte, zero-filled past the expert / past K) while
-//    the current one is quantized: each CTA keeps 32 KB in flight, 64 KB per SM, about twice what
-//    Little's law asks for at ~1 us loaded DRAM latency.
+//  - The next tiles are fetched with cp.async (16-byte, zero-filled past the expert / past K)
+//    while the current one is quantized: up to 64 KB in flight per CTA (a third buffer measured
+//    neutral against two for the static recipes; fp8_current keeps two, see kSt).
 //  - The fp8 format (e4m3 / e5m2) is a kernel template parameter, not a per-conversion branch.
 //  - The smem tile has no padding but an XOR swizzle of its 16-byte chunks (swz below) so that
-//    all three access patterns are free of bank conflicts: cp.async writes and the columnwise
-//    pass read 8 consecutive chunks of one row; the rowwise pass reads chunk k of four 32-element
-//    slabs in two rows per quarter warp.
+//    every access pattern is free of bank conflicts.
 //  - Rowwise: 4 lanes per row, 32 elements per lane: fp4 one 1x32 slab (one 16-byte store of
 //    codes), fp8 the 16-element runs s and 4 + s, so that each 16-byte warp store writes 64
 //    contiguous bytes of each of 8 rows (whole sectors; 1x128 amax by two shuffles, mxfp8 1x32 by
 //    one). nvfp4 signs come from the input words (prmt; see row_signs8).
-//  - Columnwise: a thread owns 2 columns x 16 rows (bf16x2 words read across a row: conflict
-//    free; 32-row / 128-row column blocks merge their raw amax pairs through smem, one
-//    conflict-free word per thread and segment), quantizes both columns
-//    in registers into a swizzled transposed staging tile, which the CTA
-//    then copies out as whole 128-byte (64-byte fp4) rows of the expert's [K, m_g] block: 16-byte
-//    stores when the expert's block is 16-byte aligned, 4-byte / byte runs otherwise. mxfp8 /
-//    nvfp4 column scales are staged too (colsc) and written as one 4 / 8-byte run per column
-//    (plain) or as whole 512-byte blocks (swizzled, padding included).
+//  - Columnwise: a warp owns 8 whole columns, a lane 2 columns x 16 rows. Column blocks (16, 32
+//    or 128 rows) merge by shuffles, and the 8 lanes of a column store its codes from registers
+//    as one contiguous run of the expert's [K, m_g] block (16-byte pieces, 8 for fp4, when the
+//    block is aligned, else 4-byte or byte stores). Round 4 staged a transposed tile in shared
+//    memory and merged through it (two more CTA barriers and a copy-out pass per tile, 16 KB of
+//    shared memory); dropping that was neutral for bandwidth by itself (the kernels are bound by
+//    instruction issue, see block_quant) but freed the shared memory of the third buffer.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,11 +54,8 @@ struct TileConfig {
   static constexpr int kRowIters = kRows * kSlabsPerRow / kThreads;  // slabs per thread
   static constexpr int kColSeg = 16;                                 // columnwise rows / thread
   static constexpr int kColSegs = kRows / kColSeg;
-  static constexpr int kMinBlocks = 2;         // per SM, for 16-bit inputs: 64 registers per thread
-  static constexpr int kColScale = kCols * 8;  // staged columnwise scale bytes [128][<= 8]
-  // colamax [8][128] words (raw amax pairs, [8][64] Pairs), 2D [8][8], column scales
-  static constexpr int kSmall = (kColSegs * kCols + 64) * 4 + kColScale;
-  static constexpr int kCsum = kColSegs * kCols * 4;  // bias-gradient sums [8][128]
+  static constexpr int kStages = 3;     // input tile buffers: items i + 1, i + 2 load while i runs
+  static constexpr int kMinBlocks = 2;  // per SM, for 16-bit inputs: 64 registers per thread
   // The scheduler reads the plan (tile_start, start, rows) from shared memory when G is at most
   // this (thread 0's dependent global loads were on every item's critical path).
   static constexpr int kPlanCacheG = 256;
@@ -70,6 +64,8 @@ struct TileConfig {
   static_assert(kSlabsPerRow == 4 && kRowIters == 1, "one 1x32 slab per thread");
   static_assert((kCols / 2) * kColSegs == kThreads, "2 columns x 16 rows per thread");
   static_assert(kWarps == 2 * kColSegs, "two warps (64 column pairs) per column segment");
+  static_assert(kColSegs == 8 && kCols == 8 * kWarps,
+                "columnwise: a warp owns 8 columns, 8x16 rows");
   static_assert(kWarps <= 64, "fp8 2D amax: one blk2d entry per warp");
 };
 
@@ -95,7 +91,7 @@ struct TileParams {
   StatusBlock* status;
   int grid;  // persistent CTAs
   // dynamic shared memory carve-up (bytes)
-  int smem_stage, smem_small, smem_csum, smem_plan, smem_total;
+  int smem_plan, smem_total;
 };
 
 // Host: shared-memory carve-up, persistent grid, and launch.
@@ -175,13 +171,22 @@ struct Elt<float> {
   }
 };
 
+__device__ __forceinline__ uint32_t shfl_xor_pair(uint32_t v, int m) {
+  return __shfl_xor_sync(0xFFFFFFFFu, v, m);
+}
+__device__ __forceinline__ uint2 shfl_xor_pair(uint2 v, int m) {
+  return make_uint2(__shfl_xor_sync(0xFFFFFFFFu, v.x, m), __shfl_xor_sync(0xFFFFFFFFu, v.y, m));
+}
+
 // ---- shared-memory tile: 128 rows of 128 elements, 16-byte chunks XOR-swizzled ------------------
-// Bank group (chunk mod 8) of chunk ch in row r is (b2, b1^b3, b0^r0) of ch (plus b4 into b2 for
-// fp32 rows of 32 chunks): 8 consecutive chunks of a row hit 8 groups (cp.async writes, column
-// pair reads), and chunk k of the 4 slabs (ch = 4s+k, or 8s+k for fp32) of two adjacent rows
-// hit 8 groups (rowwise reads).
+// Chunk ch of row r sits at ch ^ (r & 1) ^ ((ch >> 2) & 6) ^ ((r >> 4) & 7); a bank group is the
+// stored chunk mod 8. Each access pattern meets 8 groups per phase: cp.async writes and the
+// fused / 2D amax reads (8 consecutive chunks of one row; the XOR terms are constant over an
+// aligned group of 8 chunks), the rowwise reads (chunk k of the 4 slabs, ch = 2s + k / 4s + k, of
+// two adjacent rows of one 16-row group), and the columnwise reads (one chunk, at rows
+// 16 rg + j of the 8 row groups rg: the last term; 2-way for fp32 rows of 32 chunks).
 __device__ __forceinline__ int swz(int r, int ch) {
-  return ch ^ (r & 1) ^ ((ch >> 2) & 6);
+  return ch ^ (r & 1) ^ ((ch >> 2) & 6) ^ ((r >> 4) & 7);
 }
 template <class In>
 struct TileSmem {
@@ -232,8 +237,9 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
-__device__ __forceinline__ void cp_async_wait1() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // fp8 pair conversion: the hardware cvt (bit-identical to convert.hpp, which test_convert_gpu
@@ -356,8 +362,23 @@ __device__ __forceinline__ void load_group(const TileParams& p, int64_t gi, Grou
   }
 }
 
+// e4m3 code -> fp32: the hardware cvt (e4m3 values are exact in f16; 0x7F gives a NaN, as
+// e4m3_to_float does; its payload is irrelevant: a NaN multiplier only selects the NaN code).
+__device__ __forceinline__ float e4m3_to_float_dev(uint8_t c) {
+#ifdef GROUPMM_QUANT_SOFT_CVT
+  return e4m3_to_float(c);
+#else
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(c)));
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h2 & 0xFFFFu)));
+#endif
+}
+
 // Block quantization of a block with canonical amax bits `am` (the device half of
-// qnum::make_block_quant, with the per-expert part hoisted into GroupInfo).
+// qnum::make_block_quant, with the per-expert part hoisted into GroupInfo). The same operations as
+// the qnum functions, written without their early returns: the compiler turned those into
+// branches and reconvergence points that cost ~35 instructions per block (about 14% of all
+// instructions of MXFP8 "both", 4 blocks per thread and tile).
 template <int R>
 __device__ __forceinline__ qnum::BlockQuant block_quant(uint32_t am, const GroupInfo& gr,
                                                         const qnum::Layout& L) {
@@ -365,17 +386,36 @@ __device__ __forceinline__ qnum::BlockQuant block_quant(uint32_t am, const Group
   if constexpr (R == qnum::kFp8Current) {
     q.mul = gr.mul;
   } else if constexpr (R == qnum::kFp8Block) {
-    const qnum::ScalePair s = qnum::fp8_block_scale(__uint_as_float(am), L.e5m2, L.pow2);
-    q.mul = s.scale;
-    q.scale_inv = s.scale_inv;
+    // qnum::fp8_block_scale: {1, 1} unless 0 < amax < Inf and amax / fmax is normal.
+    const float fmax = L.e5m2 ? kE5M2Max : kE4M3Max;
+    const float a = __uint_as_float(am);
+    const float v = __fdiv_rn(a, fmax);
+    const uint32_t vb = __float_as_uint(v);
+    const bool ok = am != 0u && am < 0x7F800000u && (vb >> 23) != 0u;
+    float mul, inv;
+    if (L.pow2) {  // round v up to a power of two
+      inv = __uint_as_float(((vb >> 23) + ((vb & 0x7FFFFFu) != 0u ? 1u : 0u)) << 23);
+      mul = __fdiv_rn(1.0f, inv);
+    } else {
+      inv = v;
+      mul = __fdiv_rn(fmax, a);
+    }
+    q.mul = ok ? mul : 1.0f;
+    q.scale_inv = ok ? inv : 1.0f;
   } else if constexpr (R == qnum::kMxfp8) {
-    q.code = qnum::mx_e8m0(__uint_as_float(am), L.e5m2);
-    q.mul = qnum::mx_quant_mul(q.code);
+    // qnum::mx_e8m0 (float_to_e8m0_roundup of amax / fmax) and qnum::mx_quant_mul.
+    const float v = __uint_as_float(am) * (L.e5m2 ? (1.0f / kE5M2Max) : (1.0f / kE4M3Max));
+    const uint32_t u = __float_as_uint(v) & 0x7FFFFFFFu;
+    uint32_t e = min((u + 0x7FFFFFu) >> 23, 254u);  // exponent, +1 if any mantissa bit
+    e = u > 0x7F800000u ? 255u : e;                 // NaN
+    const uint32_t m = e >= 254u ? (e == 255u ? 0x7FC00000u : 0x00400000u) : (254u - e) << 23;
+    q.code = static_cast<uint8_t>(e);
+    q.mul = __uint_as_float(m);
   } else {
     // qnum::nvfp4_block_scale with the e4m3 encode done by the same cvt as the fp8 data
     // (bit-identical to float_to_e4m3; GROUPMM_QUANT_SOFT_CVT switches both back).
     q.code = static_cast<uint8_t>(fp8x2<false>(__fmul_rn(__uint_as_float(am), gr.s_enc6), 0.0f));
-    q.mul = qnum::nvfp4_elem_scale(gr.s_enc, e4m3_to_float(q.code));
+    q.mul = qnum::nvfp4_elem_scale(gr.s_enc, e4m3_to_float_dev(q.code));
   }
   return q;
 }
@@ -444,6 +484,8 @@ struct ItemInfo {      // one 128x128 work item, CTA-uniform
 struct SchedState {
   int64_t next, end;  // static: next item and end of this CTA's range
   int64_t gi, hi;     // static: expert cursor (its tiles end at hi); fused: block cursor in gi
+  int64_t t;          // static: the next item's row tile and column tile
+  int32_t ct;
   // The plan arrays the scheduler reads: shared-memory copies when G <= kPlanCacheG.
   const int64_t *tile_start, *start, *rows;
 };
@@ -486,7 +528,9 @@ __device__ void sched_init(const TileParams& p, SchedState& s) {
   } else {
     item_range(s.tile_start[p.plan.G] * p.col_tiles, blockIdx.x, gridDim.x, s.next, s.end);
     if (s.next < s.end) {
-      s.gi = find_group(s.tile_start, p.plan.G, s.next / p.col_tiles);
+      s.t = s.next / p.col_tiles;
+      s.ct = static_cast<int32_t>(s.next - s.t * p.col_tiles);
+      s.gi = find_group(s.tile_start, p.plan.G, s.t);
       s.hi = s.tile_start[s.gi + 1];
     }
   }
@@ -501,10 +545,15 @@ __device__ void sched_next(const TileParams& p, SchedState& s, uint32_t ticket, 
       it.kind = kItemNone;
       return;
     }
-    const int64_t item = s.next++;
-    const int64_t t = item / p.col_tiles;
-    while (t >= s.hi) s.hi = s.tile_start[++s.gi + 1];  // empty experts are stepped over
-    make_item<In>(p, s, kItemQuant, s.gi, t, static_cast<int>(item - t * p.col_tiles), it);
+    ++s.next;
+    // (t, ct) advance incrementally: a 64-bit division per item on thread 0 held every warp
+    // at the loop-top barrier.
+    while (s.t >= s.hi) s.hi = s.tile_start[++s.gi + 1];  // empty experts are stepped over
+    make_item<In>(p, s, kItemQuant, s.gi, s.t, s.ct, it);
+    if (++s.ct == static_cast<int32_t>(ncol)) {
+      s.ct = 0;
+      ++s.t;
+    }
   } else {
     const int64_t G = p.plan.G;
     const int64_t T = ticket;
@@ -524,7 +573,7 @@ __device__ void sched_next(const TileParams& p, SchedState& s, uint32_t ticket, 
     if (!amax_item) {
       const int64_t jj = j - F, r = na - F, tot = r + nq;
       const int64_t before = muldiv(jj, r, tot);
-      amax_item = muldiv(jj + 1, r, tot) > before;
+      amax_item = (jj + 1) * r >= (before + 1) * tot;  // muldiv(jj + 1, r, tot) > before
       // Quantize items walk the expert backwards: the tiles read last by its amax items (most
       // likely still in L2) are quantized first.
       idx = amax_item ? F + before : nq - 1 - (jj - before);
@@ -569,18 +618,9 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   using Pair = typename E::Pair;
   using S = TileSmem<In>;
   constexpr bool kFp4 = R == qnum::kNvfp4;
-  constexpr int kStageRow = kFp4 ? 64 : 128;  // bytes of one transposed row (128 tokens)
-  constexpr int kStageChunks = kStageRow / 16;
-  constexpr int kUnit = kStageRow / Cfg::kColSegs;  // bytes of one 16-row segment: 16 or 8
-  static_assert(kUnit == (kFp4 ? 8 : 16), "a segment is 16 fp8 or 16 fp4 codes");
-  constexpr int kPerTile = kFp4 ? 8 : 4;  // mxfp8 / nvfp4 column blocks per tile (staged scales)
-  extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* const stage = smem + p.smem_stage;                                  // [128][kStageRow]
-  uint32_t* const colamax = reinterpret_cast<uint32_t*>(smem + p.smem_small);  // [8][128]
-  uint32_t* const blk2d = colamax + Cfg::kColSegs * Cfg::kCols;      // [8][8] nvfp4, [16] fp8 2D
-  Pair* const colpair = reinterpret_cast<Pair*>(colamax);            // [8][64] raw column-pair amax
-  uint8_t* const colsc = reinterpret_cast<uint8_t*>(blk2d + 64);     // [128][kPerTile] col scales
-  float* const csum = reinterpret_cast<float*>(smem + p.smem_csum);  // [8][128]
+  extern __shared__ __align__(128) uint8_t smem[];  // [2] input tiles, then the plan cache
+  __shared__ uint32_t blk2d[64];  // 2D block amax: [8][8] nvfp4 16x16, [16] fp8 128x128
+  pdl_wait();  // the plan (and nvfp4's amax pass): this kernel may start before they finish
   // Not const: laundered at every item (see the loop), so that nothing derived from it is hoisted.
   int tid = static_cast<int>(threadIdx.x);
   const qnum::Layout& L = p.L;
@@ -594,8 +634,12 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   // Items, the scheduler state and the current expert live in shared memory, written by thread
   // 0 (CTA-uniform values held in registers across the loop pushed the 64-register budget into
   // spills, and recomputing them in every thread cost ~20% of all instructions). Item i uses
-  // s_item[i % 3]: thread 0 fills item i + 2 while item i is processed and item i + 1 loads.
-  __shared__ ItemInfo s_item[3];
+  // s_item[i % kRing] and buffer i % kStages: while item i is processed, items i + 1 .. i + kStages
+  // - 1 load and thread 0 schedules item i + kStages.
+  // Fused (fp8_current) keeps two buffers: a third fetched tickets further ahead, which moved the
+  // amax reads of an expert further from its quantize re-reads (fewer L2 hits; 59 -> 56% rowwise).
+  constexpr int kSt = kFused ? 2 : Cfg::kStages, kRing = kSt + 1;
+  __shared__ ItemInfo s_item[kRing];
   __shared__ SchedState s_sched;
   __shared__ __align__(16) unsigned char s_cur_raw[sizeof(GroupInfo)];
   __shared__ uint32_t s_amax;  // the current amax item's / expert's maximum (canonical bits)
@@ -617,10 +661,10 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     s_sched.start = cache_plan ? pc + (G + 1) : p.plan.start;
     s_sched.rows = cache_plan ? pc + 2 * (G + 1) : p.plan.rows;
     sched_init<In, kFused>(p, s_sched);
-    if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);
-    sched_next<In, kFused>(p, s_sched, ticket, s_item[0]);
-    if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);
-    sched_next<In, kFused>(p, s_sched, ticket, s_item[1]);
+    for (int q = 0; q < kSt; ++q) {
+      if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);
+      sched_next<In, kFused>(p, s_sched, ticket, s_item[q]);
+    }
     if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);
     s_cur.gi = -1;
     s_amax = 0;
@@ -652,8 +696,11 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     }
   };
 
-  issue_loads(smem, s_item[0]);
-  cp_async_commit();
+#pragma unroll
+  for (int q = 0; q + 1 < kSt; ++q) {
+    if (s_item[q].kind != kItemNone) issue_loads(smem + q * S::kBytes, s_item[q]);
+    cp_async_commit();
+  }
   int bi = 0;  // buffer of the current item
   for (int i = 0;; ++i) {
     // The per-thread addresses of every access pattern are loop invariant; hoisted out of the
@@ -661,14 +708,15 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     // budget. Recomputing them costs a few integer operations per 128x128 tile.
     asm volatile("" : "+r"(tid));
     const int lane = tid % 32, warp = tid / 32;
-    const ItemInfo& it = s_item[i % 3];
-    const ItemInfo& nx = s_item[(i + 1) % 3];
-    const bool has_next = nx.kind != kItemNone;
-    if (has_next) issue_loads(smem + (bi ^ 1) * S::kBytes, nx);
+    const ItemInfo& it = s_item[i % kRing];
+    const bool has_next = s_item[(i + 1) % kRing].kind != kItemNone;
+    const ItemInfo& nl = s_item[(i + kSt - 1) % kRing];  // loads now, into the buffer of i - 1
+    const bool load_next = nl.kind != kItemNone;
+    if (load_next) issue_loads(smem + (bi == 0 ? kSt - 1 : bi - 1) * S::kBytes, nl);
     cp_async_commit();
-    if (tid == 0) {  // schedule item i + 2; a quantize item waits for its expert's amax
-      ItemInfo& n2 = s_item[(i + 2) % 3];
-      if (has_next) {
+    if (tid == 0) {  // schedule item i + kSt; a quantize item waits for its expert's amax
+      ItemInfo& n2 = s_item[(i + kSt) % kRing];
+      if (load_next) {
         sched_next<In, kFused>(p, s_sched, ticket, n2);
         if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);  // used one item later
       } else {
@@ -679,11 +727,11 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
         load_group<R>(p, it.gi, s_cur, am);
       }
     }
-    cp_async_wait1();
+    cp_async_wait<kSt - 1>();  // item i's group is complete
     __syncthreads();
     const uint8_t* const buf = smem + bi * S::kBytes;
     // columnwise mapping: column pair cp (columns c0, c0+1), rows [16 seg, 16 seg + 16)
-    const int cp = lane + 32 * (warp & 1), seg = warp >> 1, c0 = 2 * cp;
+    const int cp = lane + 32 * (warp & 1), seg = warp >> 1;
 
     if (kFused && it.kind == kItemAmax) {  // ---- fused amax item: the tile's maximum ---------
       Pair m = E::zero();
@@ -699,7 +747,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
         s_amax = 0;
       }
       if (!has_next) break;
-      bi ^= 1;
+      bi = bi + 1 == kSt ? 0 : bi + 1;
       continue;
     }
     if (kFused && it.gi != s_cur.gi) {  // ---- first quantize item of an expert: its amax -------
@@ -869,7 +917,12 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
       }
     }
 
-    // ---- columnwise (and the bias-gradient segment sums): 2 columns x 16 rows per thread -------
+    // ---- columnwise (and the bias-gradient sums): a warp owns 8 whole columns ------------------
+    // Lane (rg, pq) = (lane / 4, lane % 4) holds column pair 4 warp + pq (tile columns cc, cc + 1)
+    // over rows [16 rg, 16 rg + 16). A column's 128 rows lie in one warp, so the 32x1 / 128x1
+    // block amax and the bias-gradient sum merge by shuffles (no CTA barrier), and the 8 lanes of
+    // a column write its codes as 8 pieces of one contiguous run of the expert's [K, m_g] block
+    // straight from registers (16 / 8-byte stores when aligned; no transposed staging).
     const bool odd_fp4 = kFp4 && (g.rows & 1);  // packed nibbles would belong to two rows
     if (kFp4 && p.colwise && odd_fp4 && lt == 0 && ct == 0 && tid == 0)
       report_fault(p.status, kFaultSplitAlignment, OpId::group_quantize,
@@ -877,10 +930,14 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     const bool do_col = p.colwise && !odd_fp4;
     const bool do_sum = p.dbias_partial != nullptr;
     if (do_col || do_sum) {
+      const int pq = lane & 3, rg = lane >> 2;
+      const int cpw = 4 * warp + pq;  // column pair
+      const int cc = 2 * cpw;         // its first tile column
       Pair v[Cfg::kColSeg];
 #pragma unroll
-      for (int j = 0; j < Cfg::kColSeg; ++j) v[j] = S::pair(buf, seg * 16 + j, cp);
-      if (do_sum) {  // the documented order: per 16-row segment a sequential sum from +0
+      for (int j = 0; j < Cfg::kColSeg; ++j) v[j] = S::pair(buf, rg * 16 + j, cpw);
+      if (do_sum) {  // the documented order: per 16-row segment a sequential sum from +0, then
+                     // the 8 segment sums in row order from +0
         float sx = 0.0f, sy = 0.0f;
 #pragma unroll
         for (int j = 0; j < Cfg::kColSeg; ++j) {
@@ -888,58 +945,48 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
           sx += f.x;
           sy += f.y;
         }
-        *reinterpret_cast<float2*>(csum + seg * Cfg::kCols + c0) = make_float2(sx, sy);
-      }
-      // Column block amax of columns c0, c0 + 1 over this thread's 16 rows (the whole block for
-      // nvfp4; merged with the other segments of the block through colamax otherwise).
-      uint32_t am[2] = {0, 0};
-      // Raw (not yet canonicalized) amax pair; fp8_block / mxfp8 merge it through colpair: one
-      // conflict-free word (two for fp32) per thread and segment. canon(max) = max(canon).
-      Pair mc = E::zero();
-      if (do_col && R != qnum::kFp8Current) {
-        if (!L.block_2d) {
+        float tx = 0.0f, ty = 0.0f;
 #pragma unroll
-          for (int j = 0; j < Cfg::kColSeg; ++j) mc = E::absmax(mc, v[j]);
-          if constexpr (!kFp4) {  // 32x1 (mxfp8: segments 2i, 2i+1) / 128x1: meet in smem
-            colpair[seg * (Cfg::kCols / 2) + cp] = mc;
-          } else {
-            am[0] = E::lo_bits(mc);
-            am[1] = E::hi_bits(mc);
-          }
-        } else if constexpr (kFp4) {
-          am[0] = am[1] = blk2d[seg * 8 + cp / 8];
-        } else {
-          am[0] = am[1] = tile_amax_2d();
+        for (int rs = 0; rs < Cfg::kColSegs; ++rs) {
+          tx += __shfl_sync(0xFFFFFFFFu, sx, pq + 4 * rs);
+          ty += __shfl_sync(0xFFFFFFFFu, sy, pq + 4 * rs);
+        }
+        if (rg == 0) {
+          float* const dp = p.dbias_partial + t * K + col0 + cc;
+          if (cc < valid_cols) dp[0] = tx;
+          if (cc + 1 < valid_cols) dp[1] = ty;
         }
       }
-      __syncthreads();  // colpair, csum
-      if (do_sum && tid < valid_cols) {
-        float s = 0.0f;
-#pragma unroll
-        for (int rs = 0; rs < Cfg::kColSegs; ++rs) s += csum[rs * Cfg::kCols + tid];
-        p.dbias_partial[t * K + col0 + tid] = s;
-      }
       if (do_col) {
-        if constexpr (R == qnum::kFp8Block || R == qnum::kMxfp8) {
+        // Column block amax of columns cc, cc + 1: merged raw (canon(max) = max(canon)).
+        uint32_t am[2] = {0, 0};
+        if constexpr (R != qnum::kFp8Current) {
           if (!L.block_2d) {
-            if constexpr (R == qnum::kMxfp8) {
-              mc = E::max2(mc, colpair[(seg ^ 1) * (Cfg::kCols / 2) + cp]);
-            } else {
+            Pair mc = E::zero();
 #pragma unroll
-              for (int sg = 0; sg < Cfg::kColSegs; ++sg)
-                mc = E::max2(mc, colpair[sg * (Cfg::kCols / 2) + cp]);
+            for (int j = 0; j < Cfg::kColSeg; ++j) mc = E::absmax(mc, v[j]);
+            if constexpr (R == qnum::kMxfp8) {  // 32x1: row groups 2b, 2b + 1
+              mc = E::max2(mc, shfl_xor_pair(mc, 4));
+            } else if constexpr (R == qnum::kFp8Block) {  // 128x1: all 8 row groups
+              mc = E::max2(mc, shfl_xor_pair(mc, 4));
+              mc = E::max2(mc, shfl_xor_pair(mc, 8));
+              mc = E::max2(mc, shfl_xor_pair(mc, 16));
             }
             am[0] = E::lo_bits(mc);
             am[1] = E::hi_bits(mc);
+          } else if constexpr (kFp4) {  // 16x16: row block rg, column block warp / 2
+            am[0] = am[1] = blk2d[rg * 8 + warp / 2];
+          } else {
+            am[0] = am[1] = tile_amax_2d();
           }
         }
-        // Both columns of the pairs at once, 4 (fp8) / 8 (fp4) rows at a time: each pair word is
-        // unpacked once and dies right away (8 output words live, not 32 floats).
         const qnum::BlockQuant qk[2] = {block_quant<R>(am[0], cur, L),
                                         block_quant<R>(am[1], cur, L)};
-        // Stage row c: 8 units of kUnit bytes (one per segment), unit u at u ^ ((c >> 1) & 7);
-        // c >> 1 = cp for both columns of the pair.
-        const int unit_off = (seg ^ (cp & 7)) * kUnit;
+        // Element (row row0 + 16 rg, column col0 + cc) of the expert's [K, m_g] block, and this
+        // lane's valid rows. fp4: every term is even (K even, m_g even here), so runs start on
+        // a byte.
+        const int64_t ebase = K * g.start + (col0 + cc) * g.rows + row0 + 16 * rg;
+        const int n = min(16, max(0, valid_rows - 16 * rg));
         if constexpr (kFp4) {
           uint32_t w[2][2];
 #pragma unroll
@@ -954,7 +1001,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             if constexpr (sizeof(In) == 4) {
               w[0][h] = fp4x8(e0, qk[0].mul, qk[0].code);
               w[1][h] = fp4x8(e1, qk[1].mul, qk[1].code);
-            } else {  // rows 8h + j; L / H: signs of column c0 / c0 + 1
+            } else {  // rows 8h + j; L / H: signs of column cc / cc + 1
               const Pair* u8 = v + 8 * h;
               const uint32_t a = prmt(u8[0], u8[2], 0xFBD9u);  // L0 L2 H0 H2
               const uint32_t b = prmt(u8[4], u8[6], 0xFBD9u);  // L4 L6 H4 H6
@@ -967,9 +1014,17 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             }
           }
 #pragma unroll
-          for (int k = 0; k < 2; ++k)
-            *reinterpret_cast<uint2*>(stage + (c0 + k) * kStageRow + unit_off) =
-                make_uint2(w[k][0], w[k][1]);
+          for (int k = 0; k < 2; ++k) {
+            if (cc + k >= valid_cols || n == 0) continue;
+            uint8_t* const dst = p.q_col + (ebase + k * g.rows) / 2;
+            if (n == 16 && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+              __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[k][0], w[k][1]));
+            } else {
+#pragma unroll
+              for (int b = 0; b < 8; ++b)
+                if (2 * b < n) dst[b] = static_cast<uint8_t>(w[k][b >> 2] >> (8 * (b & 3)));
+            }
+          }
         } else {
           uint32_t w[2][4];
 #pragma unroll
@@ -980,28 +1035,41 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             w[1][i] = fp8x4<kE5m2>(a.y, b.y, c.y, d.y, qk[1].mul);
           }
 #pragma unroll
-          for (int k = 0; k < 2; ++k)
-            *reinterpret_cast<uint4*>(stage + (c0 + k) * kStageRow + unit_off) =
-                make_uint4(w[k][0], w[k][1], w[k][2], w[k][3]);
-        }
+          for (int k = 0; k < 2; ++k) {
+            if (cc + k >= valid_cols || n == 0) continue;
+            uint8_t* const dst = p.q_col + ebase + k * g.rows;
+            const uintptr_t al = reinterpret_cast<uintptr_t>(dst);
+            if (n == 16 && (al & 15) == 0) {
+              __stcs(reinterpret_cast<uint4*>(dst), make_uint4(w[k][0], w[k][1], w[k][2], w[k][3]));
+            } else if (n == 16 && (al & 3) == 0) {
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {  // scales of column c = c0 + k
-          const int c = c0 + k;
-          const qnum::BlockQuant& q0 = qk[k];
-          if (c < valid_cols) {
-            if constexpr (R == qnum::kFp8Block) {
-              float* sc = static_cast<float*>(p.s_col);
-              if (!L.fp8_2d && seg == 0) sc[col_sidx(p, cur, col0 + c, lt)] = q0.scale_inv;
-              if (L.fp8_2d && tid == 0 && k == 0)
-                sc[col_sidx(p, cur, col0 / 128, lt)] = q0.scale_inv;
-            } else if constexpr (R == qnum::kMxfp8) {  // staged: colsc[c][j - 4 lt]
-              if ((seg & 1) == 0)
-                colsc[c * kPerTile + seg / 2] = seg * 16 < valid_rows ? q0.code : 0;
-            } else if constexpr (kFp4) {  // staged: colsc[c][j - 8 lt]
-              colsc[c * kPerTile + seg] = seg * 16 < valid_rows ? q0.code : 0;
+              for (int i = 0; i < 4; ++i) reinterpret_cast<uint32_t*>(dst)[i] = w[k][i];
+            } else {
+#pragma unroll
+              for (int b = 0; b < 16; ++b)
+                if (b < n) dst[b] = static_cast<uint8_t>(w[k][b >> 2] >> (8 * (b & 3)));
             }
-          } else if constexpr (R == qnum::kMxfp8 || kFp4) {  // swizzled padding k >= K
-            if (kFp4 || (seg & 1) == 0) colsc[c * kPerTile + (kFp4 ? seg : seg / 2)] = 0;
+          }
+        }
+        // Scales. Entries past K or past the expert's column blocks (swizzle padding) are
+        // written by the padding loop below.
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const int c = cc + k;
+          if (c >= valid_cols) continue;
+          if constexpr (R == qnum::kFp8Block) {
+            float* sc = static_cast<float*>(p.s_col);
+            if (!L.fp8_2d && rg == 0) sc[col_sidx(p, cur, col0 + c, lt)] = qk[k].scale_inv;
+            if (L.fp8_2d && tid == 0 && k == 0)
+              sc[col_sidx(p, cur, col0 / 128, lt)] = qk[0].scale_inv;
+          } else if constexpr (R == qnum::kMxfp8) {  // block j = 4 lt + rg / 2
+            const int64_t j = lt * 4 + rg / 2;
+            if ((rg & 1) == 0 && j < cur.nb)
+              static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, col0 + c, j)] = qk[k].code;
+          } else if constexpr (kFp4) {  // block j = 8 lt + rg
+            const int64_t j = lt * 8 + rg;
+            if (j < cur.nb)
+              static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, col0 + c, j)] = qk[k].code;
           }
         }
         if (L.swizzled) {  // padding rows k >= K (last column tile), columns j >= nb (last tile)
@@ -1021,93 +1089,11 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             }
           }
         }
-        __syncthreads();                            // stage complete
-        if constexpr (R == qnum::kMxfp8 || kFp4) {  // the staged column scales
-          uint8_t* const sc = static_cast<uint8_t*>(p.s_col);
-          const int64_t j0 = lt * kPerTile;  // the tile's first column block
-          if (L.swizzled) {
-            // The tile's scales are whole 512-byte blocks (k / 128 = ct, j / 4 = j0 / 4 + b):
-            // byte (c % 32) * 16 + (c / 32) * 4 + j % 4, padding included (0 staged). An nvfp4
-            // tile of <= 64 rows owns only the first (the second lies past round_up(nb, 4)).
-            const int nblk = kFp4 && valid_rows <= 64 ? 1 : kPerTile / 4;
-            uint8_t* const blk = sc + col_sidx(p, cur, col0, j0);
-            if ((reinterpret_cast<uintptr_t>(blk) & 15) == 0) {
-              if (tid < 32 * nblk) {
-                const int b = tid / 32, m = tid % 32;
-                const uint32_t* st = reinterpret_cast<const uint32_t*>(colsc);
-                uint4 u;
-                u.x = st[(m + 0) * (kPerTile / 4) + b];
-                u.y = st[(m + 32) * (kPerTile / 4) + b];
-                u.z = st[(m + 64) * (kPerTile / 4) + b];
-                u.w = st[(m + 96) * (kPerTile / 4) + b];
-                *reinterpret_cast<uint4*>(blk + b * 512 + m * 16) = u;
-              }
-            } else {
-              for (int i = tid; i < 512 * nblk; i += Cfg::kThreads) {
-                const int b = i / 512, o = i % 512;
-                const int c = ((o / 4) % 4) * 32 + o / 16;
-                blk[i] = colsc[c * kPerTile + 4 * b + o % 4];
-              }
-            }
-          } else if (tid < valid_cols) {  // plain: a run of kPerTile bytes per column
-            const int c = tid;
-            const int n = min(kPerTile, (valid_rows + L.cb - 1) / L.cb);
-            uint8_t* const dst = sc + col_sidx(p, cur, col0 + c, j0);
-            if (n == kPerTile && (reinterpret_cast<uintptr_t>(dst) & (kPerTile - 1)) == 0) {
-              if constexpr (kFp4) {
-                *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(colsc + c * 8);
-              } else {
-                *reinterpret_cast<uint32_t*>(dst) =
-                    *reinterpret_cast<const uint32_t*>(colsc + c * 4);
-              }
-            } else {
-              for (int j = 0; j < n; ++j) dst[j] = colsc[c * kPerTile + j];
-            }
-          }
-        }
-        // Copy out: stage row c is bytes [row0, row0 + valid_rows) of row col0 + c of the
-        // expert's [K, m_g] block (halved for fp4; m_g even, so every run starts on a byte).
-        const int run = kFp4 ? valid_rows / 2 : valid_rows;
-        const int64_t e0 = K * g.start + col0 * g.rows + row0;  // element index of stage row 0
-        const bool aligned = ((reinterpret_cast<uintptr_t>(p.q_col) | run) & 15) == 0 &&
-                             (e0 & (kFp4 ? 31 : 15)) == 0 && (g.rows & (kFp4 ? 31 : 15)) == 0;
-        if (aligned) {  // every row starts 16-byte aligned: whole 16-byte chunks
-          constexpr int kRowsPerPass = Cfg::kThreads / kStageChunks;
-          const int q = tid % kStageChunks;
-          for (int c = tid / kStageChunks; c < valid_cols; c += kRowsPerPass) {
-            if (q * 16 >= run) continue;
-            const int64_t e = e0 + int64_t(c) * g.rows;
-            const int sw = (c >> 1) & 7;
-            uint4 u;
-            if constexpr (kFp4) {  // units 2q, 2q+1: chunk q ^ (sw >> 1), halves swapped by sw & 1
-              u = *reinterpret_cast<const uint4*>(stage + c * kStageRow + ((q ^ (sw >> 1)) << 4));
-              if (sw & 1) u = make_uint4(u.z, u.w, u.x, u.y);
-            } else {
-              u = *reinterpret_cast<const uint4*>(stage + c * kStageRow + ((q ^ sw) << 4));
-            }
-            __stcs(reinterpret_cast<uint4*>(p.q_col + (kFp4 ? e / 2 : e) + q * 16), u);
-          }
-        } else {  // a warp per row: 4-byte words when the row allows, else bytes
-          for (int c = warp; c < valid_cols; c += Cfg::kWarps) {
-            const int64_t e = e0 + int64_t(c) * g.rows;
-            uint8_t* dst = p.q_col + (kFp4 ? e / 2 : e);
-            const uint8_t* srow = stage + c * kStageRow;
-            const int sw = (c >> 1) & 7;
-            auto at = [&](int b) { return (((b / kUnit) ^ sw) * kUnit) + (b % kUnit); };
-            if (((reinterpret_cast<uintptr_t>(dst) | run) & 3) == 0) {
-              for (int b = 4 * lane; b < run; b += 128)
-                *reinterpret_cast<uint32_t*>(dst + b) =
-                    *reinterpret_cast<const uint32_t*>(srow + at(b));
-            } else {
-              for (int b = lane; b < run; b += 32) dst[b] = srow[at(b)];
-            }
-          }
-        }
       }
     }
-    __syncthreads();  // buf, stage and the small arrays are free for the next item
+    __syncthreads();  // buf and blk2d are free for the next item
     if (!has_next) break;
-    bi ^= 1;
+    bi = bi + 1 == kSt ? 0 : bi + 1;
   }
 }
 
@@ -1116,14 +1102,14 @@ void launch_quantize_tile_fmt(Context& ctx, const TileParams& p) {
   auto kernel = quantize_tile_kernel<In, R, kE5m2>;
   static int configured = 0;  // the attribute is per function; set it once to the maximum
   if (configured == 0) {
-    constexpr int kMax = 2 * tile_detail::TileSmem<In>::kBytes + TileConfig::kCols * 128 +
-                         TileConfig::kSmall + TileConfig::kCsum + TileConfig::kPlanCache;
+    constexpr int kMax =
+        TileConfig::kStages * tile_detail::TileSmem<In>::kBytes + TileConfig::kPlanCache;
     GROUPMM_CHECK_CUDA(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMax));
     configured = 1;
   }
-  kernel<<<p.grid, TileConfig::kThreads, p.smem_total, ctx.stream()>>>(p);
-  GROUPMM_CHECK_LAUNCH();
+  // After the plan kernel (or nvfp4's amax pass): programmatic dependent launch, see pdl_wait.
+  launch_pdl(kernel, dim3(p.grid), dim3(TileConfig::kThreads), p.smem_total, ctx.stream(), p);
 }
 
 // The fp8 data format is a kernel template parameter (nvfp4 has none).

@@ -165,6 +165,35 @@ TEST(QuantizeGpuWeights, UniformGroupsAllRecipesMatchCpu) {
   }
 }
 
+// The columnwise copy is stored straight from registers: 16-byte pieces when the expert's
+// [K, m_g] block is 16-byte aligned, 4-byte words when only 4-aligned, bytes otherwise, and a
+// partial last row tile. Splits chosen to hit each path (m_g % 16 == 0, % 4 == 0, even, empty;
+// the odd-split byte path is in the random_odd cases), with fp8_block's 128-row column blocks
+// split across partial tiles.
+TEST(QuantizeGpuColumnwise, StoreAlignmentsMatchCpu) {
+  GROUPMM_REQUIRE_GPU();
+  std::vector<int64_t> s = {132, 4, 260, 16, 0, 100, 2, 48, 6};
+  const int64_t G = static_cast<int64_t>(s.size());
+  const int64_t M = std::accumulate(s.begin(), s.end(), int64_t(0)), K = 384;
+  const std::vector<float> v = input_values(M * K, true);
+  Context cctx(Device::CPU), gctx(Device::CUDA);
+  Tensor hx = make_input(v, DType::bf16, {M, K}, Device::CPU);
+  Tensor dx = clone_to(hx, Device::CUDA);
+  TensorView hs = host_view(s, DType::int64, {G});
+  Tensor ds = clone_to(hs, Device::CUDA);
+  const auto B = QuantDirection::both, Cw = QuantDirection::columnwise;
+  for (const auto& cfg :
+       {qcfg(QuantRecipe::fp8_current, B), qcfg(QuantRecipe::fp8_block, B),
+        qcfg(QuantRecipe::mxfp8, Cw, ScaleLayout::plain, DType::fp8e5m2),
+        qcfg(QuantRecipe::mxfp8, B, ScaleLayout::swizzled), qcfg(QuantRecipe::nvfp4, B),
+        qcfg(QuantRecipe::nvfp4, Cw, ScaleLayout::swizzled)}) {
+    Quantized qc = run_quantize(cctx, hx, hs, cfg);
+    Quantized qg = run_quantize(gctx, dx, ds, cfg);
+    EXPECT_NO_THROW(gctx.check());
+    expect_same_outputs(qg, qc, "columnwise stores " + cfg_name(cfg));
+  }
+}
+
 TEST(QuantizeGpuBgrad, DbiasAndDataMatchCpuBitForBit) {
   GROUPMM_REQUIRE_GPU();
   for (DType dbt : {DType::fp32, DType::bf16}) {
