@@ -193,8 +193,7 @@ void launch_reduce(Context& ctx, const float* partial, int64_t K, const QuantPla
 // (two 512-thread CTAs per SM for 16-bit inputs: ~102 KB each; one for fp32), at most one per
 // item.
 void tile_layout(const Context& ctx, TileParams& p, int in_size) {
-  const int stages = p.L.recipe == qnum::kFp8Current ? 2 : TileConfig::kStages;  // see kSt
-  int off = stages * TileConfig::kRows * TileConfig::kCols * in_size;
+  int off = TileConfig::stages(p.L.recipe) * TileConfig::kRows * TileConfig::kCols * in_size;
   p.smem_plan = off;
   if (p.plan.G <= TileConfig::kPlanCacheG) off += TileConfig::kPlanCache;
   p.smem_total = off;
@@ -222,10 +221,11 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
                 " has too many 128x128 tiles for fp8_current (at most 2^30)");
   const bool need_amax = R == qnum::kFp8Current || R == qnum::kNvfp4;
   uint32_t* amax_bits = need_amax ? static_cast<uint32_t*>(a.out.amax.data) : nullptr;
-  // fp8_current: the plan kernel also empties the fused amax slots (no separate memset launch).
-  uint32_t* const slots =
-      R == qnum::kFp8Current ? reinterpret_cast<uint32_t*>(static_cast<char*>(ws) + plan_bytes(p.G))
-                             : nullptr;
+  // Workspace: the plan, then fp8_current's amax slots (emptied by the plan kernel, no separate
+  // memset launch; filled by the tile kernel's amax items), then the dbias partial sums.
+  char* ws_next = static_cast<char*>(ws) + plan_bytes(p.G);
+  uint32_t* const slots = R == qnum::kFp8Current ? reinterpret_cast<uint32_t*>(ws_next) : nullptr;
+  if (slots) ws_next += amax_slot_bytes(p.M, p.K, p.G);
   launch_quant_plan(ctx, plan, a.splits, p.M, p.L.cb, amax_bits, OpId::group_quantize, slots,
                     col_tiles);
   TileParams tp{};
@@ -241,11 +241,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.s_row = a.out.scale_inv.data;
   tp.s_col = a.out.columnwise_scale_inv.data;
   tp.amax_bits = amax_bits;
-  char* ws_next = static_cast<char*>(ws) + plan_bytes(p.G);
-  if (R == qnum::kFp8Current) {  // emptied by the plan; the tile kernel's amax items fill them
-    tp.slots = slots;
-    ws_next += amax_slot_bytes(p.M, p.K, p.G);
-  }
+  tp.slots = slots;
   tp.scale_inv_g = R == qnum::kFp8Current ? static_cast<float*>(a.out.scale_inv.data) : nullptr;
   tp.global_scale = static_cast<float*>(a.out.global_scale.data);
   tp.dbias_partial = dbias.present() ? reinterpret_cast<float*>(ws_next) : nullptr;

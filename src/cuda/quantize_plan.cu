@@ -40,8 +40,8 @@ struct PlanParams {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p) {
   // The kernels after the plan are launched with programmatic dependent launch and wait for the
-  // whole plan (griddepcontrol.wait) before reading it: let them start launching now.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // whole plan (pdl_wait) before reading it: let them start launching now.
+  pdl_launch_dependents();
   using Scan = cub::BlockScan<Quad, Cfg::kThreads>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ Quad carry;  // a: unclamped rows, b: tiles, c: column blocks, d: padded blocks
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
   }
   if (p.slots != nullptr) {  // the slots of the items that exist (carry.b = all row tiles)
     const int64_t n = carry.b * p.col_tiles;
-    for (int64_t i = threadIdx.x; i < n; i += Cfg::kThreads) p.slots[i] = 0xFFFFFFFFu;
+    for (int64_t i = threadIdx.x; i < n; i += Cfg::kThreads) p.slots[i] = kSlotEmpty;
   }
 }
 

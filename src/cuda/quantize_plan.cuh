@@ -10,6 +10,10 @@
 
 namespace groupmm::cuda {
 
+// fp8_current's fused amax slots hold a tile maximum or this (above every canonical amax bits:
+// NaN is 0x7FC00000); the plan kernel empties them.
+constexpr uint32_t kSlotEmpty = 0xFFFFFFFFu;
+
 struct QuantPlan {
   int64_t* start;       // clamped start row
   int64_t* rows;        // clamped rows

@@ -54,7 +54,11 @@ struct TileConfig {
   static constexpr int kRowIters = kRows * kSlabsPerRow / kThreads;  // slabs per thread
   static constexpr int kColSeg = 16;                                 // columnwise rows / thread
   static constexpr int kColSegs = kRows / kColSeg;
-  static constexpr int kStages = 3;     // input tile buffers: items i + 1, i + 2 load while i runs
+  static constexpr int kStages = 3;  // input tile buffers: items i + 1, i + 2 load while i runs
+  // Buffers a recipe uses (kernel and host layout). fp8_current keeps two: a third fetched its
+  // tickets further ahead, which moved an expert's amax reads further from its quantize re-reads
+  // (fewer L2 hits; rowwise 59 -> 56%).
+  static constexpr int stages(int recipe) { return recipe == qnum::kFp8Current ? 2 : kStages; }
   static constexpr int kMinBlocks = 2;  // per SM, for 16-bit inputs: 64 registers per thread
   // The scheduler reads the plan (tile_start, start, rows) from shared memory when G is at most
   // this (thread 0's dependent global loads were on every item's critical path).
@@ -596,7 +600,6 @@ __device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* a) {
 __device__ __forceinline__ void st_relaxed_gpu(uint32_t* a, uint32_t v) {
   asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
 }
-constexpr uint32_t kSlotEmpty = 0xFFFFFFFFu;  // above every canonical amax (NaN is 0x7FC00000)
 
 // Per-expert outputs of the fused recipes from the expert's final amax.
 template <int R>
@@ -636,9 +639,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   // spills, and recomputing them in every thread cost ~20% of all instructions). Item i uses
   // s_item[i % kRing] and buffer i % kStages: while item i is processed, items i + 1 .. i + kStages
   // - 1 load and thread 0 schedules item i + kStages.
-  // Fused (fp8_current) keeps two buffers: a third fetched tickets further ahead, which moved the
-  // amax reads of an expert further from its quantize re-reads (fewer L2 hits; 59 -> 56% rowwise).
-  constexpr int kSt = kFused ? 2 : Cfg::kStages, kRing = kSt + 1;
+  constexpr int kSt = Cfg::stages(R), kRing = kSt + 1;
   __shared__ ItemInfo s_item[kRing];
   __shared__ SchedState s_sched;
   __shared__ __align__(16) unsigned char s_cur_raw[sizeof(GroupInfo)];
