@@ -2,8 +2,10 @@
 // rowwise and rowwise+columnwise, against a device-to-device copy measured in the same run.
 //
 // Bytes counted: the input read once plus every output written (data, scales, amax). fp8_current
-// and nvfp4 need each expert's amax first: their kernel reads a tile for the amax and again for
-// the quantization (the second read hits L2 when the expert fits; see quantize_tile.cuh).
+// and nvfp4 need each expert's amax first and read the input twice (the second read hits L2 under
+// the fused amax schedule; see QuantizeConfig::amax_schedule, swept with --amax). Scales are in
+// the layout block-scaled GEMMs read (swizzled 128x4 for mxfp8 / nvfp4, mn_major for fp8_block)
+// unless --scales plain.
 // Each case is first validated bit for bit against the CPU reference on a reduced problem (the
 // first rows, fewer experts) so a broken kernel never reports a bandwidth.
 #include <algorithm>
@@ -24,15 +26,23 @@ struct BenchCase {
   int64_t M, K, G;
   QuantRecipe recipe;
   QuantDirection dir;
+  AmaxSchedule amax = AmaxSchedule::automatic;  // --amax (fp8_current, nvfp4)
+  int amax_lag = 0;
+  bool plain_scales = false;  // --scales plain instead of the layout GEMMs read
 };
 
 QuantizeConfig config_of(const BenchCase& c) {
   QuantizeConfig q;
   q.recipe = c.recipe;
   q.direction = c.dir;
-  q.scale_layout = (c.recipe == QuantRecipe::mxfp8 || c.recipe == QuantRecipe::nvfp4)
-                       ? ScaleLayout::swizzled
-                       : ScaleLayout::plain;
+  q.amax_schedule = c.amax;
+  q.amax_lag = c.amax_lag;
+  // The scale layout block-scaled GEMMs read: swizzled 128x4 (mxfp8, nvfp4), tokens contiguous
+  // (fp8_block, as DeepGEMM / cuBLAS / TransformerEngine's GEMM-ready format).
+  q.scale_layout = ScaleLayout::plain;
+  if (!c.plain_scales && (c.recipe == QuantRecipe::mxfp8 || c.recipe == QuantRecipe::nvfp4))
+    q.scale_layout = ScaleLayout::swizzled;
+  if (!c.plain_scales && c.recipe == QuantRecipe::fp8_block) q.scale_layout = ScaleLayout::mn_major;
   return q;
 }
 
@@ -170,6 +180,43 @@ int run_bench_quantize(const Args& args) {
   const std::string only_recipe = get_opt(args, "--recipe", "");
   const std::string only_dir = get_opt(args, "--direction", "");
   const std::string only_shape = get_opt(args, "--shape", "");
+  // The amax schedules of fp8_current / nvfp4 to run, comma separated (default: automatic):
+  // --amax automatic,separate,fused,fused:LAG (a sweep reuses one input).
+  std::vector<std::pair<AmaxSchedule, int>> amax_list;
+  {
+    const std::string opt = get_opt(args, "--amax", "automatic") + ",";
+    for (size_t b = 0, e; (e = opt.find(',', b)) != std::string::npos; b = e + 1) {
+      const std::string item = opt.substr(b, e - b);
+      const size_t colon = item.find(':');
+      const std::string name = item.substr(0, colon);
+      int lag = 0;
+      bool ok = colon == std::string::npos ||
+                (name == "fused" && (lag = std::atoi(item.c_str() + colon + 1)) > 0);
+      AmaxSchedule sched = AmaxSchedule::automatic;
+      bool known = false;
+      for (AmaxSchedule s : {AmaxSchedule::automatic, AmaxSchedule::separate, AmaxSchedule::fused})
+        if (name == amax_schedule_name(s)) {
+          sched = s;
+          known = true;
+        }
+      if (!ok || !known) {
+        std::fprintf(stderr,
+                     "bench quantize: --amax item '%s': expected automatic, separate, "
+                     "fused or fused:LAG (LAG > 0)\n",
+                     item.c_str());
+        return 1;
+      }
+      amax_list.push_back({sched, lag});
+    }
+  }
+  // Scale layouts: gemm (default; swizzled for mxfp8 / nvfp4, mn_major for fp8_block) or plain.
+  const std::string scales_opt = get_opt(args, "--scales", "gemm");
+  if (scales_opt != "gemm" && scales_opt != "plain") {
+    std::fprintf(stderr, "bench quantize: --scales %s: expected gemm or plain\n",
+                 scales_opt.c_str());
+    return 1;
+  }
+  const bool amax_default = amax_list.size() == 1 && amax_list[0].first == AmaxSchedule::automatic;
   const int64_t G = 32;
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{65536, 7168}, {32768, 2048}};
   cudaStream_t stream;
@@ -203,22 +250,31 @@ int run_bench_quantize(const Args& args) {
               (!only_dir.empty() && only_dir != quant_direction_name(d)) ||
               (only_dir.empty() && d == QuantDirection::columnwise))
             continue;
-          const BenchCase c{M, K, G, r, d};
-          const bool ok = validate(c);
-          const QuantizeConfig cfg = config_of(c);
-          Outputs o = alloc_outputs(M, K, G, cfg, Device::CUDA, splits);
-          GroupQuantizeArgs a;
-          a.input = x;
-          a.splits = splits;
-          a.config = cfg;
-          a.out = o.view;
-          ctx.reserve_workspace(group_quantize_workspace_size(ctx, a));
-          const float ms = time_ms(stream, iters, [&] { group_quantize(ctx, a); });
-          ctx.check();
-          const double bytes = double(in_bytes) + double(o.bytes);
-          const double gbps = bytes / (ms * 1e-3) / 1e9;
-          rows.push_back({recipe_name(r), quant_direction_name(d), shape, ok, ms * 1000, gbps,
-                          gbps / copy_gbps, target_of(r, d)});
+          const bool has_amax = r == QuantRecipe::fp8_current || r == QuantRecipe::nvfp4;
+          for (const auto& [amax, amax_lag] : amax_list) {
+            if (!has_amax && (amax != amax_list[0].first || amax_lag != amax_list[0].second))
+              continue;
+            const BenchCase c{M, K, G, r, d, amax, amax_lag, scales_opt == "plain"};
+            std::string dir = quant_direction_name(d);
+            if (has_amax && !amax_default)
+              dir += std::string("/") + amax_schedule_name(amax) +
+                     (amax_lag > 0 ? ":" + std::to_string(amax_lag) : "");
+            const bool ok = validate(c);
+            const QuantizeConfig cfg = config_of(c);
+            Outputs o = alloc_outputs(M, K, G, cfg, Device::CUDA, splits);
+            GroupQuantizeArgs a;
+            a.input = x;
+            a.splits = splits;
+            a.config = cfg;
+            a.out = o.view;
+            ctx.reserve_workspace(group_quantize_workspace_size(ctx, a));
+            const float ms = time_ms(stream, iters, [&] { group_quantize(ctx, a); });
+            ctx.check();
+            const double bytes = double(in_bytes) + double(o.bytes);
+            const double gbps = bytes / (ms * 1e-3) / 1e9;
+            rows.push_back({recipe_name(r), dir, shape, ok, ms * 1000, gbps, gbps / copy_gbps,
+                            target_of(r, d)});
+          }
         }
     }
   }
@@ -236,10 +292,10 @@ int run_bench_quantize(const Args& args) {
     std::printf("]}\n");
     return 0;
   }
-  std::printf("%-12s %-10s %-22s %-6s %10s %9s %8s %7s\n", "recipe", "direction", "shape", "valid",
+  std::printf("%-12s %-18s %-22s %-6s %10s %9s %8s %7s\n", "recipe", "direction", "shape", "valid",
               "us", "GB/s", "of copy", "target");
   for (const Row& r : rows)
-    std::printf("%-12s %-10s %-22s %-6s %10.1f %9.1f %7.1f%% %6s\n", r.recipe.c_str(),
+    std::printf("%-12s %-18s %-22s %-6s %10.1f %9.1f %7.1f%% %6s\n", r.recipe.c_str(),
                 r.dir.c_str(), r.shape.c_str(), r.valid ? "ok" : "FAIL", r.us, r.gbps,
                 100.0 * r.frac,
                 r.target > 0 ? (std::to_string(int(r.target * 100)) + "%").c_str() : "-");
@@ -250,7 +306,8 @@ int run_bench_quantize(const Args& args) {
 
 Register reg("bench quantize",
              "grouped quantization bandwidth per recipe vs D2D copy ([--iters N] [--json] "
-             "[--recipe R] [--direction rowwise|columnwise|both] [--shape MxK])",
+             "[--recipe R] [--direction rowwise|columnwise|both] [--shape MxK] "
+             "[--amax automatic,separate,fused,fused:LAG] [--scales gemm|plain])",
              run_bench_quantize);
 
 }  // namespace

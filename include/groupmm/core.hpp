@@ -173,6 +173,7 @@ struct GroupedTensor {
   TensorView global_scale;          // [G] fp32 (NVFP4 S_enc), absent otherwise
   QuantRecipe recipe = QuantRecipe::none;
   bool scales_swizzled = false;  // 128x4 swizzled, per-expert 128-row padded
+  bool scales_mn_major = false;  // fp8_block scales with the token dimension contiguous
   bool uniform() const { return !splits.present(); }
   std::string to_string() const;
 };
@@ -234,6 +235,7 @@ class Context {
   cudaStream_t stream() const { return stream_; }
   int sm_count() const { return sm_count_; }
   int smem_per_sm() const { return smem_per_sm_; }  // bytes of shared memory per SM
+  int64_t l2_bytes() const { return l2_bytes_; }    // L2 cache size (0 on Device::CPU)
   int device_index() const { return device_index_; }
   int cc() const { return cc_; }  // 90 for sm_90
 
@@ -268,6 +270,7 @@ class Context {
   int device_index_ = -1;
   int sm_count_ = 0;
   int smem_per_sm_ = 0;
+  int64_t l2_bytes_ = 0;
   int cc_ = 0;
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;

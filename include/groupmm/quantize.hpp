@@ -47,6 +47,14 @@
 // columnwise scales, swizzled per expert the [K, nb_g] scales padded to [roundup(K,128),
 //                          roundup(nb_g,4)] and swizzled, at byte offset
 //                          roundup(K,128)*cs4_start_g; buffer [M/Bc + 4*G, roundup(K,128)]-sized.
+// rowwise scales, mn_major fp8_block only (the layout DeepGEMM and cuBLAS blockwise-scaled FP8
+//                          GEMMs read, TransformerEngine's GEMM-ready one): tokens contiguous,
+//                          [K/128, Mp] with Mp = roundup(M, 4) (16-byte aligned rows); scale
+//                          (row m, block c) at c*Mp + m. 128x128: [K/128, roundup(M/128 + G, 4)],
+//                          scale (block-row r, c) at c*ld + r.
+// columnwise scales, mn_major fp8_block: per expert the [nb_g, K] scales (K contiguous) at
+//                          element offset K*cb_start_g, scale (k, j) at K*(cb_start_g + j) + k;
+//                          buffer [M/128 + G, K]. 128x128: per expert [nb_g, K/128].
 // Per-expert padding inside a swizzled block is written as 0. Entries of a scale buffer past the
 // last expert's block (the slack of the host-known bound) are left unwritten.
 // fp8_current: scale_inv [G] fp32 serves both copies; amax [G] fp32 is written.
@@ -59,7 +67,8 @@
 // Inputs: activations [M, K] (splits [G] int32/int64, device) or weights [G, N, K] (splits
 // absent, every expert has N rows). bf16, fp16 or fp32; 16-byte aligned pointers. K must be a
 // multiple of the rowwise block (128 fp8_block, 32 mxfp8, 16 nvfp4, 16 fp8_current).
-// Swizzled scales: mxfp8 and nvfp4 only. block_2d: weights only, fp8_block or nvfp4.
+// Swizzled scales: mxfp8 and nvfp4 only; mn_major scales: fp8_block only. block_2d: weights only,
+// fp8_block or nvfp4.
 // Device faults in splits (negative, past M): clamped like group_offsets, reported with
 // OpId::group_quantize; rows past sum(splits) are left unwritten. Never writes out of bounds.
 // Graph safe: no host read of splits, no sync, no allocation when a workspace of
@@ -85,8 +94,19 @@ inline bool has_columnwise(QuantDirection d) {
   return (static_cast<int>(d) & 2) != 0;
 }
 
-enum class ScaleLayout : uint8_t { plain, swizzled };
+// plain: row-major as listed; swizzled: 128x4 (mxfp8, nvfp4); mn_major: tokens contiguous
+// (fp8_block). See "Layouts".
+enum class ScaleLayout : uint8_t { plain, swizzled, mn_major };
 const char* scale_layout_name(ScaleLayout l);
+
+// How fp8_current and nvfp4 obtain each expert's amax, which they need before they scale any
+// element. Every choice gives bit-identical results; only speed differs.
+//  - separate: a streaming amax pass, then the quantize pass (the input is read twice from DRAM);
+//  - fused: one kernel whose amax items run `amax_lag` experts ahead of its quantize items, so
+//    that the quantize pass re-reads the tiles from L2;
+//  - automatic: the one measured faster for the shape (see quantize.cu, choose_amax_schedule).
+enum class AmaxSchedule : uint8_t { automatic, separate, fused };
+const char* amax_schedule_name(AmaxSchedule s);
 
 struct QuantizeConfig {
   QuantRecipe recipe = QuantRecipe::mxfp8;
@@ -94,7 +114,9 @@ struct QuantizeConfig {
   bool pow2_scales = false;          // fp8_current, fp8_block
   bool block_2d = false;             // weights: fp8_block 128x128, nvfp4 16x16
   QuantDirection direction = QuantDirection::both;
-  ScaleLayout scale_layout = ScaleLayout::plain;  // swizzled: mxfp8, nvfp4
+  ScaleLayout scale_layout = ScaleLayout::plain;  // swizzled: mxfp8, nvfp4; mn_major: fp8_block
+  AmaxSchedule amax_schedule = AmaxSchedule::automatic;  // fp8_current, nvfp4 (CUDA backend)
+  int amax_lag = 0;  // fused schedule: experts between amax and quantize items; 0 = from L2 size
   std::string to_string() const;
 
   int row_block() const;  // block length along K for rowwise scales (16 for fp8_current)

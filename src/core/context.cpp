@@ -52,6 +52,9 @@ Context::Context(Device device, cudaStream_t stream) : device_(device), stream_(
       cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_index_));
   GROUPMM_CHECK_CUDA(cudaDeviceGetAttribute(
       &smem_per_sm_, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_index_));
+  int l2 = 0;
+  GROUPMM_CHECK_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_index_));
+  l2_bytes_ = l2;
   GROUPMM_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&status_), sizeof(StatusBlock)));
   GROUPMM_CHECK_CUDA(cudaMemsetAsync(status_, 0, sizeof(StatusBlock), stream_));
 }

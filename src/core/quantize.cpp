@@ -16,7 +16,15 @@ const char* quant_direction_name(QuantDirection d) {
 }
 
 const char* scale_layout_name(ScaleLayout l) {
-  return l == ScaleLayout::plain ? "plain" : "swizzled";
+  switch (l) {
+    case ScaleLayout::plain:
+      return "plain";
+    case ScaleLayout::swizzled:
+      return "swizzled";
+    case ScaleLayout::mn_major:
+      return "mn_major";
+  }
+  return "?";
 }
 
 int QuantizeConfig::row_block() const {
@@ -56,11 +64,27 @@ DType QuantizeConfig::scale_dtype() const {
   }
 }
 
+const char* amax_schedule_name(AmaxSchedule s) {
+  switch (s) {
+    case AmaxSchedule::automatic:
+      return "automatic";
+    case AmaxSchedule::separate:
+      return "separate";
+    case AmaxSchedule::fused:
+      return "fused";
+  }
+  return "?";
+}
+
 std::string QuantizeConfig::to_string() const {
+  const std::string amax = amax_schedule == AmaxSchedule::automatic
+                               ? ""
+                               : detail::cat(", amax ", amax_schedule_name(amax_schedule),
+                                             amax_lag > 0 ? detail::cat(" lag ", amax_lag) : "");
   return detail::cat("QuantizeConfig(", recipe_name(recipe), ", data=", dtype_name(data_dtype()),
                      ", scales=", dtype_name(scale_dtype()), " ", scale_layout_name(scale_layout),
                      ", ", quant_direction_name(direction), pow2_scales ? ", pow2" : "",
-                     block_2d ? ", 2d blocks" : "", ")");
+                     block_2d ? ", 2d blocks" : "", amax, ")");
 }
 
 int64_t TensorSpec::numel() const {
@@ -108,15 +132,24 @@ static void check_config(const QuantizeConfig& c, int64_t K, const char* op) {
   GROUPMM_CHECK(K > 0, op, ": input.shape[-1]=K=", K, " must be > 0");
   GROUPMM_CHECK(K % c.row_block() == 0, op, ": input.shape[-1]=K=", K, " must be a multiple of ",
                 c.row_block(), " (", recipe_name(c.recipe), " block)");
-  GROUPMM_CHECK(c.scale_layout == ScaleLayout::plain || c.recipe == QuantRecipe::mxfp8 ||
+  const int sl = static_cast<int>(c.scale_layout);
+  GROUPMM_CHECK(sl >= 0 && sl <= 2, op, ": config.scale_layout=", sl,
+                " must be plain, swizzled or mn_major");
+  GROUPMM_CHECK(c.scale_layout != ScaleLayout::swizzled || c.recipe == QuantRecipe::mxfp8 ||
                     c.recipe == QuantRecipe::nvfp4,
                 op, ": config.scale_layout=swizzled needs mxfp8 or nvfp4, not ",
                 recipe_name(c.recipe));
+  GROUPMM_CHECK(c.scale_layout != ScaleLayout::mn_major || c.recipe == QuantRecipe::fp8_block, op,
+                ": config.scale_layout=mn_major needs fp8_block, not ", recipe_name(c.recipe));
   GROUPMM_CHECK(!c.block_2d || c.recipe == QuantRecipe::fp8_block || c.recipe == QuantRecipe::nvfp4,
                 op, ": config.block_2d needs fp8_block or nvfp4, not ", recipe_name(c.recipe));
   const int d = static_cast<int>(c.direction);
   GROUPMM_CHECK(d >= 1 && d <= 3, op, ": config.direction=", d,
                 " must be rowwise, columnwise or both");
+  const int s = static_cast<int>(c.amax_schedule);
+  GROUPMM_CHECK(s >= 0 && s <= 2, op, ": config.amax_schedule=", s,
+                " must be automatic, separate or fused");
+  GROUPMM_CHECK(c.amax_lag >= 0, op, ": config.amax_lag=", c.amax_lag, " must be >= 0");
 }
 
 QuantizedShapes group_quantize_shapes(int64_t M, int64_t K, int64_t G, const QuantizeConfig& c) {
@@ -126,11 +159,14 @@ QuantizedShapes group_quantize_shapes(int64_t M, int64_t K, int64_t G, const Qua
   QuantizedShapes s;
   const DType dt = c.data_dtype(), st = c.scale_dtype();
   const bool swz = c.scale_layout == ScaleLayout::swizzled;
+  const bool mn = c.scale_layout == ScaleLayout::mn_major;
   const int64_t rb = c.row_block(), cb = c.col_block();
   const bool fp8_2d = c.recipe == QuantRecipe::fp8_block && c.block_2d;
   if (has_rowwise(c.direction)) {
     s.data = spec(dt, M, K);
-    if (c.recipe == QuantRecipe::fp8_block)
+    if (c.recipe == QuantRecipe::fp8_block && mn)
+      s.scale_inv = spec(st, K / 128, qnum::round_up(fp8_2d ? M / 128 + G : M, 4));
+    else if (c.recipe == QuantRecipe::fp8_block)
       s.scale_inv = fp8_2d ? spec(st, M / 128 + G, K / 128) : spec(st, M, K / 128);
     else if (c.recipe != QuantRecipe::fp8_current)
       s.scale_inv = swz ? spec(st, M + 127 * G, qnum::round_up(K / rb, 4)) : spec(st, M, K / rb);
@@ -180,10 +216,11 @@ GroupedTensor QuantizedBuffers::view(int64_t G, const TensorView& splits,
   t.global_scale = global_scale.view();
   t.recipe = cfg.recipe;
   t.scales_swizzled = cfg.scale_layout == ScaleLayout::swizzled;
+  t.scales_mn_major = cfg.scale_layout == ScaleLayout::mn_major;
   return t;
 }
 
-qnum::Layout make_layout(const QuantizeConfig& c, int64_t K) {
+qnum::Layout make_layout(const QuantizeConfig& c, int64_t M, int64_t K, int64_t G) {
   qnum::Layout L;
   L.recipe = static_cast<int>(c.recipe) - 1;  // QuantRecipe::none is 0
   L.K = K;
@@ -191,6 +228,8 @@ qnum::Layout make_layout(const QuantizeConfig& c, int64_t K) {
   L.cb = c.col_block();
   L.fp8_2d = c.recipe == QuantRecipe::fp8_block && c.block_2d;
   L.swizzled = c.scale_layout == ScaleLayout::swizzled;
+  L.mn_major = c.scale_layout == ScaleLayout::mn_major;
+  L.rs_ld = qnum::round_up(L.fp8_2d ? M / 128 + G : M, 4);
   L.e5m2 = c.fp8_dtype == DType::fp8e5m2 && c.recipe != QuantRecipe::nvfp4;
   L.pow2 = c.pow2_scales;
   L.block_2d = c.block_2d;
@@ -249,7 +288,7 @@ QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs&
   check_config(c, p.K, op);
   GROUPMM_CHECK(!c.block_2d || p.uniform, op,
                 ": config.block_2d is for weights ([G, N, K], no splits)");
-  p.L = make_layout(c, p.K);
+  p.L = make_layout(c, p.M, p.K, p.G);
   p.rowwise = has_rowwise(c.direction);
   p.columnwise = has_columnwise(c.direction);
   const QuantizedShapes s = group_quantize_shapes(p.M, p.K, p.G, c);
@@ -278,7 +317,8 @@ size_t group_quantize_workspace_size(const Context&, const GroupQuantizeArgs& a,
     K = a.input.dim(2);
   }
   size_t bytes = plan_bytes(G);
-  if (a.config.recipe == QuantRecipe::fp8_current) bytes += amax_slot_bytes(M, K, G);
+  if (a.config.recipe == QuantRecipe::fp8_current || a.config.recipe == QuantRecipe::nvfp4)
+    bytes += amax_slot_bytes(M, K, G);  // the fused amax schedule
   if (with_dbias) bytes += static_cast<size_t>(tile_bound(M, G) * K) * 4;
   return bytes;
 }
@@ -314,6 +354,7 @@ static GroupedTensor run(Context& ctx, const GroupQuantizeArgs& a, const TensorV
   out.splits = a.splits;
   out.recipe = a.config.recipe;
   out.scales_swizzled = a.config.scale_layout == ScaleLayout::swizzled;
+  out.scales_mn_major = a.config.scale_layout == ScaleLayout::mn_major;
   return out;
 }
 

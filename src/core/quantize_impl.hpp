@@ -17,10 +17,11 @@ struct QuantProblem {
 // iname / qname: how messages name the bf16/fp16/fp32 tensor and the quantized GroupedTensor.
 QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs& a, const char* op,
                                     const char* iname = "input", const char* qname = "out");
-qnum::Layout make_layout(const QuantizeConfig& cfg, int64_t K);
+qnum::Layout make_layout(const QuantizeConfig& cfg, int64_t M, int64_t K, int64_t G);
 
 // Workspace: the per-expert plan (5 arrays of G+1 int64, then one word for the fused schedule's
-// ticket), then for fp8_current one amax slot (uint32) per 128x128 tile, then the dbias partials.
+// ticket), then for fp8_current and nvfp4 one amax slot (uint32) per 128x128 tile (the fused amax
+// schedule), then the dbias partials.
 inline size_t plan_bytes(int64_t G) {
   return (static_cast<size_t>(5 * (G + 1) + 1) * 8 + 255) / 256 * 256;
 }

@@ -197,13 +197,19 @@ struct Layout {
   int cb = 32;  // columnwise block along M
   bool fp8_2d = false;
   bool swizzled = false;
+  bool mn_major = false;  // fp8_block: scales with the token (M) dimension contiguous
+  int64_t rs_ld = 0;      // mn_major rowwise scales: leading dimension (see quantize.hpp)
   bool e5m2 = false;
   bool pow2 = false;
   bool block_2d = false;
 };
 
 GROUPMM_HD int64_t row_scale_index(const Layout& L, const Geom& g, int64_t lr, int64_t sc) {
-  if (L.fp8_2d) return (g.tile_start + lr / 128) * (L.K / 128) + sc;
+  if (L.fp8_2d) {
+    const int64_t tr = g.tile_start + lr / 128;
+    return L.mn_major ? sc * L.rs_ld + tr : tr * (L.K / 128) + sc;
+  }
+  if (L.mn_major) return sc * L.rs_ld + g.start + lr;
   const int64_t ncols = L.K / L.rb;
   if (!L.swizzled) return (g.start + lr) * ncols + sc;
   return swizzle_128x4(g.tile_start * 128 + lr, sc, round_up(ncols, 4));
@@ -213,7 +219,9 @@ GROUPMM_HD int64_t row_scale_index(const Layout& L, const Geom& g, int64_t lr, i
 // the 128-column block index).
 GROUPMM_HD int64_t col_scale_index(const Layout& L, const Geom& g, int64_t k, int64_t j) {
   const int64_t nb = ceil_div(g.rows, L.cb);
-  if (L.fp8_2d) return (L.K / 128) * g.cb_start + k * nb + j;
+  if (L.fp8_2d)
+    return (L.K / 128) * (g.cb_start + (L.mn_major ? j : 0)) + (L.mn_major ? k : k * nb + j);
+  if (L.mn_major) return L.K * (g.cb_start + j) + k;
   if (!L.swizzled) return L.K * g.cb_start + k * nb + j;
   return round_up(L.K, 128) * g.cs4_start + swizzle_128x4(k, j, round_up(nb, 4));
 }

@@ -140,6 +140,7 @@ std::string GroupedTensor::to_string() const {
   if (amax.present()) os << ", amax=" << amax.to_string();
   if (global_scale.present()) os << ", global_scale=" << global_scale.to_string();
   if (scales_swizzled) os << ", swizzled";
+  if (scales_mn_major) os << ", mn_major";
   os << ")";
   return os.str();
 }

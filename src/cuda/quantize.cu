@@ -1,8 +1,7 @@
-// CUDA group_quantize / bgrad_group_quantize: plan kernel, nvfp4's per-expert amax pass, the tile
-// kernel (for fp8_current it also computes each expert's amax, see quantize_tile.cuh "item
-// schedule"), and the
-// deterministic per-expert reduction of the bias-gradient partial sums. All stream-ordered,
-// no host reads, no allocation: graph safe.
+// CUDA group_quantize / bgrad_group_quantize: plan kernel, the per-expert amax pass of fp8_current
+// / nvfp4 (or its fused form inside the tile kernel, see quantize_tile.cuh "item schedule"), the
+// tile kernel, and the deterministic per-expert reduction of the bias-gradient partial sums. All
+// stream-ordered, no host reads, no allocation: graph safe.
 #include <algorithm>
 #include <type_traits>
 
@@ -42,13 +41,13 @@ struct AmaxConfig {
   static_assert(kThreads % 32 == 0, "warps");
 };
 
-// NVFP4's per-expert amax: a separate streaming pass before the tile kernel (NVFP4 quantization is
-// ALU-bound, so the fused amax items of fp8_current cost it more than this pass at ~91% of DRAM
-// peak). Items are 128x128 tiles in per-CTA ranges. A tile is one step (16-bit inputs) or two
-// (fp32) of 8 independent 16-byte loads per thread; the next step's loads are issued before the
-// current step is reduced, so every CTA keeps 32-64 KB in flight. Magnitudes are merged raw
-// (two bf16/fp16 at a time) and canonicalized once; a warp merges its maximum into the expert's
-// bits with one atomicMax whenever the CTA's items move to another expert (exact, order-free).
+// The per-expert amax as a separate streaming pass before the tile kernel (the "separate" amax
+// schedule of fp8_current / nvfp4; ~91% of DRAM peak). Items are 128x128 tiles in per-CTA ranges. A
+// tile is one step (16-bit inputs) or two (fp32) of 8 independent 16-byte loads per thread; the
+// next step's loads are issued before the current step is reduced, so every CTA keeps 32-64 KB in
+// flight. Magnitudes are merged raw (two bf16/fp16 at a time) and canonicalized once; a warp merges
+// its maximum into the expert's bits with one atomicMax whenever the CTA's items move to another
+// expert (exact, order-free).
 template <class In, class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
     expert_amax_kernel(const In* x, int64_t K, int64_t col_tiles, QuantPlan plan,
@@ -187,13 +186,42 @@ void launch_reduce(Context& ctx, const float* partial, int64_t K, const QuantPla
   GROUPMM_CHECK_LAUNCH();
 }
 
+// The amax schedule of fp8_current / nvfp4 (QuantizeConfig::amax_schedule): fused or not, and
+// the fused schedule's lag in experts. Host-known values only (graph safe): the shape, G and L2.
+struct AmaxChoice {
+  bool fused = false;
+  int lag = 1;
+};
+AmaxChoice choose_amax_schedule(const Context& ctx, const QuantizeConfig& c, const QuantProblem& p,
+                                int in_size) {
+  // Measured on the H200 (bench/RESULTS.md, round 6, `groupmm bench quantize --amax ...`):
+  // fp8_current is faster fused at every shape (the input crosses DRAM once; separate: -3 to -7
+  // points), with lag 1 for 29 MB experts and lag >= 2 for 4 MB ones (lag 1: +7 to +13 points
+  // lost waiting for amax items still in flight). nvfp4 is faster separate (its quantization is
+  // ALU-bound; the fused kernel's two buffers and ticket waits cost 4-50%).
+  AmaxChoice a;
+  if (c.recipe != QuantRecipe::fp8_current && c.recipe != QuantRecipe::nvfp4) return a;
+  a.fused = c.amax_schedule == AmaxSchedule::fused ||
+            (c.amax_schedule == AmaxSchedule::automatic && c.recipe == QuantRecipe::fp8_current);
+  // Lag: as many experts (of the average size) as fit in 40% of L2, so that an expert's tiles
+  // are still there when its quantize items re-read them, and at least one (H200: 6 for the 4 MB
+  // experts of [32768, 2048] / 32, 1 for the 29 MB ones of [65536, 7168] / 32).
+  const double expert_bytes =
+      double(p.M) * double(p.K) * in_size / double(std::max<int64_t>(p.G, 1));
+  const int64_t fit =
+      static_cast<int64_t>(0.4 * double(ctx.l2_bytes()) / std::max(expert_bytes, 1.0));
+  a.lag = static_cast<int>(
+      std::clamp<int64_t>(c.amax_lag > 0 ? c.amax_lag : fit, 1, std::max<int64_t>(p.G, 1)));
+  return a;
+}
+
 }  // namespace
 
 // Shared memory: the input tile buffers and the plan cache. Persistent grid: as many CTAs as fit
 // (two 512-thread CTAs per SM for 16-bit inputs: ~102 KB each; one for fp32), at most one per
 // item.
 void tile_layout(const Context& ctx, TileParams& p, int in_size) {
-  int off = TileConfig::stages(p.L.recipe) * TileConfig::kRows * TileConfig::kCols * in_size;
+  int off = TileConfig::stages(p.fused) * TileConfig::kRows * TileConfig::kCols * in_size;
   p.smem_plan = off;
   if (p.plan.G <= TileConfig::kPlanCacheG) off += TileConfig::kPlanCache;
   p.smem_total = off;
@@ -215,17 +243,21 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   const int64_t col_tiles = qnum::ceil_div(p.K, 128);
   const QuantPlan plan = plan_view(ws, p.G);
   const int R = p.L.recipe;
-  // The fused amax schedule (fp8_current) counts items (128x128 tiles, twice) in 32 bits.
-  GROUPMM_CHECK(R != qnum::kFp8Current || tile_bound(p.M, p.G) * col_tiles < (int64_t(1) << 30),
+  const int in_size = a.input.dtype == DType::fp32 ? 4 : 2;
+  const AmaxChoice amax = choose_amax_schedule(ctx, a.config, p, in_size);
+  // The fused amax schedule counts items (128x128 tiles, twice) in 32 bits.
+  GROUPMM_CHECK(!amax.fused || tile_bound(p.M, p.G) * col_tiles < (int64_t(1) << 30),
                 "group_quantize: M=", p.M, ", K=", p.K,
-                " has too many 128x128 tiles for fp8_current (at most 2^30)");
+                " has too many 128x128 tiles for the fused amax schedule (at most 2^30); use "
+                "config.amax_schedule=separate");
   const bool need_amax = R == qnum::kFp8Current || R == qnum::kNvfp4;
   uint32_t* amax_bits = need_amax ? static_cast<uint32_t*>(a.out.amax.data) : nullptr;
-  // Workspace: the plan, then fp8_current's amax slots (emptied by the plan kernel, no separate
-  // memset launch; filled by the tile kernel's amax items), then the dbias partial sums.
+  // Workspace: the plan, then the amax slots of fp8_current / nvfp4 (used by the fused schedule:
+  // emptied by the plan kernel, no separate memset launch; filled by the tile kernel's amax
+  // items), then the dbias partial sums.
   char* ws_next = static_cast<char*>(ws) + plan_bytes(p.G);
-  uint32_t* const slots = R == qnum::kFp8Current ? reinterpret_cast<uint32_t*>(ws_next) : nullptr;
-  if (slots) ws_next += amax_slot_bytes(p.M, p.K, p.G);
+  uint32_t* const slots = amax.fused ? reinterpret_cast<uint32_t*>(ws_next) : nullptr;
+  if (need_amax) ws_next += amax_slot_bytes(p.M, p.K, p.G);
   launch_quant_plan(ctx, plan, a.splits, p.M, p.L.cb, amax_bits, OpId::group_quantize, slots,
                     col_tiles);
   TileParams tp{};
@@ -236,6 +268,8 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.L = p.L;
   tp.rowwise = p.rowwise;
   tp.colwise = p.columnwise;
+  tp.fused = amax.fused;
+  tp.lag = amax.lag;
   tp.q_row = static_cast<uint8_t*>(a.out.data.data);
   tp.q_col = static_cast<uint8_t*>(a.out.columnwise_data.data);
   tp.s_row = a.out.scale_inv.data;
@@ -250,9 +284,8 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.row_kp = qnum::round_up(tp.row_ncols, 4);
   tp.col_k128 = qnum::round_up(p.K, 128);
   tp.status = ctx.status();
-  const int in_size = a.input.dtype == DType::fp32 ? 4 : 2;
   tile_layout(ctx, tp, in_size);
-  if (R == qnum::kNvfp4) {
+  if (need_amax && !amax.fused) {
     switch (a.input.dtype) {
       case DType::bf16:
         launch_amax<uint16_t>(ctx, a.input.data, p.K, col_tiles, tp.grid, plan, amax_bits);

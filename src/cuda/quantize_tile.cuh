@@ -9,7 +9,7 @@
 //
 // Why it is shaped like this (H200: ~4.2 TB/s, 132 SMs, i.e. ~16 bytes per SM clock):
 //  - Persistent 512-thread CTAs (2 per SM for 16-bit inputs, 64 registers per thread: 50%
-//    occupancy; three input tile buffers, two for fp8_current). Thread 0 schedules
+//    occupancy; three input tile buffers, two under the fused amax schedule). Thread 0 schedules
 //    the items (see "item schedule" below: contiguous ranges, or for fp8_current one
 //    ticket sequence that interleaves each expert's amax items with the previous expert's
 //    quantize items, so the expert amax needs no separate pass) and publishes each item's
@@ -17,7 +17,7 @@
 //    addresses are 32-bit offsets from those, recomputed per tile (registers, see the loop).
 //  - The next tiles are fetched with cp.async (16-byte, zero-filled past the expert / past K)
 //    while the current one is quantized: up to 64 KB in flight per CTA (a third buffer measured
-//    neutral against two for the static recipes; fp8_current keeps two, see kSt).
+//    neutral against two for the static schedule; the fused one keeps two, see stages).
 //  - The fp8 format (e4m3 / e5m2) is a kernel template parameter, not a per-conversion branch.
 //  - The smem tile has no padding but an XOR swizzle of its 16-byte chunks (swz below) so that
 //    every access pattern is free of bank conflicts.
@@ -55,10 +55,10 @@ struct TileConfig {
   static constexpr int kColSeg = 16;                                 // columnwise rows / thread
   static constexpr int kColSegs = kRows / kColSeg;
   static constexpr int kStages = 3;  // input tile buffers: items i + 1, i + 2 load while i runs
-  // Buffers a recipe uses (kernel and host layout). fp8_current keeps two: a third fetched its
-  // tickets further ahead, which moved an expert's amax reads further from its quantize re-reads
-  // (fewer L2 hits; rowwise 59 -> 56%).
-  static constexpr int stages(int recipe) { return recipe == qnum::kFp8Current ? 2 : kStages; }
+  // Buffers a schedule uses (kernel and host layout). The fused amax schedule keeps two: a third
+  // fetched its tickets further ahead, which moved an expert's amax reads further from its quantize
+  // re-reads (fewer L2 hits; fp8_current rowwise 59 -> 56%).
+  static constexpr int stages(bool fused) { return fused ? 2 : kStages; }
   static constexpr int kMinBlocks = 2;  // per SM, for 16-bit inputs: 64 registers per thread
   // The scheduler reads the plan (tile_start, start, rows) from shared memory when G is at most
   // this (thread 0's dependent global loads were on every item's critical path).
@@ -79,12 +79,14 @@ struct TileParams {
   QuantPlan plan;
   qnum::Layout L;
   bool rowwise, colwise;
+  bool fused;  // fp8_current / nvfp4: amax items in this kernel (else amax_bits is complete)
+  int lag;     // fused: the quantize items of expert k run with the amax items of expert k + lag
   uint8_t* q_row;
   uint8_t* q_col;
   void* s_row;
   void* s_col;
-  uint32_t* amax_bits;   // [G] per-expert amax (fp8_current: output; nvfp4: complete on entry)
-  uint32_t* slots;       // fused: [items] each amax item's maximum, 0xFFFFFFFF until written
+  uint32_t* amax_bits;   // [G] per-expert amax (fused: output; else complete on entry)
+  uint32_t* slots;       // fused: [items] each amax item's maximum, kSlotEmpty until written
   float* scale_inv_g;    // fp8_current [G]
   float* global_scale;   // nvfp4 [G]
   float* dbias_partial;  // [tile bound, K] or null
@@ -233,8 +235,7 @@ struct TileSmem {
 
 // No L2 eviction-priority hints: an L2::cache_hint cp.async with a createpolicy descriptor in
 // the fused kernel faulted with an illegal instruction on the H200 (CUDA 13.0), see the notes.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+__device__ __forceinline__ void cp_async16(uint32_t d, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes)
                : "memory");
 }
@@ -341,6 +342,34 @@ __device__ __forceinline__ uint32_t fp4x8_pairs(const typename Elt<In>::Pair* v,
   }
 }
 
+// ---- exact fp32 division without the slow path --------------------------------------------
+// div.rn.f32 compiles to a fast path (MUFU.RCP, one Newton step on the reciprocal, the quotient and
+// one residual correction: correctly rounded whenever the operands and the result are normal and
+// far from overflow) plus FCHK and a branch to a slow-path subroutine for the other cases. In the
+// block-scale code that branch and its reconvergence cost as much as the division, and the
+// callers can keep the operands in range with power-of-two prescaling (exact), so they use the
+// fast path alone. tests/cuda/test_block_scale_gpu.cu compares every caller with IEEE division
+// over every input it can get.
+__device__ __forceinline__ float rcp_approx(float b) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return r;
+}
+// a / b rounded to nearest even, for b and 1 / b normal, a >= 2^-64 and a / b normal (the
+// callers' ranges, tested exhaustively).
+__device__ __forceinline__ float div_rn_inrange(float a, float b) {
+  const float r = rcp_approx(b);
+  const float y = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+  const float q = __fmul_rn(a, y);
+  return __fmaf_rn(__fmaf_rn(-b, q, a), y, q);
+}
+// min(x, FLT_MAX) that keeps a NaN (fminf would return FLT_MAX).
+__device__ __forceinline__ float min_nan(float x, float m) {
+  float d;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(x), "f"(m));
+  return d;
+}
+
 // Per-expert values, reloaded only when a CTA's item moves to another expert.
 struct GroupInfo {
   qnum::Geom g;
@@ -349,7 +378,22 @@ struct GroupInfo {
   float mul = 1.0f;    // fp8_current: the expert's scale
   float s_enc = 1.0f;  // nvfp4 S_enc and S_enc / 6
   float s_enc6 = 1.0f / 6.0f;
+  // nvfp4: S_enc * 2^k and 2^-k (k = -64, 0, 64) so that the per-block S_enc / s_b
+  // (s_b in [2^-9, 448]) runs in div_rn_inrange's range; S_enc is in [2^-117, FLT_MAX].
+  float s_enc_scaled = 1.0f, s_enc_unscale = 1.0f;
 };
+
+// nvfp4: the expert's S_enc and what the block multipliers need of it.
+__device__ __forceinline__ void nvfp4_expert_senc(GroupInfo& gr, float s_enc) {
+  gr.s_enc = s_enc;
+  gr.s_enc6 = gr.s_enc / kE2M1Max;  // the same fp32 operation as make_block_quant
+  const float k = gr.s_enc >= 0x1p64f ? 0x1p-64f : (gr.s_enc < 0x1p-64f ? 0x1p64f : 1.0f);
+  gr.s_enc_scaled = gr.s_enc * k;
+  gr.s_enc_unscale = 1.0f / k;
+}
+__device__ __forceinline__ void nvfp4_expert(GroupInfo& gr, float amax) {
+  nvfp4_expert_senc(gr, qnum::nvfp4_s_enc(amax));
+}
 
 // amax: the expert's amax (fused recipes only).
 template <int R>
@@ -361,8 +405,7 @@ __device__ __forceinline__ void load_group(const TileParams& p, int64_t gi, Grou
   if constexpr (R == qnum::kFp8Current) {
     gr.mul = qnum::fp8_current_scale(amax, p.L.e5m2, p.L.pow2).scale;
   } else if constexpr (R == qnum::kNvfp4) {
-    gr.s_enc = qnum::nvfp4_s_enc(amax);
-    gr.s_enc6 = gr.s_enc / kE2M1Max;  // the same fp32 operation as make_block_quant
+    nvfp4_expert(gr, amax);
   }
 }
 
@@ -378,6 +421,12 @@ __device__ __forceinline__ float e4m3_to_float_dev(uint8_t c) {
 #endif
 }
 
+// qnum::nvfp4_elem_scale(S_enc, fp32(s_b)) for s_b != 0 (see block_quant).
+__device__ __forceinline__ float nvfp4_block_mul(const GroupInfo& gr, uint8_t s_b) {
+  const float s = div_rn_inrange(gr.s_enc_scaled, e4m3_to_float_dev(s_b));
+  return min_nan(__fmul_rn(s, gr.s_enc_unscale), 3.40282347e38f);
+}
+
 // Block quantization of a block with canonical amax bits `am` (the device half of
 // qnum::make_block_quant, with the per-expert part hoisted into GroupInfo). The same operations as
 // the qnum functions, written without their early returns: the compiler turned those into
@@ -390,19 +439,26 @@ __device__ __forceinline__ qnum::BlockQuant block_quant(uint32_t am, const Group
   if constexpr (R == qnum::kFp8Current) {
     q.mul = gr.mul;
   } else if constexpr (R == qnum::kFp8Block) {
-    // qnum::fp8_block_scale: {1, 1} unless 0 < amax < Inf and amax / fmax is normal.
+    // qnum::fp8_block_scale: {1, 1} unless 0 < amax < Inf and v = amax / fmax is normal. v by one
+    // residual correction of amax * RN(1 / fmax) (Markstein: exact; a subnormal quotient stays
+    // subnormal); fmax / amax by div_rn_inrange, amax >= 2^64 prescaled by 2^-64 (amax >= 2^-117
+    // when v is normal, so 1 / amax stays normal).
     const float fmax = L.e5m2 ? kE5M2Max : kE4M3Max;
+    const float rfmax = L.e5m2 ? (1.0f / kE5M2Max) : (1.0f / kE4M3Max);
     const float a = __uint_as_float(am);
-    const float v = __fdiv_rn(a, fmax);
+    const float q0 = __fmul_rn(a, rfmax);
+    const float v = __fmaf_rn(__fmaf_rn(-fmax, q0, a), rfmax, q0);
     const uint32_t vb = __float_as_uint(v);
     const bool ok = am != 0u && am < 0x7F800000u && (vb >> 23) != 0u;
     float mul, inv;
-    if (L.pow2) {  // round v up to a power of two
-      inv = __uint_as_float(((vb >> 23) + ((vb & 0x7FFFFFu) != 0u ? 1u : 0u)) << 23);
-      mul = __fdiv_rn(1.0f, inv);
+    if (L.pow2) {  // round v up to a power of two 2^(E - 127); 1 / it = 2^(127 - E) (E <= 247)
+      const uint32_t E = (vb >> 23) + ((vb & 0x7FFFFFu) != 0u ? 1u : 0u);
+      inv = __uint_as_float(E << 23);
+      mul = __uint_as_float((254u - E) << 23);
     } else {
       inv = v;
-      mul = __fdiv_rn(fmax, a);
+      const float k = a >= 0x1p64f ? 0x1p-64f : 1.0f;
+      mul = __fmul_rn(div_rn_inrange(fmax, __fmul_rn(a, k)), k);
     }
     q.mul = ok ? mul : 1.0f;
     q.scale_inv = ok ? inv : 1.0f;
@@ -418,8 +474,11 @@ __device__ __forceinline__ qnum::BlockQuant block_quant(uint32_t am, const Group
   } else {
     // qnum::nvfp4_block_scale with the e4m3 encode done by the same cvt as the fp8 data
     // (bit-identical to float_to_e4m3; GROUPMM_QUANT_SOFT_CVT switches both back).
+    // qnum::nvfp4_elem_scale = min(S_enc / fp32(s_b), FLT_MAX), NaN kept: the division on the
+    // prescaled S_enc (GroupInfo), scaled back (exact, or Inf past FLT_MAX: clamped). A zero s_b
+    // gives NaN instead of FLT_MAX here; its block encodes as 0 either way (fp4x8).
     q.code = static_cast<uint8_t>(fp8x2<false>(__fmul_rn(__uint_as_float(am), gr.s_enc6), 0.0f));
-    q.mul = qnum::nvfp4_elem_scale(gr.s_enc, e4m3_to_float_dev(q.code));
+    q.mul = nvfp4_block_mul(gr, q.code);
   }
   return q;
 }
@@ -428,7 +487,11 @@ __device__ __forceinline__ qnum::BlockQuant block_quant(uint32_t am, const Group
 // divisions by runtime block sizes hoisted into TileParams / GroupInfo.
 __device__ __forceinline__ int64_t row_sidx(const TileParams& p, const qnum::Geom& g, int64_t lr,
                                             int64_t sc) {
-  if (p.L.fp8_2d) return (g.tile_start + lr / 128) * p.row_ncols + sc;
+  if (p.L.fp8_2d) {
+    const int64_t tr = g.tile_start + lr / 128;
+    return p.L.mn_major ? sc * p.L.rs_ld + tr : tr * p.row_ncols + sc;
+  }
+  if (p.L.mn_major) return sc * p.L.rs_ld + g.start + lr;
   if (!p.L.swizzled) return (g.start + lr) * p.row_ncols + sc;
   return qnum::swizzle_128x4(g.tile_start * 128 + lr, sc, p.row_kp);
 }
@@ -436,8 +499,9 @@ __device__ __forceinline__ int64_t row_sidx(const TileParams& p, const qnum::Geo
 // in-tile part 32-bit (it is on every rowwise thread's path).
 __device__ __forceinline__ int64_t row_sidx_t(const TileParams& p, const qnum::Geom& g, int64_t lt,
                                               int r, int sc) {
-  if (p.L.fp8_2d) return (g.tile_start + lt) * p.row_ncols + sc;
+  if (p.L.fp8_2d) return row_sidx(p, g, lt * 128, sc);
   const unsigned ur = static_cast<unsigned>(r), us = static_cast<unsigned>(sc);
+  if (p.L.mn_major) return sc * p.L.rs_ld + g.start + lt * 128 + r;
   if (!p.L.swizzled)
     return (g.start + lt * 128) * p.row_ncols + int64_t(ur * unsigned(p.row_ncols) + us);
   return (g.tile_start + lt) * 128 * p.row_kp +
@@ -445,7 +509,10 @@ __device__ __forceinline__ int64_t row_sidx_t(const TileParams& p, const qnum::G
 }
 __device__ __forceinline__ int64_t col_sidx(const TileParams& p, const GroupInfo& gr, int64_t k,
                                             int64_t j) {
-  if (p.L.fp8_2d) return p.row_ncols * gr.g.cb_start + k * gr.nb + j;
+  if (p.L.fp8_2d)
+    return p.L.mn_major ? p.row_ncols * (gr.g.cb_start + j) + k
+                        : p.row_ncols * gr.g.cb_start + k * gr.nb + j;
+  if (p.L.mn_major) return p.K * (gr.g.cb_start + j) + k;
   if (!p.L.swizzled) return p.K * gr.g.cb_start + k * gr.nb + j;
   return p.col_k128 * gr.g.cs4_start + qnum::swizzle_128x4(k, j, qnum::round_up(gr.nb, 4));
 }
@@ -458,20 +525,21 @@ __device__ __forceinline__ void item_range(int64_t n_items, int64_t b, int64_t n
 }
 
 // ---- the item schedule (thread 0 of each CTA; state and results in shared memory) ---------------
-// Static recipes (fp8_block, mxfp8, nvfp4 after its amax pass): CTA b quantizes the contiguous
-// item range item_range(b). The fused recipe (fp8_current) needs each expert's amax before any
-// of its elements is scaled. Instead of a separate amax pass (the input read twice from DRAM) every
-// tile is an amax item and later a quantize item of the same kernel, handed out by one atomic
-// ticket counter in this order: block 0 = amax items of expert 0; block k = quantize items of
-// expert k-1 merged with amax items of expert k (the first `grid` of them first, the rest spread
-// evenly). So an expert is quantized while the next one is read, and its tiles are re-read from L2
-// about one expert's worth of traffic after their amax read (working set ~ one expert + one grid of
-// tiles). Each amax item stores its maximum into its own slot (one relaxed store: no atomics, no
-// fence on the item's path); a CTA's first quantize item of an expert reduces the expert's slots,
-// waiting for any still empty. Forward progress needs no co-residency: a quantize item waits only
-// for amax items with smaller tickets, and the smallest unfinished ticket always belongs to a
-// running CTA that can finish it. Block k starts at ticket S(k-1) + S(k), S(k) = tile_start[k] *
-// col_tiles (items before expert k).
+// Static schedule (fp8_block, mxfp8, and fp8_current / nvfp4 after a separate amax pass): CTA b
+// quantizes the contiguous item range item_range(b). The fused schedule (fp8_current / nvfp4,
+// TileParams::fused) makes each expert's amax in the same kernel: every tile is an amax item and
+// later a quantize item, handed out by one atomic ticket counter in blocks: block k (k = 0 ..
+// G - 1 + lag) = amax items of expert k merged with the quantize items of expert k - lag (the
+// first `grid` amax items first, the rest spread evenly). So an expert is quantized while the
+// experts `lag` ahead of it are read, and its tiles are re-read from L2 about `lag` experts' worth
+// of traffic after their amax read (the host picks lag so that this fits in L2; lag 1 for experts
+// of tens of MB, more for small experts, whose quantize items would otherwise wait for amax items
+// still in flight). Each amax item stores its maximum into its own slot (one relaxed store: no
+// atomics, no fence on the item's path); a CTA's first quantize item of an expert reduces the
+// expert's slots, waiting for any still empty. Forward progress needs no co-residency: a quantize
+// item waits only for amax items with smaller tickets, and the smallest unfinished ticket always
+// belongs to a running CTA that can finish it. Block k starts at ticket S(k) + S(k - lag), S(k) =
+// tile_start[k] * col_tiles (items before expert k, 0 for k < 0, all for k > G).
 enum : int32_t { kItemNone = 0, kItemQuant = 1, kItemAmax = 2 };
 
 struct ItemInfo {      // one 128x128 work item, CTA-uniform
@@ -559,18 +627,19 @@ __device__ void sched_next(const TileParams& p, SchedState& s, uint32_t ticket, 
       ++s.t;
     }
   } else {
-    const int64_t G = p.plan.G;
+    const int64_t G = p.plan.G, D = p.lag;
     const int64_t T = ticket;
     if (T >= 2 * items_before(p, s, G)) {
       it.kind = kItemNone;
       return;
     }
+    // Block k of tickets [B(k), B(k + 1)), B(k) = S(k) + S(k - D).
     int64_t k = s.gi;
-    while (k < G && T >= items_before(p, s, k) + items_before(p, s, k + 1)) ++k;
+    while (k < G + D - 1 && T >= items_before(p, s, k + 1) + items_before(p, s, k + 1 - D)) ++k;
     s.gi = k;
-    const int64_t s0 = items_before(p, s, k - 1), s1 = items_before(p, s, k),
-                  s2 = items_before(p, s, k + 1);
-    const int64_t j = T - (s0 + s1), nq = s1 - s0, na = s2 - s1;
+    const int64_t sa0 = items_before(p, s, k), sa1 = items_before(p, s, k + 1);
+    const int64_t sq0 = items_before(p, s, k - D), sq1 = items_before(p, s, k + 1 - D);
+    const int64_t j = T - (sa0 + sq0), na = sa1 - sa0, nq = sq1 - sq0;
     const int64_t F = min(na, int64_t(gridDim.x));
     bool amax_item = j < F;
     int64_t idx = j;
@@ -582,7 +651,7 @@ __device__ void sched_next(const TileParams& p, SchedState& s, uint32_t ticket, 
       // likely still in L2) are quantized first.
       idx = amax_item ? F + before : nq - 1 - (jj - before);
     }
-    const int64_t e = amax_item ? k : k - 1;
+    const int64_t e = amax_item ? k : k - D;
     const uint32_t tl = static_cast<uint32_t>(idx) / ncol;  // idx < 2^31 (host check)
     make_item<In>(p, s, amax_item ? kItemAmax : kItemQuant, e, s.tile_start[e] + tl,
                   static_cast<int>(static_cast<uint32_t>(idx) - tl * ncol), it);
@@ -611,7 +680,8 @@ __device__ __forceinline__ void write_expert_scalars(const TileParams& p, int64_
 
 }  // namespace tile_detail
 
-template <class In, int R, bool kE5m2>
+// kFused: the fused amax schedule (fp8_current / nvfp4, see "item schedule").
+template <class In, int R, bool kE5m2, bool kFused>
 __global__ void __launch_bounds__(TileConfig::kThreads,
                                   sizeof(In) == 4 ? 1 : TileConfig::kMinBlocks)
     quantize_tile_kernel(TileParams p) {
@@ -623,23 +693,22 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   constexpr bool kFp4 = R == qnum::kNvfp4;
   extern __shared__ __align__(128) uint8_t smem[];  // [2] input tiles, then the plan cache
   __shared__ uint32_t blk2d[64];  // 2D block amax: [8][8] nvfp4 16x16, [16] fp8 128x128
-  pdl_wait();  // the plan (and nvfp4's amax pass): this kernel may start before they finish
+  pdl_wait();  // the plan (or the amax pass): this kernel may start before they finish
   // Not const: laundered at every item (see the loop), so that nothing derived from it is hoisted.
   int tid = static_cast<int>(threadIdx.x);
   const qnum::Layout& L = p.L;
   const int64_t K = p.K;
   const int Ki = static_cast<int>(K);  // K <= 65535 * 128: in-tile offsets r * K fit in 32 bits
   const int64_t G = p.plan.G;
-  // fp8_current fuses its amax pass (see "item schedule"); nvfp4 gets the amax from a separate
-  // pass (quantize.cu: its quantization is ALU-bound, and the fused items cost it 5-14 points).
-  constexpr bool kFused = R == qnum::kFp8Current;
+  constexpr bool kExpertAmax = R == qnum::kFp8Current || R == qnum::kNvfp4;
+  static_assert(kExpertAmax || !kFused, "only fp8_current and nvfp4 have an expert amax");
 
   // Items, the scheduler state and the current expert live in shared memory, written by thread
   // 0 (CTA-uniform values held in registers across the loop pushed the 64-register budget into
   // spills, and recomputing them in every thread cost ~20% of all instructions). Item i uses
   // s_item[i % kRing] and buffer i % kStages: while item i is processed, items i + 1 .. i + kStages
   // - 1 load and thread 0 schedules item i + kStages.
-  constexpr int kSt = Cfg::stages(R), kRing = kSt + 1;
+  constexpr int kSt = Cfg::stages(kFused), kRing = kSt + 1;
   __shared__ ItemInfo s_item[kRing];
   __shared__ SchedState s_sched;
   __shared__ __align__(16) unsigned char s_cur_raw[sizeof(GroupInfo)];
@@ -671,29 +740,35 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     s_amax = 0;
   }
   // Per-expert scalars. Fused: only zero-row experts (no item; amax 0, zeroed by the plan); the
-  // others are written where their amax is reduced. nvfp4: all, from the finished amax pass.
-  if (blockIdx.x == 0) {
+  // others are written where their amax is reduced. After an amax pass: all.
+  if (kExpertAmax && blockIdx.x == 0) {
     for (int64_t g = tid; g < G; g += Cfg::kThreads) {
       if (kFused && p.plan.rows[g] == 0) write_expert_scalars<R>(p, g, 0.0f);
-      if (R == qnum::kNvfp4) write_expert_scalars<R>(p, g, __uint_as_float(p.amax_bits[g]));
+      if (!kFused) write_expert_scalars<R>(p, g, __uint_as_float(p.amax_bits[g]));
     }
   }
   __syncthreads();
   if (s_item[0].kind == kItemNone) return;
 
   // cp.async of item `it` into buf: 16-byte chunks, zero-filled past the expert / past K.
-  auto issue_loads = [&](uint8_t* buf, const ItemInfo& it) {
-    const In* xg = reinterpret_cast<const In*>(it.src);
-    const int vr = it.vr, vc = it.vc;
-    const unsigned u = static_cast<unsigned>(tid);
+  // A thread loads chunk ch of rows r0 + j * kRowStep: one 64-bit source address per item, the
+  // j-independent part of the swizzle once (this runs every item: see the loop's note on tid).
+  auto issue_loads = [&](const uint8_t* buf, const ItemInfo& it) {
+    constexpr int kRowStep = Cfg::kThreads / S::kChunksPerRow;
+    static_assert(Cfg::kThreads % S::kChunksPerRow == 0 && kRowStep % 16 == 0, "load mapping");
+    const int ch = tid % S::kChunksPerRow, r0 = tid / S::kChunksPerRow;
+    const uint8_t* const src0 = it.src + (r0 * Ki + ch * S::kVec) * static_cast<int>(sizeof(In));
+    const uint32_t d0 = static_cast<uint32_t>(__cvta_generic_to_shared(buf)) + r0 * S::kRowBytes;
+    const int sw0 = ch ^ (r0 & 1) ^ ((ch >> 2) & 6);  // swz(r, ch) without its (r >> 4) term
+    const bool ok_c = ch * S::kVec < it.vc;
+    const int vr = it.vr;
 #pragma unroll
     for (int j = 0; j < S::kLoads; ++j) {
-      const unsigned i = u + j * Cfg::kThreads;
-      const int r = static_cast<int>(i / S::kChunksPerRow),
-                ch = static_cast<int>(i % S::kChunksPerRow);
-      const bool ok = r < vr && ch * S::kVec < vc;
-      cp_async16(buf + r * S::kRowBytes + (swz(r, ch) << 4), xg + (ok ? r * Ki + ch * S::kVec : 0),
-                 ok ? 16 : 0);
+      const int r = r0 + j * kRowStep;
+      const bool ok = ok_c && r < vr;
+      const uint8_t* src = src0 + int64_t(j * kRowStep) * Ki * static_cast<int>(sizeof(In));
+      cp_async16(d0 + j * kRowStep * S::kRowBytes + ((sw0 ^ ((r >> 4) & 7)) << 4),
+                 ok ? src : it.src, ok ? 16 : 0);
     }
   };
 
@@ -724,7 +799,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
         n2.kind = kItemNone;
       }
       if (!kFused && it.gi != s_cur.gi) {
-        const float am = R == qnum::kNvfp4 ? __uint_as_float(p.amax_bits[it.gi]) : 0.0f;
+        const float am = kExpertAmax ? __uint_as_float(p.amax_bits[it.gi]) : 0.0f;
         load_group<R>(p, it.gi, s_cur, am);
       }
     }
@@ -1098,9 +1173,9 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   }
 }
 
-template <class In, int R, bool kE5m2>
+template <class In, int R, bool kE5m2, bool kFused>
 void launch_quantize_tile_fmt(Context& ctx, const TileParams& p) {
-  auto kernel = quantize_tile_kernel<In, R, kE5m2>;
+  auto kernel = quantize_tile_kernel<In, R, kE5m2, kFused>;
   static int configured = 0;  // the attribute is per function; set it once to the maximum
   if (configured == 0) {
     constexpr int kMax =
@@ -1109,17 +1184,27 @@ void launch_quantize_tile_fmt(Context& ctx, const TileParams& p) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMax));
     configured = 1;
   }
-  // After the plan kernel (or nvfp4's amax pass): programmatic dependent launch, see pdl_wait.
+  // After the plan kernel (or the amax pass): programmatic dependent launch, see pdl_wait.
   launch_pdl(kernel, dim3(p.grid), dim3(TileConfig::kThreads), p.smem_total, ctx.stream(), p);
 }
 
-// The fp8 data format is a kernel template parameter (nvfp4 has none).
+// The fp8 data format (nvfp4 has none) and the amax schedule are kernel template parameters.
 template <class In, int R>
 void launch_quantize_tile(Context& ctx, const TileParams& p) {
-  if (R != qnum::kNvfp4 && p.L.e5m2) {
-    launch_quantize_tile_fmt<In, R, R != qnum::kNvfp4>(ctx, p);
+  constexpr bool kExpertAmax = R == qnum::kFp8Current || R == qnum::kNvfp4;
+  constexpr bool kFp8 = R != qnum::kNvfp4;
+  if (kExpertAmax && p.fused) {
+    if (kFp8 && p.L.e5m2) {
+      launch_quantize_tile_fmt<In, R, kFp8, kExpertAmax>(ctx, p);
+    } else {
+      launch_quantize_tile_fmt<In, R, false, kExpertAmax>(ctx, p);
+    }
   } else {
-    launch_quantize_tile_fmt<In, R, false>(ctx, p);
+    if (kFp8 && p.L.e5m2) {
+      launch_quantize_tile_fmt<In, R, kFp8, false>(ctx, p);
+    } else {
+      launch_quantize_tile_fmt<In, R, false, false>(ctx, p);
+    }
   }
 }
 

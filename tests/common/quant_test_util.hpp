@@ -84,6 +84,10 @@ inline std::string cfg_name(const QuantizeConfig& c) {
   if (c.block_2d) s += "_2d";
   s += std::string("_") + quant_direction_name(c.direction);
   if (c.scale_layout == ScaleLayout::swizzled) s += "_swz";
+  if (c.scale_layout == ScaleLayout::mn_major) s += "_mn";
+  if (c.amax_schedule != AmaxSchedule::automatic)
+    s += std::string("_") + amax_schedule_name(c.amax_schedule);
+  if (c.amax_lag > 0) s += "_lag" + std::to_string(c.amax_lag);
   return s;
 }
 
@@ -97,6 +101,13 @@ inline QuantizeConfig qcfg(QuantRecipe r, QuantDirection d = QuantDirection::bot
   c.fp8_dtype = fp8;
   c.pow2_scales = pow2;
   c.block_2d = block_2d;
+  return c;
+}
+
+// cfg with an explicit amax schedule (fp8_current, nvfp4; lag for the fused one).
+inline QuantizeConfig with_amax(QuantizeConfig c, AmaxSchedule s, int lag = 0) {
+  c.amax_schedule = s;
+  c.amax_lag = lag;
   return c;
 }
 

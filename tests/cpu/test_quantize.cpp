@@ -72,6 +72,7 @@ std::vector<QuantizeConfig> activation_configs() {
   v.push_back(qcfg(QuantRecipe::fp8_current, B, ScaleLayout::plain, DType::fp8e5m2, true));
   v.push_back(qcfg(QuantRecipe::fp8_block, B));
   v.push_back(qcfg(QuantRecipe::fp8_block, B, ScaleLayout::plain, DType::fp8e4m3, true));
+  v.push_back(qcfg(QuantRecipe::fp8_block, B, ScaleLayout::mn_major));
   v.push_back(qcfg(QuantRecipe::mxfp8, B));
   v.push_back(qcfg(QuantRecipe::mxfp8, B, ScaleLayout::swizzled));
   v.push_back(qcfg(QuantRecipe::mxfp8, B, ScaleLayout::plain, DType::fp8e5m2));
@@ -117,6 +118,74 @@ TEST(QuantCpu, SwizzledScalesEqualSwizzleOfPlainAndUnswizzleInverts) {
     }
     EXPECT_NO_THROW(ctx.check());
   }
+}
+
+// fp8_block's mn_major scales hold the plain scales transposed: rowwise [K/128, Mp] vs [M, K/128]
+// (128x128: block rows), columnwise per expert [nb_g, K] vs [K, nb_g]; the data is unchanged.
+// The transposes are written out here, independently of the library's index functions.
+TEST(QuantCpu, MnMajorScalesAreThePlainScalesTransposed) {
+  Context ctx(Device::CPU);
+  auto floats = [](const Tensor& t) {
+    const auto b = quant_bytes(t);
+    std::vector<float> f(b.size() / 4);
+    std::memcpy(f.data(), b.data(), b.size());
+    return f;
+  };
+  for (const bool pow2 : {false, true}) {
+    Problem p = make_problem(Pattern::zero_middle, 5, 601, 384);
+    const auto cp = qcfg(QuantRecipe::fp8_block, QuantDirection::both, ScaleLayout::plain,
+                         DType::fp8e4m3, pow2);
+    auto cm = cp;
+    cm.scale_layout = ScaleLayout::mn_major;
+    Quantized qp = run_quantize(ctx, p.x, p.sv, cp), qm = run_quantize(ctx, p.x, p.sv, cm);
+    EXPECT_EQ(quant_bytes(qp.buf.data), quant_bytes(qm.buf.data));
+    EXPECT_EQ(quant_bytes(qp.buf.columnwise_data), quant_bytes(qm.buf.columnwise_data));
+    const int64_t KB = p.K / 128, Mp = (p.M + 3) / 4 * 4;
+    ASSERT_EQ(qm.buf.scale_inv.view().dim(0), KB);
+    ASSERT_EQ(qm.buf.scale_inv.view().dim(1), Mp);
+    const auto rp = floats(qp.buf.scale_inv), rm = floats(qm.buf.scale_inv);
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t c = 0; c < KB; ++c)
+        ASSERT_EQ(float_bits(rm[static_cast<size_t>(c * Mp + m)]),
+                  float_bits(rp[static_cast<size_t>(m * KB + c)]))
+            << "rowwise m" << m << " c" << c;
+    const auto cpl = floats(qp.buf.columnwise_scale_inv), cmn = floats(qm.buf.columnwise_scale_inv);
+    int64_t cb_start = 0;
+    for (int64_t g = 0; g < p.G; ++g) {
+      const int64_t nb = (p.splits[static_cast<size_t>(g)] + 127) / 128;
+      for (int64_t k = 0; k < p.K; ++k)
+        for (int64_t j = 0; j < nb; ++j)
+          ASSERT_EQ(float_bits(cmn[static_cast<size_t>(p.K * (cb_start + j) + k)]),
+                    float_bits(cpl[static_cast<size_t>(p.K * cb_start + k * nb + j)]))
+              << "columnwise g" << g << " k" << k << " j" << j;
+      cb_start += nb;
+    }
+  }
+  // 128x128 weight blocks: rowwise [K/128, roundup(G*N/128 + G, 4)], columnwise per expert
+  // [nb_g, K/128].
+  const int64_t G = 3, N = 200, K = 256, KB = K / 128, nb = (N + 127) / 128;
+  Tensor w =
+      make_input(rand_wide(static_cast<size_t>(G * N * K)), DType::bf16, {G, N, K}, Device::CPU);
+  const auto cp = qcfg(QuantRecipe::fp8_block, QuantDirection::both, ScaleLayout::plain,
+                       DType::fp8e4m3, false, true);
+  auto cm = cp;
+  cm.scale_layout = ScaleLayout::mn_major;
+  Quantized qp = run_quantize(ctx, w, TensorView(), cp),
+            qm = run_quantize(ctx, w, TensorView(), cm);
+  const int64_t ld = (G * N / 128 + G + 3) / 4 * 4;
+  ASSERT_EQ(qm.buf.scale_inv.view().dim(1), ld);
+  const auto rp = floats(qp.buf.scale_inv), rm = floats(qm.buf.scale_inv);
+  const auto cpl = floats(qp.buf.columnwise_scale_inv), cmn = floats(qm.buf.columnwise_scale_inv);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t t = 0; t < nb; ++t)
+      for (int64_t c = 0; c < KB; ++c) {
+        const int64_t tr = g * nb + t;  // tile_start_g = g * nb
+        ASSERT_EQ(float_bits(rm[static_cast<size_t>(c * ld + tr)]),
+                  float_bits(rp[static_cast<size_t>(tr * KB + c)]));
+        ASSERT_EQ(float_bits(cmn[static_cast<size_t>(KB * (g * nb + t) + c)]),
+                  float_bits(cpl[static_cast<size_t>(KB * g * nb + c * nb + t)]));
+      }
+  EXPECT_NO_THROW(ctx.check());
 }
 
 TEST(QuantCpu, ColumnwiseIsTransposedRowwiseWhenScalesCoincide) {
@@ -248,6 +317,14 @@ TEST(QuantCpu, ValidationNamesOpArgumentAndValue) {
   EXPECT_THROW_MSG(
       group_quantize_shapes(64, 128, 2, a.config),
       "group_quantize_shapes: config.scale_layout=swizzled needs mxfp8 or nvfp4, not fp8_block");
+  a.config = qcfg(QuantRecipe::mxfp8, QuantDirection::both, ScaleLayout::mn_major);
+  EXPECT_THROW_MSG(
+      group_quantize_shapes(64, 128, 2, a.config),
+      "group_quantize_shapes: config.scale_layout=mn_major needs fp8_block, not mxfp8");
+  a.config = qcfg(QuantRecipe::fp8_current);
+  a.config.amax_lag = -1;
+  EXPECT_THROW_MSG(group_quantize_shapes(64, 128, 2, a.config),
+                   "group_quantize_shapes: config.amax_lag=-1 must be >= 0");
   a.config = qcfg(QuantRecipe::nvfp4);
   a.config.block_2d = true;
   EXPECT_THROW_MSG(group_quantize(ctx, a),

@@ -118,15 +118,22 @@ std::vector<Case> cases() {
   const auto P = ScaleLayout::plain, S = ScaleLayout::swizzled;
   const std::vector<QuantizeConfig> cfgs = {
       qcfg(QuantRecipe::fp8_current, B),
-      qcfg(QuantRecipe::fp8_current, Rw, P, DType::fp8e5m2, true),
-      qcfg(QuantRecipe::fp8_block, B),
+      qcfg(QuantRecipe::fp8_current, Rw, P, DType::fp8e5m2, true), qcfg(QuantRecipe::fp8_block, B),
       qcfg(QuantRecipe::fp8_block, Cw, P, DType::fp8e4m3, true),
-      qcfg(QuantRecipe::mxfp8, B),
-      qcfg(QuantRecipe::mxfp8, B, S),
-      qcfg(QuantRecipe::mxfp8, Rw, S, DType::fp8e5m2),
-      qcfg(QuantRecipe::nvfp4, B),
-      qcfg(QuantRecipe::nvfp4, B, S),
-      qcfg(QuantRecipe::nvfp4, Cw, S)};
+      qcfg(QuantRecipe::fp8_block, B, ScaleLayout::mn_major),
+      qcfg(QuantRecipe::fp8_block, Rw, ScaleLayout::mn_major, DType::fp8e5m2, true),
+      qcfg(QuantRecipe::mxfp8, B), qcfg(QuantRecipe::mxfp8, B, S),
+      qcfg(QuantRecipe::mxfp8, Rw, S, DType::fp8e5m2), qcfg(QuantRecipe::nvfp4, B),
+      qcfg(QuantRecipe::nvfp4, B, S), qcfg(QuantRecipe::nvfp4, Cw, S),
+      // every amax schedule (automatic picks one per recipe): separate pass, fused with lag 1
+      // (experts of tens of MB), a few, and more than G
+      with_amax(qcfg(QuantRecipe::fp8_current, B), AmaxSchedule::separate),
+      with_amax(qcfg(QuantRecipe::fp8_current, B), AmaxSchedule::fused, 1),
+      with_amax(qcfg(QuantRecipe::fp8_current, Rw, P, DType::fp8e4m3, true), AmaxSchedule::fused,
+                3),
+      with_amax(qcfg(QuantRecipe::nvfp4, B, S), AmaxSchedule::fused, 1),
+      with_amax(qcfg(QuantRecipe::nvfp4, B), AmaxSchedule::fused, 40),
+      with_amax(qcfg(QuantRecipe::nvfp4, B, S), AmaxSchedule::separate)};
   const std::vector<std::tuple<Pattern, int64_t, int64_t>> pats = {
       {Pattern::balanced, 8, 2048},      {Pattern::zipf, 32, 3001},
       {Pattern::zero_first, 5, 999},     {Pattern::zero_last, 7, 1300},
@@ -155,9 +162,14 @@ TEST(QuantizeGpuWeights, UniformGroupsAllRecipesMatchCpu) {
   for (const auto& cfg :
        {qcfg(QuantRecipe::fp8_block, B, ScaleLayout::plain, DType::fp8e4m3, false, true),
         qcfg(QuantRecipe::fp8_block, B, ScaleLayout::plain, DType::fp8e4m3, true, false),
+        qcfg(QuantRecipe::fp8_block, B, ScaleLayout::mn_major, DType::fp8e4m3, false, true),
+        qcfg(QuantRecipe::fp8_block, B, ScaleLayout::mn_major, DType::fp8e4m3, true, false),
         qcfg(QuantRecipe::nvfp4, B, ScaleLayout::swizzled, DType::fp8e4m3, false, true),
         qcfg(QuantRecipe::nvfp4, B, ScaleLayout::plain, DType::fp8e4m3, false, false),
-        qcfg(QuantRecipe::mxfp8, B, ScaleLayout::swizzled), qcfg(QuantRecipe::fp8_current, B)}) {
+        qcfg(QuantRecipe::mxfp8, B, ScaleLayout::swizzled), qcfg(QuantRecipe::fp8_current, B),
+        with_amax(qcfg(QuantRecipe::fp8_current, B), AmaxSchedule::separate),
+        with_amax(qcfg(QuantRecipe::nvfp4, B, ScaleLayout::swizzled, DType::fp8e4m3, false, true),
+                  AmaxSchedule::fused, 2)}) {
     Quantized qc = run_quantize(cctx, hw, TensorView(), cfg);
     Quantized qg = run_quantize(gctx, dw, TensorView(), cfg);
     EXPECT_NO_THROW(gctx.check());
@@ -282,10 +294,14 @@ TEST(QuantizeGpuGraph, ReplayWithNewSplitsEqualsEager) {
     Context ctx(Device::CUDA, stream);
     Tensor dx = make_input(input_values(M * K, false), DType::bf16, {M, K}, Device::CUDA);
     Tensor ds = Tensor::empty({G}, DType::int32, Device::CUDA, stream);
-    for (const auto& cfg : {qcfg(QuantRecipe::mxfp8, QuantDirection::both, ScaleLayout::swizzled),
-                            qcfg(QuantRecipe::nvfp4, QuantDirection::both, ScaleLayout::swizzled),
-                            qcfg(QuantRecipe::fp8_current, QuantDirection::both),
-                            qcfg(QuantRecipe::fp8_block, QuantDirection::both)}) {
+    for (const auto& cfg :
+         {qcfg(QuantRecipe::mxfp8, QuantDirection::both, ScaleLayout::swizzled),
+          qcfg(QuantRecipe::fp8_block, QuantDirection::both, ScaleLayout::mn_major),
+          qcfg(QuantRecipe::nvfp4, QuantDirection::both, ScaleLayout::swizzled),
+          qcfg(QuantRecipe::fp8_current, QuantDirection::both),
+          qcfg(QuantRecipe::fp8_block, QuantDirection::both),
+          with_amax(qcfg(QuantRecipe::fp8_current, QuantDirection::both), AmaxSchedule::separate),
+          with_amax(qcfg(QuantRecipe::nvfp4, QuantDirection::both), AmaxSchedule::fused, 2)}) {
       std::vector<int32_t> s0 = to_i32(make_splits(Pattern::balanced, G, M));
       copy(ds, host_view(s0, DType::int32, {G}), stream);
       Tensor db_graph = Tensor::empty({G, K}, DType::fp32, Device::CUDA, stream);
