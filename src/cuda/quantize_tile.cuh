@@ -94,6 +94,7 @@ struct TileParams {
   int64_t row_ncols;  // K / rowwise block (K/128 for fp8_block)
   int64_t row_kp;     // round_up(row_ncols, 4): swizzled rowwise scale columns
   int64_t col_k128;   // round_up(K, 128): swizzled columnwise scale rows
+  int cb_shift;       // log2 of the columnwise block (16, 32 or 128 rows)
   StatusBlock* status;
   int grid;  // persistent CTAs
   // dynamic shared memory carve-up (bytes)
@@ -541,6 +542,7 @@ __device__ __forceinline__ void item_range(int64_t n_items, int64_t b, int64_t n
 // belongs to a running CTA that can finish it. Block k starts at ticket S(k) + S(k - lag), S(k) =
 // tile_start[k] * col_tiles (items before expert k, 0 for k < 0, all for k > G).
 enum : int32_t { kItemNone = 0, kItemQuant = 1, kItemAmax = 2 };
+enum : int32_t { kPadRow = 1, kPadCol = 2 };
 
 struct ItemInfo {      // one 128x128 work item, CTA-uniform
   const uint8_t* src;  // input element (row0, col0) of the tile
@@ -549,7 +551,7 @@ struct ItemInfo {      // one 128x128 work item, CTA-uniform
   int32_t lt, ct;      // expert-local row tile, column tile
   int32_t vr, vc;      // valid rows, valid columns
   int32_t kind;
-  int32_t pad;
+  int32_t flags;         // kPadRow / kPadCol: the tile writes swizzle padding (rare)
   int64_t slot0, slot1;  // fused quantize item: the expert's amax slots [slot0, slot1)
 };
 
@@ -591,6 +593,19 @@ __device__ void make_item(const TileParams& p, const SchedState& s, int32_t kind
   it.vr = static_cast<int32_t>(min(int64_t(qnum::kTileRows), rows - row0));
   it.vc = static_cast<int32_t>(min(int64_t(TileConfig::kCols), p.K - col0));
   it.kind = kind;
+  // Swizzled scales: does this tile write part of its expert's zero padding? Rowwise: rows past
+  // the expert (a partial tile) or columns past K / B (the last column tile when Kp > K / B).
+  // Columnwise: rows k past K (the last column tile when roundup(K, 128) > K) or block columns past
+  // nb (the expert's last row tile when nb % 4 != 0). Decided here once per item: the kernel's
+  // per-thread test cost three integer divisions per tile.
+  it.flags = 0;
+  if (p.L.swizzled) {
+    const bool last_ct = ct == p.col_tiles - 1;
+    if (it.vr < TileConfig::kRows || (last_ct && p.row_kp > p.row_ncols)) it.flags |= kPadRow;
+    const int64_t nb = (rows + (int64_t(1) << p.cb_shift) - 1) >> p.cb_shift;
+    if ((last_ct && p.col_k128 > p.K) || (row0 + TileConfig::kRows >= rows && (nb & 3) != 0))
+      it.flags |= kPadCol;
+  }
 }
 
 template <class In, bool kFused>
@@ -977,18 +992,16 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
           }
         }
       }
-      if (L.swizzled) {  // this tile's share of the expert's zero padding
+      if (it.flags & kPadRow) {  // this tile's share of the expert's zero padding (swizzled)
         const int64_t ncols = p.row_ncols, Kp = p.row_kp;
         const int64_t c_begin = col0 / L.rb;
         const int64_t c_end = ct == p.col_tiles - 1 ? Kp : (col0 + Cfg::kCols) / L.rb;
-        if (valid_rows < Cfg::kRows || c_end > ncols) {
-          const int width = static_cast<int>(c_end - c_begin);
-          for (int i = tid; i < Cfg::kRows * width; i += Cfg::kThreads) {
-            const int r = i / width;
-            const int64_t c = c_begin + i % width;
-            if (r >= valid_rows || c >= ncols)
-              static_cast<uint8_t*>(p.s_row)[row_sidx(p, g, row0 + r, c)] = 0;  // swizzled
-          }
+        const int width = static_cast<int>(c_end - c_begin);
+        for (int i = tid; i < Cfg::kRows * width; i += Cfg::kThreads) {
+          const int r = i / width;
+          const int64_t c = c_begin + i % width;
+          if (r >= valid_rows || c >= ncols)
+            static_cast<uint8_t*>(p.s_row)[row_sidx(p, g, row0 + r, c)] = 0;  // swizzled
         }
       }
     }
@@ -1148,21 +1161,20 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
               static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, col0 + c, j)] = qk[k].code;
           }
         }
-        if (L.swizzled) {  // padding rows k >= K (last column tile), columns j >= nb (last tile)
+        if (it.flags & kPadCol) {  // swizzled padding: rows k >= K (last column tile), columns
+                                   // j >= nb (last row tile)
           const int64_t nb = cur.nb, Jp = qnum::round_up(nb, 4);
           const int64_t per_tile = Cfg::kRows / L.cb;
           const int64_t j_begin = lt * per_tile;
           const bool last_tile = row0 + Cfg::kRows >= g.rows;
           const int64_t j_end = last_tile ? Jp : j_begin + per_tile;
           const int64_t k_end = ct == p.col_tiles - 1 ? p.col_k128 : col0 + Cfg::kCols;
-          if (k_end > K || j_end > nb) {
-            const int width = static_cast<int>(j_end - j_begin);
-            const int height = static_cast<int>(k_end - col0);
-            for (int i = tid; i < height * width; i += Cfg::kThreads) {
-              const int64_t k = col0 + i / width, j = j_begin + i % width;
-              if (k >= K || j >= nb)
-                static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, k, j)] = 0;  // swizzled
-            }
+          const int width = static_cast<int>(j_end - j_begin);
+          const int height = static_cast<int>(k_end - col0);
+          for (int i = tid; i < height * width; i += Cfg::kThreads) {
+            const int64_t k = col0 + i / width, j = j_begin + i % width;
+            if (k >= K || j >= nb)
+              static_cast<uint8_t*>(p.s_col)[col_sidx(p, cur, k, j)] = 0;  // swizzled
           }
         }
       }
