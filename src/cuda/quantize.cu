@@ -195,10 +195,10 @@ struct AmaxChoice {
 AmaxChoice choose_amax_schedule(const Context& ctx, const QuantizeConfig& c, const QuantProblem& p,
                                 int in_size) {
   // Measured on the H200 (bench/RESULTS.md, round 6, `groupmm bench quantize --amax ...`):
-  // fp8_current is faster fused at every shape (the input crosses DRAM once; separate: -3 to -7
-  // points), with lag 1 for 29 MB experts and lag >= 2 for 4 MB ones (lag 1: +7 to +13 points
-  // lost waiting for amax items still in flight). nvfp4 is faster separate (its quantization is
-  // ALU-bound; the fused kernel's two buffers and ticket waits cost 4-50%).
+  // fp8_current is faster fused (the input crosses DRAM once; separate: 0 to 7 points lower),
+  // with lag 1 for 29 MB experts and lag >= 2 for 4 MB ones (lag 1 there: 6 to 12 points lost
+  // waiting for amax items still in flight). nvfp4 is faster separate (its quantization is
+  // ALU-bound; the fused kernel's two buffers and ticket waits cost 4% at best, 2x at lag 1).
   AmaxChoice a;
   if (c.recipe != QuantRecipe::fp8_current && c.recipe != QuantRecipe::nvfp4) return a;
   a.fused = c.amax_schedule == AmaxSchedule::fused ||
