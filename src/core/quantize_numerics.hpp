@@ -205,11 +205,8 @@ struct Layout {
 };
 
 GROUPMM_HD int64_t row_scale_index(const Layout& L, const Geom& g, int64_t lr, int64_t sc) {
-  if (L.fp8_2d) {
-    const int64_t tr = g.tile_start + lr / 128;
-    return L.mn_major ? sc * L.rs_ld + tr : tr * (L.K / 128) + sc;
-  }
-  if (L.mn_major) return sc * L.rs_ld + g.start + lr;
+  if (L.mn_major) return sc * L.rs_ld + (L.fp8_2d ? g.tile_start + lr / 128 : g.start + lr);
+  if (L.fp8_2d) return (g.tile_start + lr / 128) * (L.K / 128) + sc;
   const int64_t ncols = L.K / L.rb;
   if (!L.swizzled) return (g.start + lr) * ncols + sc;
   return swizzle_128x4(g.tile_start * 128 + lr, sc, round_up(ncols, 4));
@@ -218,10 +215,9 @@ GROUPMM_HD int64_t row_scale_index(const Layout& L, const Geom& g, int64_t lr, i
 // Scale (k, j) of expert g's transposed [K, m_g] block, j = block index along m (for fp8_2d k is
 // the 128-column block index).
 GROUPMM_HD int64_t col_scale_index(const Layout& L, const Geom& g, int64_t k, int64_t j) {
+  if (L.mn_major) return (L.fp8_2d ? L.K / 128 : L.K) * (g.cb_start + j) + k;
   const int64_t nb = ceil_div(g.rows, L.cb);
-  if (L.fp8_2d)
-    return (L.K / 128) * (g.cb_start + (L.mn_major ? j : 0)) + (L.mn_major ? k : k * nb + j);
-  if (L.mn_major) return L.K * (g.cb_start + j) + k;
+  if (L.fp8_2d) return (L.K / 128) * g.cb_start + k * nb + j;
   if (!L.swizzled) return L.K * g.cb_start + k * nb + j;
   return round_up(L.K, 128) * g.cs4_start + swizzle_128x4(k, j, round_up(nb, 4));
 }

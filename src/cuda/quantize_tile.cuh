@@ -484,15 +484,11 @@ __device__ __forceinline__ qnum::BlockQuant block_quant(uint32_t am, const Group
   return q;
 }
 
-// Scale indices of quantize.hpp "Layouts" (qnum::row_scale_index / col_scale_index) with the
-// divisions by runtime block sizes hoisted into TileParams / GroupInfo.
+// Scale indices of quantize.hpp "Layouts": qnum::row_scale_index / col_scale_index where they
+// divide by nothing at runtime, else with those divisions hoisted into TileParams / GroupInfo.
 __device__ __forceinline__ int64_t row_sidx(const TileParams& p, const qnum::Geom& g, int64_t lr,
                                             int64_t sc) {
-  if (p.L.fp8_2d) {
-    const int64_t tr = g.tile_start + lr / 128;
-    return p.L.mn_major ? sc * p.L.rs_ld + tr : tr * p.row_ncols + sc;
-  }
-  if (p.L.mn_major) return sc * p.L.rs_ld + g.start + lr;
+  if (p.L.fp8_2d || p.L.mn_major) return qnum::row_scale_index(p.L, g, lr, sc);  // no division
   if (!p.L.swizzled) return (g.start + lr) * p.row_ncols + sc;
   return qnum::swizzle_128x4(g.tile_start * 128 + lr, sc, p.row_kp);
 }
@@ -500,9 +496,8 @@ __device__ __forceinline__ int64_t row_sidx(const TileParams& p, const qnum::Geo
 // in-tile part 32-bit (it is on every rowwise thread's path).
 __device__ __forceinline__ int64_t row_sidx_t(const TileParams& p, const qnum::Geom& g, int64_t lt,
                                               int r, int sc) {
-  if (p.L.fp8_2d) return row_sidx(p, g, lt * 128, sc);
+  if (p.L.fp8_2d || p.L.mn_major) return qnum::row_scale_index(p.L, g, lt * 128 + r, sc);
   const unsigned ur = static_cast<unsigned>(r), us = static_cast<unsigned>(sc);
-  if (p.L.mn_major) return sc * p.L.rs_ld + g.start + lt * 128 + r;
   if (!p.L.swizzled)
     return (g.start + lt * 128) * p.row_ncols + int64_t(ur * unsigned(p.row_ncols) + us);
   return (g.tile_start + lt) * 128 * p.row_kp +
@@ -510,10 +505,8 @@ __device__ __forceinline__ int64_t row_sidx_t(const TileParams& p, const qnum::G
 }
 __device__ __forceinline__ int64_t col_sidx(const TileParams& p, const GroupInfo& gr, int64_t k,
                                             int64_t j) {
-  if (p.L.fp8_2d)
-    return p.L.mn_major ? p.row_ncols * (gr.g.cb_start + j) + k
-                        : p.row_ncols * gr.g.cb_start + k * gr.nb + j;
-  if (p.L.mn_major) return p.K * (gr.g.cb_start + j) + k;
+  if (p.L.mn_major) return qnum::col_scale_index(p.L, gr.g, k, j);  // no division
+  if (p.L.fp8_2d) return p.row_ncols * gr.g.cb_start + k * gr.nb + j;
   if (!p.L.swizzled) return p.K * gr.g.cb_start + k * gr.nb + j;
   return p.col_k128 * gr.g.cs4_start + qnum::swizzle_128x4(k, j, qnum::round_up(gr.nb, 4));
 }
