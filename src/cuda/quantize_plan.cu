@@ -40,8 +40,11 @@ struct PlanParams {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p) {
   // The kernels after the plan are launched with programmatic dependent launch and wait for the
-  // whole plan (pdl_wait) before reading it: let them start launching now.
+  // whole plan (pdl_wait) before reading it: let them start launching now. The plan itself is
+  // launched the same way (its launch overlaps the previous kernel's tail) and waits for that
+  // kernel before it reads the splits or writes the plan (which that kernel may still read).
   pdl_launch_dependents();
+  pdl_wait();
   using Scan = cub::BlockScan<Quad, Cfg::kThreads>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ Quad carry;  // a: unclamped rows, b: tiles, c: column blocks, d: padded blocks
@@ -133,8 +136,8 @@ void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& sp
   p.col_tiles = col_tiles;
   p.status = ctx.status();
   p.op = op;
-  quant_plan_kernel<PlanConfig><<<1, PlanConfig::kThreads, 0, ctx.stream()>>>(p);
-  GROUPMM_CHECK_LAUNCH();
+  launch_pdl(quant_plan_kernel<PlanConfig>, dim3(1), dim3(PlanConfig::kThreads), 0, ctx.stream(),
+             p);
 }
 
 }  // namespace groupmm::cuda

@@ -702,6 +702,10 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   extern __shared__ __align__(128) uint8_t smem[];  // [2] input tiles, then the plan cache
   __shared__ uint32_t blk2d[64];  // 2D block amax: [8][8] nvfp4 16x16, [16] fp8 128x128
   pdl_wait();  // the plan (or the amax pass): this kernel may start before they finish
+  // The next kernel in the stream (e.g. the next call's plan) may launch now: it waits for this
+  // grid in its own pdl_wait, and it only becomes resident as this kernel's CTAs retire (they
+  // fill the SMs), so its launch latency overlaps this kernel's tail.
+  pdl_launch_dependents();
   // Not const: laundered at every item (see the loop), so that nothing derived from it is hoisted.
   int tid = static_cast<int>(threadIdx.x);
   const qnum::Layout& L = p.L;
