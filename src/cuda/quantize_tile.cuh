@@ -9,15 +9,14 @@
 //
 // Why it is shaped like this (H200: ~4.2 TB/s, 132 SMs, i.e. ~16 bytes per SM clock):
 //  - Persistent 512-thread CTAs (2 per SM for 16-bit inputs, 64 registers per thread: 50%
-//    occupancy; three input tile buffers, two under the fused amax schedule). Thread 0 schedules
-//    the items (see "item schedule" below: contiguous ranges, or for fp8_current one
-//    ticket sequence that interleaves each expert's amax items with the previous expert's
-//    quantize items, so the expert amax needs no separate pass) and publishes each item's
+//    occupancy; two input tile buffers). Thread 0 schedules
+//    the items (see "item schedule" below: tiles dealt out by an atomic ticket counter, or for
+//    fp8_current one ticket sequence that interleaves each expert's amax items with an earlier
+//    expert's quantize items, so the expert amax needs no separate pass) and publishes each item's
 //    CTA-uniform description (ItemInfo) and its expert (GroupInfo) in shared memory; per-thread
 //    addresses are 32-bit offsets from those, recomputed per tile (registers, see the loop).
 //  - The next tiles are fetched with cp.async (16-byte, zero-filled past the expert / past K)
-//    while the current one is quantized: up to 64 KB in flight per CTA (a third buffer measured
-//    neutral against two for the static schedule; the fused one keeps two, see stages).
+//    while the current one is quantized (see TileConfig::kStages).
 //  - The fp8 format (e4m3 / e5m2) is a kernel template parameter, not a per-conversion branch.
 //  - The smem tile has no padding but an XOR swizzle of its 16-byte chunks (swz below) so that
 //    every access pattern is free of bank conflicts.
@@ -54,16 +53,21 @@ struct TileConfig {
   static constexpr int kRowIters = kRows * kSlabsPerRow / kThreads;  // slabs per thread
   static constexpr int kColSeg = 16;                                 // columnwise rows / thread
   static constexpr int kColSegs = kRows / kColSeg;
-  static constexpr int kStages = 3;  // input tile buffers: items i + 1, i + 2 load while i runs
-  // Buffers a schedule uses (kernel and host layout). The fused amax schedule keeps two: a third
-  // fetched its tickets further ahead, which moved an expert's amax reads further from its quantize
-  // re-reads (fewer L2 hits; fp8_current rowwise 59 -> 56%).
-  static constexpr int stages(bool fused) { return fused ? 2 : kStages; }
+  // Input tile buffers: item i + 1 loads while item i runs. A third buffer measured worse once
+  // items were dealt out dynamically (more work queued per CTA when the tickets run out: H200,
+  // mxfp8 both 72.2 -> 73.7% on [32768, 2048], 80.4 -> 81.3% on [65536, 7168] with two), and under
+  // the fused amax schedule it moved an expert's amax reads further from its quantize re-reads
+  // (fewer L2 hits; fp8_current rowwise 59 -> 56%).
+  static constexpr int kStages = 2;
+  // Fused amax schedule: the early expert-amax reduction (see the loop) covers experts of at most
+  // 32 * kPendSlots items (one warp, kPendSlots slot loads per lane).
+  static constexpr int kPendSlots = 4;
   static constexpr int kMinBlocks = 2;  // per SM, for 16-bit inputs: 64 registers per thread
-  // The scheduler reads the plan (tile_start, start, rows) from shared memory when G is at most
-  // this (thread 0's dependent global loads were on every item's critical path).
+  // The scheduler reads the plan (its five arrays) from shared memory when G is at most this
+  // (thread 0's dependent global loads were on every item's critical path).
   static constexpr int kPlanCacheG = 256;
-  static constexpr int kPlanCache = 3 * (kPlanCacheG + 1) * 8;
+  static constexpr int kPlanArrays = 5;  // tile_start, start, rows, cb_start, cs4_start
+  static constexpr int kPlanCache = kPlanArrays * (kPlanCacheG + 1) * 8;
   static_assert(kRows == 128 && kCols == 128, "layouts assume 128x128 tiles (swizzle, 2D blocks)");
   static_assert(kSlabsPerRow == 4 && kRowIters == 1, "one 1x32 slab per thread");
   static_assert((kCols / 2) * kColSegs == kThreads, "2 columns x 16 rows per thread");
@@ -81,6 +85,7 @@ struct TileParams {
   bool rowwise, colwise;
   bool fused;  // fp8_current / nvfp4: amax items in this kernel (else amax_bits is complete)
   int lag;     // fused: the quantize items of expert k run with the amax items of expert k + lag
+  bool early_amax;  // fused: reduce expert amaxes ahead of their quantize items (see the loop)
   uint8_t* q_row;
   uint8_t* q_col;
   void* s_row;
@@ -396,13 +401,13 @@ __device__ __forceinline__ void nvfp4_expert(GroupInfo& gr, float amax) {
   nvfp4_expert_senc(gr, qnum::nvfp4_s_enc(amax));
 }
 
-// amax: the expert's amax (fused recipes only).
+// g: the expert's geometry (from the scheduler's plan copy); amax: its amax (fp8_current, nvfp4).
 template <int R>
-__device__ __forceinline__ void load_group(const TileParams& p, int64_t gi, GroupInfo& gr,
-                                           float amax = 0.0f) {
+__device__ __forceinline__ void load_group(const TileParams& p, int64_t gi, const qnum::Geom& g,
+                                           GroupInfo& gr, float amax = 0.0f) {
   gr.gi = gi;
-  gr.g = p.plan.geom(gi);
-  gr.nb = qnum::ceil_div(gr.g.rows, p.L.cb);
+  gr.g = g;
+  gr.nb = (gr.g.rows + p.L.cb - 1) >> p.cb_shift;  // cb = 2^cb_shift: no 64-bit division
   if constexpr (R == qnum::kFp8Current) {
     gr.mul = qnum::fp8_current_scale(amax, p.L.e5m2, p.L.pow2).scale;
   } else if constexpr (R == qnum::kNvfp4) {
@@ -519,10 +524,14 @@ __device__ __forceinline__ void item_range(int64_t n_items, int64_t b, int64_t n
 }
 
 // ---- the item schedule (thread 0 of each CTA; state and results in shared memory) ---------------
-// Static schedule (fp8_block, mxfp8, and fp8_current / nvfp4 after a separate amax pass): CTA b
-// quantizes the contiguous item range item_range(b). The fused schedule (fp8_current / nvfp4,
-// TileParams::fused) makes each expert's amax in the same kernel: every tile is an amax item and
-// later a quantize item, handed out by one atomic ticket counter in blocks: block k (k = 0 ..
+// Static schedule (fp8_block, mxfp8, and fp8_current / nvfp4 after a separate amax pass): items in
+// row-major order (row tile, column tile), dealt out dynamically: CTA b's first kSt items are b,
+// b + grid, ..., the later ones come from an atomic ticket counter (fetched one item ahead). Fixed
+// contiguous ranges per CTA were unbalanced although every CTA had the same item count: CTAs ran
+// at very different speeds (H200 trace, mxfp8 both [32768, 2048]: CTA end times 57 to 91 us,
+// [65536, 7168]: 369 to 589 us) and the slowest set the time. The fused schedule (fp8_current /
+// nvfp4, TileParams::fused) makes each expert's amax in the same kernel: every tile is an amax item
+// and later a quantize item, handed out by one atomic ticket counter in blocks: block k (k = 0 ..
 // G - 1 + lag) = amax items of expert k merged with the quantize items of expert k - lag (the
 // first `grid` amax items first, the rest spread evenly). So an expert is quantized while the
 // experts `lag` ahead of it are read, and its tiles are re-read from L2 about `lag` experts' worth
@@ -546,16 +555,19 @@ struct ItemInfo {      // one 128x128 work item, CTA-uniform
   int32_t kind;
   int32_t flags;         // kPadRow / kPadCol: the tile writes swizzle padding (rare)
   int64_t slot0, slot1;  // fused quantize item: the expert's amax slots [slot0, slot1)
+  uint32_t amax;         // fused quantize item with ready set: the expert's amax (canonical bits)
+  int32_t ready;         // set by warp 0 one item before the item runs (see the loop)
 };
 
 struct SchedState {
-  int64_t next, end;  // static: next item and end of this CTA's range
-  int64_t gi, hi;     // static: expert cursor (its tiles end at hi); fused: block cursor in gi
-  int64_t t;          // static: the next item's row tile and column tile
-  int32_t ct;
+  int64_t gi;  // static: expert of the last item (tickets only grow); fused: block cursor
   // The plan arrays the scheduler reads: shared-memory copies when G <= kPlanCacheG.
-  const int64_t *tile_start, *start, *rows;
+  const int64_t *tile_start, *start, *rows, *cb_start, *cs4_start;
 };
+
+__device__ __forceinline__ qnum::Geom geom_of(const SchedState& s, int64_t g) {
+  return {s.start[g], s.rows[g], s.tile_start[g], s.cb_start[g], s.cs4_start[g]};
+}
 
 __device__ __forceinline__ int64_t items_before(const TileParams& p, const SchedState& s,
                                                 int64_t k) {  // S(k)
@@ -592,6 +604,7 @@ __device__ void make_item(const TileParams& p, const SchedState& s, int32_t kind
   // nb (the expert's last row tile when nb % 4 != 0). Decided here once per item: the kernel's
   // per-thread test cost three integer divisions per tile.
   it.flags = 0;
+  it.ready = 0;
   if (p.L.swizzled) {
     const bool last_ct = ct == p.col_tiles - 1;
     if (it.vr < TileConfig::kRows || (last_ct && p.row_kp > p.row_ncols)) it.flags |= kPadRow;
@@ -601,39 +614,19 @@ __device__ void make_item(const TileParams& p, const SchedState& s, int32_t kind
   }
 }
 
-template <class In, bool kFused>
-__device__ void sched_init(const TileParams& p, SchedState& s) {
-  if constexpr (kFused) {
-    s.gi = 0;
-  } else {
-    item_range(s.tile_start[p.plan.G] * p.col_tiles, blockIdx.x, gridDim.x, s.next, s.end);
-    if (s.next < s.end) {
-      s.t = s.next / p.col_tiles;
-      s.ct = static_cast<int32_t>(s.next - s.t * p.col_tiles);
-      s.gi = find_group(s.tile_start, p.plan.G, s.t);
-      s.hi = s.tile_start[s.gi + 1];
-    }
-  }
-}
-
-// The next item of this CTA. Fused: `ticket` is this call's ticket (fetched one call ahead).
+// The next item of this CTA for `ticket` (static: the item index; fused: the ticket).
 template <class In, bool kFused>
 __device__ void sched_next(const TileParams& p, SchedState& s, uint32_t ticket, ItemInfo& it) {
   const uint32_t ncol = static_cast<uint32_t>(p.col_tiles);
   if constexpr (!kFused) {
-    if (s.next >= s.end) {
+    // item count < 2^31 (host check): 32-bit division
+    if (int64_t(ticket) >= s.tile_start[p.plan.G] * p.col_tiles) {
       it.kind = kItemNone;
       return;
     }
-    ++s.next;
-    // (t, ct) advance incrementally: a 64-bit division per item on thread 0 held every warp
-    // at the loop-top barrier.
-    while (s.t >= s.hi) s.hi = s.tile_start[++s.gi + 1];  // empty experts are stepped over
-    make_item<In>(p, s, kItemQuant, s.gi, s.t, s.ct, it);
-    if (++s.ct == static_cast<int32_t>(ncol)) {
-      s.ct = 0;
-      ++s.t;
-    }
+    const uint32_t t = ticket / ncol;
+    if (t >= s.tile_start[s.gi + 1]) s.gi = find_group(s.tile_start, p.plan.G, t);
+    make_item<In>(p, s, kItemQuant, s.gi, t, static_cast<int>(ticket - t * ncol), it);
   } else {
     const int64_t G = p.plan.G, D = p.lag;
     const int64_t T = ticket;
@@ -688,8 +681,10 @@ __device__ __forceinline__ void write_expert_scalars(const TileParams& p, int64_
 
 }  // namespace tile_detail
 
-// kFused: the fused amax schedule (fp8_current / nvfp4, see "item schedule").
-template <class In, int R, bool kE5m2, bool kFused>
+// kFused: the fused amax schedule (fp8_current / nvfp4, see "item schedule"); kEarly: with the
+// early expert-amax reduction (TileParams::early_amax; a template parameter because the dormant
+// code alone, its pending loads held in registers across the loop, cost ~2% on [65536, 7168]).
+template <class In, int R, bool kE5m2, bool kFused, bool kEarly>
 __global__ void __launch_bounds__(TileConfig::kThreads,
                                   sizeof(In) == 4 ? 1 : TileConfig::kMinBlocks)
     quantize_tile_kernel(TileParams p) {
@@ -714,42 +709,57 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   const int64_t G = p.plan.G;
   constexpr bool kExpertAmax = R == qnum::kFp8Current || R == qnum::kNvfp4;
   static_assert(kExpertAmax || !kFused, "only fp8_current and nvfp4 have an expert amax");
+  static_assert(kFused || !kEarly, "the early amax reduction belongs to the fused schedule");
 
   // Items, the scheduler state and the current expert live in shared memory, written by thread
   // 0 (CTA-uniform values held in registers across the loop pushed the 64-register budget into
   // spills, and recomputing them in every thread cost ~20% of all instructions). Item i uses
   // s_item[i % kRing] and buffer i % kStages: while item i is processed, items i + 1 .. i + kStages
   // - 1 load and thread 0 schedules item i + kStages.
-  constexpr int kSt = Cfg::stages(kFused), kRing = kSt + 1;
+  constexpr int kSt = Cfg::kStages, kRing = kSt + 1;
   __shared__ ItemInfo s_item[kRing];
   __shared__ SchedState s_sched;
   __shared__ __align__(16) unsigned char s_cur_raw[sizeof(GroupInfo)];
   __shared__ uint32_t s_amax;  // the current amax item's / expert's maximum (canonical bits)
+  // kEarly: the last warp's early reduction (see the loop): the ring slot whose expert's slots
+  // are in flight in pend (or -1), and the last expert it reduced.
+  constexpr int kPendSlots = Cfg::kPendSlots;
+  __shared__ int32_t s_pend_q;
+  __shared__ int64_t s_prep_gi;
+  __shared__ uint32_t s_prep_amax;
+  uint32_t pend[kPendSlots] = {};
   GroupInfo& s_cur = *reinterpret_cast<GroupInfo*>(s_cur_raw);
   const bool cache_plan = G <= Cfg::kPlanCacheG;
+  const int64_t* const plan_arrays[Cfg::kPlanArrays] = {
+      p.plan.tile_start, p.plan.start, p.plan.rows, p.plan.cb_start, p.plan.cs4_start};
   if (cache_plan) {
     int64_t* const pc = reinterpret_cast<int64_t*>(smem + p.smem_plan);
-    for (int i = tid; i <= G; i += Cfg::kThreads) {
-      pc[i] = p.plan.tile_start[i];
-      pc[G + 1 + i] = p.plan.start[i];
-      pc[2 * (G + 1) + i] = p.plan.rows[i];
-    }
+#pragma unroll
+    for (int a = 0; a < Cfg::kPlanArrays; ++a)
+      for (int i = tid; i <= G; i += Cfg::kThreads) pc[a * (G + 1) + i] = plan_arrays[a][i];
   }
-  uint32_t ticket = 0;  // thread 0, fused: the ticket of the next sched_next, fetched one ahead
+  // Thread 0: the ticket of the next sched_next, fetched one item ahead (static: the first kSt
+  // items of CTA b are b + q * grid, then the counter's tickets follow kSt * grid).
+  uint32_t ticket = 0;
+  const uint32_t ticket0 = kFused ? 0u : uint32_t(kSt) * gridDim.x;
   __syncthreads();
   if (tid == 0) {
     const int64_t* const pc = reinterpret_cast<const int64_t*>(smem + p.smem_plan);
-    s_sched.tile_start = cache_plan ? pc : p.plan.tile_start;
-    s_sched.start = cache_plan ? pc + (G + 1) : p.plan.start;
-    s_sched.rows = cache_plan ? pc + 2 * (G + 1) : p.plan.rows;
-    sched_init<In, kFused>(p, s_sched);
+    const int64_t** const dst[Cfg::kPlanArrays] = {
+        &s_sched.tile_start, &s_sched.start, &s_sched.rows, &s_sched.cb_start, &s_sched.cs4_start};
+#pragma unroll
+    for (int a = 0; a < Cfg::kPlanArrays; ++a)
+      *dst[a] = cache_plan ? pc + a * (G + 1) : plan_arrays[a];
+    s_sched.gi = 0;
     for (int q = 0; q < kSt; ++q) {
-      if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);
+      ticket = kFused ? atomicAdd(p.plan.ticket, 1u) : blockIdx.x + uint32_t(q) * gridDim.x;
       sched_next<In, kFused>(p, s_sched, ticket, s_item[q]);
     }
-    if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);
+    ticket = ticket0 + atomicAdd(p.plan.ticket, 1u);
     s_cur.gi = -1;
     s_amax = 0;
+    s_pend_q = -1;
+    s_prep_gi = -1;
   }
   // Per-expert scalars. Fused: only zero-row experts (no item; amax 0, zeroed by the plan); the
   // others are written where their amax is reduced. After an amax pass: all.
@@ -806,20 +816,73 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
       ItemInfo& n2 = s_item[(i + kSt) % kRing];
       if (load_next) {
         sched_next<In, kFused>(p, s_sched, ticket, n2);
-        if constexpr (kFused) ticket = atomicAdd(p.plan.ticket, 1u);  // used one item later
+        ticket = ticket0 + atomicAdd(p.plan.ticket, 1u);  // used one item later
       } else {
         n2.kind = kItemNone;
       }
       if (!kFused && it.gi != s_cur.gi) {
         const float am = kExpertAmax ? __uint_as_float(p.amax_bits[it.gi]) : 0.0f;
-        load_group<R>(p, it.gi, s_cur, am);
+        load_group<R>(p, it.gi, geom_of(s_sched, it.gi), s_cur, am);
       }
+      if (kFused && it.kind == kItemQuant && it.ready && it.gi != s_cur.gi) {
+        p.amax_bits[it.gi] = it.amax;  // every CTA that reduces the expert writes the same values
+        write_expert_scalars<R>(p, it.gi, __uint_as_float(it.amax));
+        load_group<R>(p, it.gi, geom_of(s_sched, it.gi), s_cur, __uint_as_float(it.amax));
+      }
+    }
+    if (kEarly && warp == Cfg::kWarps - 1 && s_pend_q >= 0) {
+      // ---- fused: the expert amax of upcoming quantize items, reduced ahead of time ----------
+      // The last warp loads the slots of item i + kSt's expert after the barrier of item i
+      // (kPendSlots per lane, if the expert has at most 32 * kPendSlots) and reduces them here,
+      // one item later, for item i + kSt - 1 (thread 0 installs it before that item's barrier):
+      // the loads' latency hides behind an item's work, and the item needs no blocking reduction
+      // (two CTA barriers and an L2 round trip; on [32768, 2048] every quantize item paid one).
+      // A still empty slot leaves the item to the blocking reduction below. Not warp 0: thread
+      // 0's scheduling is on every item's critical path.
+      bool ok = true;
+      uint32_t m = 0;
+#pragma unroll
+      for (int k = 0; k < kPendSlots; ++k) {
+        ok = ok && pend[k] != kSlotEmpty;
+        m = max(m, pend[k]);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      if (__all_sync(0xFFFFFFFFu, ok) && lane == 0) {
+        ItemInfo& q = s_item[s_pend_q];
+        q.amax = m;
+        q.ready = 1;
+        s_prep_gi = q.gi;
+        s_prep_amax = m;
+      }
+      __syncwarp();
     }
     cp_async_wait<kSt - 1>();  // item i's group is complete
     __syncthreads();
     const uint8_t* const buf = smem + bi * S::kBytes;
     // columnwise mapping: column pair cp (columns c0, c0+1), rows [16 seg, 16 seg + 16)
     const int cp = lane + 32 * (warp & 1), seg = warp >> 1;
+    if (kEarly && warp == Cfg::kWarps - 1) {  // issue: the slots of item i + kSt's expert
+      const int q2 = (i + kSt) % kRing;
+      const ItemInfo& n2 = s_item[q2];
+      int pq = -1;
+      if (n2.kind == kItemQuant) {
+        if (n2.gi == s_prep_gi) {  // same expert as the last prepared item
+          if (lane == 0) {
+            s_item[q2].amax = s_prep_amax;
+            s_item[q2].ready = 1;
+          }
+        } else if (n2.slot1 - n2.slot0 <= 32 * kPendSlots) {
+          const int64_t s0 = n2.slot0 + lane, s1 = n2.slot1;
+#pragma unroll
+          for (int k = 0; k < kPendSlots; ++k)
+            pend[k] = s0 + 32 * k < s1 ? ld_relaxed_gpu(p.slots + s0 + 32 * k) : 0u;
+          pq = q2;
+        }
+      }
+      __syncwarp();
+      if (lane == 0) s_pend_q = pq;
+    }
 
     if (kFused && it.kind == kItemAmax) {  // ---- fused amax item: the tile's maximum ---------
       Pair m = E::zero();
@@ -854,7 +917,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
         s_amax = 0;
         p.amax_bits[it.gi] = am;
         write_expert_scalars<R>(p, it.gi, __uint_as_float(am));
-        load_group<R>(p, it.gi, s_cur, __uint_as_float(am));
+        load_group<R>(p, it.gi, geom_of(s_sched, it.gi), s_cur, __uint_as_float(am));
       }
       __syncthreads();
     }
@@ -1182,9 +1245,9 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   }
 }
 
-template <class In, int R, bool kE5m2, bool kFused>
+template <class In, int R, bool kE5m2, bool kFused, bool kEarly>
 void launch_quantize_tile_fmt(Context& ctx, const TileParams& p) {
-  auto kernel = quantize_tile_kernel<In, R, kE5m2, kFused>;
+  auto kernel = quantize_tile_kernel<In, R, kE5m2, kFused, kEarly>;
   static int configured = 0;  // the attribute is per function; set it once to the maximum
   if (configured == 0) {
     constexpr int kMax =
@@ -1197,23 +1260,26 @@ void launch_quantize_tile_fmt(Context& ctx, const TileParams& p) {
   launch_pdl(kernel, dim3(p.grid), dim3(TileConfig::kThreads), p.smem_total, ctx.stream(), p);
 }
 
-// The fp8 data format (nvfp4 has none) and the amax schedule are kernel template parameters.
+// The fp8 data format (nvfp4 has none), the amax schedule and the early reduction are kernel
+// template parameters.
+template <class In, int R, bool kE5m2>
+void launch_quantize_tile_sched(Context& ctx, const TileParams& p) {
+  constexpr bool kExpertAmax = R == qnum::kFp8Current || R == qnum::kNvfp4;
+  if (kExpertAmax && p.fused && p.early_amax) {
+    launch_quantize_tile_fmt<In, R, kE5m2, kExpertAmax, kExpertAmax>(ctx, p);
+  } else if (kExpertAmax && p.fused) {
+    launch_quantize_tile_fmt<In, R, kE5m2, kExpertAmax, false>(ctx, p);
+  } else {
+    launch_quantize_tile_fmt<In, R, kE5m2, false, false>(ctx, p);
+  }
+}
 template <class In, int R>
 void launch_quantize_tile(Context& ctx, const TileParams& p) {
-  constexpr bool kExpertAmax = R == qnum::kFp8Current || R == qnum::kNvfp4;
   constexpr bool kFp8 = R != qnum::kNvfp4;
-  if (kExpertAmax && p.fused) {
-    if (kFp8 && p.L.e5m2) {
-      launch_quantize_tile_fmt<In, R, kFp8, kExpertAmax>(ctx, p);
-    } else {
-      launch_quantize_tile_fmt<In, R, false, kExpertAmax>(ctx, p);
-    }
+  if (kFp8 && p.L.e5m2) {
+    launch_quantize_tile_sched<In, R, kFp8>(ctx, p);
   } else {
-    if (kFp8 && p.L.e5m2) {
-      launch_quantize_tile_fmt<In, R, kFp8, false>(ctx, p);
-    } else {
-      launch_quantize_tile_fmt<In, R, false, false>(ctx, p);
-    }
+    launch_quantize_tile_sched<In, R, false>(ctx, p);
   }
 }
 

@@ -206,6 +206,38 @@ TEST(QuantizeGpuColumnwise, StoreAlignmentsMatchCpu) {
   }
 }
 
+// The fused amax schedule reduces an expert's amax ahead of its quantize items when the average
+// expert has at most 128 items (one warp's slot loads), with the blocking reduction for any
+// larger expert; above that average only the blocking one runs. Both shapes here: [1200, 2048]
+// in one expert (160 items: blocking only) and 8 experts of [4000, 2048] with one of 1600 rows
+// (208 items: blocking) among smaller ones (early), at lags 1 and 3, nvfp4 too.
+TEST(QuantizeGpuFusedAmax, EarlyAndBlockingReductionsMatchCpu) {
+  GROUPMM_REQUIRE_GPU();
+  const int64_t K = 2048;
+  std::vector<std::vector<int64_t>> splits = {{1200}, {1600, 100, 0, 700, 300, 500, 256, 544}};
+  for (auto& s : splits) {
+    const int64_t G = static_cast<int64_t>(s.size());
+    const int64_t M = std::accumulate(s.begin(), s.end(), int64_t(0));
+    const std::vector<float> v = input_values(M * K, true);
+    Context cctx(Device::CPU), gctx(Device::CUDA);
+    Tensor hx = make_input(v, DType::bf16, {M, K}, Device::CPU);
+    Tensor dx = clone_to(hx, Device::CUDA);
+    TensorView hs = host_view(s, DType::int64, {G});
+    Tensor ds = clone_to(hs, Device::CUDA);
+    for (const auto& cfg :
+         {with_amax(qcfg(QuantRecipe::fp8_current, QuantDirection::both), AmaxSchedule::fused, 1),
+          with_amax(qcfg(QuantRecipe::fp8_current, QuantDirection::rowwise), AmaxSchedule::fused,
+                    3),
+          with_amax(qcfg(QuantRecipe::nvfp4, QuantDirection::both, ScaleLayout::swizzled),
+                    AmaxSchedule::fused, 1)}) {
+      Quantized qc = run_quantize(cctx, hx, hs, cfg);
+      Quantized qg = run_quantize(gctx, dx, ds, cfg);
+      EXPECT_NO_THROW(gctx.check());
+      expect_same_outputs(qg, qc, "fused amax G=" + std::to_string(G) + " " + cfg_name(cfg));
+    }
+  }
+}
+
 TEST(QuantizeGpuBgrad, DbiasAndDataMatchCpuBitForBit) {
   GROUPMM_REQUIRE_GPU();
   for (DType dbt : {DType::fp32, DType::bf16}) {
