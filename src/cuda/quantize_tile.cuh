@@ -9,10 +9,10 @@
 //
 // Why it is shaped like this (H200: ~4.2 TB/s, 132 SMs, i.e. ~16 bytes per SM clock):
 //  - Persistent 512-thread CTAs (2 per SM for 16-bit inputs, 64 registers per thread: 50%
-//    occupancy; two input tile buffers). Thread 0 schedules
-//    the items (see "item schedule" below: tiles dealt out by an atomic ticket counter, or for
-//    fp8_current one ticket sequence that interleaves each expert's amax items with an earlier
-//    expert's quantize items, so the expert amax needs no separate pass) and publishes each item's
+//    occupancy; two input tile buffers). Thread 0 schedules the items (see "item schedule"
+//    below: tiles dealt out by an atomic ticket counter, or for fp8_current one ticket sequence
+//    that interleaves each expert's amax items with an earlier expert's quantize items, so the
+//    expert amax needs no separate pass) and publishes each item's
 //    CTA-uniform description (ItemInfo) and its expert (GroupInfo) in shared memory; per-thread
 //    addresses are 32-bit offsets from those, recomputed per tile (registers, see the loop).
 //  - The next tiles are fetched with cp.async (16-byte, zero-filled past the expert / past K)
@@ -556,7 +556,7 @@ struct ItemInfo {      // one 128x128 work item, CTA-uniform
   int32_t flags;         // kPadRow / kPadCol: the tile writes swizzle padding (rare)
   int64_t slot0, slot1;  // fused quantize item: the expert's amax slots [slot0, slot1)
   uint32_t amax;         // fused quantize item with ready set: the expert's amax (canonical bits)
-  int32_t ready;         // set by warp 0 one item before the item runs (see the loop)
+  int32_t ready;         // kEarly: set by the last warp before the item runs (see the loop)
 };
 
 struct SchedState {
