@@ -19,7 +19,7 @@ QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs&
                                     const char* iname = "input", const char* qname = "out");
 qnum::Layout make_layout(const QuantizeConfig& cfg, int64_t M, int64_t K, int64_t G);
 
-// Workspace: the per-expert plan (5 arrays of G+1 int64, then one word for the fused schedule's
+// Workspace: the per-expert plan (5 arrays of G+1 int64, then one word for the tile kernel's
 // ticket), then for fp8_current and nvfp4 one amax slot (uint32) per 128x128 tile (the fused amax
 // schedule), then the dbias partials.
 inline size_t plan_bytes(int64_t G) {

@@ -20,7 +20,7 @@ struct QuantPlan {
   int64_t* tile_start;  // prefix of ceil(rows/128)
   int64_t* cb_start;    // prefix of ceil(rows/cb)
   int64_t* cs4_start;   // prefix of roundup(ceil(rows/cb), 4)
-  uint32_t* ticket;     // fused amax pass: the next work ticket (zeroed by the plan)
+  uint32_t* ticket;     // the tile kernel's next work ticket (zeroed by the plan)
   int64_t G;
 
   __device__ __forceinline__ qnum::Geom geom(int64_t g) const {
@@ -32,7 +32,7 @@ struct QuantPlan {
 QuantPlan plan_view(void* ws, int64_t G);
 
 // Builds the plan. splits absent: G experts of rows_total / G rows (weights). Zeroes amax_bits[G]
-// when given, and the fused schedule's ticket; sets the fused amax slots of the existing items
+// when given, and the tile kernel's ticket; sets the fused amax slots of the existing items
 // (sum of row tiles x col_tiles) to 0xFFFFFFFF when given. Faults are reported against `op`.
 // The plan kernel triggers programmatic dependent launch at its start: a kernel launched after
 // it with launch_pdl (below) must execute pdl_wait() before it reads anything the plan wrote.
