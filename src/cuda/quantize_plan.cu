@@ -30,9 +30,11 @@ struct PlanParams {
   int64_t rows_total;
   int64_t uniform_rows;
   int64_t cb;
+  int cb_shift;  // log2(cb) when cb is a power of two, else -1
   uint32_t* amax_bits;
-  uint32_t* slots;  // fp8_current's fused amax slots: [tiles * col_tiles] set to kSlotEmpty
+  uint32_t* slots;  // the fused amax slots: n_slots set to kSlotEmpty
   int64_t col_tiles;
+  int64_t n_slots;  // the host's bound on the items: tile_bound(rows_total, G) * col_tiles
   StatusBlock* status;
   OpId op;
 };
@@ -45,7 +47,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
   // kernel before it reads the splits or writes the plan (which that kernel may still read).
   pdl_launch_dependents();
   pdl_wait();
-  using Scan = cub::BlockScan<Quad, Cfg::kThreads>;
+  // The fused amax slots first: the host's bound on the item count (no dependence on the scan;
+  // the stores overlap the splits' loads).
+  if (p.slots != nullptr)
+    for (int64_t i = threadIdx.x; i < p.n_slots; i += Cfg::kThreads) p.slots[i] = kSlotEmpty;
+  using Scan = cub::BlockScan<Quad, Cfg::kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ Quad carry;  // a: unclamped rows, b: tiles, c: column blocks, d: padded blocks
   if (threadIdx.x == 0) carry = {0, 0, 0, 0};
@@ -66,11 +72,36 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
       }
       if (p.amax_bits) p.amax_bits[g] = 0;
     }
+    auto col_blocks = [&](int64_t r) {
+      return p.cb_shift >= 0 ? (r + p.cb - 1) >> p.cb_shift : qnum::ceil_div(r, p.cb);
+    };
+    const Quad c0 = carry;
+    // Every prefix in one scan of the unclamped rows: exact while this chunk's running sum stays
+    // within rows_total (one scan instead of two: H200, mxfp8 both [32768, 2048] 73.7 -> 73.9%
+    // of copy). Past it (a fault), the two clamped scans below.
+    const int64_t nbu = col_blocks(m);
+    Quad unc{m, qnum::ceil_div(m, qnum::kTileRows), nbu, qnum::round_up(nbu, 4)}, unc_excl;
+    Quad unc_total;
+    Scan(tmp).ExclusiveScan(unc, unc_excl, Quad{0, 0, 0, 0}, QuadSum{}, unc_total);
+    if (c0.a + unc_total.a <= p.rows_total) {  // CTA-uniform
+      if (g < G) {
+        p.plan.start[g] = c0.a + unc_excl.a;
+        p.plan.rows[g] = m;
+        p.plan.tile_start[g] = c0.b + unc_excl.b;
+        p.plan.cb_start[g] = c0.c + unc_excl.c;
+        p.plan.cs4_start[g] = c0.d + unc_excl.d;
+      }
+      __syncthreads();  // everyone has read carry and tmp
+      if (threadIdx.x == 0)
+        carry = {c0.a + unc_total.a, c0.b + unc_total.b, c0.c + unc_total.c, c0.d + unc_total.d};
+      __syncthreads();
+      continue;
+    }
+    __syncthreads();  // tmp is reused
     // First scan: unclamped starts, then clamp against the buffer like cpu::expert_rows.
     Quad item{m, 0, 0, 0}, excl;
     Quad tile_total;
     Scan(tmp).ExclusiveScan(item, excl, Quad{0, 0, 0, 0}, QuadSum{}, tile_total);
-    const Quad c0 = carry;
     const int64_t run = c0.a + excl.a;
     const int64_t start = run < p.rows_total ? run : p.rows_total;
     int64_t rows = m;
@@ -80,7 +111,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
     }
     if (g >= G) rows = 0;
     __syncthreads();
-    const int64_t nb = qnum::ceil_div(rows, p.cb);
+    const int64_t nb = col_blocks(rows);
     Quad item2{0, qnum::ceil_div(rows, qnum::kTileRows), nb, qnum::round_up(nb, 4)}, excl2;
     Quad total2;
     Scan(tmp).ExclusiveScan(item2, excl2, Quad{0, 0, 0, 0}, QuadSum{}, total2);
@@ -107,10 +138,6 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
     if (p.splits != nullptr && c.a != p.rows_total)
       report_fault(p.status, kFaultSplitsTotalMismatch, p.op, -1, c.a);
   }
-  if (p.slots != nullptr) {  // the slots of the items that exist (carry.b = all row tiles)
-    const int64_t n = carry.b * p.col_tiles;
-    for (int64_t i = threadIdx.x; i < n; i += Cfg::kThreads) p.slots[i] = kSlotEmpty;
-  }
 }
 
 }  // namespace
@@ -131,9 +158,13 @@ void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& sp
   p.rows_total = rows_total;
   p.uniform_rows = rows_total / plan.G;
   p.cb = col_block;
+  p.cb_shift = -1;
+  for (int sh = 0; sh < 31; ++sh)
+    if (int64_t(1) << sh == col_block) p.cb_shift = sh;
   p.amax_bits = amax_bits;
   p.slots = slots;
   p.col_tiles = col_tiles;
+  p.n_slots = slots != nullptr ? tile_bound(rows_total, plan.G) * col_tiles : 0;
   p.status = ctx.status();
   p.op = op;
   launch_pdl(quant_plan_kernel<PlanConfig>, dim3(1), dim3(PlanConfig::kThreads), 0, ctx.stream(),

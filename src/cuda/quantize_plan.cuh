@@ -32,10 +32,11 @@ struct QuantPlan {
 QuantPlan plan_view(void* ws, int64_t G);
 
 // Builds the plan. splits absent: G experts of rows_total / G rows (weights). Zeroes amax_bits[G]
-// when given, and the tile kernel's ticket; sets the fused amax slots of the existing items
-// (sum of row tiles x col_tiles) to 0xFFFFFFFF when given. Faults are reported against `op`.
-// The plan kernel triggers programmatic dependent launch at its start: a kernel launched after
-// it with launch_pdl (below) must execute pdl_wait() before it reads anything the plan wrote.
+// when given, and the tile kernel's ticket; sets the fused amax slots (tile_bound(rows_total, G)
+// x col_tiles, the workspace's amax_slot_bytes) to 0xFFFFFFFF when given. Faults are reported
+// against `op`. The plan kernel triggers programmatic dependent launch at its start: a kernel
+// launched after it with launch_pdl (below) must execute pdl_wait() before it reads anything the
+// plan wrote.
 void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& splits,
                        int64_t rows_total, int col_block, uint32_t* amax_bits, OpId op,
                        uint32_t* slots = nullptr, int64_t col_tiles = 0);

@@ -53,6 +53,27 @@ void expect_same_outputs(const Quantized& gpu, const Quantized& cpu, const std::
   }
 }
 
+// Quantizes one bf16 input (wide values with specials) split as `s` with every config on the CPU
+// and the GPU, and expects the same bytes.
+void expect_split_input_matches_cpu(std::vector<int64_t> s, int64_t K,
+                                    const std::vector<QuantizeConfig>& cfgs,
+                                    const std::string& what) {
+  const int64_t G = static_cast<int64_t>(s.size());
+  const int64_t M = std::accumulate(s.begin(), s.end(), int64_t(0));
+  const std::vector<float> v = input_values(M * K, true);
+  Context cctx(Device::CPU), gctx(Device::CUDA);
+  Tensor hx = make_input(v, DType::bf16, {M, K}, Device::CPU);
+  Tensor dx = clone_to(hx, Device::CUDA);
+  TensorView hs = host_view(s, DType::int64, {G});
+  Tensor ds = clone_to(hs, Device::CUDA);
+  for (const auto& cfg : cfgs) {
+    Quantized qc = run_quantize(cctx, hx, hs, cfg);
+    Quantized qg = run_quantize(gctx, dx, ds, cfg);
+    EXPECT_NO_THROW(gctx.check());
+    expect_same_outputs(qg, qc, what + " " + cfg_name(cfg));
+  }
+}
+
 struct Case {
   QuantizeConfig cfg;
   Pattern pattern;
@@ -184,26 +205,14 @@ TEST(QuantizeGpuWeights, UniformGroupsAllRecipesMatchCpu) {
 // split across partial tiles.
 TEST(QuantizeGpuColumnwise, StoreAlignmentsMatchCpu) {
   GROUPMM_REQUIRE_GPU();
-  std::vector<int64_t> s = {132, 4, 260, 16, 0, 100, 2, 48, 6};
-  const int64_t G = static_cast<int64_t>(s.size());
-  const int64_t M = std::accumulate(s.begin(), s.end(), int64_t(0)), K = 384;
-  const std::vector<float> v = input_values(M * K, true);
-  Context cctx(Device::CPU), gctx(Device::CUDA);
-  Tensor hx = make_input(v, DType::bf16, {M, K}, Device::CPU);
-  Tensor dx = clone_to(hx, Device::CUDA);
-  TensorView hs = host_view(s, DType::int64, {G});
-  Tensor ds = clone_to(hs, Device::CUDA);
   const auto B = QuantDirection::both, Cw = QuantDirection::columnwise;
-  for (const auto& cfg :
-       {qcfg(QuantRecipe::fp8_current, B), qcfg(QuantRecipe::fp8_block, B),
-        qcfg(QuantRecipe::mxfp8, Cw, ScaleLayout::plain, DType::fp8e5m2),
-        qcfg(QuantRecipe::mxfp8, B, ScaleLayout::swizzled), qcfg(QuantRecipe::nvfp4, B),
-        qcfg(QuantRecipe::nvfp4, Cw, ScaleLayout::swizzled)}) {
-    Quantized qc = run_quantize(cctx, hx, hs, cfg);
-    Quantized qg = run_quantize(gctx, dx, ds, cfg);
-    EXPECT_NO_THROW(gctx.check());
-    expect_same_outputs(qg, qc, "columnwise stores " + cfg_name(cfg));
-  }
+  expect_split_input_matches_cpu(
+      {132, 4, 260, 16, 0, 100, 2, 48, 6}, 384,
+      {qcfg(QuantRecipe::fp8_current, B), qcfg(QuantRecipe::fp8_block, B),
+       qcfg(QuantRecipe::mxfp8, Cw, ScaleLayout::plain, DType::fp8e5m2),
+       qcfg(QuantRecipe::mxfp8, B, ScaleLayout::swizzled), qcfg(QuantRecipe::nvfp4, B),
+       qcfg(QuantRecipe::nvfp4, Cw, ScaleLayout::swizzled)},
+      "columnwise stores");
 }
 
 // The fused amax schedule reduces an expert's amax ahead of its quantize items when the average
@@ -213,29 +222,14 @@ TEST(QuantizeGpuColumnwise, StoreAlignmentsMatchCpu) {
 // (208 items: blocking) among smaller ones (early), at lags 1 and 3, nvfp4 too.
 TEST(QuantizeGpuFusedAmax, EarlyAndBlockingReductionsMatchCpu) {
   GROUPMM_REQUIRE_GPU();
-  const int64_t K = 2048;
-  std::vector<std::vector<int64_t>> splits = {{1200}, {1600, 100, 0, 700, 300, 500, 256, 544}};
-  for (auto& s : splits) {
-    const int64_t G = static_cast<int64_t>(s.size());
-    const int64_t M = std::accumulate(s.begin(), s.end(), int64_t(0));
-    const std::vector<float> v = input_values(M * K, true);
-    Context cctx(Device::CPU), gctx(Device::CUDA);
-    Tensor hx = make_input(v, DType::bf16, {M, K}, Device::CPU);
-    Tensor dx = clone_to(hx, Device::CUDA);
-    TensorView hs = host_view(s, DType::int64, {G});
-    Tensor ds = clone_to(hs, Device::CUDA);
-    for (const auto& cfg :
-         {with_amax(qcfg(QuantRecipe::fp8_current, QuantDirection::both), AmaxSchedule::fused, 1),
-          with_amax(qcfg(QuantRecipe::fp8_current, QuantDirection::rowwise), AmaxSchedule::fused,
-                    3),
-          with_amax(qcfg(QuantRecipe::nvfp4, QuantDirection::both, ScaleLayout::swizzled),
-                    AmaxSchedule::fused, 1)}) {
-      Quantized qc = run_quantize(cctx, hx, hs, cfg);
-      Quantized qg = run_quantize(gctx, dx, ds, cfg);
-      EXPECT_NO_THROW(gctx.check());
-      expect_same_outputs(qg, qc, "fused amax G=" + std::to_string(G) + " " + cfg_name(cfg));
-    }
-  }
+  const std::vector<QuantizeConfig> cfgs = {
+      with_amax(qcfg(QuantRecipe::fp8_current, QuantDirection::both), AmaxSchedule::fused, 1),
+      with_amax(qcfg(QuantRecipe::fp8_current, QuantDirection::rowwise), AmaxSchedule::fused, 3),
+      with_amax(qcfg(QuantRecipe::nvfp4, QuantDirection::both, ScaleLayout::swizzled),
+                AmaxSchedule::fused, 1)};
+  for (const std::vector<int64_t>& s :
+       {std::vector<int64_t>{1200}, std::vector<int64_t>{1600, 100, 0, 700, 300, 500, 256, 544}})
+    expect_split_input_matches_cpu(s, 2048, cfgs, "fused amax G=" + std::to_string(s.size()));
 }
 
 TEST(QuantizeGpuBgrad, DbiasAndDataMatchCpuBitForBit) {
