@@ -781,7 +781,10 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   }
   // Thread 0: the ticket of the next sched_next. Static: the first kSt items of CTA b are b + q *
   // grid, then the counter's tickets follow kSt * grid, each taken after an item's barrier for
-  // the item kSt later (see the loop's end). Fused: all from the counter, fetched one item ahead.
+  // the item kSt later (see the loop's end). Fused: all from the counter, fetched one item ahead:
+  // taken when the item is scheduled, the atomic's latency sits on thread 0's path before the
+  // barrier, which amax items (almost no work) cannot hide (H200, fp8_current rowwise 55.9 ->
+  // 46.7% of copy on [32768, 2048]).
   uint32_t ticket = 0;
   const uint32_t ticket0 = kFused ? 0u : uint32_t(kSt) * gridDim.x;
   __syncthreads();
