@@ -76,6 +76,22 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
       return p.cb_shift >= 0 ? (r + p.cb - 1) >> p.cb_shift : qnum::ceil_div(r, p.cb);
     };
     const Quad c0 = carry;
+    // Expert g's entries from its clamped start / rows and the exclusive prefixes of the other
+    // three sums, then the carry past this chunk (a: unclamped rows).
+    auto finish_chunk = [&](int64_t start, int64_t rows, const Quad& ex, int64_t total_a,
+                            const Quad& total) {
+      if (g < G) {
+        p.plan.start[g] = start;
+        p.plan.rows[g] = rows;
+        p.plan.tile_start[g] = c0.b + ex.b;
+        p.plan.cb_start[g] = c0.c + ex.c;
+        p.plan.cs4_start[g] = c0.d + ex.d;
+      }
+      __syncthreads();  // everyone has read carry and tmp
+      if (threadIdx.x == 0)
+        carry = {c0.a + total_a, c0.b + total.b, c0.c + total.c, c0.d + total.d};
+      __syncthreads();
+    };
     // Every prefix in one scan of the unclamped rows: exact while this chunk's running sum stays
     // within rows_total (one scan instead of two: H200, mxfp8 both [32768, 2048] 73.7 -> 73.9%
     // of copy). Past it (a fault), the two clamped scans below.
@@ -84,17 +100,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
     Quad unc_total;
     Scan(tmp).ExclusiveScan(unc, unc_excl, Quad{0, 0, 0, 0}, QuadSum{}, unc_total);
     if (c0.a + unc_total.a <= p.rows_total) {  // CTA-uniform
-      if (g < G) {
-        p.plan.start[g] = c0.a + unc_excl.a;
-        p.plan.rows[g] = m;
-        p.plan.tile_start[g] = c0.b + unc_excl.b;
-        p.plan.cb_start[g] = c0.c + unc_excl.c;
-        p.plan.cs4_start[g] = c0.d + unc_excl.d;
-      }
-      __syncthreads();  // everyone has read carry and tmp
-      if (threadIdx.x == 0)
-        carry = {c0.a + unc_total.a, c0.b + unc_total.b, c0.c + unc_total.c, c0.d + unc_total.d};
-      __syncthreads();
+      finish_chunk(c0.a + unc_excl.a, m, unc_excl, unc_total.a, unc_total);
       continue;
     }
     __syncthreads();  // tmp is reused
@@ -115,17 +121,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) quant_plan_kernel(PlanParams p)
     Quad item2{0, qnum::ceil_div(rows, qnum::kTileRows), nb, qnum::round_up(nb, 4)}, excl2;
     Quad total2;
     Scan(tmp).ExclusiveScan(item2, excl2, Quad{0, 0, 0, 0}, QuadSum{}, total2);
-    if (g < G) {
-      p.plan.start[g] = start;
-      p.plan.rows[g] = rows;
-      p.plan.tile_start[g] = c0.b + excl2.b;
-      p.plan.cb_start[g] = c0.c + excl2.c;
-      p.plan.cs4_start[g] = c0.d + excl2.d;
-    }
-    __syncthreads();  // everyone has read carry and tmp
-    if (threadIdx.x == 0)
-      carry = {c0.a + tile_total.a, c0.b + total2.b, c0.c + total2.c, c0.d + total2.d};
-    __syncthreads();
+    finish_chunk(start, rows, excl2, tile_total.a, total2);
   }
   if (threadIdx.x == 0) {
     const Quad c = carry;

@@ -53,22 +53,33 @@ void expect_same_outputs(const Quantized& gpu, const Quantized& cpu, const std::
   }
 }
 
+// A fresh random bf16 input [M, K] and its splits, on the CPU (hx, hs: a view of s) and the GPU.
+struct SplitInput {
+  std::vector<int64_t> s;
+  Tensor hx, dx, ds;
+  TensorView hs;
+};
+SplitInput split_input(std::vector<int64_t> s, int64_t M, int64_t K, bool specials) {
+  SplitInput in;
+  in.s = std::move(s);
+  in.hx = make_input(input_values(M * K, specials), DType::bf16, {M, K}, Device::CPU);
+  in.dx = clone_to(in.hx, Device::CUDA);
+  in.hs = host_view(in.s, DType::int64, {static_cast<int64_t>(in.s.size())});
+  in.ds = clone_to(in.hs, Device::CUDA);
+  return in;
+}
+
 // Quantizes one bf16 input (wide values with specials) split as `s` with every config on the CPU
 // and the GPU, and expects the same bytes.
 void expect_split_input_matches_cpu(std::vector<int64_t> s, int64_t K,
                                     const std::vector<QuantizeConfig>& cfgs,
                                     const std::string& what) {
-  const int64_t G = static_cast<int64_t>(s.size());
   const int64_t M = std::accumulate(s.begin(), s.end(), int64_t(0));
-  const std::vector<float> v = input_values(M * K, true);
+  const SplitInput in = split_input(std::move(s), M, K, true);
   Context cctx(Device::CPU), gctx(Device::CUDA);
-  Tensor hx = make_input(v, DType::bf16, {M, K}, Device::CPU);
-  Tensor dx = clone_to(hx, Device::CUDA);
-  TensorView hs = host_view(s, DType::int64, {G});
-  Tensor ds = clone_to(hs, Device::CUDA);
   for (const auto& cfg : cfgs) {
-    Quantized qc = run_quantize(cctx, hx, hs, cfg);
-    Quantized qg = run_quantize(gctx, dx, ds, cfg);
+    Quantized qc = run_quantize(cctx, in.hx, in.hs, cfg);
+    Quantized qg = run_quantize(gctx, in.dx, in.ds, cfg);
     EXPECT_NO_THROW(gctx.check());
     expect_same_outputs(qg, qc, what + " " + cfg_name(cfg));
   }
@@ -238,19 +249,15 @@ TEST(QuantizeGpuBgrad, DbiasAndDataMatchCpuBitForBit) {
     const int64_t G = 12, M = 3000, K = 448;
     auto s = make_splits(Pattern::quarter_empty, G, M);
     make_even(s, M);
-    const std::vector<float> v = input_values(M * K, false);
+    const SplitInput in = split_input(std::move(s), M, K, false);
     Context cctx(Device::CPU), gctx(Device::CUDA);
-    Tensor hx = make_input(v, DType::bf16, {M, K}, Device::CPU);
-    Tensor dx = clone_to(hx, Device::CUDA);
-    TensorView hs = host_view(s, DType::int64, {G});
-    Tensor ds = clone_to(hs, Device::CUDA);
     Tensor dbc = Tensor::empty({G, K}, dbt, Device::CPU),
            dbg = Tensor::empty({G, K}, dbt, Device::CUDA);
     fill_bytes(dbc, 0xFF);
     fill_bytes(dbg, 0xFF);
     const auto cfg = qcfg(QuantRecipe::mxfp8, QuantDirection::both, ScaleLayout::swizzled);
-    Quantized qc = run_quantize(cctx, hx, hs, cfg, dbc);
-    Quantized qg = run_quantize(gctx, dx, ds, cfg, dbg);
+    Quantized qc = run_quantize(cctx, in.hx, in.hs, cfg, dbc);
+    Quantized qg = run_quantize(gctx, in.dx, in.ds, cfg, dbg);
     EXPECT_NO_THROW(gctx.check());
     expect_same_outputs(qg, qc, "bgrad");
     EXPECT_EQ(quant_bytes(dbg), quant_bytes(dbc)) << "dbias " << dtype_name(dbt);
@@ -378,8 +385,7 @@ TEST(QuantizeGpuGraph, ReplayWithNewSplitsEqualsEager) {
 
 TEST(QuantizeGpuFaults, BadSplitsSetStatusAndMatchCpu) {
   GROUPMM_REQUIRE_GPU();
-  const int64_t M = 512, K = 64, G = 4;
-  const std::vector<float> v = input_values(M * K, false);
+  const int64_t M = 512, K = 64;
   struct F {
     std::vector<int64_t> s;
     QuantRecipe r;
@@ -391,14 +397,10 @@ TEST(QuantizeGpuFaults, BadSplitsSetStatusAndMatchCpu) {
       {{101, 99, 200, 112}, QuantRecipe::nvfp4, kFaultSplitAlignment}};
   for (const F& f : faults) {
     Context cctx(Device::CPU), gctx(Device::CUDA);
-    Tensor hx = make_input(v, DType::bf16, {M, K}, Device::CPU);
-    Tensor dx = clone_to(hx, Device::CUDA);
-    std::vector<int64_t> s = f.s;
-    TensorView hs = host_view(s, DType::int64, {G});
-    Tensor ds = clone_to(hs, Device::CUDA);
+    const SplitInput in = split_input(f.s, M, K, false);
     const auto cfg = qcfg(f.r, QuantDirection::both, ScaleLayout::swizzled);
-    Quantized qc = run_quantize(cctx, hx, hs, cfg);
-    Quantized qg = run_quantize(gctx, dx, ds, cfg);
+    Quantized qc = run_quantize(cctx, in.hx, in.hs, cfg);
+    Quantized qg = run_quantize(gctx, in.dx, in.ds, cfg);
     EXPECT_EQ(gctx.take_status().bits, f.bits);
     EXPECT_EQ(cctx.take_status().bits, f.bits);
     expect_same_outputs(qg, qc, "fault case");
