@@ -152,6 +152,18 @@ static void check_config(const QuantizeConfig& c, int64_t K, const char* op) {
   GROUPMM_CHECK(c.amax_lag >= 0, op, ": config.amax_lag=", c.amax_lag, " must be >= 0");
 }
 
+// mn_major fp8_block rowwise scales: the leading dimension (rows, or 128-row blocks for 128x128
+// blocks: at most tile_bound of them), padded to 4 for 16-byte aligned rows.
+static int64_t mn_major_row_ld(int64_t M, int64_t G, bool fp8_2d) {
+  return qnum::round_up(fp8_2d ? tile_bound(M, G) : M, 4);
+}
+
+// What a GroupedTensor says of its scale layout.
+static void mark_scale_layout(GroupedTensor& t, ScaleLayout l) {
+  t.scales_swizzled = l == ScaleLayout::swizzled;
+  t.scales_mn_major = l == ScaleLayout::mn_major;
+}
+
 QuantizedShapes group_quantize_shapes(int64_t M, int64_t K, int64_t G, const QuantizeConfig& c) {
   check_config(c, K, "group_quantize_shapes");
   GROUPMM_CHECK(M >= 0 && G >= 1, "group_quantize_shapes: rows_total=", M, ", G=", G,
@@ -165,16 +177,16 @@ QuantizedShapes group_quantize_shapes(int64_t M, int64_t K, int64_t G, const Qua
   if (has_rowwise(c.direction)) {
     s.data = spec(dt, M, K);
     if (c.recipe == QuantRecipe::fp8_block && mn)
-      s.scale_inv = spec(st, K / 128, qnum::round_up(fp8_2d ? M / 128 + G : M, 4));
+      s.scale_inv = spec(st, K / 128, mn_major_row_ld(M, G, fp8_2d));
     else if (c.recipe == QuantRecipe::fp8_block)
-      s.scale_inv = fp8_2d ? spec(st, M / 128 + G, K / 128) : spec(st, M, K / 128);
+      s.scale_inv = fp8_2d ? spec(st, tile_bound(M, G), K / 128) : spec(st, M, K / 128);
     else if (c.recipe != QuantRecipe::fp8_current)
       s.scale_inv = swz ? spec(st, M + 127 * G, qnum::round_up(K / rb, 4)) : spec(st, M, K / rb);
   }
   if (has_columnwise(c.direction)) {
     s.columnwise_data = spec(dt, K, M);
     if (fp8_2d)
-      s.columnwise_scale_inv = spec(st, M / 128 + G, K / 128);
+      s.columnwise_scale_inv = spec(st, tile_bound(M, G), K / 128);
     else if (c.recipe != QuantRecipe::fp8_current)
       s.columnwise_scale_inv =
           swz ? spec(st, M / cb + 4 * G, qnum::round_up(K, 128)) : spec(st, M / cb + G, K);
@@ -215,8 +227,7 @@ GroupedTensor QuantizedBuffers::view(int64_t G, const TensorView& splits,
   t.amax = amax.view();
   t.global_scale = global_scale.view();
   t.recipe = cfg.recipe;
-  t.scales_swizzled = cfg.scale_layout == ScaleLayout::swizzled;
-  t.scales_mn_major = cfg.scale_layout == ScaleLayout::mn_major;
+  mark_scale_layout(t, cfg.scale_layout);
   return t;
 }
 
@@ -229,7 +240,7 @@ qnum::Layout make_layout(const QuantizeConfig& c, int64_t M, int64_t K, int64_t 
   L.fp8_2d = c.recipe == QuantRecipe::fp8_block && c.block_2d;
   L.swizzled = c.scale_layout == ScaleLayout::swizzled;
   L.mn_major = c.scale_layout == ScaleLayout::mn_major;
-  L.rs_ld = qnum::round_up(L.fp8_2d ? M / 128 + G : M, 4);
+  L.rs_ld = mn_major_row_ld(M, G, L.fp8_2d);
   L.e5m2 = c.fp8_dtype == DType::fp8e5m2 && c.recipe != QuantRecipe::nvfp4;
   L.pow2 = c.pow2_scales;
   L.block_2d = c.block_2d;
@@ -353,8 +364,7 @@ static GroupedTensor run(Context& ctx, const GroupQuantizeArgs& a, const TensorV
   out.num_groups = p.G;
   out.splits = a.splits;
   out.recipe = a.config.recipe;
-  out.scales_swizzled = a.config.scale_layout == ScaleLayout::swizzled;
-  out.scales_mn_major = a.config.scale_layout == ScaleLayout::mn_major;
+  mark_scale_layout(out, a.config.scale_layout);
   return out;
 }
 

@@ -28,6 +28,12 @@ inline size_t plan_bytes(int64_t G) {
 inline int64_t tile_bound(int64_t M, int64_t G) {
   return M / qnum::kTileRows + G;
 }
+// log2(v) when v is a power of two, else -1 (column blocks: a shift instead of a division).
+inline int log2_exact(int64_t v) {
+  for (int sh = 0; sh < 62; ++sh)
+    if (int64_t(1) << sh == v) return sh;
+  return -1;
+}
 inline size_t amax_slot_bytes(int64_t M, int64_t K, int64_t G) {
   return (static_cast<size_t>(tile_bound(M, G) * qnum::ceil_div(K, 128)) * 4 + 255) / 256 * 256;
 }

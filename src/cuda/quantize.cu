@@ -288,9 +288,9 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.row_ncols = p.K / p.L.rb;
   tp.row_kp = qnum::round_up(tp.row_ncols, 4);
   tp.col_k128 = qnum::round_up(p.K, 128);
-  tp.cb_shift = p.L.cb == 16 ? 4 : p.L.cb == 32 ? 5 : 7;
-  GROUPMM_CHECK(p.L.cb == 1 << tp.cb_shift, "group_quantize: column block ", p.L.cb,
-                " must be 16, 32 or 128");
+  tp.cb_shift = log2_exact(p.L.cb);
+  GROUPMM_CHECK(tp.cb_shift == 4 || tp.cb_shift == 5 || tp.cb_shift == 7,
+                "group_quantize: column block ", p.L.cb, " must be 16, 32 or 128");
   tp.status = ctx.status();
   tile_layout(ctx, tp, in_size);
   if (need_amax && !amax.fused) {

@@ -154,9 +154,7 @@ void launch_quant_plan(Context& ctx, const QuantPlan& plan, const TensorView& sp
   p.rows_total = rows_total;
   p.uniform_rows = rows_total / plan.G;
   p.cb = col_block;
-  p.cb_shift = -1;
-  for (int sh = 0; sh < 31; ++sh)
-    if (int64_t(1) << sh == col_block) p.cb_shift = sh;
+  p.cb_shift = log2_exact(col_block);
   p.amax_bits = amax_bits;
   p.slots = slots;
   p.col_tiles = col_tiles;
