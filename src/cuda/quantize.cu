@@ -3,6 +3,7 @@
 // tile kernel, and the deterministic per-expert reduction of the bias-gradient partial sums. All
 // stream-ordered, no host reads, no allocation: graph safe.
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "cuda/quantize_tile.cuh"
@@ -285,6 +286,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.global_scale = static_cast<float*>(a.out.global_scale.data);
   tp.dbias_partial = dbias.present() ? reinterpret_cast<float*>(ws_next) : nullptr;
   tp.col_tiles = col_tiles;
+  tp.rcp_col_tiles = std::nextafter(1.0 / static_cast<double>(col_tiles), 2.0);
   tp.row_ncols = p.K / p.L.rb;
   tp.row_kp = qnum::round_up(tp.row_ncols, 4);
   tp.col_k128 = qnum::round_up(p.K, 128);
