@@ -749,7 +749,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     const int r = static_cast<int>(threadIdx.x) % TileConfig::kRows;
     if (q < TileConfig::kStages && (reinterpret_cast<uintptr_t>(p.x) & 15) == 0) {
       const int64_t item = blockIdx.x + int64_t(q) * gridDim.x;
-      const int64_t t = item / p.col_tiles, ct = item - t * p.col_tiles;
+      const int64_t t = div_col_tiles(p, static_cast<uint32_t>(item)), ct = item - t * p.col_tiles;
       const int64_t row = t * TileConfig::kRows + r;
       if (row < p.M) {
         const int64_t col0 = ct * TileConfig::kCols;
