@@ -161,6 +161,10 @@ void fill_bytes(const TensorView& v, uint8_t byte, cudaStream_t stream = nullptr
 // What a grouped tensor was quantized with (quantize.hpp documents each recipe).
 enum class QuantRecipe : uint8_t { none, fp8_current, fp8_block, mxfp8, nvfp4 };
 const char* recipe_name(QuantRecipe r);
+// How its block scales are laid out (quantize.hpp, "Layouts"): plain row-major, swizzled 128x4
+// with per-expert 128-row padding (mxfp8, nvfp4), or mn_major, tokens contiguous (fp8_block).
+enum class ScaleLayout : uint8_t { plain, swizzled, mn_major };
+const char* scale_layout_name(ScaleLayout l);
 
 struct GroupedTensor {
   int64_t num_groups = 0;
@@ -172,8 +176,7 @@ struct GroupedTensor {
   TensorView amax;                  // [G] fp32 per-expert amax
   TensorView global_scale;          // [G] fp32 (NVFP4 S_enc), absent otherwise
   QuantRecipe recipe = QuantRecipe::none;
-  bool scales_swizzled = false;  // 128x4 swizzled, per-expert 128-row padded
-  bool scales_mn_major = false;  // fp8_block scales with the token dimension contiguous
+  ScaleLayout scale_layout = ScaleLayout::plain;  // of scale_inv and columnwise_scale_inv
   bool uniform() const { return !splits.present(); }
   std::string to_string() const;
 };

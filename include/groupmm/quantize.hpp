@@ -94,10 +94,8 @@ inline bool has_columnwise(QuantDirection d) {
   return (static_cast<int>(d) & 2) != 0;
 }
 
-// plain: row-major as listed; swizzled: 128x4 (mxfp8, nvfp4); mn_major: tokens contiguous
-// (fp8_block). See "Layouts".
-enum class ScaleLayout : uint8_t { plain, swizzled, mn_major };
-const char* scale_layout_name(ScaleLayout l);
+// ScaleLayout (core.hpp): plain: row-major as listed; swizzled: 128x4 (mxfp8, nvfp4); mn_major:
+// tokens contiguous (fp8_block). See "Layouts".
 
 // How fp8_current and nvfp4 obtain each expert's amax, which they need before they scale any
 // element. Every choice gives bit-identical results; only speed differs.
@@ -116,7 +114,7 @@ struct QuantizeConfig {
   QuantDirection direction = QuantDirection::both;
   ScaleLayout scale_layout = ScaleLayout::plain;  // swizzled: mxfp8, nvfp4; mn_major: fp8_block
   AmaxSchedule amax_schedule = AmaxSchedule::automatic;  // fp8_current, nvfp4 (CUDA backend)
-  int amax_lag = 0;  // fused schedule: experts between amax and quantize items; 0 = from L2 size
+  int amax_lag = 0;  // fused schedule: experts between amax and quantize items; 0 = automatic
   std::string to_string() const;
 
   int row_block() const;  // block length along K for rowwise scales (16 for fp8_current)
@@ -170,7 +168,7 @@ size_t group_quantize_workspace_size(const Context& ctx, const GroupQuantizeArgs
                                      bool with_dbias = false);
 
 // Quantizes every expert of args.input in one pass; returns args.out with recipe, splits,
-// num_groups and scales_swizzled filled in. workspace null: the Context's workspace is used.
+// num_groups and scale_layout filled in. workspace null: the Context's workspace is used.
 GroupedTensor group_quantize(Context& ctx, const GroupQuantizeArgs& args, void* workspace = nullptr,
                              size_t workspace_bytes = 0);
 

@@ -17,6 +17,9 @@ static QuantProblem validate_dequantize(const Context& ctx, const GroupDequantiz
                 ": out.dtype=", dtype_name(o.dtype), " must be bf16, fp16 or fp32");
   GROUPMM_CHECK(a.in.recipe == a.config.recipe, op, ": in.recipe=", recipe_name(a.in.recipe),
                 " must equal config.recipe=", recipe_name(a.config.recipe));
+  GROUPMM_CHECK(a.in.scale_layout == a.config.scale_layout, op,
+                ": in.scale_layout=", scale_layout_name(a.in.scale_layout),
+                " must equal config.scale_layout=", scale_layout_name(a.config.scale_layout));
   // Reuse the quantize validation with the output/input roles swapped: the quantized views must
   // have the sizes group_quantize would have required.
   GroupQuantizeArgs q;

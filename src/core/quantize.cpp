@@ -158,12 +158,6 @@ static int64_t mn_major_row_ld(int64_t M, int64_t G, bool fp8_2d) {
   return qnum::round_up(fp8_2d ? tile_bound(M, G) : M, 4);
 }
 
-// What a GroupedTensor says of its scale layout.
-static void mark_scale_layout(GroupedTensor& t, ScaleLayout l) {
-  t.scales_swizzled = l == ScaleLayout::swizzled;
-  t.scales_mn_major = l == ScaleLayout::mn_major;
-}
-
 QuantizedShapes group_quantize_shapes(int64_t M, int64_t K, int64_t G, const QuantizeConfig& c) {
   check_config(c, K, "group_quantize_shapes");
   GROUPMM_CHECK(M >= 0 && G >= 1, "group_quantize_shapes: rows_total=", M, ", G=", G,
@@ -227,7 +221,7 @@ GroupedTensor QuantizedBuffers::view(int64_t G, const TensorView& splits,
   t.amax = amax.view();
   t.global_scale = global_scale.view();
   t.recipe = cfg.recipe;
-  mark_scale_layout(t, cfg.scale_layout);
+  t.scale_layout = cfg.scale_layout;
   return t;
 }
 
@@ -364,7 +358,7 @@ static GroupedTensor run(Context& ctx, const GroupQuantizeArgs& a, const TensorV
   out.num_groups = p.G;
   out.splits = a.splits;
   out.recipe = a.config.recipe;
-  mark_scale_layout(out, a.config.scale_layout);
+  out.scale_layout = a.config.scale_layout;
   return out;
 }
 

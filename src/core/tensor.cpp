@@ -139,8 +139,7 @@ std::string GroupedTensor::to_string() const {
     os << ", columnwise_scale_inv=" << columnwise_scale_inv.to_string();
   if (amax.present()) os << ", amax=" << amax.to_string();
   if (global_scale.present()) os << ", global_scale=" << global_scale.to_string();
-  if (scales_swizzled) os << ", swizzled";
-  if (scales_mn_major) os << ", mn_major";
+  if (scale_layout != ScaleLayout::plain) os << ", " << scale_layout_name(scale_layout);
   os << ")";
   return os.str();
 }

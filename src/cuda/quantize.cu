@@ -187,33 +187,34 @@ void launch_reduce(Context& ctx, const float* partial, int64_t K, const QuantPla
   GROUPMM_CHECK_LAUNCH();
 }
 
-// The amax schedule of fp8_current / nvfp4 (QuantizeConfig::amax_schedule): fused or not, and
-// the fused schedule's lag in experts. Host-known values only (graph safe): the shape, G and L2.
-struct AmaxChoice {
-  bool fused = false;
-  int lag = 1;
-};
-AmaxChoice choose_amax_schedule(const Context& ctx, const QuantizeConfig& c, const QuantProblem& p,
-                                int in_size) {
-  // Measured on the H200 (bench/RESULTS.md, round 6, `groupmm bench quantize --amax ...`):
-  // fp8_current is faster fused (the input crosses DRAM once; separate: 0 to 7 points lower),
-  // with lag 1 for 29 MB experts and lag >= 2 for 4 MB ones (lag 1 there: 6 to 12 points lost
-  // waiting for amax items still in flight). nvfp4 is faster separate (its quantization is
-  // ALU-bound; the fused kernel's two buffers and ticket waits cost 4% at best, 2x at lag 1).
-  AmaxChoice a;
-  if (c.recipe != QuantRecipe::fp8_current && c.recipe != QuantRecipe::nvfp4) return a;
-  a.fused = c.amax_schedule == AmaxSchedule::fused ||
-            (c.amax_schedule == AmaxSchedule::automatic && c.recipe == QuantRecipe::fp8_current);
-  // Lag: as many experts (of the average size) as fit in 40% of L2, so that an expert's tiles
-  // are still there when its quantize items re-read them, and at least one (H200: 6 for the 4 MB
-  // experts of [32768, 2048] / 32, 1 for the 29 MB ones of [65536, 7168] / 32).
-  const double expert_bytes =
-      double(p.M) * double(p.K) * in_size / double(std::max<int64_t>(p.G, 1));
-  const int64_t fit =
-      static_cast<int64_t>(0.4 * double(ctx.l2_bytes()) / std::max(expert_bytes, 1.0));
-  a.lag = static_cast<int>(
-      std::clamp<int64_t>(c.amax_lag > 0 ? c.amax_lag : fit, 1, std::max<int64_t>(p.G, 1)));
-  return a;
+// The amax schedule of fp8_current / nvfp4 (QuantizeConfig::amax_schedule): fused or not.
+// Measured on the H200 (bench/RESULTS.md, round 6, `groupmm bench quantize --amax ...`):
+// fp8_current is faster fused (the input crosses DRAM once; separate: 0 to 7 points lower). nvfp4
+// is faster separate (its quantization is ALU-bound; the fused kernel's two buffers and ticket
+// waits cost 4% at best, 2x at lag 1).
+bool choose_fused_amax(const QuantizeConfig& c) {
+  if (c.recipe != QuantRecipe::fp8_current && c.recipe != QuantRecipe::nvfp4) return false;
+  return c.amax_schedule == AmaxSchedule::fused ||
+         (c.amax_schedule == AmaxSchedule::automatic && c.recipe == QuantRecipe::fp8_current);
+}
+
+// The fused schedule's lag in experts (QuantizeConfig::amax_lag, 0 = this). Host-known values
+// only (graph safe): the shape, G and the grid. The smallest lag whose quantize items find their
+// expert's amax items finished: a quantize ticket is scheduled about one ticket per CTA after it
+// is taken, and the oldest unfinished tickets then trail it by about (kStages + 1) * grid (each
+// CTA holds a running item, kStages - 1 loading, one scheduled and one ticket fetched ahead);
+// block k - lag's amax items lie lag blocks of 2 * (items per expert) tickets back. A smaller lag
+// waits (early reduction missed, blocking reductions, spinning); a larger one re-reads tiles from
+// further back in L2. [32768, 2048] / 32 (128 items per expert, grid 264), rowwise, % of copy at
+// lag 3 / 4 / 5 / 6: H200 54.9 / 62.8 / 60.0 / 59.4 (both: 63.7 at 4, 64.4 at 5), H100 69.7 /
+// 63.8 / 61.5 / 60.6; this gives 4, the H200's edge (the H100, with slower memory, waits less).
+// [65536, 7168] / 32 (896 items): lag 1 62.4%, 2 59.2% (H200); this gives 1.
+int fused_amax_lag(const QuantizeConfig& c, const QuantProblem& p, int64_t col_tiles, int grid) {
+  const int64_t G = std::max<int64_t>(p.G, 1);
+  const int64_t per_expert = std::max<int64_t>(1, qnum::ceil_div(p.M / G, 128) * col_tiles);
+  const int64_t in_flight = int64_t(TileConfig::kStages + 1) * grid;
+  const int64_t need = qnum::ceil_div(in_flight, 2 * per_expert);
+  return static_cast<int>(std::clamp<int64_t>(c.amax_lag > 0 ? c.amax_lag : need, 1, G));
 }
 
 }  // namespace
@@ -245,7 +246,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   const QuantPlan plan = plan_view(ws, p.G);
   const int R = p.L.recipe;
   const int in_size = a.input.dtype == DType::fp32 ? 4 : 2;
-  const AmaxChoice amax = choose_amax_schedule(ctx, a.config, p, in_size);
+  const bool fused = choose_fused_amax(a.config);
   // The tile kernel counts items (128x128 tiles; twice under the fused amax schedule) in 32 bits.
   GROUPMM_CHECK(tile_bound(p.M, p.G) * col_tiles < (int64_t(1) << 30), "group_quantize: M=", p.M,
                 ", K=", p.K, " has too many 128x128 tiles (at most 2^30)");
@@ -255,7 +256,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   // emptied by the plan kernel, no separate memset launch; filled by the tile kernel's amax
   // items), then the dbias partial sums.
   char* ws_next = static_cast<char*>(ws) + plan_bytes(p.G);
-  uint32_t* const slots = amax.fused ? reinterpret_cast<uint32_t*>(ws_next) : nullptr;
+  uint32_t* const slots = fused ? reinterpret_cast<uint32_t*>(ws_next) : nullptr;
   if (need_amax) ws_next += amax_slot_bytes(p.M, p.K, p.G);
   launch_quant_plan(ctx, plan, a.splits, p.M, p.L.cb, amax_bits, OpId::group_quantize, slots,
                     col_tiles);
@@ -267,15 +268,14 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.L = p.L;
   tp.rowwise = p.rowwise;
   tp.colwise = p.columnwise;
-  tp.fused = amax.fused;
-  tp.lag = amax.lag;
+  tp.fused = fused;
   // The early expert-amax reduction when the average expert fits it (a larger expert takes the
   // blocking reduction; its CTAs get several of its items, which share one). Otherwise a kernel
   // without that code runs (H200, fp8_current [32768, 2048]: early 55.5 / 61.5% of copy rowwise
   // / both, blocking only 51.3 / 57.2%; on [65536, 7168], where no expert fits, the dormant code
   // cost 59.6 vs 60.8%).
-  tp.early_amax = amax.fused && qnum::ceil_div(p.M / std::max<int64_t>(p.G, 1), 128) * col_tiles <=
-                                    32 * TileConfig::kPendSlots;
+  tp.early_amax = fused && qnum::ceil_div(p.M / std::max<int64_t>(p.G, 1), 128) * col_tiles <=
+                               32 * TileConfig::kPendSlots;
   tp.q_row = static_cast<uint8_t*>(a.out.data.data);
   tp.q_col = static_cast<uint8_t*>(a.out.columnwise_data.data);
   tp.s_row = a.out.scale_inv.data;
@@ -295,7 +295,8 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
                 "group_quantize: column block ", p.L.cb, " must be 16, 32 or 128");
   tp.status = ctx.status();
   tile_layout(ctx, tp, in_size);
-  if (need_amax && !amax.fused) {
+  tp.lag = fused ? fused_amax_lag(a.config, p, col_tiles, tp.grid) : 1;
+  if (need_amax && !fused) {
     switch (a.input.dtype) {
       case DType::bf16:
         launch_amax<uint16_t>(ctx, a.input.data, p.K, col_tiles, tp.grid, plan, amax_bits);

@@ -341,6 +341,11 @@ TEST(QuantCpu, ValidationNamesOpArgumentAndValue) {
   EXPECT_THROW_MSG(group_dequantize(ctx, d),
                    "group_dequantize: in.recipe=nvfp4 must equal config.recipe=mxfp8");
   d.in.recipe = QuantRecipe::mxfp8;
+  d.in.scale_layout = ScaleLayout::swizzled;  // scales read in the wrong layout: refused
+  EXPECT_THROW_MSG(
+      group_dequantize(ctx, d),
+      "group_dequantize: in.scale_layout=swizzled must equal config.scale_layout=plain");
+  d.in.scale_layout = cfg.scale_layout;
   d.in.data = TensorView();
   EXPECT_THROW_MSG(group_dequantize(ctx, d), "group_dequantize: in.data is required");
 }
