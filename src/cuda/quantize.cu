@@ -200,19 +200,19 @@ bool choose_fused_amax(const QuantizeConfig& c) {
 
 // The fused schedule's lag in experts (QuantizeConfig::amax_lag, 0 = this). Host-known values
 // only (graph safe): the shape, G and the grid. The smallest lag whose quantize items find their
-// expert's amax items finished: a quantize ticket is scheduled about one ticket per CTA after it
-// is taken, and the oldest unfinished tickets then trail it by about (kStages + 1) * grid (each
-// CTA holds a running item, kStages - 1 loading, one scheduled and one ticket fetched ahead);
-// block k - lag's amax items lie lag blocks of 2 * (items per expert) tickets back. A smaller lag
-// waits (early reduction missed, blocking reductions, spinning); a larger one re-reads tiles from
-// further back in L2. [32768, 2048] / 32 (128 items per expert, grid 264), rowwise, % of copy at
-// lag 3 / 4 / 5 / 6: H200 54.9 / 62.8 / 60.0 / 59.4 (both: 63.7 at 4, 64.4 at 5), H100 69.7 /
-// 63.8 / 61.5 / 60.6; this gives 4, the H200's edge (the H100, with slower memory, waits less).
-// [65536, 7168] / 32 (896 items): lag 1 62.4%, 2 59.2% (H200); this gives 1.
+// expert's amax items finished when they run: the oldest unfinished tickets trail a quantize item
+// that starts running by about kStages * grid (each CTA holds a running item, kStages - 1
+// loading, one scheduled and one ticket fetched ahead: a ticket runs about kStages tickets per
+// CTA after it is taken), and block k - lag's amax items lie lag blocks of 2 * (items per expert)
+// tickets back. A smaller lag waits (blocking reductions, spinning); a larger one re-reads tiles
+// from further back in L2. [32768, 2048] / 32 (128 items per expert, grid 264), % of copy at
+// lag 3 / 4 / 5 / 6, rowwise: H200 61.8 / 62.3 / 60.5 / 59.8 (both 64.6 / 64.8 / 65.1 / 65.0),
+// H100 69.8 / 63.7 / 61.5 / 60.6 (both 69.3 / 66.5 / 65.0 / 64.5); this gives 3. [65536, 7168]
+// / 32 (896 items): lag 1 62.3%, 2 59.2% (H200); this gives 1.
 int fused_amax_lag(const QuantizeConfig& c, const QuantProblem& p, int64_t col_tiles, int grid) {
   const int64_t G = std::max<int64_t>(p.G, 1);
   const int64_t per_expert = std::max<int64_t>(1, qnum::ceil_div(p.M / G, 128) * col_tiles);
-  const int64_t in_flight = int64_t(TileConfig::kStages + 1) * grid;
+  const int64_t in_flight = int64_t(TileConfig::kStages) * grid;
   const int64_t need = qnum::ceil_div(in_flight, 2 * per_expert);
   return static_cast<int>(std::clamp<int64_t>(c.amax_lag > 0 ? c.amax_lag : need, 1, G));
 }

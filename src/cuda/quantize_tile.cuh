@@ -788,6 +788,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   // are in flight in pend (or -1), and the last expert it reduced.
   constexpr int kPendSlots = Cfg::kPendSlots;
   __shared__ int32_t s_pend_q;
+  __shared__ int32_t s_retry_q;  // kEarly: the ring slot whose reduction found an empty slot
   __shared__ int64_t s_prep_gi;
   __shared__ uint32_t s_prep_amax;
   uint32_t pend[kPendSlots] = {};
@@ -823,6 +824,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     s_cur.gi = -1;
     s_amax = 0;
     s_pend_q = -1;
+    s_retry_q = -1;
     s_prep_gi = -1;
   }
   // Per-expert scalars. Fused: only zero-row experts (no item; amax 0, zeroed by the plan); the
@@ -896,31 +898,40 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     // 1 while thread 0 schedules (in series on thread 0 they were the barrier's critical path).
     if (kFused && tid == 32 && it.kind == kItemQuant && it.ready && it.gi != s_cur.gi)
       install_expert<R>(p, s_sched, it.gi, it.amax, s_cur);
-    if (kEarly && warp == Cfg::kWarps - 1 && s_pend_q >= 0) {
+    if (kEarly && warp == Cfg::kWarps - 1) {
       // ---- fused: the expert amax of upcoming quantize items, reduced ahead of time ----------
       // The last warp loads the slots of item i + kSt's expert after the barrier of item i
       // (kPendSlots per lane, if the expert has at most 32 * kPendSlots) and reduces them here,
       // one item later, for item i + kSt - 1 (thread 0 installs it before that item's barrier):
       // the loads' latency hides behind an item's work, and the item needs no blocking reduction
       // (two CTA barriers and an L2 round trip; on [32768, 2048] every quantize item paid one).
-      // A still empty slot leaves the item to the blocking reduction below. Not warp 0: thread
-      // 0's scheduling is on every item's critical path.
-      bool ok = true;
-      uint32_t m = 0;
+      // A still empty slot is loaded once more after this item's barrier (see the issue below);
+      // if it is empty then too, the item takes the blocking reduction. Not warp 0: thread
+      // 0's scheduling is on every item's critical path. s_retry_q is written here, before the
+      // barrier, on every item (read after it): no write of it follows a read without a barrier.
+      const int pq = s_pend_q;
+      int rq = -1;
+      if (pq >= 0) {
+        bool ok = true;
+        uint32_t m = 0;
 #pragma unroll
-      for (int k = 0; k < kPendSlots; ++k) {
-        ok = ok && pend[k] != kSlotEmpty;
-        m = max(m, pend[k]);
-      }
+        for (int k = 0; k < kPendSlots; ++k) {
+          ok = ok && pend[k] != kSlotEmpty;
+          m = max(m, pend[k]);
+        }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      if (__all_sync(0xFFFFFFFFu, ok) && lane == 0) {
-        ItemInfo& q = s_item[s_pend_q];
-        q.amax = m;
-        q.ready = 1;
-        s_prep_gi = q.gi;
-        s_prep_amax = m;
+        for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+        const bool all_ok = __all_sync(0xFFFFFFFFu, ok);
+        if (all_ok && lane == 0) {
+          ItemInfo& q = s_item[pq];
+          q.amax = m;
+          q.ready = 1;
+          s_prep_gi = q.gi;
+          s_prep_amax = m;
+        }
+        rq = all_ok ? -1 : pq;
       }
+      if (lane == 0) s_retry_q = rq;
       __syncwarp();
     }
     cp_async_wait<kSt - 1>();  // item i's group is complete
@@ -931,14 +942,61 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     if (!kFused && tid == 0 && load_next) ticket = ticket0 + atomicAdd(p.plan.ticket, 1u);
     // columnwise mapping: column pair cp (columns c0, c0+1), rows [16 seg, 16 seg + 16)
     const int cp = lane + 32 * (warp & 1), seg = warp >> 1;
+    // The last prepared expert, for the issue below: s_prep_*, or this item's second try. Read
+    // by lane 0 only and broadcast, since lane 0 may write them below (no other lane may read
+    // shared memory that lane 0 then writes without a barrier between).
+    long long prep_gi = -1;
+    uint32_t prep_amax = 0;
+    if (kEarly && warp == Cfg::kWarps - 1) {
+      if (lane == 0) {
+        prep_gi = s_prep_gi;
+        prep_amax = s_prep_amax;
+      }
+      prep_gi = __shfl_sync(0xFFFFFFFFu, prep_gi, 0);
+      prep_amax = __shfl_sync(0xFFFFFFFFu, prep_amax, 0);
+    }
+    if (kEarly && warp == Cfg::kWarps - 1 && s_retry_q >= 0) {
+      // ---- the early reduction's second try: the slots still empty before the barrier --------
+      // Loaded again now, an item later, and waited for here (the warp's share of this item
+      // starts an L2 round trip late). The first try runs two items before the item does, and
+      // often comes too early while the amax is there when the item runs (H200, [32768, 2048],
+      // lag 4: ~19% of quantize items took the blocking reduction, which then rarely spun). With
+      // this, lag 3 stops waiting: fp8_current rowwise 58.6 -> 61.8% of copy at lag 3. Item
+      // i + kSt - 1 is still in the ring; what this sets is seen by warp 1 after this item's
+      // closing barrier.
+      const int rq = s_retry_q;
+      const ItemInfo& r = s_item[rq];
+      const int64_t s0 = r.slot0 + lane;
+      bool ok = true;
+      uint32_t m = 0;
+#pragma unroll
+      for (int k = 0; k < kPendSlots; ++k) {  // slots past the expert hold 0, never empty
+        if (pend[k] == kSlotEmpty) pend[k] = ld_relaxed_gpu(p.slots + s0 + 32 * k);
+        ok = ok && pend[k] != kSlotEmpty;
+        m = max(m, pend[k]);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      if (__all_sync(0xFFFFFFFFu, ok)) {
+        prep_gi = r.gi;
+        prep_amax = m;
+        if (lane == 0) {
+          ItemInfo& q = s_item[rq];
+          q.amax = m;
+          q.ready = 1;
+          s_prep_gi = prep_gi;
+          s_prep_amax = m;
+        }
+      }
+    }
     if (kEarly && warp == Cfg::kWarps - 1) {  // issue: the slots of item i + kSt's expert
       const int q2 = (i + kSt) % kRing;
       const ItemInfo& n2 = s_item[q2];
       int pq = -1;
       if (n2.kind == kItemQuant) {
-        if (n2.gi == s_prep_gi) {  // same expert as the last prepared item
+        if (n2.gi == prep_gi) {  // same expert as the last prepared item
           if (lane == 0) {
-            s_item[q2].amax = s_prep_amax;
+            s_item[q2].amax = prep_amax;
             s_item[q2].ready = 1;
           }
         } else if (n2.slot1 - n2.slot0 <= 32 * kPendSlots) {
