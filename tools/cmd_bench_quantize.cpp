@@ -5,7 +5,9 @@
 // and nvfp4 need each expert's amax first and read the input twice (the second read hits L2 under
 // the fused amax schedule; see QuantizeConfig::amax_schedule, swept with --amax). Scales are in
 // the layout block-scaled GEMMs read (swizzled 128x4 for mxfp8 / nvfp4, mn_major for fp8_block)
-// unless --scales plain.
+// unless --scales plain. Splits: balanced (the targets' case), or --pattern zipf / empty25 (DESIGN
+// section 8's patterns, each split rounded to an even row count: NVFP4's columnwise copy packs
+// two rows per byte).
 // Times: device time per call from CUDA-graph replays (the primary number), and one synchronized
 // eager call at a time (adds the host launch work); each against the copy timed the same way.
 // Each case is first validated bit for bit against the CPU reference on a reduced problem (the
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "commands.hpp"
 #include "groupmm/convert.hpp"
 #include "groupmm/quantize.hpp"
@@ -58,9 +61,17 @@ Tensor random_bf16(int64_t M, int64_t K, Device d) {
   return d == Device::CPU ? std::move(h) : clone_to(h, d);
 }
 
-Tensor balanced_splits(int64_t M, int64_t G, Device d) {
+// The bench's splits: balanced, or a DESIGN section 8 pattern with every split made even (an odd
+// one gives a row to the next expert; M is even, so the last one ends even).
+Tensor pattern_splits(const std::string& pattern, int64_t M, int64_t G, Device d) {
   std::vector<int32_t> s(static_cast<size_t>(G), static_cast<int32_t>(M / G));
   s[0] += static_cast<int32_t>(M - (M / G) * G);
+  if (pattern != "balanced") {
+    const std::vector<int64_t> p = bench_splits(pattern, G, M);
+    for (int64_t g = 0; g < G; ++g) s[size_t(g)] = static_cast<int32_t>(p[size_t(g)]);
+    for (int64_t g = 0; g + 1 < G; ++g)
+      if (s[size_t(g)] % 2 != 0) --s[size_t(g)], ++s[size_t(g) + 1];
+  }
   return clone_to(TensorView(s.data(), DType::int32, Device::CPU, {G}), d);
 }
 
@@ -204,6 +215,12 @@ int run_bench_quantize(const Args& args) {
   const std::string only_recipe = get_opt(args, "--recipe", "");
   const std::string only_dir = get_opt(args, "--direction", "");
   const std::string only_shape = get_opt(args, "--shape", "");
+  const std::string pattern = get_opt(args, "--pattern", "balanced");
+  if (pattern != "balanced" && pattern != "zipf" && pattern != "empty25") {
+    std::fprintf(stderr, "bench quantize: --pattern %s: expected balanced, zipf or empty25\n",
+                 pattern.c_str());
+    return 1;
+  }
   // The amax schedules of fp8_current / nvfp4 to run, comma separated (default: automatic):
   // --amax automatic,separate,fused,fused:LAG (a sweep reuses one input).
   std::vector<std::pair<AmaxSchedule, int>> amax_list;
@@ -253,7 +270,7 @@ int run_bench_quantize(const Args& args) {
       if (!only_shape.empty() && only_shape != std::to_string(M) + "x" + std::to_string(K))
         continue;
       Tensor x = random_bf16(M, K, Device::CUDA);
-      Tensor splits = balanced_splits(M, G, Device::CUDA);
+      Tensor splits = pattern_splits(pattern, M, G, Device::CUDA);
       // The copy ceiling: a D2D memcpy of the input (read + write bytes).
       Tensor dst = Tensor::empty({M, K}, DType::bf16, Device::CUDA);
       const size_t in_bytes = static_cast<size_t>(x.nbytes());
@@ -268,7 +285,8 @@ int run_bench_quantize(const Args& args) {
       const double copy_gbps = 2.0 * double(in_bytes) / (copy_ms_graph * 1e-3) / 1e9;
       const double copy_gbps_eager = 2.0 * double(in_bytes) / (copy_ms * 1e-3) / 1e9;
       copy_gbps_max = std::max(copy_gbps_max, copy_gbps);
-      const std::string shape = "[" + std::to_string(M) + ", " + std::to_string(K) + "] G=32";
+      const std::string shape = "[" + std::to_string(M) + ", " + std::to_string(K) + "] G=32" +
+                                (pattern == "balanced" ? "" : " " + pattern);
       rows.push_back({"copy (D2D)", "-", shape, true, copy_ms_graph * 1000, copy_gbps, 1.0, 0,
                       copy_ms * 1000, 1.0});
       for (QuantRecipe r : {QuantRecipe::fp8_current, QuantRecipe::fp8_block, QuantRecipe::mxfp8,
@@ -346,7 +364,8 @@ int run_bench_quantize(const Args& args) {
 Register reg("bench quantize",
              "grouped quantization bandwidth per recipe vs D2D copy ([--iters N] [--json] "
              "[--recipe R] [--direction rowwise|columnwise|both] [--shape MxK] "
-             "[--amax automatic,separate,fused,fused:LAG] [--scales gemm|plain])",
+             "[--amax automatic,separate,fused,fused:LAG] [--scales gemm|plain] "
+             "[--pattern balanced|zipf|empty25])",
              run_bench_quantize);
 
 }  // namespace
