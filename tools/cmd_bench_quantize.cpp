@@ -61,17 +61,13 @@ Tensor random_bf16(int64_t M, int64_t K, Device d) {
   return d == Device::CPU ? std::move(h) : clone_to(h, d);
 }
 
-// The bench's splits: balanced, or a DESIGN section 8 pattern with every split made even (an odd
-// one gives a row to the next expert; M is even, so the last one ends even).
+// The bench's splits: a DESIGN section 8 pattern (bench_splits) with every split made even (an
+// odd one gives a row to the next expert; M is even, so the last one ends even).
 Tensor pattern_splits(const std::string& pattern, int64_t M, int64_t G, Device d) {
-  std::vector<int32_t> s(static_cast<size_t>(G), static_cast<int32_t>(M / G));
-  s[0] += static_cast<int32_t>(M - (M / G) * G);
-  if (pattern != "balanced") {
-    const std::vector<int64_t> p = bench_splits(pattern, G, M);
-    for (int64_t g = 0; g < G; ++g) s[size_t(g)] = static_cast<int32_t>(p[size_t(g)]);
-    for (int64_t g = 0; g + 1 < G; ++g)
-      if (s[size_t(g)] % 2 != 0) --s[size_t(g)], ++s[size_t(g) + 1];
-  }
+  const std::vector<int64_t> p = bench_splits(pattern, G, M);
+  std::vector<int32_t> s(p.begin(), p.end());
+  for (int64_t g = 0; g + 1 < G; ++g)
+    if (s[size_t(g)] % 2 != 0) --s[size_t(g)], ++s[size_t(g) + 1];
   return clone_to(TensorView(s.data(), DType::int32, Device::CPU, {G}), d);
 }
 

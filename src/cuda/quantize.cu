@@ -198,6 +198,11 @@ bool choose_fused_amax(const QuantizeConfig& c) {
          (c.amax_schedule == AmaxSchedule::automatic && c.recipe == QuantRecipe::fp8_current);
 }
 
+// Items (128x128 tiles) of the average expert: what the fused schedule's host choices assume.
+int64_t avg_expert_items(const QuantProblem& p, int64_t col_tiles) {
+  return qnum::ceil_div(p.M / std::max<int64_t>(p.G, 1), 128) * col_tiles;
+}
+
 // The fused schedule's lag in experts (QuantizeConfig::amax_lag, 0 = this). Host-known values
 // only (graph safe): the shape, G and the grid. The smallest lag whose quantize items find their
 // expert's amax items finished when they run: the oldest unfinished tickets trail a quantize item
@@ -211,7 +216,7 @@ bool choose_fused_amax(const QuantizeConfig& c) {
 // / 32 (896 items): lag 1 62.3%, 2 59.2% (H200); this gives 1.
 int fused_amax_lag(const QuantizeConfig& c, const QuantProblem& p, int64_t col_tiles, int grid) {
   const int64_t G = std::max<int64_t>(p.G, 1);
-  const int64_t per_expert = std::max<int64_t>(1, qnum::ceil_div(p.M / G, 128) * col_tiles);
+  const int64_t per_expert = std::max<int64_t>(1, avg_expert_items(p, col_tiles));
   const int64_t in_flight = int64_t(TileConfig::kStages) * grid;
   const int64_t need = qnum::ceil_div(in_flight, 2 * per_expert);
   return static_cast<int>(std::clamp<int64_t>(c.amax_lag > 0 ? c.amax_lag : need, 1, G));
@@ -274,8 +279,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   // without that code runs (H200, fp8_current [32768, 2048]: early 55.5 / 61.5% of copy rowwise
   // / both, blocking only 51.3 / 57.2%; on [65536, 7168], where no expert fits, the dormant code
   // cost 59.6 vs 60.8%).
-  tp.early_amax = fused && qnum::ceil_div(p.M / std::max<int64_t>(p.G, 1), 128) * col_tiles <=
-                               32 * TileConfig::kPendSlots;
+  tp.early_amax = fused && avg_expert_items(p, col_tiles) <= 32 * TileConfig::kPendSlots;
   tp.q_row = static_cast<uint8_t*>(a.out.data.data);
   tp.q_col = static_cast<uint8_t*>(a.out.columnwise_data.data);
   tp.s_row = a.out.scale_inv.data;
