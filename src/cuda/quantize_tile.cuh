@@ -37,6 +37,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "core/byte_realign.hpp"
 #include "core/quantize_impl.hpp"
 #include "cuda/quantize_plan.cuh"
 #include "cuda/status.cuh"
@@ -189,6 +190,44 @@ __device__ __forceinline__ uint32_t shfl_xor_pair(uint32_t v, int m) {
 }
 __device__ __forceinline__ uint2 shfl_xor_pair(uint2 v, int m) {
   return make_uint2(__shfl_xor_sync(0xFFFFFFFFu, v.x, m), __shfl_xor_sync(0xFFFFFFFFu, v.y, m));
+}
+
+// ---- columnwise run store ----------------------------------------------------------------------
+// One column's codes for the tile's rows, len bytes at `run` in the expert's [K, m_g] block, held
+// by the lanes pq + 4 rg (rg = 0..7, 4N bytes each; pq: the lane's column pair). The run starts
+// wherever col * m_g lands, unaligned for any m_g that is not a multiple of 16 (8 for fp4), i.e.
+// for nearly every real routing: the warp then realigns each run across its 8 lanes (qnum::
+// store_col_run_*: vector stores of whole chunks, byte stores spread over the lanes at the edges).
+// A warp whose runs are all aligned skips the realignment. Every lane calls this (shuffles);
+// `ok`: this lane's column is inside the tile.
+template <int N>
+__device__ __forceinline__ void store_col_run(uint8_t* run, int len, bool ok, int pq, int rg,
+                                              const uint32_t (&w)[N]) {
+  constexpr int kB = 4 * N;
+  uint32_t tl[N];
+  if (__all_sync(0xFFFFFFFFu, (reinterpret_cast<uintptr_t>(run) & (kB - 1)) == 0)) {
+    if (ok) qnum::store_col_run_chunk<N>(run, len, rg, 0, w);
+    if (len % kB != 0) {  // warp-uniform: len is the tile's valid rows
+      const int t = qnum::col_run_tail_lane<N>(len, 0);
+#pragma unroll
+      for (int i = 0; i < N; ++i) tl[i] = __shfl_sync(0xFFFFFFFFu, w[i], pq + 4 * t);
+      if (ok) qnum::store_col_run_edges<N, true>(run, len, rg, 0, tl, tl);
+    }
+    return;
+  }
+  uint32_t nx[N], o[N], hd[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) nx[i] = __shfl_down_sync(0xFFFFFFFFu, w[i], 4);  // rg + 1's
+  const int b = qnum::col_run_head<N>(run);
+  qnum::realign_bytes<N>(w, nx, b, o);
+  if (ok) qnum::store_col_run_chunk<N>(run, len, rg, b, o);
+  const int t = qnum::col_run_tail_lane<N>(len, b);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    hd[i] = __shfl_sync(0xFFFFFFFFu, w[i], pq);
+    tl[i] = __shfl_sync(0xFFFFFFFFu, o[i], pq + 4 * t);
+  }
+  if (ok) qnum::store_col_run_edges<N, false>(run, len, rg, b, hd, tl);
 }
 
 // ---- shared-memory tile: 128 rows of 128 elements, 16-byte chunks XOR-swizzled ------------------
@@ -792,6 +831,28 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
   __shared__ int64_t s_prep_gi;
   __shared__ uint32_t s_prep_amax;
   uint32_t pend[kPendSlots] = {};
+  // kEarly, the last warp: the expert amax in pend when no slot is empty (then lane 0 marks ring
+  // item q ready with it and remembers it as the last prepared expert); false otherwise.
+  auto reduce_pend = [&](int q, int lane, uint32_t& m) {
+    bool ok = true;
+    m = 0;
+#pragma unroll
+    for (int k = 0; k < kPendSlots; ++k) {
+      ok = ok && pend[k] != kSlotEmpty;
+      m = max(m, pend[k]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    const bool all_ok = __all_sync(0xFFFFFFFFu, ok);
+    if (all_ok && lane == 0) {
+      ItemInfo& it = s_item[q];
+      it.amax = m;
+      it.ready = 1;
+      s_prep_gi = it.gi;
+      s_prep_amax = m;
+    }
+    return all_ok;
+  };
   GroupInfo& s_cur = *reinterpret_cast<GroupInfo*>(s_cur_raw);
   const bool cache_plan = G <= Cfg::kPlanCacheG;
   int64_t* const pc = reinterpret_cast<int64_t*>(smem + p.smem_plan);
@@ -910,27 +971,8 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
       // 0's scheduling is on every item's critical path. s_retry_q is written here, before the
       // barrier, on every item (read after it): no write of it follows a read without a barrier.
       const int pq = s_pend_q;
-      int rq = -1;
-      if (pq >= 0) {
-        bool ok = true;
-        uint32_t m = 0;
-#pragma unroll
-        for (int k = 0; k < kPendSlots; ++k) {
-          ok = ok && pend[k] != kSlotEmpty;
-          m = max(m, pend[k]);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-        const bool all_ok = __all_sync(0xFFFFFFFFu, ok);
-        if (all_ok && lane == 0) {
-          ItemInfo& q = s_item[pq];
-          q.amax = m;
-          q.ready = 1;
-          s_prep_gi = q.gi;
-          s_prep_amax = m;
-        }
-        rq = all_ok ? -1 : pq;
-      }
+      uint32_t m;
+      const int rq = pq >= 0 && !reduce_pend(pq, lane, m) ? pq : -1;
       if (lane == 0) s_retry_q = rq;
       __syncwarp();
     }
@@ -944,13 +986,14 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
     const int cp = lane + 32 * (warp & 1), seg = warp >> 1;
     // The last prepared expert, for the issue below: s_prep_*, or this item's second try. Read
     // by lane 0 only and broadcast, since lane 0 may write them below (no other lane may read
-    // shared memory that lane 0 then writes without a barrier between).
+    // shared memory that lane 0 then writes without a barrier between). Volatile: a plain load
+    // was speculated into every lane and discarded, and racecheck reported the pair.
     long long prep_gi = -1;
     uint32_t prep_amax = 0;
     if (kEarly && warp == Cfg::kWarps - 1) {
       if (lane == 0) {
-        prep_gi = s_prep_gi;
-        prep_amax = s_prep_amax;
+        prep_gi = *static_cast<volatile int64_t*>(&s_prep_gi);
+        prep_amax = *static_cast<volatile uint32_t*>(&s_prep_amax);
       }
       prep_gi = __shfl_sync(0xFFFFFFFFu, prep_gi, 0);
       prep_amax = __shfl_sync(0xFFFFFFFFu, prep_amax, 0);
@@ -965,28 +1008,14 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
       // i + kSt - 1 is still in the ring; what this sets is seen by warp 1 after this item's
       // closing barrier.
       const int rq = s_retry_q;
-      const ItemInfo& r = s_item[rq];
-      const int64_t s0 = r.slot0 + lane;
-      bool ok = true;
-      uint32_t m = 0;
+      const int64_t s0 = s_item[rq].slot0 + lane;
 #pragma unroll
-      for (int k = 0; k < kPendSlots; ++k) {  // slots past the expert hold 0, never empty
+      for (int k = 0; k < kPendSlots; ++k)  // slots past the expert hold 0, never empty
         if (pend[k] == kSlotEmpty) pend[k] = ld_relaxed_gpu(p.slots + s0 + 32 * k);
-        ok = ok && pend[k] != kSlotEmpty;
-        m = max(m, pend[k]);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      if (__all_sync(0xFFFFFFFFu, ok)) {
-        prep_gi = r.gi;
+      uint32_t m;
+      if (reduce_pend(rq, lane, m)) {
+        prep_gi = s_item[rq].gi;
         prep_amax = m;
-        if (lane == 0) {
-          ItemInfo& q = s_item[rq];
-          q.amax = m;
-          q.ready = 1;
-          s_prep_gi = prep_gi;
-          s_prep_amax = m;
-        }
       }
     }
     if (kEarly && warp == Cfg::kWarps - 1) {  // issue: the slots of item i + kSt's expert
@@ -1255,11 +1284,10 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
         }
         const qnum::BlockQuant qk[2] = {block_quant<R>(am[0], cur, L),
                                         block_quant<R>(am[1], cur, L)};
-        // Element (row row0 + 16 rg, column col0 + cc) of the expert's [K, m_g] block, and this
-        // lane's valid rows. fp4: every term is even (K even, m_g even here), so runs start on
-        // a byte.
-        const int64_t ebase = K * g.start + (col0 + cc) * g.rows + row0 + 16 * rg;
-        const int n = min(16, max(0, valid_rows - 16 * rg));
+        // Element (row row0, column col0 + cc) of the expert's [K, m_g] block: the start of the
+        // column's run (store_col_run). fp4: every term is even (K even, m_g even here), so runs
+        // start on a byte.
+        const int64_t ebase = K * g.start + (col0 + cc) * g.rows + row0;
         if constexpr (kFp4) {
           uint32_t w[2][2];
 #pragma unroll
@@ -1287,17 +1315,9 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             }
           }
 #pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            if (cc + k >= valid_cols || n == 0) continue;
-            uint8_t* const dst = p.q_col + (ebase + k * g.rows) / 2;
-            if (n == 16 && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
-              __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[k][0], w[k][1]));
-            } else {
-#pragma unroll
-              for (int b = 0; b < 8; ++b)
-                if (2 * b < n) dst[b] = static_cast<uint8_t>(w[k][b >> 2] >> (8 * (b & 3)));
-            }
-          }
+          for (int k = 0; k < 2; ++k)
+            store_col_run<2>(p.q_col + (ebase + k * g.rows) / 2, valid_rows / 2,
+                             cc + k < valid_cols, pq, rg, w[k]);
         } else {
           uint32_t w[2][4];
 #pragma unroll
@@ -1308,21 +1328,9 @@ __global__ void __launch_bounds__(TileConfig::kThreads,
             w[1][i] = fp8x4<kE5m2>(a.y, b.y, c.y, d.y, qk[1].mul);
           }
 #pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            if (cc + k >= valid_cols || n == 0) continue;
-            uint8_t* const dst = p.q_col + ebase + k * g.rows;
-            const uintptr_t al = reinterpret_cast<uintptr_t>(dst);
-            if (n == 16 && (al & 15) == 0) {
-              __stcs(reinterpret_cast<uint4*>(dst), make_uint4(w[k][0], w[k][1], w[k][2], w[k][3]));
-            } else if (n == 16 && (al & 3) == 0) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) reinterpret_cast<uint32_t*>(dst)[i] = w[k][i];
-            } else {
-#pragma unroll
-              for (int b = 0; b < 16; ++b)
-                if (b < n) dst[b] = static_cast<uint8_t>(w[k][b >> 2] >> (8 * (b & 3)));
-            }
-          }
+          for (int k = 0; k < 2; ++k)
+            store_col_run<4>(p.q_col + ebase + k * g.rows, valid_rows, cc + k < valid_cols, pq, rg,
+                             w[k]);
         }
         // Scales. Entries past K or past the expert's column blocks (swizzle padding) are
         // written by the padding loop below.

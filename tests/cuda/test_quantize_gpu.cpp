@@ -209,21 +209,30 @@ TEST(QuantizeGpuWeights, UniformGroupsAllRecipesMatchCpu) {
   }
 }
 
-// The columnwise copy is stored straight from registers: 16-byte pieces when the expert's
-// [K, m_g] block is 16-byte aligned, 4-byte words when only 4-aligned, bytes otherwise, and a
-// partial last row tile. Splits chosen to hit each path (m_g % 16 == 0, % 4 == 0, even, empty;
-// the odd-split byte path is in the random_odd cases), with fp8_block's 128-row column blocks
-// split across partial tiles.
+// The columnwise copy is stored straight from registers: each column's run of an expert's
+// [K, m_g] block starts at col * m_g, so for m_g not a multiple of 16 (8 for fp4) the runs are
+// realigned across the column's lanes for vector stores, with byte stores at the head and the
+// last chunk; when every run of a warp is aligned the direct path stores. Splits chosen to hit
+// each: m_g % 16 == 0, even, odd (every misalignment within one expert, as col * m_g runs through
+// the residues), runs shorter than the head (1, 3, 6), partial last row tiles and empty experts,
+// with fp8_block's 128-row column blocks split across partial tiles. NVFP4 needs even splits.
 TEST(QuantizeGpuColumnwise, StoreAlignmentsMatchCpu) {
   GROUPMM_REQUIRE_GPU();
   const auto B = QuantDirection::both, Cw = QuantDirection::columnwise;
-  expect_split_input_matches_cpu(
-      {132, 4, 260, 16, 0, 100, 2, 48, 6}, 384,
-      {qcfg(QuantRecipe::fp8_current, B), qcfg(QuantRecipe::fp8_block, B),
-       qcfg(QuantRecipe::mxfp8, Cw, ScaleLayout::plain, DType::fp8e5m2),
-       qcfg(QuantRecipe::mxfp8, B, ScaleLayout::swizzled), qcfg(QuantRecipe::nvfp4, B),
-       qcfg(QuantRecipe::nvfp4, Cw, ScaleLayout::swizzled)},
-      "columnwise stores");
+  const std::vector<QuantizeConfig> fp8 = {
+      qcfg(QuantRecipe::fp8_current, B), qcfg(QuantRecipe::fp8_block, B),
+      qcfg(QuantRecipe::mxfp8, Cw, ScaleLayout::plain, DType::fp8e5m2),
+      qcfg(QuantRecipe::mxfp8, B, ScaleLayout::swizzled)};
+  const std::vector<QuantizeConfig> fp4 = {qcfg(QuantRecipe::nvfp4, B),
+                                           qcfg(QuantRecipe::nvfp4, Cw, ScaleLayout::swizzled)};
+  std::vector<QuantizeConfig> all = fp8;
+  all.insert(all.end(), fp4.begin(), fp4.end());
+  expect_split_input_matches_cpu({132, 4, 260, 16, 0, 100, 2, 48, 6}, 384, all,
+                                 "columnwise stores even");
+  expect_split_input_matches_cpu({1, 131, 3, 257, 0, 17, 143, 6, 255, 9}, 384, fp8,
+                                 "columnwise stores odd");
+  expect_split_input_matches_cpu({2, 130, 10, 258, 0, 18, 142, 6, 254, 12}, 256, fp4,
+                                 "columnwise stores fp4 runs");
 }
 
 // The fused amax schedule reduces an expert's amax ahead of its quantize items when the average
