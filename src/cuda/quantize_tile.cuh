@@ -12,9 +12,9 @@
 //    occupancy; two input tile buffers). Thread 0 schedules the items (see "item schedule"
 //    below: tiles dealt out by an atomic ticket counter, or for fp8_current one ticket sequence
 //    that interleaves each expert's amax items with an earlier expert's quantize items, so the
-//    expert amax needs no separate pass) and publishes each item's
-//    CTA-uniform description (ItemInfo) and its expert (GroupInfo) in shared memory; per-thread
-//    addresses are 32-bit offsets from those, recomputed per tile (registers, see the loop).
+//    expert amax needs no separate pass) and publishes each item's CTA-uniform description
+//    (ItemInfo) and its expert (GroupInfo) in shared memory; per-thread addresses are 32-bit
+//    offsets from those, recomputed per tile (registers, see the loop).
 //  - The next tiles are fetched with cp.async (16-byte, zero-filled past the expert / past K)
 //    while the current one is quantized (see TileConfig::kStages).
 //  - The fp8 format (e4m3 / e5m2) is a kernel template parameter, not a per-conversion branch.

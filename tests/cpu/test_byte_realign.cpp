@@ -1,5 +1,6 @@
-// qnum::realign_bytes (the columnwise store realignment of quantize_tile.cuh) against a plain
-// byte copy, for every shift and both run lengths.
+// The columnwise run stores of quantize_tile.cuh (core/byte_realign.hpp): qnum::realign_bytes
+// against a plain byte copy for every shift and both chunk sizes, and a column's 8 lanes storing
+// a run for every misalignment and length.
 #include <gtest/gtest.h>
 
 #include <cstring>
