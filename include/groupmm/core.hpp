@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -185,6 +186,7 @@ struct GroupedTensor {
 // Device status word: how kernels report faults in device-side data (splits) without a sync
 // ================================================================================================
 
+// The split faults are those of the splits rule (offsets.hpp), which every op follows.
 enum FaultBits : uint32_t {
   kFaultNegativeSplit = 1u << 0,        // a split was < 0 (treated as 0)
   kFaultSplitsTotalMismatch = 1u << 1,  // sum of splits != the expected row count
@@ -218,7 +220,7 @@ struct StatusBlock {
   uint32_t pad;
   int64_t value;
 };
-// Host version used by the CPU backend; the CUDA one lives in src/cuda/status.cuh.
+// Host version used by the CPU backend; the CUDA one lives in src/cuda/common/status.cuh.
 void report_fault_host(StatusBlock* s, uint32_t bit, OpId op, int32_t group, int64_t value);
 std::string describe_status(const StatusBlock& s);
 
@@ -267,6 +269,11 @@ class Context {
   bool capturing() const;
   void synchronize();
 
+  // Per-device state of the CUDA backend, kept here rather than in globals: true the first time
+  // `kernel` is passed on this Context (the backend then sets the kernel's launch attributes on
+  // this device, e.g. its dynamic shared-memory limit).
+  bool first_use(const void* kernel);
+
  private:
   Device device_;
   cudaStream_t stream_ = nullptr;
@@ -280,6 +287,7 @@ class Context {
   void* cublas_ = nullptr;
   StatusBlock* status_ = nullptr;
   bool debug_checks_ = false;
+  std::vector<const void*> used_kernels_;
 };
 
 // ---- validation helpers shared by ops (each message names the op and the argument) -----------

@@ -81,6 +81,13 @@ void Context::synchronize() {
   if (device_ == Device::CUDA) GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream_));
 }
 
+bool Context::first_use(const void* kernel) {
+  for (const void* k : used_kernels_)
+    if (k == kernel) return false;
+  used_kernels_.push_back(kernel);
+  return true;
+}
+
 void* Context::workspace(size_t bytes) {
   if (bytes <= ws_bytes_) return ws_;
   GROUPMM_CHECK(!capturing(), "Context::workspace: ", bytes, " bytes needed but only ", ws_bytes_,

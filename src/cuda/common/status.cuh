@@ -1,11 +1,13 @@
-// Device-side fault reporting into the Context's status block (see core.hpp).
+// Device-side fault reporting into the Context's status block (core.hpp, "Device status word").
+// Kernels never write out of bounds on bad device data: they clamp, skip, and report here.
 #pragma once
 
 #include "groupmm/core.hpp"
 
 namespace groupmm::cuda {
 
-// The first reporter records op, group and value; every reporter ORs its bit.
+// The first reporter records op, group and value; every reporter ORs its bit. A null block (no
+// Context status) drops the report.
 __device__ __forceinline__ void report_fault(StatusBlock* s, uint32_t bit, OpId op, int32_t group,
                                              int64_t value) {
   if (s == nullptr) return;
@@ -15,12 +17,6 @@ __device__ __forceinline__ void report_fault(StatusBlock* s, uint32_t bit, OpId 
     s->group = group;
     s->value = value;
   }
-}
-
-// Reads split g as int64 from an int32 or int64 array.
-__device__ __forceinline__ int64_t load_split(const void* splits, bool is64, int64_t g) {
-  return is64 ? static_cast<const int64_t*>(splits)[g]
-              : static_cast<int64_t>(static_cast<const int32_t*>(splits)[g]);
 }
 
 }  // namespace groupmm::cuda
