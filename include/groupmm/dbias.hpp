@@ -7,21 +7,23 @@ namespace groupmm {
 
 // group_dbias: db[g][n] = sum_{m in rows of expert g} dy[m][n]   (fp32 accumulation)
 //
-//   dy      [M, N]  bf16, fp16 or fp32, row-major; expert g owns rows [start_g, start_g +
-//   splits[g]) splits  [G]     int32 or int64 row counts, on the context's device db      [G, N]
-//   fp32 or dy's dtype (the fp32 sum rounded once) accumulate      false: db_g = sum (a zero-row
-//   expert gets 0);
-//                   true:  db_g += sum (fp32 db only; a zero-row expert is left unchanged)
+//   dy          [M, N] bf16, fp16 or fp32, row-major; expert g owns its rows by the splits rule
+//   splits      [G] int32 or int64 row counts, on the context's device
+//   db          [G, N] fp32 or dy's dtype (the fp32 sum rounded once)
+//   accumulate  false: db_g = sum (a zero-row expert gets 0);
+//               true:  db_g += sum (fp32 db only; a zero-row expert is left unchanged)
 //
-// Numerics: fp32 sums. The CPU reference adds rows in order; the CUDA kernels add fixed 128-row
-// chunks in a fixed tree, then the chunks in order, so results are deterministic run to run and
-// equal to the reference within fp32 sum-order differences (rel <= 1e-5).
+// Numerics: one summation order on both backends, bit for bit, the same as the bias gradient of
+// bgrad_group_quantize (quantize.hpp): fp32; per 128-row tile of the expert (tiles start at the
+// expert's first row), per 16-row segment a sequential sum from +0; the tile adds its 8 segment
+// sums in order from +0; the expert adds its tile sums in order from +0; a NaN sum is the
+// canonical 0x7FC00000. accumulate adds db last (db + sum, NaN canonical). Deterministic run to
+// run; results differ from a row-by-row sum only by fp32 rounding.
 //
-// Faults (device side, read with Context::check()): a negative split counts as 0
-// (kFaultNegativeSplit, reported by the offsets step); rows past M are clamped
-// (kFaultSplitsOverflow); a sum different from M sets kFaultSplitsTotalMismatch.
+// Faults: the splits rule of offsets.hpp with M = dy.shape[0] (negative -> 0, ranges past M cut
+// short, a sum other than M reported), against OpId::group_dbias.
 //
-// Graph safe on CUDA: three launches (offsets, per-chunk column sums, per-expert chunk sums), no
+// Graph safe on CUDA: three launches (per-expert plan, per-tile column sums, per-expert sums), no
 // host read of splits, no sync; the workspace comes from the argument or the Context (reserve
 // group_dbias_workspace_size() before capture). Any N, G >= 1; 16-byte aligned dy with N a
 // multiple of 16/sizeof(dtype) takes the vectorized path. Minimum SM: sm_90 (CUDA); CPU anywhere.

@@ -16,9 +16,8 @@
 // Alignment (CUDA engines): N and K multiples of 8 (16-byte rows for TMA); every pointer 16-byte
 // aligned. Violations throw groupmm::Error naming the argument. Splits need no alignment.
 //
-// Splits faults (device side, read with Context::check()): negative -> counted as 0; a running
-// sum past M_total -> the expert is clamped to the rows that exist (kFaultSplitsOverflow); a sum
-// different from M_total -> kFaultSplitsTotalMismatch (rows past the sum are left unwritten).
+// Splits faults: the splits rule of offsets.hpp with M = M_total (negative -> 0, ranges past
+// M_total cut short, a sum other than M_total reported; rows past the sum are left unwritten).
 //
 // Graph safety: the cutlass_sm90 engine (the default on sm_90) is graph safe: per-expert
 // pointers and problem sizes are built on the device from splits by one small kernel, the GEMM is

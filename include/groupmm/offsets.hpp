@@ -5,6 +5,18 @@
 
 namespace groupmm {
 
+// ---- The splits rule ---------------------------------------------------------------------------
+// Every op that takes per-expert row counts (splits) turns them into row ranges by this one rule,
+// on every backend (the CUDA kernels share one device scan), and reports bad splits in the
+// Context's status word (read with Context::check()) instead of reading or writing out of bounds.
+// With M the rows the op's buffers hold and m_g = splits[g]:
+//   - a negative m_g counts as 0                                          (kFaultNegativeSplit);
+//   - start_g = min(sum_{j<g} m_j, M) and rows_g = min(m_g, M - start_g): an expert that runs
+//     past row M is cut short there, the experts after it get no rows     (kFaultSplitsOverflow);
+//   - a sum of the m_g other than M                                 (kFaultSplitsTotalMismatch).
+// Rows past the last expert's range are left unwritten. group_offsets has no row buffer: it
+// applies the rule with M unbounded and checks the sum against expected_total when one is given.
+
 // Every output is optional (absent view = not written). With m_g = max(splits[g], 0):
 //   start[g]            = sum_{j<g} m_j                      [G]    int32 or int64
 //   end[g]              = sum_{j<=g} m_j  (torch "offs")     [G]    int32 or int64
@@ -12,7 +24,7 @@ namespace groupmm {
 //   scale_row_start[g]  = sum_{j<g} roundup(m_j, pad_rows)   [G]    int32 or int64
 //                         (the per-expert padded scale rows of the swizzled 128x4 layout)
 //   total[0]            = sum_j m_j                          [1]    int32 or int64
-// Device faults (never out-of-bounds writes; read with Context::check()):
+// Device faults (the splits rule above; never out-of-bounds writes):
 //   a negative split -> kFaultNegativeSplit (counted as 0);
 //   expected_total >= 0 and the sum differs -> kFaultSplitsTotalMismatch;
 //   a value that does not fit an int32 output -> kFaultSplitsOverflow (clamped to INT32_MAX).

@@ -12,10 +12,8 @@
 //   wgrad        M'=N   N'=K   K'=m_g  A=dy_g (M'-major) B=x_g (N'-major)   D=dW_g row-major
 #pragma once
 
-#include <cub/block/block_scan.cuh>
-
 #include "core/gemm_impl.hpp"
-#include "cuda/status.cuh"
+#include "cuda/common/splits_scan.cuh"
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -188,103 +186,61 @@ __device__ __forceinline__ S stride_ld(int64_t ld) {
 
 template <class Cfg>
 struct SetupParams {
-  const void* splits;
-  bool splits64;
-  int G;
-  int64_t M, N, K;
+  SplitsScanArgs splits;  // the splits rule with row bound M
+  int64_t N, K;
   const typename Cfg::ElementAB* a;
   const typename Cfg::ElementAB* b;
   typename Cfg::ElementD* out;
   const typename Cfg::ElementBias* bias;
   bool accumulate;  // wgrad beta = 1: empty experts keep their dW
   DeviceArrays<Cfg> arr;
-  StatusBlock* status;
 };
 
+// Each expert's rows by the splits rule (the common scan: never addresses past M), then its
+// problem size, operand pointers and strides.
 template <class Cfg, int kThreads>
 __global__ void __launch_bounds__(kThreads) setup_kernel(SetupParams<Cfg> p) {
-  using Scan = cub::BlockScan<int64_t, kThreads>;
-  __shared__ typename Scan::TempStorage tmp;
-  __shared__ int64_t carry;
-  if (threadIdx.x == 0) carry = 0;
   for (int64_t i = threadIdx.x; i < max(p.N, p.K) + 64; i += kThreads)
     p.arr.zeros[i] = typename Cfg::ElementAB(0.0f);
-  __syncthreads();
   const int64_t N = p.N, K = p.K;
-  for (int base = 0; base < p.G; base += kThreads) {
-    const int g = base + threadIdx.x;
-    int64_t m = 0;
-    if (g < p.G) {
-      m = load_split(p.splits, p.splits64, g);
-      if (m < 0) {
-        report_fault(p.status, kFaultNegativeSplit, OpId::grouped_gemm, g, m);
-        m = 0;
-      }
+  auto no_counts = [](int64_t) { return Counts<0>{}; };
+  scan_splits<kThreads, 0>(p.splits, no_counts, [&](const ExpertSpan<0>& e) {
+    const int64_t g = e.g, start = e.start;
+    const int r = static_cast<int>(e.rows);
+    auto& A = p.arr;
+    // Expert g's problem (M', N', K'), operands and leading dimensions.
+    auto set = [&](int m, int n, int k, const auto* a, const auto* b, auto* d, int64_t lda,
+                   int64_t ldb, int64_t ldd) {
+      A.problems[g] = make_shape(m, n, k);
+      A.ptr_a[g] = a;
+      A.ptr_b[g] = b;
+      A.ptr_d[g] = d;
+      A.stride_a[g] = stride_ld<typename Cfg::StrideA>(lda);
+      A.stride_b[g] = stride_ld<typename Cfg::StrideB>(ldb);
+      A.stride_d[g] = stride_ld<typename Cfg::StrideD>(ldd);
+    };
+    A.ptr_bias[g] = p.bias ? p.bias + g * N : nullptr;
+    A.ptr_c[g] = nullptr;
+    const auto* w_g = p.b + g * N * K;
+    if constexpr (Cfg::kRole == Role::forward) {
+      set(r, int(N), int(K), p.a + start * K, w_g, p.out + start * N, K, K, N);
+    } else if constexpr (Cfg::kRole == Role::forward_swap) {
+      set(int(N), r, int(K), w_g, p.a + start * K, p.out + start * N, K, K, N);
+    } else if constexpr (Cfg::kRole == Role::dgrad) {
+      set(r, int(K), int(N), p.a + start * N, w_g, p.out + start * K, N, K, K);
+    } else {  // wgrad
+      // An empty expert has no K' steps; CUTLASS would emit an uninitialized accumulator, so it
+      // multiplies one zero row instead (dW_g = 0), or is skipped when accumulating. A is dy_g^T
+      // (N x m_g, M'-major), B is x_g^T (K x m_g, N'-major); a zero row has no second dimension,
+      // so its stride is irrelevant.
+      const bool empty = r == 0;
+      set(empty && p.accumulate ? 0 : int(N), int(K), empty ? 1 : r,
+          empty ? p.arr.zeros : p.a + start * N, empty ? p.arr.zeros : p.b + start * K,
+          p.out + g * N * K, N, K, K);
+      A.ptr_c[g] = p.out + g * N * K;
+      A.stride_c[g] = stride_ld<typename Cfg::StrideC>(K);
     }
-    int64_t incl;
-    int64_t tile_total;
-    Scan(tmp).InclusiveSum(m, incl, tile_total);
-    const int64_t c = carry;
-    if (g < p.G) {
-      int64_t start = c + incl - m;
-      int64_t rows = m;
-      if (start + rows > p.M) {  // clamp to the rows that exist; never address past M
-        report_fault(p.status, kFaultSplitsOverflow, OpId::grouped_gemm, g, m);
-        start = min(start, p.M);
-        rows = p.M - start;
-      }
-      const int r = static_cast<int>(rows);
-      auto& A = p.arr;
-      A.ptr_bias[g] = p.bias ? p.bias + g * N : nullptr;
-      A.ptr_c[g] = nullptr;
-      if constexpr (Cfg::kRole == Role::forward) {
-        A.problems[g] = make_shape(r, int(N), int(K));
-        A.ptr_a[g] = p.a + start * K;
-        A.ptr_b[g] = p.b + g * N * K;
-        A.ptr_d[g] = p.out + start * N;
-        A.stride_a[g] = stride_ld<typename Cfg::StrideA>(K);
-        A.stride_b[g] = stride_ld<typename Cfg::StrideB>(K);
-        A.stride_d[g] = stride_ld<typename Cfg::StrideD>(N);
-      } else if constexpr (Cfg::kRole == Role::forward_swap) {
-        A.problems[g] = make_shape(int(N), r, int(K));
-        A.ptr_a[g] = p.b + g * N * K;
-        A.ptr_b[g] = p.a + start * K;
-        A.ptr_d[g] = p.out + start * N;
-        A.stride_a[g] = stride_ld<typename Cfg::StrideA>(K);
-        A.stride_b[g] = stride_ld<typename Cfg::StrideB>(K);
-        A.stride_d[g] = stride_ld<typename Cfg::StrideD>(N);
-      } else if constexpr (Cfg::kRole == Role::dgrad) {
-        A.problems[g] = make_shape(r, int(K), int(N));
-        A.ptr_a[g] = p.a + start * N;
-        A.ptr_b[g] = p.b + g * N * K;
-        A.ptr_d[g] = p.out + start * K;
-        A.stride_a[g] = stride_ld<typename Cfg::StrideA>(N);
-        A.stride_b[g] = stride_ld<typename Cfg::StrideB>(K);
-        A.stride_d[g] = stride_ld<typename Cfg::StrideD>(K);
-      } else {  // wgrad
-        // An empty expert has no K' steps; CUTLASS would emit an uninitialized accumulator, so
-        // it multiplies one zero row instead (dW_g = 0), or is skipped when accumulating.
-        const bool empty = r == 0;
-        const int kk = empty ? 1 : r;
-        A.problems[g] = make_shape(empty && p.accumulate ? 0 : int(N), int(K), kk);
-        A.ptr_a[g] = empty ? p.arr.zeros : p.a + start * N;
-        A.ptr_b[g] = empty ? p.arr.zeros : p.b + start * K;
-        A.ptr_c[g] = p.out + g * N * K;
-        A.ptr_d[g] = p.out + g * N * K;
-        // A is dy_g^T (N x m_g, M'-major), B is x_g^T (K x m_g, N'-major); a zero row has no
-        // second dimension, so its stride is irrelevant.
-        A.stride_a[g] = stride_ld<typename Cfg::StrideA>(N);
-        A.stride_b[g] = stride_ld<typename Cfg::StrideB>(K);
-        A.stride_c[g] = stride_ld<typename Cfg::StrideC>(K);
-        A.stride_d[g] = stride_ld<typename Cfg::StrideD>(K);
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) carry = c + tile_total;
-    __syncthreads();
-  }
-  if (threadIdx.x == 0 && carry != p.M)
-    report_fault(p.status, kFaultSplitsTotalMismatch, OpId::grouped_gemm, -1, carry);
+  });
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -331,10 +287,13 @@ void run(Context& ctx, const GroupedGemmArgs& a, const GemmDims& d, void* ws, si
   DeviceArrays<Cfg> arr = carve<Cfg>(base, d.G, d.N, d.K);
 
   SetupParams<Cfg> sp{};
-  sp.splits = a.splits.data;
-  sp.splits64 = a.splits.dtype == DType::int64;
-  sp.G = static_cast<int>(d.G);
-  sp.M = d.M;
+  sp.splits.splits = a.splits.data;
+  sp.splits.splits64 = a.splits.dtype == DType::int64;
+  sp.splits.G = d.G;
+  sp.splits.row_bound = d.M;
+  sp.splits.expected_total = d.M;
+  sp.splits.status = ctx.status();
+  sp.splits.op = OpId::grouped_gemm;
   sp.N = d.N;
   sp.K = d.K;
   sp.a = static_cast<const typename Cfg::ElementAB*>(a.a.data);
@@ -343,11 +302,10 @@ void run(Context& ctx, const GroupedGemmArgs& a, const GemmDims& d, void* ws, si
   sp.bias = a.bias.present() ? static_cast<const typename Cfg::ElementBias*>(a.bias.data) : nullptr;
   sp.accumulate = a.beta != 0.0f;
   sp.arr = arr;
-  sp.status = ctx.status();
   setup_kernel<Cfg, 256><<<1, 256, 0, ctx.stream()>>>(sp);
   GROUPMM_CHECK_LAUNCH();
 
-  auto args = make_arguments<Cfg>(arr, sp.G, a.alpha, a.beta, sp.bias != nullptr,
+  auto args = make_arguments<Cfg>(arr, static_cast<int>(d.G), a.alpha, a.beta, sp.bias != nullptr,
                                   ctx.device_index(), ctx.sm_count());
   typename Cfg::Gemm gemm;
   const size_t cws = Cfg::Gemm::get_workspace_size(args);
