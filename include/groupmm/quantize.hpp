@@ -69,14 +69,17 @@
 // multiple of the rowwise block (128 fp8_block, 32 mxfp8, 16 nvfp4, 16 fp8_current).
 // Swizzled scales: mxfp8 and nvfp4 only; mn_major scales: fp8_block only. block_2d: weights only,
 // fp8_block or nvfp4.
-// Device faults in splits (negative, past M): clamped like group_offsets, reported with
+// Device faults in splits: the splits rule of offsets.hpp with M = rows_total, reported with
 // OpId::group_quantize; rows past sum(splits) are left unwritten. Never writes out of bounds.
 // Graph safe: no host read of splits, no sync, no allocation when a workspace of
 // group_quantize_workspace_size() bytes is passed (or reserved on the Context before capture).
-// The first call of a (recipe, input dtype) in a process sets the kernel's shared-memory
-// attribute (cudaFuncSetAttribute, not a stream operation); warm up eagerly before capturing.
-// Launches: a plan kernel (per-expert offsets), an amax kernel (fp8_current, nvfp4), one
-// quantize kernel over all experts, and a reduce kernel for dbias. Minimum SM: sm_90 (CUDA).
+// The first call of a kernel on a Context sets its shared-memory attribute on the device
+// (cudaFuncSetAttribute, not a stream operation); warm up eagerly on that Context before capturing.
+// Launches: a plan kernel (per-expert offsets), an amax kernel (fp8_current, nvfp4, unless fused),
+// one quantize kernel over all experts, and a reduce kernel for dbias. Minimum SM: sm_90 (CUDA).
+// Speed: fp8_current, fp8_block and mxfp8 are bandwidth kernels. NVFP4 has no bandwidth target on
+// sm_90: Hopper has no FP4 arithmetic, so NVFP4 serves weight storage (4-bit weights x bf16
+// activations) and parity with Blackwell recipes; it is kept exact, not fast.
 #pragma once
 
 #include <string>
@@ -102,7 +105,8 @@ inline bool has_columnwise(QuantDirection d) {
 //  - separate: a streaming amax pass, then the quantize pass (the input is read twice from DRAM);
 //  - fused: one kernel whose amax items run `amax_lag` experts ahead of its quantize items, so
 //    that the quantize pass re-reads the tiles from L2;
-//  - automatic: the one measured faster for the shape (see quantize.cu, choose_amax_schedule).
+//  - automatic: the one measured faster for the recipe: fused for fp8_current, separate for
+//    nvfp4 (bench/RESULTS.md).
 enum class AmaxSchedule : uint8_t { automatic, separate, fused };
 const char* amax_schedule_name(AmaxSchedule s);
 

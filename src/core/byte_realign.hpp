@@ -1,7 +1,7 @@
 // Byte realignment of a run that lanes hold in registers, for aligned vector stores of a run that
-// starts at an unaligned address (the columnwise codes of quantize_tile.cuh: each column's run in
-// the expert's [K, m_g] block starts wherever col * m_g lands). Host + device so the CPU tests pin
-// it down exhaustively.
+// starts at an unaligned address (the columnwise codes of the quantize tile kernel,
+// src/cuda/quantize/tile_store.cuh: each column's run in the expert's [K, m_g] block starts
+// wherever col * m_g lands). Host + device so the CPU tests pin it down exhaustively.
 #pragma once
 
 #include <cstdint>
@@ -55,9 +55,8 @@ GROUPMM_HD void realign_bytes(const uint32_t (&own)[N], const uint32_t (&next)[N
 // [4N rg, 4N rg + 4N) ("own"). Stored in kB = 4N-byte chunks aligned in memory: b head bytes up
 // to the first boundary (col_run_head), then lane rg's realigned chunk at run + b + kB rg, whole
 // chunks by one vector store each, the head and the last partial chunk by byte stores spread
-// over the 8 lanes (store_col_run_edges). (H200, ncu, mxfp8 both on Zipf splits: per-lane byte
-// loops at the edges wrote each partial chunk as up to 16 one-sector instructions, and the
-// kernel's time tracked its L2 sector operations and store instructions.) No byte outside
+// over the 8 lanes (store_col_run_edges): the store instructions of a partial chunk, not its
+// bytes, are what an unaligned run costs (bench/RESULTS.md, round 11). No byte outside
 // [run, run + len) is written: neighbouring runs belong to other tiles. The CPU tests run the 8
 // lanes for every misalignment and length.
 

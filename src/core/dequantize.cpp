@@ -34,7 +34,7 @@ static QuantProblem validate_dequantize(const Context& ctx, const GroupDequantiz
 size_t group_dequantize_workspace_size(const Context&, const GroupDequantizeArgs& a) {
   const int64_t G =
       a.in.splits.present() ? a.in.splits.dim(0) : (a.out.rank == 3 ? a.out.dim(0) : 1);
-  return plan_bytes(G);
+  return cuda::quant_plan_workspace_size(G);
 }
 
 void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, void* ws, size_t ws_bytes) {

@@ -155,7 +155,7 @@ static void check_config(const QuantizeConfig& c, int64_t K, const char* op) {
 // mn_major fp8_block rowwise scales: the leading dimension (rows, or 128-row blocks for 128x128
 // blocks: at most tile_bound of them), padded to 4 for 16-byte aligned rows.
 static int64_t mn_major_row_ld(int64_t M, int64_t G, bool fp8_2d) {
-  return qnum::round_up(fp8_2d ? tile_bound(M, G) : M, 4);
+  return qnum::round_up(fp8_2d ? qnum::tile_bound(M, G) : M, 4);
 }
 
 QuantizedShapes group_quantize_shapes(int64_t M, int64_t K, int64_t G, const QuantizeConfig& c) {
@@ -173,14 +173,14 @@ QuantizedShapes group_quantize_shapes(int64_t M, int64_t K, int64_t G, const Qua
     if (c.recipe == QuantRecipe::fp8_block && mn)
       s.scale_inv = spec(st, K / 128, mn_major_row_ld(M, G, fp8_2d));
     else if (c.recipe == QuantRecipe::fp8_block)
-      s.scale_inv = fp8_2d ? spec(st, tile_bound(M, G), K / 128) : spec(st, M, K / 128);
+      s.scale_inv = fp8_2d ? spec(st, qnum::tile_bound(M, G), K / 128) : spec(st, M, K / 128);
     else if (c.recipe != QuantRecipe::fp8_current)
       s.scale_inv = swz ? spec(st, M + 127 * G, qnum::round_up(K / rb, 4)) : spec(st, M, K / rb);
   }
   if (has_columnwise(c.direction)) {
     s.columnwise_data = spec(dt, K, M);
     if (fp8_2d)
-      s.columnwise_scale_inv = spec(st, tile_bound(M, G), K / 128);
+      s.columnwise_scale_inv = spec(st, qnum::tile_bound(M, G), K / 128);
     else if (c.recipe != QuantRecipe::fp8_current)
       s.columnwise_scale_inv =
           swz ? spec(st, M / cb + 4 * G, qnum::round_up(K, 128)) : spec(st, M / cb + G, K);
@@ -227,10 +227,11 @@ GroupedTensor QuantizedBuffers::view(int64_t G, const TensorView& splits,
 
 qnum::Layout make_layout(const QuantizeConfig& c, int64_t M, int64_t K, int64_t G) {
   qnum::Layout L;
-  L.recipe = static_cast<int>(c.recipe) - 1;  // QuantRecipe::none is 0
+  L.recipe = c.recipe;
   L.K = K;
   L.rb = c.row_block();
   L.cb = c.col_block();
+  L.cb_shift = qnum::log2_exact(L.cb);
   L.fp8_2d = c.recipe == QuantRecipe::fp8_block && c.block_2d;
   L.swizzled = c.scale_layout == ScaleLayout::swizzled;
   L.mn_major = c.scale_layout == ScaleLayout::mn_major;
@@ -238,13 +239,11 @@ qnum::Layout make_layout(const QuantizeConfig& c, int64_t M, int64_t K, int64_t 
   L.e5m2 = c.fp8_dtype == DType::fp8e5m2 && c.recipe != QuantRecipe::nvfp4;
   L.pow2 = c.pow2_scales;
   L.block_2d = c.block_2d;
+  L.row_ncols = K / L.rb;
+  L.row_kp = qnum::round_up(L.row_ncols, 4);
+  L.col_k128 = qnum::round_up(K, 128);
   return L;
 }
-static_assert(static_cast<int>(QuantRecipe::fp8_current) - 1 == qnum::kFp8Current &&
-                  static_cast<int>(QuantRecipe::fp8_block) - 1 == qnum::kFp8Block &&
-                  static_cast<int>(QuantRecipe::mxfp8) - 1 == qnum::kMxfp8 &&
-                  static_cast<int>(QuantRecipe::nvfp4) - 1 == qnum::kNvfp4,
-              "qnum recipe ids follow QuantRecipe");
 
 static void check_out(const char* op, const char* arg, const TensorView& v, const TensorSpec& s,
                       Device dev, bool aligned16) {
@@ -321,11 +320,7 @@ size_t group_quantize_workspace_size(const Context&, const GroupQuantizeArgs& a,
     M = a.input.dim(0) * a.input.dim(1);
     K = a.input.dim(2);
   }
-  size_t bytes = plan_bytes(G);
-  if (a.config.recipe == QuantRecipe::fp8_current || a.config.recipe == QuantRecipe::nvfp4)
-    bytes += amax_slot_bytes(M, K, G);  // the fused amax schedule
-  if (with_dbias) bytes += static_cast<size_t>(tile_bound(M, G) * K) * 4;
-  return bytes;
+  return cuda::group_quantize_workspace_size(M, K, G, a.config.recipe, with_dbias);
 }
 
 static GroupedTensor run(Context& ctx, const GroupQuantizeArgs& a, const TensorView& dbias,

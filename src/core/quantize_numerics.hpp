@@ -1,28 +1,35 @@
-// Scalar rules and layout index functions of grouped quantization, shared by the CPU reference and
-// the CUDA kernels (host + device) so the two agree bit for bit by construction. DESIGN.md sec. 5.
+// Scalar rules of grouped quantization (DESIGN.md section 5), one source for the CPU reference
+// and the CUDA kernels (host + device). The plain functions are the rules; the CPU reference
+// calls them. Where a kernel needs a faster form, it sits in "Fast twins" below, next to the
+// rule it reproduces, and is tested against it: on the host by tests/cpu/
+// test_quantize_numerics.cpp (randomized and edge inputs), on the device, where the twin uses
+// instructions the host cannot run, by tests/cuda/test_block_scale_gpu.cu and
+// tests/cuda/test_qnum_gpu.cu (exhaustive where the input space allows).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
 #include "groupmm/convert.hpp"
+#include "groupmm/core.hpp"
 
 namespace groupmm::qnum {
-
-enum Recipe : int { kFp8Current = 0, kFp8Block = 1, kMxfp8 = 2, kNvfp4 = 3 };
 
 // ---- amax: canonical |x| bits (every NaN -> 0x7FC00000), merged with an unsigned max -----------
 // For non-negative floats the unsigned order of the bits is the numeric order and NaN sorts above
 // Inf, so a block containing a NaN has a NaN amax, on any backend, in any order.
+GROUPMM_HD uint32_t canon_abs_bits(uint32_t abs) {  // abs: fp32 bits without the sign
+  return abs > 0x7F800000u ? 0x7FC00000u : abs;
+}
 GROUPMM_HD uint32_t abs_bits(float x) {
-  const uint32_t a = float_bits(x) & 0x7FFFFFFFu;
-  return a > 0x7F800000u ? 0x7FC00000u : a;
+  return canon_abs_bits(float_bits(x) & 0x7FFFFFFFu);
 }
 GROUPMM_HD uint32_t amax_merge(uint32_t a, uint32_t b) {
   return a > b ? a : b;
-}
-GROUPMM_HD bool is_finite_bits(uint32_t abs) {
-  return abs < 0x7F800000u;
 }
 GROUPMM_HD bool is_finite(float f) {
   return (float_bits(f) & 0x7FFFFFFFu) < 0x7F800000u;
@@ -38,7 +45,7 @@ GROUPMM_HD float canon_nan(float f) {
 GROUPMM_HD float fp8_max(bool e5m2) {
   return e5m2 ? kE5M2Max : kE4M3Max;
 }
-GROUPMM_HD uint8_t to_fp8_soft(float v, bool e5m2) {
+GROUPMM_HD uint8_t fp8_encode(float v, bool e5m2) {
   return e5m2 ? float_to_e5m2(v) : float_to_e4m3(v);
 }
 GROUPMM_HD float fp8_to_float(uint8_t c, bool e5m2) {
@@ -104,37 +111,47 @@ GROUPMM_HD float nvfp4_elem_scale(float s_enc, float s_b_f) {
   const float s = s_enc / s_b_f;
   return s > 3.40282347e38f ? 3.40282347e38f : s;
 }
-// Eight float_to_e2m1 codes packed in a word (element j in nibble j), for the kernels' inner
-// loop: ~10 integer/fp32 operations per element, no branches. Bit-identical to convert.hpp's
-// float_to_e2m1 (the pinned rule) for every non-NaN input (tests/cpu/test_quantize_formats.cpp
-// sweeps them); NaN inputs are the caller's business (a NaN block encodes as all 7s).
+// Element code; `scale` = nvfp4_elem_scale(S_enc, fp32(s_b)). A zero block scale encodes 0.
+GROUPMM_HD uint8_t nvfp4_code(float x, uint8_t s_b, float scale) {
+  if ((s_b & 0x7Fu) == 0) return 0;
+  return float_to_e2m1(x * scale);  // e2m1 ignores the sign of NaN
+}
+
+// Eight float_to_e2m1 magnitude codes packed in a word (element j in nibble j, sign bits clear),
+// for the kernels' inner loop: ~10 integer/fp32 operations per element, no branches. Equal to
+// float_to_e2m1(|p|) for every non-NaN input (tests/cpu/test_quantize_formats.cpp sweeps them).
 // The fp32 adder does the rounding: |p| saturated at 6 (code 7 either way), E = its exponent
 // clamped to >= 0 (E2M1 steps: 0.5 below 2, then 1, 2), the power of two m = 2^(E+22) has ulp
 // 2^(E-1), so |p| + m rounds |p| to the E2M1 step with ties to even and leaves the number of
 // steps n in the mantissa field; code = n + 2E. The 2E + 254 terms are summed into the word as
 // (n + (bits(m) >> 22)) << 4j and the 254s are subtracted once (exact: the sum is linear mod
-// 2^32 and every final nibble is <= 7); the sign bits are ORed in last.
-GROUPMM_HD uint32_t e2m1x8_nonan(const float (&p)[8]) {
-  uint32_t w = 0, sign = 0;
+// 2^32 and every final nibble is <= 7).
+GROUPMM_HD uint32_t e2m1x8_magnitudes(const float (&p)[8]) {
+  uint32_t w = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int j = 0; j < 8; ++j) {
-    const uint32_t u = float_bits(p[j]);
     const float a = fminf(fabsf(p[j]), kE2M1Max);
     uint32_t e = float_bits(a) & 0x7F800000u;
     e = e < 0x3F800000u ? 0x3F800000u : e;
     const uint32_t n = float_bits(a + bits_float(e + (22u << 23))) & 0x7FFFFFu;
     w += (n + (e >> 22)) << (4 * j);
-    sign |= (u >> (28 - 4 * j)) & (8u << (4 * j));
   }
-  return (w - 254u * 0x11111111u) | sign;
+  return w - 254u * 0x11111111u;
 }
-
-// Element code; `scale` = nvfp4_elem_scale(S_enc, fp32(s_b)). A zero block scale encodes 0.
-GROUPMM_HD uint8_t nvfp4_code(float x, uint8_t s_b, float scale) {
-  if ((s_b & 0x7Fu) == 0) return 0;
-  return float_to_e2m1(x * scale);  // e2m1 ignores the sign of NaN
+// The sign bits of eight e2m1 codes (bit 3 of nibble j = the sign of p[j]).
+GROUPMM_HD uint32_t e2m1x8_signs(const float (&p)[8]) {
+  uint32_t sign = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < 8; ++j) sign |= (float_bits(p[j]) >> (28 - 4 * j)) & (8u << (4 * j));
+  return sign;
+}
+// Eight float_to_e2m1 codes for non-NaN inputs (a NaN block is the caller's business).
+GROUPMM_HD uint32_t e2m1x8_nonan(const float (&p)[8]) {
+  return e2m1x8_magnitudes(p) | e2m1x8_signs(p);
 }
 
 // Everything needed to quantize the elements of one block. fp8 recipes: code = fp8(x * mul);
@@ -147,18 +164,18 @@ struct BlockQuant {
 
 // amax_block: canonical amax bits of the block (ignored by fp8_current); expert_amax: the
 // expert's amax (fp8_current, nvfp4).
-GROUPMM_HD BlockQuant make_block_quant(int recipe, bool e5m2, bool pow2, uint32_t amax_block,
-                                       float expert_amax) {
+GROUPMM_HD BlockQuant make_block_quant(QuantRecipe recipe, bool e5m2, bool pow2,
+                                       uint32_t amax_block, float expert_amax) {
   BlockQuant q;
-  if (recipe == kFp8Current) {
+  if (recipe == QuantRecipe::fp8_current) {
     const ScalePair s = fp8_current_scale(expert_amax, e5m2, pow2);
     q.mul = s.scale;
     q.scale_inv = s.scale_inv;
-  } else if (recipe == kFp8Block) {
+  } else if (recipe == QuantRecipe::fp8_block) {
     const ScalePair s = fp8_block_scale(bits_float(amax_block), e5m2, pow2);
     q.mul = s.scale;
     q.scale_inv = s.scale_inv;
-  } else if (recipe == kMxfp8) {
+  } else if (recipe == QuantRecipe::mxfp8) {
     q.code = mx_e8m0(bits_float(amax_block), e5m2);
     q.mul = mx_quant_mul(q.code);
   } else {
@@ -169,84 +186,205 @@ GROUPMM_HD BlockQuant make_block_quant(int recipe, bool e5m2, bool pow2, uint32_
   return q;
 }
 
-// ---- layouts
-// -------------------------------------------------------------------------------------
-GROUPMM_HD int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
+// ================================================================================================
+// Fast twins: the kernels' forms of the rules above
+// ================================================================================================
+// Each is equal to its rule over the inputs the kernels give it (stated per function). On the
+// host a twin runs the rule's own arithmetic where the device uses an instruction the host lacks.
+
+// a * b and a * b + c, each rounded once: never contracted into (or out of) an fma.
+GROUPMM_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
 }
-GROUPMM_HD int64_t round_up(int64_t a, int64_t b) {
-  return ceil_div(a, b) * b;
-}
-GROUPMM_HD int64_t swizzle_128x4(int64_t r, int64_t c, int64_t Kp) {
-  return (r / 128) * 128 * Kp + (c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
+GROUPMM_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
 }
 
-constexpr int kTileRows = 128;  // expert-local row tile; every swizzle block and column block
-                                // boundary is a tile boundary
+// min(x, m) that keeps a NaN x (fminf would return m).
+GROUPMM_HD float min_keep_nan(float x, float m) {
+#if defined(__CUDA_ARCH__)
+  float d;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(x), "f"(m));
+  return d;
+#else
+  return x > m ? m : x;
+#endif
+}
 
-// One expert's derived offsets (see quantize.hpp "Layouts").
-struct Geom {
-  int64_t start = 0, rows = 0, tile_start = 0, cb_start = 0, cs4_start = 0;
+// a / b rounded to nearest even, for b and 1 / b normal, a >= 2^-64 and a / b normal. Device:
+// div.rn.f32 compiles to a fast path (MUFU.RCP, one Newton step on the reciprocal, the quotient
+// and one residual correction: correctly rounded whenever the operands and the result are normal
+// and far from overflow) plus FCHK and a branch to a slow-path subroutine for the other cases;
+// in the block-scale code that branch and its reconvergence cost as much as the division. The
+// callers keep the operands in range by power-of-two prescaling (exact) and take the fast path
+// alone. tests/cuda/test_block_scale_gpu.cu runs every caller over every input it can get.
+GROUPMM_HD float div_rn_inrange(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  const float y = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+  const float q = __fmul_rn(a, y);
+  return __fmaf_rn(__fmaf_rn(-b, q, a), y, q);
+#else
+  return a / b;
+#endif
+}
+
+// e4m3_to_float(c). Device: one cvt through f16 (every e4m3 value is exact in f16); a NaN code
+// gives a NaN with another payload.
+GROUPMM_HD float e4m3_decode(uint8_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(c)));
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h2 & 0xFFFFu)));
+#else
+  return e4m3_to_float(c);
+#endif
+}
+
+// fp8_encode(a) | fp8_encode(b) << 8 for operands that are not negative NaNs (products of GPU
+// arithmetic never are). Device: one cvt.rn.satfinite. The format is a template parameter (of
+// the kernels): a run-time flag put every conversion in its own basic block behind a uniform
+// branch, which serialized them.
+template <bool kE5m2>
+GROUPMM_HD uint32_t fp8x2_encode(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  uint16_t r;
+  if constexpr (kE5m2) {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %2, %1;" : "=h"(r) : "f"(a), "f"(b));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(r) : "f"(a), "f"(b));
+  }
+  return r;
+#else
+  return fp8_encode(canon_nan(a), kE5m2) | (uint32_t(fp8_encode(canon_nan(b), kE5m2)) << 8);
+#endif
+}
+// Four elements times mul -> one word of fp8 codes (element 0 in the low byte).
+template <bool kE5m2>
+GROUPMM_HD uint32_t fp8x4_encode(float a, float b, float c, float d, float mul) {
+  return fp8x2_encode<kE5m2>(a * mul, b * mul) | (fp8x2_encode<kE5m2>(c * mul, d * mul) << 16);
+}
+
+// Eight nvfp4_code(x[j], s_b, mul) in one word (element j in nibble j), for a block whose
+// elements satisfy |x| <= the finite block amax or whose multiplier is NaN (its amax was NaN).
+// A NaN multiplier makes every product NaN, i.e. code 7; otherwise no product can be NaN (the
+// multiplier is finite and positive), so the NaN-free encoder applies. `sign`: the sign bits of
+// the codes (e2m1x8_signs of the products, which are the inputs' own: a positive multiplier).
+GROUPMM_HD uint32_t nvfp4_encode8_signed(const float (&x)[8], float mul, uint8_t s_b,
+                                         uint32_t sign) {
+  float p[8];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < 8; ++j) p[j] = x[j] * mul;
+  const uint32_t w = mul != mul ? 0x77777777u : (e2m1x8_magnitudes(p) | sign);
+  return (s_b & 0x7Fu) == 0 ? 0u : w;
+}
+GROUPMM_HD uint32_t nvfp4_encode8(const float (&x)[8], float mul, uint8_t s_b) {
+  float p[8];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < 8; ++j) p[j] = x[j] * mul;
+  const uint32_t w = mul != mul ? 0x77777777u : e2m1x8_nonan(p);
+  return (s_b & 0x7Fu) == 0 ? 0u : w;
+}
+
+// The per-expert part of make_block_quant, computed once per expert.
+struct ExpertQuant {
+  float mul = 1.0f;    // fp8_current: the expert's scale
+  float s_enc = 1.0f;  // nvfp4: S_enc and S_enc / 6
+  float s_enc_div6 = 1.0f / 6.0f;
+  // nvfp4: S_enc * 2^k and 2^-k (k = -64, 0, 64), so that every per-block S_enc / s_b (s_b in
+  // [2^-9, 448]) is in div_rn_inrange's range; S_enc is in [2^-117, FLT_MAX].
+  float s_enc_scaled = 1.0f, s_enc_unscale = 1.0f;
 };
-
-// Static layout parameters of one quantized tensor.
-struct Layout {
-  int recipe = kMxfp8;
-  int64_t K = 0;
-  int rb = 32;  // rowwise block along K (fp8_current: 16, only for tiling)
-  int cb = 32;  // columnwise block along M
-  bool fp8_2d = false;
-  bool swizzled = false;
-  bool mn_major = false;  // fp8_block: scales with the token (M) dimension contiguous
-  int64_t rs_ld = 0;      // mn_major rowwise scales: leading dimension (see quantize.hpp)
-  bool e5m2 = false;
-  bool pow2 = false;
-  bool block_2d = false;
-};
-
-GROUPMM_HD int64_t row_scale_index(const Layout& L, const Geom& g, int64_t lr, int64_t sc) {
-  if (L.mn_major) return sc * L.rs_ld + (L.fp8_2d ? g.tile_start + lr / 128 : g.start + lr);
-  if (L.fp8_2d) return (g.tile_start + lr / 128) * (L.K / 128) + sc;
-  const int64_t ncols = L.K / L.rb;
-  if (!L.swizzled) return (g.start + lr) * ncols + sc;
-  return swizzle_128x4(g.tile_start * 128 + lr, sc, round_up(ncols, 4));
+GROUPMM_HD void set_nvfp4_s_enc(ExpertQuant& e, float s_enc) {
+  e.s_enc = s_enc;
+  e.s_enc_div6 = e.s_enc / kE2M1Max;  // the same fp32 operation as make_block_quant
+  const float k = e.s_enc >= 0x1p64f ? 0x1p-64f : (e.s_enc < 0x1p-64f ? 0x1p64f : 1.0f);
+  e.s_enc_scaled = e.s_enc * k;
+  e.s_enc_unscale = 1.0f / k;
+}
+// Sets the fields recipe R uses from the expert's amax (the others are left as they are).
+template <QuantRecipe R>
+GROUPMM_HD void set_expert_quant(ExpertQuant& e, float expert_amax, bool e5m2, bool pow2) {
+  if constexpr (R == QuantRecipe::fp8_current) {
+    e.mul = fp8_current_scale(expert_amax, e5m2, pow2).scale;
+  } else if constexpr (R == QuantRecipe::nvfp4) {
+    set_nvfp4_s_enc(e, nvfp4_s_enc(expert_amax));
+  }
 }
 
-// Scale (k, j) of expert g's transposed [K, m_g] block, j = block index along m (for fp8_2d k is
-// the 128-column block index).
-GROUPMM_HD int64_t col_scale_index(const Layout& L, const Geom& g, int64_t k, int64_t j) {
-  if (L.mn_major) return (L.fp8_2d ? L.K / 128 : L.K) * (g.cb_start + j) + k;
-  const int64_t nb = ceil_div(g.rows, L.cb);
-  if (L.fp8_2d) return (L.K / 128) * g.cb_start + k * nb + j;
-  if (!L.swizzled) return L.K * g.cb_start + k * nb + j;
-  return round_up(L.K, 128) * g.cs4_start + swizzle_128x4(k, j, round_up(nb, 4));
+// nvfp4_elem_scale(S_enc, fp32(s_b)) for s_b != 0: the division on the prescaled S_enc, scaled
+// back (exact, or Inf past FLT_MAX: clamped). Device: a zero s_b gives NaN instead of FLT_MAX;
+// its block encodes as 0 either way (nvfp4_encode8).
+GROUPMM_HD float nvfp4_block_mul(const ExpertQuant& e, uint8_t s_b) {
+  const float s = div_rn_inrange(e.s_enc_scaled, e4m3_decode(s_b));
+  return min_keep_nan(mul_rn(s, e.s_enc_unscale), 3.40282347e38f);
 }
 
-// Dequantized value of element (lr, k) of expert g (index gi), read from the rowwise copy or the
-// columnwise copy. scales: the block scales (fp32, e8m0 or e4m3 bytes); per_expert: scale_inv [G]
-// (fp8_current) or S_enc [G] (nvfp4).
-GROUPMM_HD float dequant_value(const Layout& L, const Geom& g, int64_t gi, int64_t lr, int64_t k,
-                               bool col, const uint8_t* data, const void* scales,
-                               const float* per_expert) {
-  const int64_t e = col ? L.K * g.start + k * g.rows + lr : (g.start + lr) * L.K + k;
-  int64_t si = 0;
-  if (L.recipe != kFp8Current) {
-    if (col) {
-      si = col_scale_index(L, g, L.fp8_2d ? k / 128 : k, lr / L.cb);
+// make_block_quant(R, e5m2, pow2, amax_block, amax_g) with the per-expert part taken from
+// e = set_expert_quant<R>(amax_g), for every field the recipe's encoders read (fp8_current: mul;
+// its scale_inv is per expert). The same operations as the rules, written without their early
+// returns: the compiler turned those into branches and reconvergence points that cost ~35
+// instructions per block.
+template <QuantRecipe R>
+GROUPMM_HD BlockQuant block_quant_fast(uint32_t amax_block, const ExpertQuant& e, bool e5m2,
+                                       bool pow2) {
+  BlockQuant q;
+  if constexpr (R == QuantRecipe::fp8_current) {
+    q.mul = e.mul;
+  } else if constexpr (R == QuantRecipe::fp8_block) {
+    // fp8_block_scale: {1, 1} unless 0 < amax < Inf and v = amax / fmax is normal. v by one
+    // residual correction of amax * RN(1 / fmax) (Markstein: exact; a subnormal quotient stays
+    // subnormal); fmax / amax by div_rn_inrange, amax >= 2^64 prescaled by 2^-64 (amax >= 2^-117
+    // when v is normal, so 1 / amax stays normal).
+    const float fmax = e5m2 ? kE5M2Max : kE4M3Max;
+    const float rfmax = e5m2 ? (1.0f / kE5M2Max) : (1.0f / kE4M3Max);
+    const float a = bits_float(amax_block);
+    const float q0 = mul_rn(a, rfmax);
+    const float v = fma_rn(fma_rn(-fmax, q0, a), rfmax, q0);
+    const uint32_t vb = float_bits(v);
+    const bool ok = amax_block != 0u && amax_block < 0x7F800000u && (vb >> 23) != 0u;
+    float mul, inv;
+    if (pow2) {  // round v up to a power of two 2^(E - 127); 1 / it = 2^(127 - E) (E <= 247)
+      const uint32_t E = (vb >> 23) + ((vb & 0x7FFFFFu) != 0u ? 1u : 0u);
+      inv = bits_float(E << 23);
+      mul = bits_float((254u - E) << 23);
     } else {
-      si = row_scale_index(L, g, lr, L.fp8_2d ? k / 128 : k / L.rb);
+      inv = v;
+      const float k = a >= 0x1p64f ? 0x1p-64f : 1.0f;
+      mul = mul_rn(div_rn_inrange(fmax, mul_rn(a, k)), k);
     }
+    q.mul = ok ? mul : 1.0f;
+    q.scale_inv = ok ? inv : 1.0f;
+  } else if constexpr (R == QuantRecipe::mxfp8) {
+    // mx_e8m0 (float_to_e8m0_roundup of amax / fmax) and mx_quant_mul.
+    const float v = bits_float(amax_block) * (e5m2 ? (1.0f / kE5M2Max) : (1.0f / kE4M3Max));
+    const uint32_t u = float_bits(v) & 0x7FFFFFFFu;
+    uint32_t x = (u + 0x7FFFFFu) >> 23;  // exponent, +1 if any mantissa bit
+    x = x < 254u ? x : 254u;
+    x = u > 0x7F800000u ? 255u : x;  // NaN
+    const uint32_t m = x >= 254u ? (x == 255u ? 0x7FC00000u : 0x00400000u) : (254u - x) << 23;
+    q.code = static_cast<uint8_t>(x);
+    q.mul = bits_float(m);
+  } else {
+    // nvfp4_block_scale with the e4m3 encode done by the fp8 data conversion (the same code).
+    q.code = static_cast<uint8_t>(
+        fp8x2_encode<false>(mul_rn(bits_float(amax_block), e.s_enc_div6), 0.0f));
+    q.mul = nvfp4_block_mul(e, q.code);
   }
-  if (L.recipe == kNvfp4) {
-    const uint8_t b = data[e / 2];
-    const uint8_t c = (e & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xFu);
-    const float sbf = e4m3_to_float(static_cast<const uint8_t*>(scales)[si]);
-    return canon_nan((e2m1_to_float(c) * sbf) / per_expert[gi]);
-  }
-  const float q = fp8_to_float(data[e], L.e5m2);
-  if (L.recipe == kFp8Current) return canon_nan(q * per_expert[gi]);
-  if (L.recipe == kFp8Block) return canon_nan(q * static_cast<const float*>(scales)[si]);
-  return canon_nan(q * e8m0_to_float(static_cast<const uint8_t*>(scales)[si]));
+  return q;
 }
 
 }  // namespace groupmm::qnum

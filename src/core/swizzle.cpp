@@ -21,7 +21,7 @@ int64_t plain_scales_numel(int64_t M, int64_t cols, int64_t G, bool columnwise, 
 }
 
 size_t swizzle_scales_workspace_size(int64_t G) {
-  return plan_bytes(G);
+  return cuda::quant_plan_workspace_size(G);
 }
 
 static void check_scales(const char* arg, const TensorView& v, int64_t need, Device dev) {

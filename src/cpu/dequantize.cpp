@@ -12,13 +12,13 @@ void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantPro
   const uint8_t* data =
       static_cast<const uint8_t*>(col ? a.in.columnwise_data.data : a.in.data.data);
   const void* scales = col ? a.in.columnwise_scale_inv.data : a.in.scale_inv.data;
-  if (L.recipe == qnum::kFp8Current) scales = nullptr;
-  const float* per_expert = L.recipe == qnum::kFp8Current ? a.in.scale_inv.ptr<float>()
-                            : L.recipe == qnum::kNvfp4    ? a.in.global_scale.ptr<float>()
-                                                          : nullptr;
+  if (L.recipe == QuantRecipe::fp8_current) scales = nullptr;
+  const float* per_expert = L.recipe == QuantRecipe::fp8_current ? a.in.scale_inv.ptr<float>()
+                            : L.recipe == QuantRecipe::nvfp4     ? a.in.global_scale.ptr<float>()
+                                                                 : nullptr;
   for (int64_t gi = 0; gi < p.G; ++gi) {
     const qnum::Geom& g = geo[static_cast<size_t>(gi)];
-    if (col && L.recipe == qnum::kNvfp4 && g.rows % 2 != 0) continue;  // never quantized
+    if (col && L.recipe == QuantRecipe::nvfp4 && g.rows % 2 != 0) continue;  // never quantized
     for (int64_t lr = 0; lr < g.rows; ++lr)
       for (int64_t k = 0; k < p.K; ++k)
         store_f(a.out, (g.start + lr) * p.K + k,

@@ -28,8 +28,8 @@ struct Quantizer {
     return m;
   }
   uint8_t code(const qnum::BlockQuant& q, float v) const {
-    if (L.recipe == qnum::kNvfp4) return qnum::nvfp4_code(v, q.code, q.mul);
-    return qnum::to_fp8_soft(qnum::canon_nan(v * q.mul), L.e5m2);
+    if (L.recipe == QuantRecipe::nvfp4) return qnum::nvfp4_code(v, q.code, q.mul);
+    return qnum::fp8_encode(qnum::canon_nan(v * q.mul), L.e5m2);
   }
   static void put(const TensorView& t, int64_t i, uint8_t c, bool fp4) {
     uint8_t* b = t.ptr<uint8_t>();
@@ -42,7 +42,7 @@ struct Quantizer {
     }
   }
   void put_scale(const TensorView& t, int64_t i, const qnum::BlockQuant& q) const {
-    if (L.recipe == qnum::kFp8Block) {
+    if (L.recipe == QuantRecipe::fp8_block) {
       t.ptr<float>()[i] = q.scale_inv;
     } else {
       t.ptr<uint8_t>()[i] = q.code;
@@ -57,22 +57,22 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   const Layout& L = p.L;
   const std::vector<Geom> geo = quant_geoms(ctx, a.splits, p.M, p.G, L.cb, OpId::group_quantize);
   Quantizer Q{a, p, L, to_floats(a.input)};
-  const bool fp4 = L.recipe == qnum::kNvfp4;
-  const bool need_expert_amax = L.recipe == qnum::kFp8Current || fp4;
+  const bool fp4 = L.recipe == QuantRecipe::nvfp4;
+  const bool need_expert_amax = L.recipe == QuantRecipe::fp8_current || fp4;
 
   for (int64_t gi = 0; gi < p.G; ++gi) {
     const Geom& g = geo[static_cast<size_t>(gi)];
     const uint32_t ea_bits = Q.amax(g, 0, g.rows, 0, p.K);
     const float ea = bits_float(ea_bits);
     if (need_expert_amax) a.out.amax.ptr<float>()[gi] = ea;
-    if (L.recipe == qnum::kFp8Current)
+    if (L.recipe == QuantRecipe::fp8_current)
       a.out.scale_inv.ptr<float>()[gi] = qnum::fp8_current_scale(ea, L.e5m2, L.pow2).scale_inv;
     if (fp4) a.out.global_scale.ptr<float>()[gi] = qnum::nvfp4_s_enc(ea);
 
     // Block amax of the block holding (lr, k): rowwise blocks are 1 x rb (or 2D), columnwise
     // blocks cb x 1 (or 2D); 2D blocks are the same for both copies.
     auto block_amax = [&](int64_t lr, int64_t k, bool col) -> uint32_t {
-      if (L.recipe == qnum::kFp8Current) return 0;
+      if (L.recipe == QuantRecipe::fp8_current) return 0;
       if (L.block_2d) {
         const int64_t bs = L.fp8_2d ? 128 : 16;
         const int64_t r0 = lr / bs * bs, k0 = k / bs * bs;
@@ -94,7 +94,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
               qnum::make_block_quant(L.recipe, L.e5m2, L.pow2, block_amax(lr, k0, false), ea);
           for (int64_t k = k0; k < k0 + L.rb; ++k)
             Quantizer::put(a.out.data, (g.start + lr) * p.K + k, Q.code(q, Q.at(g, lr, k)), fp4);
-          if (L.recipe == qnum::kFp8Current) continue;
+          if (L.recipe == QuantRecipe::fp8_current) continue;
           if (L.fp8_2d && (lr % 128 != 0 || k0 % 128 != 0)) continue;
           const int64_t sc = L.fp8_2d ? k0 / 128 : k0 / L.rb;
           Q.put_scale(a.out.scale_inv, qnum::row_scale_index(L, g, lr, sc), q);
@@ -104,8 +104,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
         for (int64_t r = 0; r < qnum::round_up(g.rows, 128); ++r)
           for (int64_t c = 0; c < Kp; ++c)
             if (r >= g.rows || c >= ncols)
-              a.out.scale_inv.ptr<uint8_t>()[qnum::swizzle_128x4(g.tile_start * 128 + r, c, Kp)] =
-                  0;
+              a.out.scale_inv.ptr<uint8_t>()[qnum::row_scale_index_swizzled(L, g, r, c)] = 0;
       }
     }
 
@@ -115,7 +114,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
                           static_cast<int32_t>(gi), g.rows);
         continue;
       }
-      const int64_t nb = qnum::ceil_div(g.rows, L.cb);
+      const int64_t nb = qnum::col_blocks(L, g.rows);
       for (int64_t k = 0; k < p.K; ++k)
         for (int64_t j = 0; j < nb; ++j) {
           const int64_t r0 = j * L.cb, r1 = std::min(r0 + L.cb, g.rows);
@@ -124,36 +123,26 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
           for (int64_t lr = r0; lr < r1; ++lr)
             Quantizer::put(a.out.columnwise_data, p.K * g.start + k * g.rows + lr,
                            Q.code(q, Q.at(g, lr, k)), fp4);
-          if (L.recipe == qnum::kFp8Current) continue;
+          if (L.recipe == QuantRecipe::fp8_current) continue;
           if (L.fp8_2d && k % 128 != 0) continue;
           Q.put_scale(a.out.columnwise_scale_inv,
-                      qnum::col_scale_index(L, g, L.fp8_2d ? k / 128 : k, j), q);
+                      qnum::col_scale_index(L, g, nb, L.fp8_2d ? k / 128 : k, j), q);
         }
       if (L.swizzled && g.rows > 0) {
         const int64_t Jp = qnum::round_up(nb, 4);
         for (int64_t k = 0; k < qnum::round_up(p.K, 128); ++k)
           for (int64_t j = 0; j < Jp; ++j)
             if (k >= p.K || j >= nb)
-              a.out.columnwise_scale_inv.ptr<uint8_t>()[qnum::col_scale_index(L, g, k, j)] = 0;
+              a.out.columnwise_scale_inv
+                  .ptr<uint8_t>()[qnum::col_scale_index_swizzled(L, g, nb, k, j)] = 0;
       }
     }
 
-    if (dbias.present()) {
-      // The documented order: 16-row segments, 8 segments per 128-row tile, tiles in order.
-      for (int64_t k = 0; k < p.K; ++k) {
-        float d = 0.0f;
-        for (int64_t t0 = 0; t0 < g.rows; t0 += qnum::kTileRows) {
-          float tile = 0.0f;
-          for (int64_t s0 = t0; s0 < t0 + qnum::kTileRows; s0 += 16) {
-            float seg = 0.0f;
-            for (int64_t lr = s0; lr < s0 + 16; ++lr)
-              if (lr < g.rows) seg += Q.at(g, lr, k);
-            tile += seg;
-          }
-          d += tile;
-        }
-        store_f(dbias, gi * p.K + k, qnum::canon_nan(d));
-      }
+    if (dbias.present()) {  // the summation order of dbias.hpp
+      std::vector<float> d(static_cast<size_t>(p.K));
+      expert_column_sums(
+          g.rows, p.K, [&](int64_t lr, int64_t k) { return Q.at(g, lr, k); }, d.data());
+      for (int64_t k = 0; k < p.K; ++k) store_f(dbias, gi * p.K + k, d[static_cast<size_t>(k)]);
     }
   }
 }

@@ -1,7 +1,7 @@
 // CUDA SwiGLU forward / backward: one memory-bound pass each way, grid-stride over 16-byte vectors
 // (8 bf16/fp16 or 4 fp32 values) of the [M, I] side; each vector reads its gate and up halves.
 #include "core/swiglu_impl.hpp"
-#include "groupmm/convert.hpp"
+#include "cuda/common/element.cuh"
 
 namespace groupmm::cuda {
 namespace {
@@ -12,28 +12,6 @@ struct SwigluConfig {
   static_assert(kThreads % 32 == 0, "whole warps");
 };
 
-// Storage type and fp32 conversions with the library's bit-exact rounding.
-struct Bf16 {
-  using S = uint16_t;
-  static __device__ __forceinline__ float f(S v) { return bf16_bits_to_float(v); }
-  static __device__ __forceinline__ S s(float v) { return float_to_bf16_bits(v); }
-};
-struct Fp16 {
-  using S = uint16_t;
-  static __device__ __forceinline__ float f(S v) { return fp16_bits_to_float(v); }
-  static __device__ __forceinline__ S s(float v) { return float_to_fp16_bits(v); }
-};
-struct Fp32 {
-  using S = float;
-  static __device__ __forceinline__ float f(S v) { return v; }
-  static __device__ __forceinline__ S s(float v) { return v; }
-};
-
-template <class S, int VEC>
-struct alignas(sizeof(S) * VEC) Vec {
-  S v[VEC];
-};
-
 struct SwigluParams {
   const void* gate_up;  // [M, 2I]
   const void* dout;     // [M, I] (backward)
@@ -41,10 +19,11 @@ struct SwigluParams {
   int64_t M, I;
 };
 
+// E: the element type (common/element.cuh); VEC elements per access.
 template <class E, int VEC, bool kBackward>
 __global__ void __launch_bounds__(SwigluConfig::kThreads) swiglu_kernel(SwigluParams p) {
-  using S = typename E::S;
-  using V = Vec<S, VEC>;
+  using S = typename E::Storage;
+  using V = ElementVec<E, VEC>;
   const int64_t per_row = p.I / VEC;
   const int64_t total = p.M * per_row;
   const S* gu = static_cast<const S*>(p.gate_up);
@@ -56,7 +35,8 @@ __global__ void __launch_bounds__(SwigluConfig::kThreads) swiglu_kernel(SwigluPa
     if constexpr (!kBackward) {
       V o;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) o.v[k] = E::s(swiglu_fwd_elem(E::f(g.v[k]), E::f(u.v[k])));
+      for (int k = 0; k < VEC; ++k)
+        o.v[k] = E::from_float(swiglu_fwd_elem(E::to_float(g.v[k]), E::to_float(u.v[k])));
       *reinterpret_cast<V*>(static_cast<S*>(p.out) + m * p.I + i) = o;
     } else {
       const V d = *reinterpret_cast<const V*>(static_cast<const S*>(p.dout) + m * p.I + i);
@@ -64,9 +44,9 @@ __global__ void __launch_bounds__(SwigluConfig::kThreads) swiglu_kernel(SwigluPa
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         float a, b;
-        swiglu_bwd_elem(E::f(d.v[k]), E::f(g.v[k]), E::f(u.v[k]), a, b);
-        dg.v[k] = E::s(a);
-        du.v[k] = E::s(b);
+        swiglu_bwd_elem(E::to_float(d.v[k]), E::to_float(g.v[k]), E::to_float(u.v[k]), a, b);
+        dg.v[k] = E::from_float(a);
+        du.v[k] = E::from_float(b);
       }
       S* dgu = static_cast<S*>(p.out) + m * 2 * p.I + i;
       *reinterpret_cast<V*>(dgu) = dg;
@@ -81,7 +61,7 @@ bool aligned16(const void* p) {
 
 template <class E, bool kBackward>
 void launch(Context& ctx, const SwigluParams& p) {
-  constexpr int kVec = 16 / int(sizeof(typename E::S));
+  constexpr int kVec = 16 / int(sizeof(typename E::Storage));
   const bool vec = p.I % kVec == 0 && aligned16(p.gate_up) && aligned16(p.out) &&
                    (p.dout == nullptr || aligned16(p.dout));
   const int64_t vectors = p.M * (vec ? p.I / kVec : p.I);
@@ -99,17 +79,7 @@ void launch(Context& ctx, const SwigluParams& p) {
 
 template <bool kBackward>
 void dispatch(Context& ctx, DType t, const SwigluParams& p) {
-  switch (t) {
-    case DType::bf16:
-      launch<Bf16, kBackward>(ctx, p);
-      break;
-    case DType::fp16:
-      launch<Fp16, kBackward>(ctx, p);
-      break;
-    default:
-      launch<Fp32, kBackward>(ctx, p);
-      break;
-  }
+  dispatch_element(t, "swiglu: dtype", [&](auto e) { launch<decltype(e), kBackward>(ctx, p); });
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The quantize kernels compute block scales with fp32 division written without the IEEE slow path
-// (quantize_tile.cuh, div_rn_inrange). These tests compare that arithmetic with the shared qnum
+// (qnum's fast twins, div_rn_inrange). These tests compare that arithmetic with the shared qnum
 // functions (IEEE division, what the CPU reference runs) over every input it can see:
 //  - fp8_block: every fp32 amax bit pattern from 0 to Inf and NaN, e4m3 / e5m2, plain / pow2;
 //  - nvfp4: every S_enc the expert amax can produce (every positive fp32 from 2^-117 to FLT_MAX,
@@ -8,12 +8,12 @@
 #include <limits>
 
 #include "common/test_util.hpp"
-#include "cuda/quantize_tile.cuh"
+#include "core/quantize_layout.hpp"
 
 namespace groupmm::test {
 namespace {
 
-using cuda::tile_detail::GroupInfo;
+using GroupInfo = qnum::ExpertQuant;
 
 struct Mismatch {  // 16 bytes
   unsigned long long count;
@@ -33,7 +33,7 @@ __device__ bool same(float x, float y) {
 
 __global__ void fp8_block_sweep(bool e5m2, bool pow2, Mismatch* m) {
   qnum::Layout L;
-  L.recipe = qnum::kFp8Block;
+  L.recipe = QuantRecipe::fp8_block;
   L.e5m2 = e5m2;
   L.pow2 = pow2;
   const GroupInfo gr;
@@ -42,7 +42,8 @@ __global__ void fp8_block_sweep(bool e5m2, bool pow2, Mismatch* m) {
   for (uint64_t u = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; u <= 0x7F800001ull;
        u += stride) {
     const uint32_t am = u == 0x7F800001ull ? 0x7FC00000u : static_cast<uint32_t>(u);
-    const qnum::BlockQuant q = cuda::tile_detail::block_quant<qnum::kFp8Block>(am, gr, L);
+    const qnum::BlockQuant q =
+        qnum::block_quant_fast<QuantRecipe::fp8_block>(am, gr, L.e5m2, L.pow2);
     const qnum::ScalePair r = qnum::fp8_block_scale(__uint_as_float(am), e5m2, pow2);
     if (!same(q.mul, r.scale) || !same(q.scale_inv, r.scale_inv)) record(m, am, 0);
   }
@@ -58,8 +59,8 @@ __global__ void nvfp4_mul_sweep(Mismatch* m) {
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     GroupInfo gr;
     const float s_enc = __uint_as_float(lo + static_cast<uint32_t>(i));
-    cuda::tile_detail::nvfp4_expert_senc(gr, s_enc);
-    const float got = cuda::tile_detail::nvfp4_block_mul(gr, code);
+    qnum::set_nvfp4_s_enc(gr, s_enc);
+    const float got = qnum::nvfp4_block_mul(gr, code);
     const float want = qnum::nvfp4_elem_scale(s_enc, d);
     if (!same(got, want)) record(m, __float_as_uint(s_enc), code);
   }
@@ -70,9 +71,9 @@ __global__ void nvfp4_expert_kernel(const float* amax, int n, float* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   GroupInfo gr;
-  cuda::tile_detail::nvfp4_expert(gr, amax[i]);
+  qnum::set_expert_quant<QuantRecipe::nvfp4>(gr, amax[i], false, false);
   for (int c = 1; c < 127; ++c)
-    out[i * 126 + c - 1] = cuda::tile_detail::nvfp4_block_mul(gr, static_cast<uint8_t>(c));
+    out[i * 126 + c - 1] = qnum::nvfp4_block_mul(gr, static_cast<uint8_t>(c));
 }
 
 Mismatch run_sweep(const std::function<void(Mismatch*)>& launch) {

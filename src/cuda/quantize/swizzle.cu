@@ -2,15 +2,12 @@
 // per 128-row tile of the expert; columnwise: one per (expert, 128 rows of K)). Swizzling writes
 // every padded entry (0 for padding); unswizzling writes only the real entries.
 #include "core/quantize_impl.hpp"
-#include "cuda/quantize_plan.cuh"
+#include "cuda/quantize/plan.cuh"
 
 namespace groupmm::cuda {
 namespace {
 
-struct SwizzleConfig {
-  static constexpr int kThreads = 256;
-  static_assert(kThreads % 32 == 0, "warps");
-};
+using SwizzleConfig = BlockConfig<256>;
 
 struct SwizzleParams {
   QuantPlan plan;
@@ -27,7 +24,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) swizzle_rows_kernel(SwizzlePara
   const int64_t G = p.plan.G;
   const int64_t t = blockIdx.x;
   if (t >= p.plan.tile_start[G]) return;
-  const qnum::Geom g = p.plan.geom(find_group(p.plan.tile_start, G, t));
+  const qnum::Geom g = p.plan.geom(find_expert(p.plan.tile_start, G, t));
   const int64_t lt = t - g.tile_start;
   const int64_t C = p.cols, Cp = qnum::round_up(C, 4);
   for (int64_t i = threadIdx.x; i < 128 * Cp; i += Cfg::kThreads) {
@@ -70,8 +67,12 @@ __global__ void __launch_bounds__(Cfg::kThreads) swizzle_cols_kernel(SwizzlePara
 void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t) {
   const int64_t G = a.splits.dim(0);
   const QuantPlan plan = plan_view(ws, G);
-  launch_quant_plan(ctx, plan, a.splits, a.rows_total, a.columnwise ? a.block : 128, nullptr,
-                    OpId::swizzle_scales);
+  QuantPlanArgs pa;
+  pa.splits = a.splits;
+  pa.rows_total = a.rows_total;
+  pa.col_block = a.columnwise ? a.block : 128;
+  pa.op = OpId::swizzle_scales;
+  launch_quant_plan(ctx, plan, pa);
   SwizzleParams p{plan,
                   a.cols,
                   a.block,
@@ -82,7 +83,7 @@ void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t) 
     const dim3 grid(static_cast<unsigned>(qnum::ceil_div(a.cols, 128)), static_cast<unsigned>(G));
     swizzle_cols_kernel<SwizzleConfig><<<grid, SwizzleConfig::kThreads, 0, ctx.stream()>>>(p);
   } else {
-    const int64_t tiles = tile_bound(a.rows_total, G);
+    const int64_t tiles = qnum::tile_bound(a.rows_total, G);
     swizzle_rows_kernel<SwizzleConfig>
         <<<static_cast<unsigned>(tiles), SwizzleConfig::kThreads, 0, ctx.stream()>>>(p);
   }

@@ -1,0 +1,131 @@
+// Layout index functions of grouped quantization (quantize.hpp "Layouts"), shared by the CPU
+// reference and the CUDA kernels (host + device). Where a kernel needs a cheaper form of an index
+// it sits here beside the plain one, with an equality test (tests/cpu/test_quantize_numerics.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "core/quantize_numerics.hpp"
+
+namespace groupmm::qnum {
+
+GROUPMM_HD int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+GROUPMM_HD int64_t round_up(int64_t a, int64_t b) {
+  return ceil_div(a, b) * b;
+}
+GROUPMM_HD int64_t swizzle_128x4(int64_t r, int64_t c, int64_t Kp) {
+  return (r / 128) * 128 * Kp + (c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
+}
+// log2(v) when v is a power of two, else -1.
+inline int log2_exact(int64_t v) {
+  for (int sh = 0; sh < 62; ++sh)
+    if (int64_t(1) << sh == v) return sh;
+  return -1;
+}
+
+// Expert-local row tile. Every swizzle block and every column block boundary is a tile boundary.
+constexpr int kTileRows = 128;
+// Host-known bound on the row tiles of M rows in G experts (sum of ceil(m_g / 128)).
+GROUPMM_HD int64_t tile_bound(int64_t M, int64_t G) {
+  return M / kTileRows + G;
+}
+
+// One expert's derived offsets (quantize.hpp "Layouts").
+struct Geom {
+  int64_t start = 0, rows = 0, tile_start = 0, cb_start = 0, cs4_start = 0;
+};
+
+// Static layout of one quantized tensor (make_layout fills every field).
+struct Layout {
+  QuantRecipe recipe = QuantRecipe::mxfp8;
+  int64_t K = 0;
+  int rb = 32;          // rowwise block along K (fp8_current: 16, only for tiling)
+  int cb = 32;          // columnwise block along M
+  int cb_shift = 5;     // log2(cb): cb is 16, 32 or 128
+  bool fp8_2d = false;  // fp8_block 128x128 blocks
+  bool swizzled = false;
+  bool mn_major = false;  // fp8_block: scales with the token (M) dimension contiguous
+  int64_t rs_ld = 0;      // mn_major rowwise scales: leading dimension (see quantize.hpp)
+  bool e5m2 = false;
+  bool pow2 = false;
+  bool block_2d = false;
+  int64_t row_ncols = 0;  // rowwise scale columns: K / rb (K / 128 for fp8_block)
+  int64_t row_kp = 0;     // swizzled rowwise scale columns: round_up(row_ncols, 4)
+  int64_t col_k128 = 0;   // swizzled columnwise scale rows: round_up(K, 128)
+};
+
+// Column blocks of an expert of `rows` rows: ceil(rows / cb), by a shift.
+GROUPMM_HD int64_t col_blocks(const Layout& L, int64_t rows) {
+  return (rows + L.cb - 1) >> L.cb_shift;
+}
+
+// Rowwise scale (local row lr, scale column sc) of expert g; the swizzled layout's index also
+// for the padding entries (lr < roundup(rows, 128), sc < row_kp).
+GROUPMM_HD int64_t row_scale_index_swizzled(const Layout& L, const Geom& g, int64_t lr,
+                                            int64_t sc) {
+  return swizzle_128x4(g.tile_start * 128 + lr, sc, L.row_kp);
+}
+GROUPMM_HD int64_t row_scale_index(const Layout& L, const Geom& g, int64_t lr, int64_t sc) {
+  if (L.mn_major) return sc * L.rs_ld + (L.fp8_2d ? g.tile_start + lr / 128 : g.start + lr);
+  if (L.fp8_2d) return (g.tile_start + lr / 128) * (L.K / 128) + sc;
+  if (!L.swizzled) return (g.start + lr) * L.row_ncols + sc;
+  return row_scale_index_swizzled(L, g, lr, sc);
+}
+// row_scale_index of row r (0 <= r < 128) of the expert's row tile lt and scale column sc < 2^16:
+// the tile's part in 64 bits, the in-tile part in 32 (the kernels' per-thread form).
+GROUPMM_HD int64_t row_scale_index_in_tile(const Layout& L, const Geom& g, int64_t lt, int r,
+                                           int sc) {
+  if (L.fp8_2d || L.mn_major) return row_scale_index(L, g, lt * 128 + r, sc);
+  const unsigned ur = static_cast<unsigned>(r), us = static_cast<unsigned>(sc);
+  if (!L.swizzled)
+    return (g.start + lt * 128) * L.row_ncols + int64_t(ur * unsigned(L.row_ncols) + us);
+  return (g.tile_start + lt) * 128 * L.row_kp +
+         int64_t((us >> 2) * 512u + (ur & 31u) * 16u + (ur >> 5) * 4u + (us & 3u));
+}
+
+// Columnwise scale (k, j) of expert g's transposed [K, m_g] block: j = block index along m, nb =
+// col_blocks(L, g.rows); for fp8_2d k is the 128-column block index. The swizzled layout's index
+// also for the padding entries (k < roundup(K, 128), j < roundup(nb, 4)).
+GROUPMM_HD int64_t col_scale_index_swizzled(const Layout& L, const Geom& g, int64_t nb, int64_t k,
+                                            int64_t j) {
+  return L.col_k128 * g.cs4_start + swizzle_128x4(k, j, round_up(nb, 4));
+}
+GROUPMM_HD int64_t col_scale_index(const Layout& L, const Geom& g, int64_t nb, int64_t k,
+                                   int64_t j) {
+  if (L.mn_major) return (L.fp8_2d ? L.K / 128 : L.K) * (g.cb_start + j) + k;
+  if (L.fp8_2d) return L.row_ncols * g.cb_start + k * nb + j;
+  if (!L.swizzled) return L.K * g.cb_start + k * nb + j;
+  return col_scale_index_swizzled(L, g, nb, k, j);
+}
+
+// Dequantized value of element (lr, k) of expert g (index gi), read from the rowwise copy or the
+// columnwise copy. scales: the block scales (fp32, e8m0 or e4m3 bytes); per_expert: scale_inv [G]
+// (fp8_current) or S_enc [G] (nvfp4).
+GROUPMM_HD float dequant_value(const Layout& L, const Geom& g, int64_t gi, int64_t lr, int64_t k,
+                               bool col, const uint8_t* data, const void* scales,
+                               const float* per_expert) {
+  const int64_t e = col ? L.K * g.start + k * g.rows + lr : (g.start + lr) * L.K + k;
+  int64_t si = 0;
+  if (L.recipe != QuantRecipe::fp8_current) {
+    if (col) {
+      si = col_scale_index(L, g, col_blocks(L, g.rows), L.fp8_2d ? k / 128 : k, lr / L.cb);
+    } else {
+      si = row_scale_index(L, g, lr, L.fp8_2d ? k / 128 : k / L.rb);
+    }
+  }
+  if (L.recipe == QuantRecipe::nvfp4) {
+    const uint8_t b = data[e / 2];
+    const uint8_t c = (e & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xFu);
+    const float sbf = e4m3_to_float(static_cast<const uint8_t*>(scales)[si]);
+    return canon_nan((e2m1_to_float(c) * sbf) / per_expert[gi]);
+  }
+  const float q = fp8_to_float(data[e], L.e5m2);
+  if (L.recipe == QuantRecipe::fp8_current) return canon_nan(q * per_expert[gi]);
+  if (L.recipe == QuantRecipe::fp8_block)
+    return canon_nan(q * static_cast<const float*>(scales)[si]);
+  return canon_nan(q * e8m0_to_float(static_cast<const uint8_t*>(scales)[si]));
+}
+
+}  // namespace groupmm::qnum
