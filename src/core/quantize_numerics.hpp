@@ -315,12 +315,12 @@ GROUPMM_HD void set_nvfp4_s_enc(ExpertQuant& e, float s_enc) {
   e.s_enc_scaled = e.s_enc * k;
   e.s_enc_unscale = 1.0f / k;
 }
-// Sets the fields recipe R uses from the expert's amax (the others are left as they are).
-template <QuantRecipe R>
+// Sets the fields recipe kRecipe uses from the expert's amax (the others are left as they are).
+template <QuantRecipe kRecipe>
 GROUPMM_HD void set_expert_quant(ExpertQuant& e, float expert_amax, bool e5m2, bool pow2) {
-  if constexpr (R == QuantRecipe::fp8_current) {
+  if constexpr (kRecipe == QuantRecipe::fp8_current) {
     e.mul = fp8_current_scale(expert_amax, e5m2, pow2).scale;
-  } else if constexpr (R == QuantRecipe::nvfp4) {
+  } else if constexpr (kRecipe == QuantRecipe::nvfp4) {
     set_nvfp4_s_enc(e, nvfp4_s_enc(expert_amax));
   }
 }
@@ -333,18 +333,18 @@ GROUPMM_HD float nvfp4_block_mul(const ExpertQuant& e, uint8_t s_b) {
   return min_keep_nan(mul_rn(s, e.s_enc_unscale), 3.40282347e38f);
 }
 
-// make_block_quant(R, e5m2, pow2, amax_block, amax_g) with the per-expert part taken from
-// e = set_expert_quant<R>(amax_g), for every field the recipe's encoders read (fp8_current: mul;
-// its scale_inv is per expert). The same operations as the rules, written without their early
+// make_block_quant(kRecipe, e5m2, pow2, amax_block, amax_g) with the per-expert part taken from
+// e = set_expert_quant<kRecipe>(amax_g), for every field the recipe's encoders read (fp8_current:
+// mul; its scale_inv is per expert). The same operations as the rules, written without their early
 // returns: the compiler turned those into branches and reconvergence points that cost ~35
 // instructions per block.
-template <QuantRecipe R>
+template <QuantRecipe kRecipe>
 GROUPMM_HD BlockQuant block_quant_fast(uint32_t amax_block, const ExpertQuant& e, bool e5m2,
                                        bool pow2) {
   BlockQuant q;
-  if constexpr (R == QuantRecipe::fp8_current) {
+  if constexpr (kRecipe == QuantRecipe::fp8_current) {
     q.mul = e.mul;
-  } else if constexpr (R == QuantRecipe::fp8_block) {
+  } else if constexpr (kRecipe == QuantRecipe::fp8_block) {
     // fp8_block_scale: {1, 1} unless 0 < amax < Inf and v = amax / fmax is normal. v by one
     // residual correction of amax * RN(1 / fmax) (Markstein: exact; a subnormal quotient stays
     // subnormal); fmax / amax by div_rn_inrange, amax >= 2^64 prescaled by 2^-64 (amax >= 2^-117
@@ -368,7 +368,7 @@ GROUPMM_HD BlockQuant block_quant_fast(uint32_t amax_block, const ExpertQuant& e
     }
     q.mul = ok ? mul : 1.0f;
     q.scale_inv = ok ? inv : 1.0f;
-  } else if constexpr (R == QuantRecipe::mxfp8) {
+  } else if constexpr (kRecipe == QuantRecipe::mxfp8) {
     // mx_e8m0 (float_to_e8m0_roundup of amax / fmax) and mx_quant_mul.
     const float v = bits_float(amax_block) * (e5m2 ? (1.0f / kE5M2Max) : (1.0f / kE4M3Max));
     const uint32_t u = float_bits(v) & 0x7FFFFFFFu;

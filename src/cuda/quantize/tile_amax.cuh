@@ -23,20 +23,20 @@
 namespace groupmm::cuda::tile {
 
 // Per-expert outputs of the fused recipes from the expert's final amax.
-template <QuantRecipe R>
+template <QuantRecipe kRecipe>
 __device__ __forceinline__ void write_expert_scalars(const TileParams& p, int64_t g, float amax) {
-  if constexpr (R == QuantRecipe::fp8_current)
+  if constexpr (kRecipe == QuantRecipe::fp8_current)
     p.scale_inv_g[g] = qnum::fp8_current_scale(amax, p.L.e5m2, p.L.pow2).scale_inv;
-  if constexpr (R == QuantRecipe::nvfp4) p.global_scale[g] = qnum::nvfp4_s_enc(amax);
+  if constexpr (kRecipe == QuantRecipe::nvfp4) p.global_scale[g] = qnum::nvfp4_s_enc(amax);
 }
 
 // Fused: expert gi's amax is reduced: its outputs, and the CTA's current expert.
-template <QuantRecipe R>
+template <QuantRecipe kRecipe>
 __device__ __forceinline__ void install_expert(const TileParams& p, const SchedState& s, int64_t gi,
                                                uint32_t amax, ExpertInfo& cur) {
   p.amax_bits[gi] = amax;
-  write_expert_scalars<R>(p, gi, __uint_as_float(amax));
-  load_expert<R>(p, gi, s.plan.geom(gi), cur, __uint_as_float(amax));
+  write_expert_scalars<kRecipe>(p, gi, __uint_as_float(amax));
+  load_expert<kRecipe>(p, gi, s.plan.geom(gi), cur, __uint_as_float(amax));
 }
 
 // The canonical amax bits of column pair cp over rows [16 seg, 16 seg + 16) of the tile.
@@ -72,7 +72,7 @@ __device__ __forceinline__ void run_amax_item(const TileParams& p, const uint8_t
 
 // Fused, blocking: the expert amax from its slots [slot0, slot1), waiting for empty ones, then
 // the expert installed as the CTA's current one. Every thread calls it; two CTA barriers.
-template <QuantRecipe R>
+template <QuantRecipe kRecipe>
 __device__ __forceinline__ void reduce_expert_amax(const TileParams& p, const SchedState& s,
                                                    const ItemInfo& it, uint32_t& block_max,
                                                    ExpertInfo& cur, int tid) {
@@ -86,7 +86,7 @@ __device__ __forceinline__ void reduce_expert_amax(const TileParams& p, const Sc
   if (tid % 32 == 0 && m != 0) atomicMax(&block_max, m);
   __syncthreads();
   if (tid == 0) {
-    install_expert<R>(p, s, it.gi, block_max, cur);
+    install_expert<kRecipe>(p, s, it.gi, block_max, cur);
     block_max = 0;
   }
   __syncthreads();

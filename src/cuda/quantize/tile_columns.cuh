@@ -46,7 +46,7 @@ __device__ __forceinline__ void quantize_columns(const TileParams& p, const uint
                                                  int tid, int lane, int warp) {
   using E = typename V::E;
   using Pair = typename V::Pair;
-  constexpr QuantRecipe R = V::kRecipe;
+  constexpr QuantRecipe kRecipe = V::kRecipe;
   constexpr bool kFp4 = V::kFp4;
   const qnum::Layout& L = p.L;
   const qnum::Geom& g = cur.g;
@@ -68,14 +68,14 @@ __device__ __forceinline__ void quantize_columns(const TileParams& p, const uint
 
   // Column block amax of columns cc, cc + 1: merged raw (canon(max) = max(canon)).
   uint32_t am[2] = {0, 0};
-  if constexpr (R != QuantRecipe::fp8_current) {
+  if constexpr (kRecipe != QuantRecipe::fp8_current) {
     if (!L.block_2d) {
       Pair mc = E::pair_zero();
 #pragma unroll
       for (int j = 0; j < TileConfig::kColSeg; ++j) mc = E::pair_abs_max(mc, v[j]);
-      if constexpr (R == QuantRecipe::mxfp8) {  // 32x1: row groups 2b, 2b + 1
+      if constexpr (kRecipe == QuantRecipe::mxfp8) {  // 32x1: row groups 2b, 2b + 1
         mc = E::pair_max(mc, shfl_xor_pair(mc, 4));
-      } else if constexpr (R == QuantRecipe::fp8_block) {  // 128x1: all 8 row groups
+      } else if constexpr (kRecipe == QuantRecipe::fp8_block) {  // 128x1: all 8 row groups
         mc = E::pair_max(mc, shfl_xor_pair(mc, 4));
         mc = E::pair_max(mc, shfl_xor_pair(mc, 8));
         mc = E::pair_max(mc, shfl_xor_pair(mc, 16));
@@ -88,7 +88,8 @@ __device__ __forceinline__ void quantize_columns(const TileParams& p, const uint
       am[0] = am[1] = tile_amax_2d(block_amax);
     }
   }
-  const qnum::BlockQuant qk[2] = {block_quant<R>(am[0], cur, L), block_quant<R>(am[1], cur, L)};
+  const qnum::BlockQuant qk[2] = {block_quant<kRecipe>(am[0], cur, L),
+                                  block_quant<kRecipe>(am[1], cur, L)};
   // Element (row row0, column col0 + cc) of the expert's [K, m_g] block: the start of the
   // column's run (store_col_run). fp4: every term is even (K even, m_g even here), so runs start
   // on a byte.
@@ -138,13 +139,13 @@ __device__ __forceinline__ void quantize_columns(const TileParams& p, const uint
   for (int k = 0; k < 2; ++k) {
     const int col = cc + k;
     if (col >= c.valid_cols) continue;
-    if constexpr (R == QuantRecipe::fp8_block) {
+    if constexpr (kRecipe == QuantRecipe::fp8_block) {
       float* sc = static_cast<float*>(p.s_col);
       if (!L.fp8_2d && rg == 0)
         sc[qnum::col_scale_index(L, g, cur.nb, c.col0 + col, c.lt)] = qk[k].scale_inv;
       if (L.fp8_2d && tid == 0 && k == 0)
         sc[qnum::col_scale_index(L, g, cur.nb, c.col0 / 128, c.lt)] = qk[0].scale_inv;
-    } else if constexpr (R == QuantRecipe::mxfp8) {  // block j = 4 lt + rg / 2
+    } else if constexpr (kRecipe == QuantRecipe::mxfp8) {  // block j = 4 lt + rg / 2
       const int64_t j = c.lt * 4 + rg / 2;
       if ((rg & 1) == 0 && j < cur.nb)
         static_cast<uint8_t*>(p.s_col)[qnum::col_scale_index(L, g, cur.nb, c.col0 + col, j)] =

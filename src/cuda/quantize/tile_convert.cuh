@@ -18,21 +18,21 @@ struct ExpertInfo {
 };
 
 // gi's geometry g (from the scheduler's plan copy); amax: its amax (fp8_current, nvfp4).
-template <QuantRecipe R>
+template <QuantRecipe kRecipe>
 __device__ __forceinline__ void load_expert(const TileParams& p, int64_t gi, const qnum::Geom& g,
                                             ExpertInfo& info, float amax = 0.0f) {
   info.gi = gi;
   info.g = g;
   info.nb = qnum::col_blocks(p.L, info.g.rows);
-  qnum::set_expert_quant<R>(info.quant, amax, p.L.e5m2, p.L.pow2);
+  qnum::set_expert_quant<kRecipe>(info.quant, amax, p.L.e5m2, p.L.pow2);
 }
 
 // The block quantization of a block with canonical amax bits `amax_bits` in the current expert.
-template <QuantRecipe R>
+template <QuantRecipe kRecipe>
 __device__ __forceinline__ qnum::BlockQuant block_quant(uint32_t amax_bits,
                                                         const ExpertInfo& expert,
                                                         const qnum::Layout& L) {
-  return qnum::block_quant_fast<R>(amax_bits, expert.quant, L.e5m2, L.pow2);
+  return qnum::block_quant_fast<kRecipe>(amax_bits, expert.quant, L.e5m2, L.pow2);
 }
 
 // ---- nvfp4 with 16-bit inputs: the e2m1 sign bits straight from the input words ----------------

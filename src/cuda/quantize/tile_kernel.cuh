@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads, V::kMinBlocks)
   using Cfg = TileConfig;
   using E = typename V::E;
   using S = TileSmem<E>;
-  constexpr QuantRecipe R = V::kRecipe;
+  constexpr QuantRecipe kRecipe = V::kRecipe;
   constexpr bool kFused = V::kFused, kEarly = V::kEarly;
   constexpr int kStages = Cfg::kStages, kRing = kStages + 1;
   extern __shared__ __align__(128) uint8_t smem[];  // [kStages] input tiles, then the plan cache
@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(TileConfig::kThreads, V::kMinBlocks)
   // others are written where their amax is reduced. After an amax pass: all.
   if (V::kExpertAmax && blockIdx.x == 0) {
     for (int64_t g = tid; g < G; g += Cfg::kThreads) {
-      if (kFused && p.plan.rows[g] == 0) write_expert_scalars<R>(p, g, 0.0f);
-      if (!kFused) write_expert_scalars<R>(p, g, __uint_as_float(p.amax_bits[g]));
+      if (kFused && p.plan.rows[g] == 0) write_expert_scalars<kRecipe>(p, g, 0.0f);
+      if (!kFused) write_expert_scalars<kRecipe>(p, g, __uint_as_float(p.amax_bits[g]));
     }
   }
   __syncthreads();
@@ -129,13 +129,13 @@ __global__ void __launch_bounds__(TileConfig::kThreads, V::kMinBlocks)
     cp_async_commit();
     if (!kFused && tid == 0 && it.gi != expert.gi) {  // static: the item's expert
       const float amax = V::kExpertAmax ? __uint_as_float(p.amax_bits[it.gi]) : 0.0f;
-      load_expert<R>(p, it.gi, sched.plan.geom(it.gi), expert, amax);
+      load_expert<kRecipe>(p, it.gi, sched.plan.geom(it.gi), expert, amax);
     }
     // Fused: the expert of a quantize item whose amax the early reduction made, installed by
     // warp 1 while thread 0 schedules (in series on thread 0 they were the barrier's critical
     // path).
     if (kFused && tid == 32 && it.kind == kItemQuant && it.ready && it.gi != expert.gi)
-      install_expert<R>(p, sched, it.gi, it.amax, expert);
+      install_expert<kRecipe>(p, sched, it.gi, it.amax, expert);
     if (kEarly && warp == Cfg::kWarps - 1) early.first_try(ring, early_state, lane);
     cp_async_wait<kStages - 1>();  // item i's group is complete
     __syncthreads();
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads, V::kMinBlocks)
       continue;
     }
     if (kFused && it.gi != expert.gi)  // ---- first quantize item of an expert: its amax
-      reduce_expert_amax<R>(p, sched, it, block_max, expert, tid);
+      reduce_expert_amax<kRecipe>(p, sched, it, block_max, expert, tid);
 
     const TileCoords c{
         it.t, it.ct, it.lt, int64_t(it.lt) * Cfg::kRows, it.vr, int64_t(it.ct) * Cfg::kCols, it.vc};
@@ -195,36 +195,38 @@ void launch_tile_kernel(Context& ctx, const TileParams& p) {
   launch_pdl(kernel, dim3(p.grid), dim3(TileConfig::kThreads), p.smem_total, ctx.stream(), p);
 }
 
-// The dispatch-table rows of recipe R: every input element, fp8 format and schedule it has.
-template <QuantRecipe R, class E, bool kE5m2>
+// The dispatch-table rows of recipe kRecipe: every input element, fp8 format and schedule it has.
+template <QuantRecipe kRecipe, class E, bool kE5m2>
 constexpr void add_schedules(TileKernel* rows, int& n) {
-  rows[n++] = {TileVariant<E, R, kE5m2, TileSchedule::tiles>::key(),
-               &launch_tile_kernel<TileVariant<E, R, kE5m2, TileSchedule::tiles>>};
-  if constexpr (R == QuantRecipe::fp8_current || R == QuantRecipe::nvfp4) {
-    rows[n++] = {TileVariant<E, R, kE5m2, TileSchedule::fused_amax>::key(),
-                 &launch_tile_kernel<TileVariant<E, R, kE5m2, TileSchedule::fused_amax>>};
-    rows[n++] = {TileVariant<E, R, kE5m2, TileSchedule::fused_amax_early>::key(),
-                 &launch_tile_kernel<TileVariant<E, R, kE5m2, TileSchedule::fused_amax_early>>};
+  rows[n++] = {TileVariant<E, kRecipe, kE5m2, TileSchedule::tiles>::key(),
+               &launch_tile_kernel<TileVariant<E, kRecipe, kE5m2, TileSchedule::tiles>>};
+  if constexpr (kRecipe == QuantRecipe::fp8_current || kRecipe == QuantRecipe::nvfp4) {
+    rows[n++] = {TileVariant<E, kRecipe, kE5m2, TileSchedule::fused_amax>::key(),
+                 &launch_tile_kernel<TileVariant<E, kRecipe, kE5m2, TileSchedule::fused_amax>>};
+    rows[n++] = {
+        TileVariant<E, kRecipe, kE5m2, TileSchedule::fused_amax_early>::key(),
+        &launch_tile_kernel<TileVariant<E, kRecipe, kE5m2, TileSchedule::fused_amax_early>>};
   }
 }
-template <QuantRecipe R, class E>
+template <QuantRecipe kRecipe, class E>
 constexpr void add_formats(TileKernel* rows, int& n) {
-  add_schedules<R, E, false>(rows, n);
-  if constexpr (R != QuantRecipe::nvfp4) add_schedules<R, E, true>(rows, n);
+  add_schedules<kRecipe, E, false>(rows, n);
+  if constexpr (kRecipe != QuantRecipe::nvfp4) add_schedules<kRecipe, E, true>(rows, n);
 }
-template <QuantRecipe R>
+template <QuantRecipe kRecipe>
 constexpr int variant_count() {
-  const int schedules = R == QuantRecipe::fp8_current || R == QuantRecipe::nvfp4 ? 3 : 1;
-  const int formats = R == QuantRecipe::nvfp4 ? 1 : 2;
+  const int schedules =
+      kRecipe == QuantRecipe::fp8_current || kRecipe == QuantRecipe::nvfp4 ? 3 : 1;
+  const int formats = kRecipe == QuantRecipe::nvfp4 ? 1 : 2;
   return 3 * formats * schedules;  // bf16, fp16, fp32 inputs
 }
-template <QuantRecipe R>
-constexpr std::array<TileKernel, variant_count<R>()> tile_kernels() {
-  std::array<TileKernel, variant_count<R>()> rows{};
+template <QuantRecipe kRecipe>
+constexpr std::array<TileKernel, variant_count<kRecipe>()> tile_kernels() {
+  std::array<TileKernel, variant_count<kRecipe>()> rows{};
   int n = 0;
-  add_formats<R, Bf16>(rows.data(), n);
-  add_formats<R, Fp16>(rows.data(), n);
-  add_formats<R, Fp32>(rows.data(), n);
+  add_formats<kRecipe, Bf16>(rows.data(), n);
+  add_formats<kRecipe, Fp16>(rows.data(), n);
+  add_formats<kRecipe, Fp32>(rows.data(), n);
   return rows;
 }
 

@@ -18,7 +18,7 @@ __device__ __forceinline__ void quantize_rows(const TileParams& p, const uint8_t
                                               const ExpertInfo& cur, const uint32_t* block_amax,
                                               int tid, int lane, int warp, int row_elems) {
   using E = typename V::E;
-  constexpr QuantRecipe R = V::kRecipe;
+  constexpr QuantRecipe kRecipe = V::kRecipe;
   constexpr bool kFp4 = V::kFp4;
   const int64_t K = p.K;
   const qnum::Layout& L = p.L;
@@ -30,7 +30,7 @@ __device__ __forceinline__ void quantize_rows(const TileParams& p, const uint8_t
     TileSmem<E>::run16(buf, r, e_run0, v);
     TileSmem<E>::run16(buf, r, e_run1, v + 8);
     uint32_t am0 = 0, am1 = 0;  // amax of run 0 / run 1 (or of their blocks)
-    if constexpr (R != QuantRecipe::fp8_current) {
+    if constexpr (kRecipe != QuantRecipe::fp8_current) {
       if (!L.block_2d) {
         typename V::Pair m0 = E::pair_zero(), m1 = E::pair_zero();
 #pragma unroll
@@ -39,11 +39,11 @@ __device__ __forceinline__ void quantize_rows(const TileParams& p, const uint8_t
         for (int i = 8; i < 16; ++i) m1 = E::pair_abs_max(m1, v[i]);
         am0 = max(E::pair_lo_abs(m0), E::pair_hi_abs(m0));
         am1 = max(E::pair_lo_abs(m1), E::pair_hi_abs(m1));
-        if constexpr (R == QuantRecipe::fp8_block) {  // 1x128: the 4 lanes of the row
+        if constexpr (kRecipe == QuantRecipe::fp8_block) {  // 1x128: the 4 lanes of the row
           am0 = max(am0, am1);
           am0 = max(am0, __shfl_xor_sync(0xFFFFFFFFu, am0, 1));
           am0 = max(am0, __shfl_xor_sync(0xFFFFFFFFu, am0, 2));
-        } else if constexpr (R == QuantRecipe::mxfp8) {  // 1x32: lanes s, s ^ 1
+        } else if constexpr (kRecipe == QuantRecipe::mxfp8) {  // 1x32: lanes s, s ^ 1
           am0 = max(am0, __shfl_xor_sync(0xFFFFFFFFu, am0, 1));
           am1 = max(am1, __shfl_xor_sync(0xFFFFFFFFu, am1, 1));
         }
@@ -54,9 +54,9 @@ __device__ __forceinline__ void quantize_rows(const TileParams& p, const uint8_t
         am0 = tile_amax_2d(block_amax);
       }
     }
-    constexpr bool kTwoBlocks = kFp4 || R == QuantRecipe::mxfp8;
-    const qnum::BlockQuant q0 = block_quant<R>(am0, cur, L);
-    const qnum::BlockQuant q1 = kTwoBlocks ? block_quant<R>(am1, cur, L) : q0;
+    constexpr bool kTwoBlocks = kFp4 || kRecipe == QuantRecipe::mxfp8;
+    const qnum::BlockQuant q0 = block_quant<kRecipe>(am0, cur, L);
+    const qnum::BlockQuant q1 = kTwoBlocks ? block_quant<kRecipe>(am1, cur, L) : q0;
     const bool row_ok = r < c.valid_rows;
     const int64_t e = (g.start + c.row0) * K + c.col0 + r * row_elems;  // row r, column col0
     const bool ok0 = row_ok && e_run0 < c.valid_cols, ok1 = row_ok && e_run1 < c.valid_cols;
@@ -99,13 +99,13 @@ __device__ __forceinline__ void quantize_rows(const TileParams& p, const uint8_t
         __stcs(reinterpret_cast<uint4*>(p.q_row + e + e_run0), make_uint4(w[0], w[1], w[2], w[3]));
       if (ok1)
         __stcs(reinterpret_cast<uint4*>(p.q_row + e + e_run1), make_uint4(w[4], w[5], w[6], w[7]));
-      if constexpr (R == QuantRecipe::fp8_block) {
+      if constexpr (kRecipe == QuantRecipe::fp8_block) {
         float* sr = static_cast<float*>(p.s_row);
         if (!L.fp8_2d && row_ok && s == 0)
           sr[qnum::row_scale_index_in_tile(L, g, c.lt, r, c.ct)] = q0.scale_inv;
         if (L.fp8_2d && tid == 0)
           sr[qnum::row_scale_index(L, g, c.row0, c.col0 / 128)] = q0.scale_inv;
-      } else if constexpr (R == QuantRecipe::mxfp8) {
+      } else if constexpr (kRecipe == QuantRecipe::mxfp8) {
         // Lane s stores block b = s / 2 (s even, run 0) or 2 + s / 2 (s odd, run 1).
         const int b = (s & 1) ? 2 + s / 2 : s / 2;
         if (row_ok && 32 * b < c.valid_cols)
