@@ -138,6 +138,9 @@ for f in sorted(glob.glob(os.path.join(d, "*.json"))):
             key = (name, f"{c['case']} {c['pass']} {c['pattern']} G={c['G']}")
         us = float(c["us"])
         best[key][side] = min(us, best[key].get(side, us))
+    if "host_us_per_call" in data:  # bench gemm: host time of one grouped_gemm call
+        key, us = (name, "host us per call (decode shape)"), float(data["host_us_per_call"])
+        best[key][side] = min(us, best[key].get(side, us))
 print(f"{'bench':16s} {'case':52s} {'old us':>10s} {'new us':>10s} {'new/old':>8s}")
 worst, n, slower = 0.0, 0, []
 for (bench, case), v in sorted(best.items()):
