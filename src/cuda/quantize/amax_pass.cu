@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) expert_amax_kernel(AmaxParams p
   const int tid = threadIdx.x;
   // Items [begin, end) of this CTA (range sizes differ by at most one).
   const int64_t n_items = plan.tile_start[plan.G] * col_tiles;
-  const int64_t begin = n_items * blockIdx.x / gridDim.x;
-  const int64_t end = n_items * (blockIdx.x + 1) / gridDim.x;
+  const int64_t cta = blockIdx.x, ctas = gridDim.x;
+  const int64_t begin = n_items * cta / ctas, end = n_items * (cta + 1) / ctas;
   if (begin >= end) return;
 
   struct Unit {  // one step of one tile

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads, V::kMinBlocks)
   if (ring[0].kind == kItemNone) return;
 
   auto load_item = [&](const uint8_t* buf, const ItemInfo& it) {
-    S::load_async(buf, it.src, it.vr, it.vc, tid, row_elems);
+    S::load_async(buf, it, tid, row_elems);
   };
 #pragma unroll
   for (int q = 0; q + 1 < kStages; ++q) {

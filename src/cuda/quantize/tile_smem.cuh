@@ -57,26 +57,27 @@ struct TileSmem {
     }
   }
 
-  // cp.async of one tile into buf: 16-byte chunks, zero-filled past the expert's valid rows and
-  // past K. src: element (row 0, col 0) of the tile; row_elems: K (< 2^24, so in-tile offsets fit
-  // in 32 bits). A thread loads chunk ch of rows r0 + j * kRowStep: one 64-bit source address per
-  // tile, the j-independent part of the swizzle once.
-  static __device__ __forceinline__ void load_async(const uint8_t* buf, const uint8_t* src,
-                                                    int valid_rows, int valid_cols, int tid,
+  // cp.async of one tile into buf: 16-byte chunks, zero-filled past the item's valid rows
+  // (it.vr) and columns (it.vc); it.src: element (row 0, col 0) of the tile; row_elems: K
+  // (< 2^24: in-tile offsets fit in 32 bits). A thread loads chunk ch of rows r0 + j * kRowStep:
+  // one 64-bit source address per tile, the j-independent part of the swizzle once.
+  template <class Item>
+  static __device__ __forceinline__ void load_async(const uint8_t* buf, const Item& it, int tid,
                                                     int row_elems) {
     constexpr int kRowStep = TileConfig::kThreads / kChunksPerRow;
     static_assert(TileConfig::kThreads % kChunksPerRow == 0 && kRowStep % 16 == 0, "load mapping");
     const int ch = tid % kChunksPerRow, r0 = tid / kChunksPerRow;
-    const uint8_t* const src0 = src + (r0 * row_elems + ch * kVec) * kElemBytes;
+    const uint8_t* const src0 = it.src + (r0 * row_elems + ch * kVec) * kElemBytes;
     const uint32_t d0 = static_cast<uint32_t>(__cvta_generic_to_shared(buf)) + r0 * kRowBytes;
     const int sw0 = ch ^ (r0 & 1) ^ ((ch >> 2) & 6);  // swizzled_chunk without its (r >> 4) term
-    const bool ok_c = ch * kVec < valid_cols;
+    const bool ok_c = ch * kVec < it.vc;
+    const int vr = it.vr;
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
       const int r = r0 + j * kRowStep;
-      const bool ok = ok_c && r < valid_rows;
-      const uint8_t* row_src = src0 + int64_t(j * kRowStep) * row_elems * kElemBytes;
-      cp_async16(d0 + j * kRowStep * kRowBytes + ((sw0 ^ ((r >> 4) & 7)) << 4), ok ? row_src : src,
+      const bool ok = ok_c && r < vr;
+      const uint8_t* src = src0 + int64_t(j * kRowStep) * row_elems * kElemBytes;
+      cp_async16(d0 + j * kRowStep * kRowBytes + ((sw0 ^ ((r >> 4) & 7)) << 4), ok ? src : it.src,
                  ok ? 16 : 0);
     }
   }
