@@ -8,8 +8,7 @@
 //    an even number of tiles for MoE shapes, so multicast never leaves a CTA idle: forward pairs
 //    along N (1x2, sharing the activation tile), wgrad along M' = N (2x1, sharing the x tile),
 //    dgrad runs without a cluster (its N' is the hidden size K, and K/256 is odd for common sizes
-//    such as 768, where a 1x2 cluster leaves a quarter of the slots idle; bench/RESULTS.md,
-//    "Tuning A/B").
+//    such as 768: a 1x2 cluster measured 0.74x torch on qwen3 down).
 //  - wgrad reduces over each expert's tokens (K' = m_g); fp32 or 16-bit output.
 #include <algorithm>
 
