@@ -33,9 +33,11 @@ struct TileSumParams {
   float* partial;  // [tile_bound(M, G), N]
 };
 
-// blockIdx.x: global row tile; blockIdx.y: a strip of 32 * kVec columns.
+// blockIdx.x: global row tile; blockIdx.y: a strip of 32 * kVec columns. Residency: 8 CTAs per SM
+// (32 registers) for the element-at-a-time variant, 6 (40 registers) for the vector ones.
 template <class E, int kVec>
-__global__ void __launch_bounds__(DbiasConfig::kThreads) dbias_tile_sums_kernel(TileSumParams p) {
+__global__ void __launch_bounds__(DbiasConfig::kThreads, kVec == 1 ? 8 : 6)
+    dbias_tile_sums_kernel(TileSumParams p) {
   using Cfg = DbiasConfig;
   using S = typename E::Storage;
   constexpr int kCols = Cfg::kColThreads * kVec;
