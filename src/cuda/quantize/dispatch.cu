@@ -88,7 +88,7 @@ size_t group_quantize_workspace_size(int64_t M, int64_t K, int64_t G, QuantRecip
 }
 
 // Shared memory: the input tile buffers and the plan cache. Persistent grid: as many CTAs as fit
-// (two 512-thread CTAs per SM for 16-bit inputs: ~102 KB each; one for fp32), at most one per
+// (two 512-thread CTAs per SM for 16-bit inputs: ~75 KB each; one for fp32), at most one per
 // item.
 void set_tile_geometry(const Context& ctx, TileParams& p, int in_bytes) {
   int off = TileConfig::kStages * TileConfig::kRows * TileConfig::kCols * in_bytes;
