@@ -81,7 +81,8 @@ OperandCopy check_operand(const Context& ctx, const QuantizedGemmArgs& a, bool i
                   spec.to_string());
     GROUPMM_CHECK(v.device == ctx.device(), kOp, ": ", name, " ", what, " is on ",
                   device_name(v.device), " but the context is ", device_name(ctx.device()));
-    GROUPMM_CHECK(v.data != nullptr, kOp, ": ", name, " ", what, ".data is null");
+    GROUPMM_CHECK(v.data != nullptr || spec.numel() == 0, kOp, ": ", name, " ", what,
+                  ".data is null");
   };
   check(c.data, ds, "data");
   check(c.scales, ss, "scales");
@@ -103,6 +104,8 @@ Resolved resolve(const Context& ctx, const QuantizedGemmArgs& a) {
       " must be fp8_current, fp8_block or mxfp8 (16-bit operands take GroupedGemmArgs)");
   GROUPMM_CHECK(a.b.recipe == r, kOp, ": b.recipe=", recipe_name(a.b.recipe),
                 " must equal a.recipe=", recipe_name(r));
+  GROUPMM_CHECK(!a.fast_accum || (r == QuantRecipe::fp8_current && a.pass == GemmPass::forward),
+                kOp, ": fast_accum is an option of the fp8_current forward pass");
   const Device dev = ctx.device();
   GROUPMM_CHECK(a.out.present(), kOp, ": out is required");
   GemmDims d;
@@ -135,8 +138,6 @@ Resolved resolve(const Context& ctx, const QuantizedGemmArgs& a) {
   GROUPMM_CHECK(d.G >= 1, kOp, ": number of groups G=", d.G, " must be >= 1");
   check_splits(kOp, a.splits, d.G, dev);
   GROUPMM_CHECK(d.M <= INT32_MAX, kOp, ": M_total=", d.M, " must fit int32");
-  GROUPMM_CHECK(!a.fast_accum || (r == QuantRecipe::fp8_current && a.pass == GemmPass::forward),
-                kOp, ": fast_accum is an option of the fp8_current forward pass");
   if (a.bias.present()) {
     GROUPMM_CHECK(a.pass == GemmPass::forward, kOp, ": bias is only valid for the forward pass");
     check_view(kOp, "bias", a.bias, DType::bf16, 2, dev);

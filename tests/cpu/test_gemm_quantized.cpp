@@ -22,8 +22,13 @@ double calc_diff(const std::vector<float>& x, const std::vector<float>& y) {
 }
 
 // The exact products of one problem, decoded from the quantized bytes by the formulas of
-// quantize.hpp's "Layouts" (fp8_current: one scale_inv per expert; fp8_block plain layouts).
-std::vector<double> hand_decode(const QGemmSpec& s, QGemmDevice& d) {
+// quantize.hpp's "Layouts" (fp8_current: one scale_inv per expert; fp8_block plain layouts), and
+// per output the sum of |terms| (the reference rounds each dequantized operand to fp32 once, an
+// error of at most 2^-23 of each term).
+struct Decoded {
+  std::vector<double> sum, abs_sum;
+};
+Decoded hand_decode(const QGemmSpec& s, QGemmDevice& d) {
   const int64_t M = total_rows(s), N = s.N, K = s.K, G = s.G;
   const bool block = s.recipe == QuantRecipe::fp8_block;
   const GroupedTensor &A = d.qa.gt, &B = d.qb.gt;
@@ -47,7 +52,7 @@ std::vector<double> hand_decode(const QGemmSpec& s, QGemmDevice& d) {
     for (int64_t i = 0; i < (s.pass == GemmPass::wgrad ? N : m_g); ++i) {
       const int64_t cols = s.pass == GemmPass::forward ? N : K;
       for (int64_t j = 0; j < cols; ++j) {
-        double acc = 0;
+        double acc = 0, mag = 0;
         const int64_t depth = s.pass == GemmPass::forward ? K : s.pass == GemmPass::dgrad ? N : m_g;
         for (int64_t k = 0; k < depth; ++k) {
           double av, bv, scale;
@@ -72,9 +77,11 @@ std::vector<double> hand_decode(const QGemmSpec& s, QGemmDevice& d) {
                           : double(sa[g]) * sb[g];
           }
           acc += av * bv * scale;
+          mag += std::abs(av * bv * scale);
         }
         const int64_t o = s.pass == GemmPass::wgrad ? (g * N + i) * K + j : (start + i) * cols + j;
-        out[size_t(o)] = acc;
+        out.sum[size_t(o)] = acc;
+        out.abs_sum[size_t(o)] = mag;
       }
     }
     start += m_g;

@@ -8,13 +8,15 @@
 namespace groupmm::test {
 namespace {
 
-// Relative error of a correct implementation against the fp64 reference: the bf16 output rounds
-// once on both sides (a rounding flip is one bf16 ulp, 2^-8 relative), fp32 outputs differ by the
-// fp32 summation order over m_g <= 4096 terms. Fast accumulation (no fp32 promotion) keeps about
-// 13 mantissa bits in the tensor-core accumulator.
+// Relative error of a correct implementation against the fp64 reference. Hopper's FP8 tensor
+// cores accumulate with about 14 mantissa bits (DeepSeek-V3 report, section 3.3.2) between the
+// promotions to fp32 registers every 128 K; measured 0.9-1.3e-4 on fp32 wgrad outputs (H100).
+// bf16 outputs add their own rounding (a flip is one bf16 ulp, 2^-8 relative). Fast accumulation
+// keeps the reduced precision over the whole K.
 double tolerance(const QGemmSpec& s) {
   if (s.fast_accum) return 1e-2;
-  return s.out == DType::fp32 ? 2e-5 : 2e-3;
+  if (s.recipe == QuantRecipe::mxfp8) return s.out == DType::fp32 ? 2e-5 : 2e-3;  // bf16 engine
+  return s.out == DType::fp32 ? 5e-4 : 2e-3;
 }
 
 struct QCase {
@@ -83,7 +85,9 @@ TEST_P(QuantizedGemmGpu, MatchesCpuReference) {
 
 std::vector<QCase> cases() {
   std::vector<QCase> v;
-  auto add = [&](QGemmSpec s) { v.push_back({s, spec_name(s)}); };
+  auto add = [&](QGemmSpec s, const char* tag = "") {
+    v.push_back({s, spec_name(s) + (*tag ? std::string("_") + tag : std::string())});
+  };
   for (QuantRecipe r : {QuantRecipe::fp8_current, QuantRecipe::fp8_block, QuantRecipe::mxfp8}) {
     const bool blk = r == QuantRecipe::fp8_block;
     for (GemmPass pass : {GemmPass::forward, GemmPass::dgrad, GemmPass::wgrad}) {
@@ -100,7 +104,8 @@ std::vector<QCase> cases() {
         return s;
       };
       auto pat = [&](Pattern p, int64_t G, int64_t total) {
-        return wg && r != QuantRecipe::mxfp8 ? splits16(p, G, total) : make_splits(p, G, total);
+        return wg && r != QuantRecipe::mxfp8 ? splits16(p, G, total - total % 16)
+                                             : make_splits(p, G, total);
       };
       // N, K off the 128x256 tile: multiples of the recipe's block (128 / 32 / 16) only.
       const int64_t n_odd = blk ? 384 : r == QuantRecipe::mxfp8 ? 288 : 272;
@@ -110,7 +115,7 @@ std::vector<QCase> cases() {
       add(spec(1, pat(Pattern::balanced, 1, 777), 256, 512));
       add(spec(128, pat(Pattern::quarter_empty, 128, 4096), 256, 256));
       for (Pattern z : {Pattern::zero_first, Pattern::zero_last})
-        add(spec(6, pat(z, 6, 900), 256, 384));
+        add(spec(6, pat(z, 6, 900), 256, 384), pattern_name(z));
       add(spec(5, pat(Pattern::zero_all, 5, 0), 256, 256));
       if (pass == GemmPass::forward) {
         QGemmSpec b = spec(8, pat(Pattern::zipf, 8, 2000), 512, 512);
@@ -166,34 +171,39 @@ TEST(QuantizedGemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
       s.out = pass == GemmPass::wgrad ? DType::fp32 : DType::bf16;
       s.splits = splits16(Pattern::zipf, 16, 2048);
       const QGemmInputs in = make_inputs(s);
-      Context ctx(Device::CUDA);
-      QGemmDevice d(ctx, s, in);
-      QuantizedGemmArgs a = d.args(s);
-      ctx.reserve_workspace(grouped_gemm_workspace_size(ctx, a));
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      GROUPMM_CHECK_CUDA(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal));
-      grouped_gemm(ctx, a);
-      GROUPMM_CHECK_CUDA(cudaStreamEndCapture(ctx.stream(), &graph));
-      GROUPMM_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-      for (int rep = 0; rep < 4; ++rep) {
-        // New routing of the same total (the quantized operands keep their bytes: only the expert
-        // boundaries move, which is what the GEMM's setup kernel must follow).
-        std::vector<int64_t> sp =
-            splits16(rep % 2 ? Pattern::quarter_empty : Pattern::random_odd, 16, 2048);
-        copy(d.splits, TensorView(sp.data(), DType::int64, Device::CPU, {16}), ctx.stream());
-        fill_bytes(d.out, 0xFF, ctx.stream());
-        GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, ctx.stream()));
-        ctx.check();
-        const std::vector<uint8_t> replay = quant_bytes(d.out);
-        fill_bytes(d.out, 0xFF, ctx.stream());
+      cudaStream_t stream;  // the legacy default stream cannot be captured
+      GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      {
+        Context ctx(Device::CUDA, stream);
+        QGemmDevice d(ctx, s, in);
+        QuantizedGemmArgs a = d.args(s);
+        ctx.reserve_workspace(grouped_gemm_workspace_size(ctx, a));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        GROUPMM_CHECK_CUDA(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal));
         grouped_gemm(ctx, a);
-        ctx.check();
-        EXPECT_EQ(replay, quant_bytes(d.out))
-            << recipe_name(r) << " " << gemm_pass_name(pass) << " replay " << rep;
+        GROUPMM_CHECK_CUDA(cudaStreamEndCapture(ctx.stream(), &graph));
+        GROUPMM_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 4; ++rep) {
+          // New routing of the same total (the quantized operands keep their bytes: only the expert
+          // boundaries move, which is what the GEMM's setup kernel must follow).
+          std::vector<int64_t> sp =
+              splits16(rep % 2 ? Pattern::quarter_empty : Pattern::random_odd, 16, 2048);
+          copy(d.splits, TensorView(sp.data(), DType::int64, Device::CPU, {16}), ctx.stream());
+          fill_bytes(d.out, 0xFF, ctx.stream());
+          GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, ctx.stream()));
+          ctx.check();
+          const std::vector<uint8_t> replay = quant_bytes(d.out);
+          fill_bytes(d.out, 0xFF, ctx.stream());
+          grouped_gemm(ctx, a);
+          ctx.check();
+          EXPECT_EQ(replay, quant_bytes(d.out))
+              << recipe_name(r) << " " << gemm_pass_name(pass) << " replay " << rep;
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
       }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
     }
   }
 }
@@ -220,7 +230,7 @@ TEST(QuantizedGemmGpuFaults, WgradMisalignedSplits) {
     EXPECT_THROW_MSG(cctx.check(), "alignment rule");
     const auto g = gpu.result(s), c = cpu.result(s);
     const int64_t slab = s.N * s.K;
-    EXPECT_LE(rel_error({g.begin(), g.begin() + slab}, {c.begin(), c.begin() + slab}), 2e-5);
+    EXPECT_LE(rel_error({g.begin(), g.begin() + slab}, {c.begin(), c.begin() + slab}), 5e-4);
     for (int64_t i = slab; i < 3 * slab; ++i) ASSERT_TRUE(std::isnan(g[size_t(i)]));
     for (int64_t i = 3 * slab; i < 4 * slab; ++i) ASSERT_EQ(g[size_t(i)], 0.0f);
   }

@@ -52,6 +52,13 @@ bool serves(const TableEntry& e, const GemmLaunch& l) {
          e.recipe == l.recipe && e.fast_accum == l.fast_accum;
 }
 
+// "bf16->fp32" for 16-bit operands, "fp8e5m2 x fp8e4m3->bf16 (fp8_current)" for quantized ones.
+std::string describe(GemmPass pass, DType a, DType b, DType out, QuantRecipe r) {
+  return detail::cat(gemm_pass_name(pass), " ", dtype_name(a),
+                     a == b ? "" : detail::cat(" x ", dtype_name(b)), "->", dtype_name(out),
+                     r == QuantRecipe::none ? "" : detail::cat(" (", recipe_name(r), ")"));
+}
+
 std::string heuristic_16bit(const GemmLaunch& l) {
   const bool bf = l.a_dtype == DType::bf16;
   const GemmDims& d = l.dims;
@@ -74,21 +81,18 @@ std::string heuristic(const GemmLaunch& l) {
   // FP8: one kernel per (pass, dtypes, recipe) today; the first that serves the launch.
   for (const auto& e : kTable)
     if (serves(e, l)) return e.name;
-  GROUPMM_CHECK(false, "grouped_gemm: no FP8 kernel computes ", gemm_pass_name(l.pass), " ",
-                dtype_name(l.a_dtype), " x ", dtype_name(l.b_dtype), " -> ",
-                dtype_name(l.out_dtype), " with ", recipe_name(l.recipe),
-                l.fast_accum ? " and fast accumulation" : "");
+  GROUPMM_CHECK(false, "grouped_gemm: no FP8 kernel computes ",
+                describe(l.pass, l.a_dtype, l.b_dtype, l.out_dtype, l.recipe),
+                l.fast_accum ? " with fast accumulation" : "");
   return "";
 }
 
 sm90::KernelEntry pick(const GemmLaunch& l) {
   const std::string name = l.config.empty() ? heuristic(l) : l.config;
   const TableEntry& e = by_name(name);
-  GROUPMM_CHECK(serves(e, l), "grouped_gemm: config '", name, "' computes ", gemm_pass_name(e.pass),
-                " ", dtype_name(e.a), " x ", dtype_name(e.b), " -> ", dtype_name(e.out), " (",
-                recipe_name(e.recipe), "), not ", gemm_pass_name(l.pass), " ",
-                dtype_name(l.a_dtype), " x ", dtype_name(l.b_dtype), " -> ",
-                dtype_name(l.out_dtype), " (", recipe_name(l.recipe), ")");
+  GROUPMM_CHECK(serves(e, l), "grouped_gemm: config '", name, "' computes ",
+                describe(e.pass, e.a, e.b, e.out, e.recipe), ", not ",
+                describe(l.pass, l.a_dtype, l.b_dtype, l.out_dtype, l.recipe));
   return e.make();
 }
 
