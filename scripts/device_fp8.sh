@@ -28,6 +28,7 @@ fi
 if has bench; then
   for r in ${RECIPES:-fp8_current fp8_block}; do
     timeout 200 ./$B/groupmm bench gemm --recipe $r ${BENCH_ARGS:-} --json "$OUT/gemm_$r.json" 2>&1 | tee "$OUT/bench_$r.txt" | grep -vE "^$" | tail -40
+    PYTHONUNBUFFERED=1 timeout 200 python3 bench/peers_torch.py "$OUT/gemm_$r.json" 2>&1 | tee "$OUT/bench_${r}_torch.txt" | tail -40
   done
 fi
 if has bench16; then

@@ -110,7 +110,7 @@ int bench_gemm_quantized(const QuantBenchOptions& o, cudaStream_t stream) {
     json.open(o.json_path);
     GROUPMM_CHECK(json.is_open(), "bench gemm: cannot write --json file '", o.json_path, "'");
     json << "{\"device\": \"" << prop.name << "\", \"recipe\": \"" << recipe_name(o.recipe)
-         << "\", \"cases\": [\n";
+         << "\", \"fast_accum\": " << (o.fast_accum ? "true" : "false") << ", \"cases\": [\n";
   }
   bool first = true;
   int failures = 0;
