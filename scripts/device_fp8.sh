@@ -34,3 +34,10 @@ fi
 if has bench16; then
   timeout 250 ./$B/groupmm bench gemm ${BENCH16_ARGS:-} --json "$OUT/gemm_bf16.json" 2>&1 | tee "$OUT/bench_bf16.txt" | tail -30
 fi
+if has tune; then  # TUNE="recipe:pass:config ..." on --case ${TUNE_CASE:-dsv3}, balanced
+  for t in ${TUNE:-}; do
+    IFS=: read -r r p c <<<"$t"
+    extra=""; [ "$c" = fast ] && { extra="--fast-accum"; c=""; }
+    ./$B/groupmm bench gemm --recipe $r --pass $p ${c:+--config $c} $extra --case ${TUNE_CASE:-dsv3} --pattern balanced --iters 10 2>&1 | grep -E "^(dsv3|mixtral|qwen3|llama|contig)" | sed "s/^/[$r $p ${c:-default}] /"
+  done
+fi

@@ -37,6 +37,12 @@ struct KernelEntry;
   X(fwd_e4m3_bf16_block_128x128_coop_c12, forward, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
   X(dgrad_e4m3_bf16_block_128x128_coop_c11, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
   X(wgrad_e4m3_f32_block_128x128_coop_c21, wgrad, fp8e4m3, fp8e4m3, fp32, fp8_block, false)   \
+  X(dgrad_e4m3_bf16_block_128x128_coop_c12, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
+  X(wgrad_e4m3_bf16_block_128x128_coop_c12, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
+  X(wgrad_e4m3_bf16_block_128x128_coop_c11, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
+  X(fwd_e4m3_bf16_128x128_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
+  X(fwd_e4m3_bf16_block_128x128_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
+  X(dgrad_e4m3_bf16_128x128_coop_c12, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
   X(wgrad_e4m3_bf16_block_128x128_coop_c21, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)
 
 #define GROUPMM_DECLARE_KERNEL(name, ...) KernelEntry name();
