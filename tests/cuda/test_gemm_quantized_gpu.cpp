@@ -248,11 +248,12 @@ TEST(QuantizedGemmGpuErrors, AlignmentAndKernelChoice) {
   Context ctx(Device::CUDA);
   QGemmDevice d(ctx, s, make_inputs(s));
   QuantizedGemmArgs a = d.args(s);
-  a.config = "fwd_e4m3_bf16_128x256_coop_c12";
+  a.config = "fwd_e4m3_bf16_128x128_coop_c21";
   EXPECT_THROW_MSG(grouped_gemm(ctx, a),
-                   "computes forward fp8e4m3 x fp8e4m3 -> bf16 (fp8_current)");
+                   "computes forward fp8e4m3->bf16 (fp8_current), not forward fp8e4m3->bf16 "
+                   "(fp8_block)");
   a.config = "";
-  EXPECT_EQ(gemm_config_name(ctx, a), "fwd_e4m3_bf16_block_128x128_coop_c12");
+  EXPECT_EQ(gemm_config_name(ctx, a), "fwd_e4m3_bf16_block_128x128_coop_c21");
 }
 
 }  // namespace

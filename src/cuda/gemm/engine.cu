@@ -10,7 +10,11 @@
 //    a CTA idle: forward pairs along N (1x2, sharing the activation tile), wgrad along M' = N
 //    (2x1, sharing the x tile), dgrad runs without a cluster (its N' is the hidden size K, and
 //    K/256 is odd for common sizes such as 768).
-//  - FP8 blockwise: 128x128x128 (the scale granularity of the weights' 128x128 blocks along N).
+//  - FP8: 128x128x128. Promotion to fp32 every 128 K keeps a second accumulator set in
+//    registers, and a 128x256 tile spilled; blockwise scales have a granularity of 128 along N
+//    anyway. Clusters as measured on the DeepSeek-V3 shapes: forward 2x1, per-expert dgrad 1x1,
+//    blockwise dgrad and wgrad 1x2, per-expert wgrad 2x1. Fast accumulation (inference) has no
+//    second accumulator set and runs the 128x256 tile.
 //  - wgrad reduces over each expert's tokens (K' = m_g); fp32 or 16-bit output.
 #include <algorithm>
 
