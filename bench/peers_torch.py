@@ -80,8 +80,76 @@ def time_case(c):
     return median_ms(run) * 1e3, None
 
 
+def time_case_fp8(c, fast_accum):
+    """torch._scaled_grouped_mm with rowwise scales (per token / per output channel): the torch
+    peer closest to our FP8 recipes. Operands are e4m3 in the majors torch requires (A row-major,
+    B column-major); the quantization itself is not timed, as in our numbers."""
+    G, M, N, K = c["G"], c["M"], c["N"], c["K"]
+    dev = "cuda"
+    offs = torch.tensor(c["splits"], dtype=torch.int64, device=dev).cumsum(0).to(torch.int32)
+    f8 = torch.float8_e4m3fn
+
+    def q(*shape):
+        return (torch.randn(*shape, device=dev) * 0.5).to(f8)
+
+    if c["pass"] == "fwd":  # x[M,K] @ W^T: W [G,N,K] row-major viewed as [G,K,N] column-major
+        R = rotation(M * K + G * N * K)
+        args = [(q(M, K), q(G, N, K).transpose(-2, -1), torch.ones(M, device=dev),
+                 torch.ones(G, N, device=dev)) for _ in range(R)]
+    elif c["pass"] == "dgrad":  # dy[M,N] @ W: W^T stored [G,K,N] row-major, viewed [G,N,K] col-major
+        R = rotation(M * N + G * N * K)
+        args = [(q(M, N), q(G, K, N).transpose(-2, -1), torch.ones(M, device=dev),
+                 torch.ones(G, K, device=dev)) for _ in range(R)]
+    else:  # dy^T[N,M] (row-major copy) @ x[M,K] (column-major: x^T [K,M] row-major, transposed)
+        R = rotation(M * N + M * K)
+        args = [(q(N, M), q(K, M).t(), torch.ones(G * N, device=dev),
+                 torch.ones(G * K, device=dev)) for _ in range(R)]
+    state = {"i": 0}
+
+    def run():
+        a, b, sa, sb = args[state["i"] % R]
+        state["i"] += 1
+        return torch._scaled_grouped_mm(a, b, sa, sb, offs=offs, out_dtype=torch.bfloat16,
+                                        use_fast_accum=fast_accum)
+
+    try:
+        run()
+    except Exception as e:
+        return None, f"torch failed: {str(e).splitlines()[0][:160]}"
+    return median_ms(run) * 1e3, None
+
+
+def main_fp8(data, path):
+    fast = bool(data.get("fast_accum", False))
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}; {data['recipe']} numbers "
+          f"from {path}; peer torch._scaled_grouped_mm (rowwise scales, use_fast_accum={fast})")
+    print(f"{'case':22} {'pass':6} {'pattern':8} {'ours_us':>9} {'torch_us':>9} {'x_torch':>7} "
+          f"{'x_dense8':>8} {'TFLOP/s':>8}")
+    ratios = {"fwd": [], "dgrad": [], "wgrad": []}
+    for c in data["cases"]:
+        t, err = time_case_fp8(c, fast)
+        c["torch_us"] = t
+        if t is None:
+            print(f"{c['case']:22} {c['pass']:6} {c['pattern']:8} {c['us']:9.1f}  {err}")
+            continue
+        r = t / c["us"]
+        ratios[c["pass"]].append(r)
+        c["x_torch"] = r
+        print(f"{c['case']:22} {c['pass']:6} {c['pattern']:8} {c['us']:9.1f} {t:9.1f} {r:7.3f} "
+              f"{c['dense_fp8_us'] / c['us']:8.3f} {c['flops'] / c['us'] / 1e6:8.1f}")
+        torch.cuda.empty_cache()
+    for p, rs in ratios.items():
+        if rs:
+            gm = math.exp(sum(math.log(x) for x in rs) / len(rs))
+            print(f"{p}: geometric mean speedup vs torch._scaled_grouped_mm {gm:.3f} "
+                  f"(min {min(rs):.3f}, n={len(rs)})")
+    json.dump(data, open(path.replace(".json", "_merged.json"), "w"), indent=1)
+
+
 def main():
     data = json.load(open(sys.argv[1]))
+    if data.get("recipe", "bf16") != "bf16":
+        return main_fp8(data, sys.argv[1])
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}; our numbers from {sys.argv[1]}")
     hdr = f"{'case':22} {'pass':6} {'pattern':8} {'ours_us':>9} {'torch_us':>9} {'x_torch':>7} {'x_dense':>7} {'TFLOP/s':>8}"
     print(hdr)

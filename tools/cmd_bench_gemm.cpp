@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "bench_common.hpp"
+#include "bench_gemm_quantized.hpp"
 #include "commands.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/random.hpp"
@@ -58,7 +59,31 @@ int run_bench_gemm(const Args& args) {
   GROUPMM_CHECK(cuda_available(), "bench gemm: needs an sm_90 GPU (none visible)");
   cudaStream_t stream;
   GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const int rc = bench_gemm(args, stream);  // its Context and buffers are gone before the stream
+  const std::string recipe = get_opt(args, "--recipe", "bf16");
+  int rc = 0;
+  if (recipe == "bf16") {
+    rc = bench_gemm(args, stream);  // its Context and buffers are gone before the stream
+  } else {
+    QuantBenchOptions o;
+    GROUPMM_CHECK(recipe == "fp8_current" || recipe == "fp8_block" || recipe == "mxfp8",
+                  "bench gemm: --recipe ", recipe,
+                  " must be bf16, fp8_current, fp8_block or mxfp8");
+    o.recipe = recipe == "fp8_current" ? QuantRecipe::fp8_current
+               : recipe == "fp8_block" ? QuantRecipe::fp8_block
+                                       : QuantRecipe::mxfp8;
+    const std::string filter = get_opt(args, "--case", "");
+    for (const Shape& s : kSuite)
+      if (filter.empty() || std::string(s.name).find(filter) != std::string::npos)
+        o.shapes.push_back(
+            {s.name, s.G, s.M, s.N, s.K, std::string(s.name).find("decode") != std::string::npos});
+    o.pass = get_opt(args, "--pass", "");
+    o.pattern = get_opt(args, "--pattern", "");
+    o.iters = std::stoi(get_opt(args, "--iters", "10"));
+    o.json_path = get_opt(args, "--json", "");
+    o.fast_accum = has_flag(args, "--fast-accum");
+    o.config = get_opt(args, "--config", "");
+    rc = bench_gemm_quantized(o, stream);
+  }
   GROUPMM_CHECK_CUDA(cudaStreamDestroy(stream));
   return rc;
 }

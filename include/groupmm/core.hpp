@@ -178,6 +178,7 @@ struct GroupedTensor {
   TensorView global_scale;          // [G] fp32 (NVFP4 S_enc), absent otherwise
   QuantRecipe recipe = QuantRecipe::none;
   ScaleLayout scale_layout = ScaleLayout::plain;  // of scale_inv and columnwise_scale_inv
+  bool block_2d = false;  // weights quantized in 2-D blocks (fp8_block 128x128, nvfp4 16x16)
   bool uniform() const { return !splits.present(); }
   std::string to_string() const;
 };

@@ -90,4 +90,61 @@ std::string gemm_config_name(const Context& ctx, const GroupedGemmArgs& args);
 // Every instantiated cutlass_sm90 configuration (for GroupedGemmArgs::config).
 std::vector<std::string> gemm_config_names();
 
+// ================================================================================================
+// Quantized operands: FP8 (per-expert current scaling, DeepSeek blockwise) and MXFP8
+// ================================================================================================
+//
+// The same three passes over GroupedTensors written by group_quantize (quantize.hpp). Which copy
+// each pass reads (the copies group_quantize writes, used as they are: no host conversion):
+//
+//   pass     a                                       b                                       out
+//   forward  x  rowwise  [M, K]                      W  rowwise  [G, N, K] (weights)         y  [M,
+//   N] dgrad    dy rowwise  [M, N]                      W  columnwise, per expert [K, N]        dx
+//   [M, K] wgrad    dy columnwise, per expert [N, m_g]      x  columnwise, per expert [K, m_g] dW
+//   [G, N, K]
+//
+// Recipes (a.recipe == b.recipe):
+//   fp8_current  one fp32 scale_inv per expert and operand; alpha_g = scale_inv_a[g] *
+//                scale_inv_b[g] is computed on the device (never read on the host). a may be e4m3
+//                or e5m2 (gradients), b is e4m3 for forward/dgrad, e4m3 or e5m2 for wgrad.
+//                fp32 accumulation promoted to fp32 registers every 128 K (training); fast_accum
+//                leaves the promotion out (inference; forward only).
+//   fp8_block    e4m3 data, fp32 block scales in the plain layout: activations and gradients
+//                1x128 along K (rowwise) / 128x1 along tokens (columnwise), weights 128x128
+//                (quantized with block_2d). The GEMM applies the scales per 128-deep K block in
+//                the mainloop (DeepSeek-V3's recipe). wgrad reads 128-token blocks of both
+//                operands; an expert's last block may be partial.
+//   mxfp8        no MX math on sm_90: both operands are dequantized exactly to bf16 (every MXFP8
+//                value is a bf16 value) in the workspace, then the bf16 engine runs. Numerics
+//                parity with Blackwell MXFP8 GEMMs, at bf16 speed plus the dequantize pass.
+//
+// dtypes: out is bf16 (forward, dgrad) or fp32 / bf16 (wgrad; beta 1 accumulates into fp32).
+// bias [G, N] bf16, forward only. alpha multiplies the dequantized product.
+// Alignment (CUDA): N and K multiples of 16 (fp8_current, mxfp8) or of 128 (fp8_block: the
+// quantizer's own rule); 16-byte aligned pointers. wgrad reads the columnwise copies with leading
+// dimension m_g, so every split must be a multiple of 16 (the MoE permute pads experts to 16 or
+// 128 rows for quantized recipes): an expert whose split is not sets kFaultSplitAlignment and
+// its dW_g is left unwritten. Splits faults otherwise as grouped_gemm.
+// Graph safe as grouped_gemm: one setup kernel builds pointers, scales and alpha on the device.
+struct QuantizedGemmArgs {
+  GemmPass pass = GemmPass::forward;
+  GroupedTensor a;  // see the table; a.splits is ignored (splits below)
+  GroupedTensor b;
+  TensorView out;
+  TensorView splits;  // [G] int32|int64 row counts of the activations, device
+  TensorView bias;    // optional, forward only: [G, N] bf16
+  float alpha = 1.0f;
+  float beta = 0.0f;        // wgrad only: 0 or 1 (1 = accumulate into an fp32 out)
+  bool fast_accum = false;  // fp8_current forward only: no periodic fp32 promotion
+  GemmEngine engine = GemmEngine::automatic;  // automatic, cutlass_sm90 (CUDA), reference (CPU)
+  std::string config;                         // cutlass_sm90 kernel name; empty = heuristic
+  std::string to_string() const;
+};
+
+GemmDims validate_gemm_args(const Context& ctx, const QuantizedGemmArgs& args);
+size_t grouped_gemm_workspace_size(const Context& ctx, const QuantizedGemmArgs& args);
+void grouped_gemm(Context& ctx, const QuantizedGemmArgs& args, void* workspace = nullptr,
+                  size_t workspace_bytes = 0);
+std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
+
 }  // namespace groupmm

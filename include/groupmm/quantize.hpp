@@ -184,6 +184,11 @@ GroupedTensor bgrad_group_quantize(Context& ctx, const GroupQuantizeArgs& args,
                                    const TensorView& dbias, void* workspace = nullptr,
                                    size_t workspace_bytes = 0);
 
+// The config a grouped tensor from group_quantize was written with, as far as the tensor records
+// it (recipe, data dtype, scale layout, 2-D blocks, the copies present; pow2_scales and the amax
+// schedule are not recorded and left at their defaults): what group_dequantize needs.
+QuantizeConfig quantize_config_of(const GroupedTensor& t);
+
 // ---- dequantize ----------------------------------------------------------------------------
 struct GroupDequantizeArgs {
   GroupedTensor in;  // as returned by group_quantize (recipe, splits, views)

@@ -118,14 +118,52 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
   return d;
 }
 
-static bool use_cutlass(const Context& ctx, const GroupedGemmArgs& a) {
+std::string GemmLaunch::to_string() const {
+  return detail::cat("GemmLaunch(", gemm_pass_name(pass), " M=", dims.M, " N=", dims.N,
+                     " K=", dims.K, " G=", dims.G, " ", dtype_name(a_dtype), " x ",
+                     dtype_name(b_dtype), " -> ", dtype_name(out_dtype), ", ", recipe_name(recipe),
+                     fast_accum ? ", fast accumulation" : "",
+                     config.empty() ? "" : ", config=" + config, ")");
+}
+
+GemmLaunch make_launch(const GroupedGemmArgs& a, const GemmDims& d) {
+  GemmLaunch l;
+  l.pass = a.pass;
+  l.dims = d;
+  l.a_dtype = l.b_dtype = a.a.dtype;
+  l.out_dtype = a.out.dtype;
+  l.a = a.a.data;
+  l.b = a.b.data;
+  l.out = a.out.data;
+  l.bias = a.bias.present() ? a.bias.data : nullptr;
+  l.splits = a.splits;
+  l.alpha = a.alpha;
+  l.beta = a.beta;
+  l.config = a.config;
+  return l;
+}
+
+static bool use_cutlass(const Context& ctx, GemmEngine e) {
   return ctx.device() == Device::CUDA &&
-         (a.engine == GemmEngine::automatic || a.engine == GemmEngine::cutlass_sm90);
+         (e == GemmEngine::automatic || e == GemmEngine::cutlass_sm90);
 }
 
 size_t grouped_gemm_workspace_size(const Context& ctx, const GroupedGemmArgs& args) {
   const GemmDims d = validate_gemm_args(ctx, args);
-  return use_cutlass(ctx, args) ? cuda::cutlass_gemm_workspace_size(args, d, ctx.sm_count()) : 0;
+  return use_cutlass(ctx, args.engine)
+             ? cuda::cutlass_gemm_workspace_size(make_launch(args, d), ctx.sm_count())
+             : 0;
+}
+
+void run_cutlass_gemm(Context& ctx, const GemmLaunch& l, void* workspace, size_t ws_bytes) {
+  const size_t need = cuda::cutlass_gemm_workspace_size(l, ctx.sm_count());
+  if (workspace == nullptr) {
+    workspace = ctx.workspace(need);
+    ws_bytes = ctx.workspace_size();
+  }
+  GROUPMM_CHECK(ws_bytes >= need, "grouped_gemm: workspace_bytes=", ws_bytes, " must be >= ", need,
+                " (grouped_gemm_workspace_size)");
+  cuda::cutlass_grouped_gemm(ctx, l, workspace, ws_bytes);
 }
 
 void grouped_gemm(Context& ctx, const GroupedGemmArgs& args, void* workspace, size_t ws_bytes) {
@@ -135,14 +173,7 @@ void grouped_gemm(Context& ctx, const GroupedGemmArgs& args, void* workspace, si
   } else if (args.engine == GemmEngine::cublas_loop) {
     cuda::cublas_loop_gemm(ctx, args, d);
   } else {
-    const size_t need = cuda::cutlass_gemm_workspace_size(args, d, ctx.sm_count());
-    if (workspace == nullptr) {
-      workspace = ctx.workspace(need);
-      ws_bytes = ctx.workspace_size();
-    }
-    GROUPMM_CHECK(ws_bytes >= need, "grouped_gemm: workspace_bytes=", ws_bytes,
-                  " must be >= ", need, " (grouped_gemm_workspace_size)");
-    cuda::cutlass_grouped_gemm(ctx, args, d, workspace, ws_bytes);
+    run_cutlass_gemm(ctx, make_launch(args, d), workspace, ws_bytes);
   }
   ctx.after_op();
 }
@@ -184,8 +215,8 @@ void gemm_wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const T
 
 std::string gemm_config_name(const Context& ctx, const GroupedGemmArgs& args) {
   const GemmDims d = validate_gemm_args(ctx, args);
-  return use_cutlass(ctx, args) ? cuda::cutlass_config_name(args, d)
-                                : gemm_engine_name(args.engine);
+  return use_cutlass(ctx, args.engine) ? cuda::cutlass_config_name(make_launch(args, d))
+                                       : gemm_engine_name(args.engine);
 }
 
 std::vector<std::string> gemm_config_names() {

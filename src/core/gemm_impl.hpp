@@ -1,17 +1,56 @@
 // Backend entry points of grouped_gemm (args already validated; dims derived).
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "groupmm/gemm.hpp"
+
+namespace groupmm {
+
+// What the CUTLASS engine needs of either public args struct, resolved by the validation: raw
+// operand pointers (for quantized operands the copy the pass reads) and their element types.
+struct GemmLaunch {
+  GemmPass pass = GemmPass::forward;
+  GemmDims dims;
+  DType a_dtype = DType::bf16, b_dtype = DType::bf16, out_dtype = DType::bf16;
+  QuantRecipe recipe = QuantRecipe::none;  // none, fp8_current or fp8_block
+  bool fast_accum = false;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* out = nullptr;
+  const void* bias = nullptr;
+  TensorView splits;
+  float alpha = 1.0f, beta = 0.0f;
+  const float* scale_a = nullptr;  // fp8_current: [G] scale_inv; fp8_block: block scales
+  const float* scale_b = nullptr;
+  std::string config;  // a kernel name, or empty for the heuristic
+  std::string to_string() const;
+};
+
+GemmLaunch make_launch(const GroupedGemmArgs& args, const GemmDims& dims);
+// Runs a launch on the CUTLASS engine with the caller's workspace (null: the Context's).
+void run_cutlass_gemm(Context& ctx, const GemmLaunch& l, void* workspace, size_t workspace_bytes);
+
+}  // namespace groupmm
 
 namespace groupmm::cpu {
 void grouped_gemm(Context& ctx, const GroupedGemmArgs& args, const GemmDims& dims);
-}
+// The reference of quantized GEMMs: operands already dequantized to fp32 ([M, K] / [G, N, K]
+// un-transposed, as grouped_gemm's 16-bit operands), products summed in fp64. wgrad experts whose
+// split is not a multiple of wgrad_row_multiple (> 1) are skipped with kFaultSplitAlignment.
+void grouped_gemm_dequantized(Context& ctx, GemmPass pass, const std::vector<float>& a,
+                              const std::vector<float>& b, const TensorView& splits,
+                              const GemmDims& dims, float alpha, float beta, const TensorView& bias,
+                              const TensorView& out, int64_t wgrad_row_multiple);
+}  // namespace groupmm::cpu
+
 namespace groupmm::cuda {
 // CUTLASS SM90 engine (src/cuda/gemm/).
-size_t cutlass_gemm_workspace_size(const GroupedGemmArgs& args, const GemmDims& dims, int sm_count);
-void cutlass_grouped_gemm(Context& ctx, const GroupedGemmArgs& args, const GemmDims& dims,
-                          void* workspace, size_t workspace_bytes);
-std::string cutlass_config_name(const GroupedGemmArgs& args, const GemmDims& dims);
+size_t cutlass_gemm_workspace_size(const GemmLaunch& l, int sm_count);
+void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
+                          size_t workspace_bytes);
+std::string cutlass_config_name(const GemmLaunch& l);
 std::vector<std::string> cutlass_config_names();
 // cuBLAS per-expert loop baseline (src/cuda/gemm_cublas_loop.cu): reads splits on the host.
 void cublas_loop_gemm(Context& ctx, const GroupedGemmArgs& args, const GemmDims& dims);

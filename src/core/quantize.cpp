@@ -222,6 +222,7 @@ GroupedTensor QuantizedBuffers::view(int64_t G, const TensorView& splits,
   t.global_scale = global_scale.view();
   t.recipe = cfg.recipe;
   t.scale_layout = cfg.scale_layout;
+  t.block_2d = cfg.block_2d;
   return t;
 }
 
@@ -354,7 +355,22 @@ static GroupedTensor run(Context& ctx, const GroupQuantizeArgs& a, const TensorV
   out.splits = a.splits;
   out.recipe = a.config.recipe;
   out.scale_layout = a.config.scale_layout;
+  out.block_2d = a.config.block_2d;
   return out;
+}
+
+QuantizeConfig quantize_config_of(const GroupedTensor& t) {
+  QuantizeConfig c;
+  c.recipe = t.recipe;
+  const TensorView& d = t.data.present() ? t.data : t.columnwise_data;
+  if (d.present() && (d.dtype == DType::fp8e4m3 || d.dtype == DType::fp8e5m2))
+    c.fp8_dtype = d.dtype;
+  c.block_2d = t.block_2d;
+  c.scale_layout = t.scale_layout;
+  c.direction = !t.columnwise_data.present() ? QuantDirection::rowwise
+                : t.data.present()           ? QuantDirection::both
+                                             : QuantDirection::columnwise;
+  return c;
 }
 
 GroupedTensor group_quantize(Context& ctx, const GroupQuantizeArgs& a, void* ws, size_t ws_bytes) {

@@ -140,6 +140,7 @@ std::string GroupedTensor::to_string() const {
   if (amax.present()) os << ", amax=" << amax.to_string();
   if (global_scale.present()) os << ", global_scale=" << global_scale.to_string();
   if (scale_layout != ScaleLayout::plain) os << ", " << scale_layout_name(scale_layout);
+  if (block_2d) os << ", 2d blocks";
   os << ")";
   return os.str();
 }

@@ -113,6 +113,29 @@ class LinearRecipe {
 std::shared_ptr<const LinearRecipe> high_precision_recipe(
     GemmEngine engine = GemmEngine::automatic);
 
+// Quantized recipes: the layer's three GEMMs on quantized operands (gemm.hpp, QuantizedGemmArgs).
+//   forward  x is quantized in both directions (rowwise for this GEMM, columnwise kept for wgrad);
+//            W is quantized once in both directions (rowwise for forward, columnwise for dgrad;
+//            128x128 blocks for fp8_block) and reused until weights_changed(), so micro-batches
+//            share it. Under a CUDA graph, W's quantization is part of the graph only when the
+//            cache was invalid at capture: call weights_changed() before capturing a training
+//            step (the optimizer changes W every step); leave it valid for inference graphs.
+//   backward dy is quantized in both directions, with the bias gradient fused into that pass
+//            when the bias grad is written (not accumulated); dgrad reads dy rowwise and W
+//            columnwise; wgrad reads the columnwise copies of dy and x (so splits must be
+//            multiples of 16 for the FP8 recipes: pad experts, see the MoE permute), accumulating
+//            into the fp32 main grad when asked.
+//   recipes  fp8_current (per-expert scales), fp8_block (DeepSeek-V3 1x128 / 128x128 blocks) and
+//            mxfp8 (on sm_90: exact dequantization to bf16, then the bf16 engine).
+// Layers must be bf16 with K and N multiples of 16 (128 for fp8_block). Graph safe like the
+// high-precision recipe: every quantized buffer is sized for max_tokens at construction.
+struct QuantizedRecipeOptions {
+  DType grad_dtype = DType::fp8e4m3;  // dy: fp8e4m3, or fp8e5m2 (fp8_current and mxfp8)
+  bool pow2_scales = false;           // fp8_current, fp8_block: power-of-two scales
+};
+std::shared_ptr<const LinearRecipe> quantized_recipe(QuantRecipe recipe,
+                                                     QuantizedRecipeOptions options = {});
+
 // ---- The layer
 // -----------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 // The instantiated SM90 grouped GEMM configurations (one .cu file each, see sm90_grouped.cuh).
-// name: <pass>_<dtype>[_<out dtype>]_<tile>_<schedule>_c<cluster MxN>
+// name: <pass>_<a dtype>[x<b dtype>]_<out dtype>[_block|_fast]_<tile>_<schedule>_c<cluster MxN>
 #pragma once
 
 #include "core/gemm_impl.hpp"
@@ -8,6 +8,7 @@ namespace groupmm::cuda::sm90 {
 
 struct KernelEntry;
 
+// 16-bit operands (a and b of one dtype).
 //      name                              pass      in      out
 #define GROUPMM_FOR_EACH_SM90_KERNEL(X)                  \
   X(fwd_bf16_128x256_coop_c12, forward, bf16, bf16)      \
@@ -21,8 +22,26 @@ struct KernelEntry;
   X(wgrad_bf16_bf16_128x256_coop_c21, wgrad, bf16, bf16) \
   X(wgrad_fp16_fp16_128x256_coop_c21, wgrad, fp16, fp16)
 
-#define GROUPMM_DECLARE_KERNEL(name, pass, in, out) KernelEntry name();
+// FP8 operands. recipe: fp8_current (per-expert scales in the epilogue) or fp8_block (block scales
+// in the mainloop); fast: no periodic fp32 promotion (inference).
+//      name                                       pass     a        b        out   recipe    fast
+#define GROUPMM_FOR_EACH_SM90_FP8_KERNEL(X)                                                   \
+  X(fwd_e4m3_bf16_128x128_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
+  X(fwd_e4m3_bf16_fast_128x256_coop_c12, forward, fp8e4m3, fp8e4m3, bf16, fp8_current, true)  \
+  X(dgrad_e4m3_bf16_128x128_coop_c11, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
+  X(dgrad_e5m2xe4m3_bf16_128x128_coop_c11, dgrad, fp8e5m2, fp8e4m3, bf16, fp8_current, false) \
+  X(wgrad_e4m3_f32_128x128_coop_c21, wgrad, fp8e4m3, fp8e4m3, fp32, fp8_current, false)       \
+  X(wgrad_e5m2xe4m3_f32_128x128_coop_c21, wgrad, fp8e5m2, fp8e4m3, fp32, fp8_current, false)  \
+  X(wgrad_e4m3_bf16_128x128_coop_c21, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
+  X(wgrad_e5m2xe4m3_bf16_128x128_coop_c21, wgrad, fp8e5m2, fp8e4m3, bf16, fp8_current, false) \
+  X(fwd_e4m3_bf16_block_128x128_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
+  X(dgrad_e4m3_bf16_block_128x128_coop_c12, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
+  X(wgrad_e4m3_f32_block_128x128_coop_c12, wgrad, fp8e4m3, fp8e4m3, fp32, fp8_block, false)   \
+  X(wgrad_e4m3_bf16_block_128x128_coop_c12, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)
+
+#define GROUPMM_DECLARE_KERNEL(name, ...) KernelEntry name();
 GROUPMM_FOR_EACH_SM90_KERNEL(GROUPMM_DECLARE_KERNEL)
+GROUPMM_FOR_EACH_SM90_FP8_KERNEL(GROUPMM_DECLARE_KERNEL)
 #undef GROUPMM_DECLARE_KERNEL
 
 }  // namespace groupmm::cuda::sm90

@@ -1,0 +1,199 @@
+// GroupedLinear's quantized recipes (fp8_current, fp8_block, mxfp8): grouped quantization of x, W
+// and dy into executor-owned buffers sized for max_tokens, and the quantized grouped GEMMs over
+// them. Built only from public ops.
+#include <algorithm>
+
+#include "groupmm/dbias.hpp"
+#include "groupmm/nn/grouped_linear.hpp"
+#include "groupmm/quantize.hpp"
+
+namespace groupmm::nn {
+namespace {
+
+// A quantized tensor's buffers (sized once for the largest call) and its config.
+struct QuantSlot {
+  QuantizeConfig cfg;
+  QuantizedBuffers buf;
+  int64_t G = 0, K = 0;
+
+  void allocate(const QuantizeConfig& c, int64_t rows, int64_t cols, int64_t groups, Device d,
+                cudaStream_t s) {
+    cfg = c;
+    G = groups;
+    K = cols;
+    buf = allocate_quantized(group_quantize_shapes(rows, cols, groups, c), d, s);
+  }
+
+  // The slot's buffers viewed with the shapes of `rows` rows (the GEMMs derive M from them).
+  GroupedTensor view(int64_t rows, const TensorView& splits) const {
+    GroupedTensor t = buf.view(G, splits, cfg);
+    const QuantizedShapes s = group_quantize_shapes(rows, K, G, cfg);
+    auto fit = [](TensorView& v, const TensorSpec& spec) {
+      if (!v.present()) return;
+      v.rank = spec.rank;
+      v.shape = spec.shape;
+    };
+    fit(t.data, s.data);
+    fit(t.scale_inv, s.scale_inv);
+    fit(t.columnwise_data, s.columnwise_data);
+    fit(t.columnwise_scale_inv, s.columnwise_scale_inv);
+    fit(t.amax, s.amax);
+    fit(t.global_scale, s.global_scale);
+    return t;
+  }
+
+  GroupQuantizeArgs args(const TensorView& input, const TensorView& splits) const {
+    GroupQuantizeArgs a;
+    a.input = input;
+    a.splits = splits;
+    a.config = cfg;
+    const int64_t rows = splits.present() ? input.dim(0) : input.dim(0) * input.dim(1);
+    a.out = view(rows, splits);
+    return a;
+  }
+};
+
+class QuantizedExecutor final : public LinearExecutor {
+ public:
+  QuantizedExecutor(Context& ctx, const GroupedLinearConfig& c, QuantRecipe r,
+                    const QuantizedRecipeOptions& o)
+      : w_rows_(c.experts * c.out_features), fuse_dbias_(c.bias && !c.accumulate_into_main_grad) {
+    QuantizeConfig base;
+    base.recipe = r;
+    base.pow2_scales = o.pow2_scales;
+    base.direction = QuantDirection::both;
+    QuantizeConfig w = base, g = base;
+    w.block_2d = r == QuantRecipe::fp8_block;
+    g.fp8_dtype = o.grad_dtype;
+    const Device d = ctx.device();
+    const int64_t G = c.experts, N = c.out_features, K = c.in_features, T = c.max_tokens;
+    x_.allocate(base, T, K, G, d, ctx.stream());
+    w_.allocate(w, G * N, K, G, d, ctx.stream());
+    dy_.allocate(g, T, N, G, d, ctx.stream());
+    if (fuse_dbias_) db_ = Tensor::empty({G, N}, c.dtype, d, ctx.stream());
+  }
+
+  size_t workspace_bytes(const Context& ctx, const LinearPassViews& v) const override {
+    size_t need = 0;
+    for (const TensorView* s : {&v.splits32, &v.splits64}) {
+      const int64_t T = v.x.dim(0);
+      need = std::max({need, group_quantize_workspace_size(ctx, x_.args(v.x, *s)),
+                       group_quantize_workspace_size(ctx, w_.args(v.w, TensorView())),
+                       group_quantize_workspace_size(ctx, dy_.args(v.dy, *s), fuse_dbias_)});
+      need = std::max(need, grouped_gemm_workspace_size(ctx, gemm(GemmPass::forward, x_.view(T, *s),
+                                                                  weights(), v.y, *s, v.bias)));
+      need = std::max(need, grouped_gemm_workspace_size(
+                                ctx, gemm(GemmPass::dgrad, dy_.view(T, *s), weights(), v.dx, *s)));
+      QuantizedGemmArgs wg = gemm(GemmPass::wgrad, dy_.view(T, *s), x_.view(T, *s), v.dw, *s);
+      wg.beta = v.dw.dtype == DType::fp32 ? 1.0f : 0.0f;
+      need = std::max(need, grouped_gemm_workspace_size(ctx, wg));
+      if (v.db.present())
+        need = std::max(need, group_dbias_workspace_size(ctx, T, v.dy.dim(1), v.db.dim(0)));
+    }
+    return need;
+  }
+
+  void forward(Context& ctx, const TensorView& x, const TensorView& w, const TensorView& bias,
+               const TensorView& splits, const TensorView& y) override {
+    if (!weights_valid_) {
+      group_quantize(ctx, w_.args(w, TensorView()));
+      weights_valid_ = true;
+    }
+    group_quantize(ctx, x_.args(x, splits));
+    grouped_gemm(ctx,
+                 gemm(GemmPass::forward, x_.view(x.dim(0), splits), weights(), y, splits, bias));
+  }
+
+  void dgrad(Context& ctx, const TensorView& dy, const TensorView&, const TensorView& splits,
+             const TensorView& dx) override {
+    if (fuse_dbias_) {
+      bgrad_group_quantize(ctx, dy_.args(dy, splits), db_);
+    } else {
+      group_quantize(ctx, dy_.args(dy, splits));
+    }
+    grouped_gemm(ctx, gemm(GemmPass::dgrad, dy_.view(dy.dim(0), splits), weights(), dx, splits));
+  }
+
+  void wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const TensorView& splits,
+             const TensorView& dw, const TensorView& db, bool accumulate) override {
+    QuantizedGemmArgs a =
+        gemm(GemmPass::wgrad, dy_.view(dy.dim(0), splits), x_.view(x.dim(0), splits), dw, splits);
+    a.beta = accumulate ? 1.0f : 0.0f;
+    grouped_gemm(ctx, a);
+    if (!db.present()) return;
+    if (fuse_dbias_) {
+      copy(db, db_, ctx.stream());  // computed with dy's quantization
+    } else {
+      group_dbias(ctx, dy, splits, db, accumulate);
+    }
+  }
+
+  void weights_changed() override { weights_valid_ = false; }
+
+ private:
+  GroupedTensor weights() const { return w_.view(w_rows_, TensorView()); }
+
+  static QuantizedGemmArgs gemm(GemmPass pass, const GroupedTensor& a, const GroupedTensor& b,
+                                const TensorView& out, const TensorView& splits,
+                                const TensorView& bias = TensorView()) {
+    QuantizedGemmArgs q;
+    q.pass = pass;
+    q.a = a;
+    q.b = b;
+    q.out = out;
+    q.splits = splits;
+    q.bias = bias;
+    return q;
+  }
+
+  QuantSlot x_, w_, dy_;
+  int64_t w_rows_;  // G * N
+  Tensor db_;       // dy's bias gradient from the fused quantization, until wgrad
+  bool fuse_dbias_;
+  bool weights_valid_ = false;
+};
+
+class QuantizedRecipe final : public LinearRecipe {
+ public:
+  QuantizedRecipe(QuantRecipe r, const QuantizedRecipeOptions& o) : recipe_(r), opt_(o) {
+    GROUPMM_CHECK(
+        r == QuantRecipe::fp8_current || r == QuantRecipe::fp8_block || r == QuantRecipe::mxfp8,
+        "quantized_recipe: recipe=", recipe_name(r), " must be fp8_current, fp8_block or mxfp8");
+    GROUPMM_CHECK(o.grad_dtype == DType::fp8e4m3 || o.grad_dtype == DType::fp8e5m2,
+                  "quantized_recipe: options.grad_dtype=", dtype_name(o.grad_dtype),
+                  " must be fp8e4m3 or fp8e5m2");
+    GROUPMM_CHECK(r != QuantRecipe::fp8_block || o.grad_dtype == DType::fp8e4m3,
+                  "quantized_recipe: fp8_block gradients are fp8e4m3 (the block GEMMs' operands)");
+  }
+  std::string name() const override {
+    return detail::cat(recipe_name(recipe_),
+                       opt_.grad_dtype == DType::fp8e5m2 ? "(e5m2 grads)" : "",
+                       opt_.pow2_scales ? "(pow2 scales)" : "");
+  }
+  QuantRecipe quantization() const override { return recipe_; }
+  std::unique_ptr<LinearExecutor> make_executor(Context& ctx,
+                                                const GroupedLinearConfig& cfg) const override {
+    GROUPMM_CHECK(cfg.dtype == DType::bf16, name(), ": dtype=", dtype_name(cfg.dtype),
+                  " must be bf16 (quantized GEMMs write bf16)");
+    const int64_t align = recipe_ == QuantRecipe::fp8_block ? 128
+                          : recipe_ == QuantRecipe::mxfp8   ? 32
+                                                            : 16;
+    GROUPMM_CHECK(cfg.in_features % align == 0 && cfg.out_features % align == 0, name(),
+                  ": in_features=", cfg.in_features, " and out_features=", cfg.out_features,
+                  " must be multiples of ", align);
+    return std::make_unique<QuantizedExecutor>(ctx, cfg, recipe_, opt_);
+  }
+
+ private:
+  QuantRecipe recipe_;
+  QuantizedRecipeOptions opt_;
+};
+
+}  // namespace
+
+std::shared_ptr<const LinearRecipe> quantized_recipe(QuantRecipe recipe,
+                                                     QuantizedRecipeOptions options) {
+  return std::make_shared<QuantizedRecipe>(recipe, options);
+}
+
+}  // namespace groupmm::nn

@@ -1,0 +1,151 @@
+// GroupedLinear with the quantized recipes on the CPU backend: close to the bf16 layer on the same
+// weights and inputs (y, dx, dW, db), delayed wgrad equal to immediate, the weight cache and its
+// invalidation, main_grad accumulation, and the recipes' configuration errors.
+#include "common/test_util.hpp"
+#include "cpu/cpu_util.hpp"
+#include "groupmm/nn/grouped_linear.hpp"
+
+namespace groupmm::test {
+namespace {
+
+using nn::GroupedLinear;
+using nn::GroupedLinearConfig;
+
+double calc_diff(const std::vector<float>& x, const std::vector<float>& y) {
+  double xy = 0, xx = 0, yy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    xy += double(x[i]) * y[i];
+    xx += double(x[i]) * x[i];
+    yy += double(y[i]) * y[i];
+  }
+  return xx + yy == 0 ? 0 : 1 - 2 * xy / (xx + yy);
+}
+
+std::vector<uint16_t> bf16_randn(size_t n, float scale = 1.0f) {
+  std::vector<uint16_t> v(n);
+  const auto r = randn(n, scale);
+  for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16_bits(r[i]);
+  return v;
+}
+
+GroupedLinearConfig layer_cfg(std::shared_ptr<const nn::LinearRecipe> recipe, bool main_grad,
+                              bool delay = false) {
+  GroupedLinearConfig c;
+  c.experts = 4;
+  c.in_features = 256;
+  c.out_features = 384;
+  c.bias = true;
+  c.max_tokens = 512;
+  c.seed = 7;
+  c.accumulate_into_main_grad = main_grad;
+  c.delay_wgrad = delay;
+  c.recipe = std::move(recipe);
+  return c;
+}
+
+struct Step {
+  std::vector<float> y, dx, dw, db;
+};
+
+Step run_step(GroupedLinear& l, Context& ctx, std::vector<uint16_t>& x, std::vector<uint16_t>& dy,
+              std::vector<int64_t>& splits) {
+  const auto& c = l.config();
+  const int64_t M = int64_t(x.size()) / c.in_features;
+  TensorView xv(x.data(), DType::bf16, Device::CPU, {M, c.in_features});
+  TensorView dyv(dy.data(), DType::bf16, Device::CPU, {M, c.out_features});
+  TensorView sv(splits.data(), DType::int64, Device::CPU, {c.experts});
+  Step s;
+  s.y = cpu::to_floats(l.forward(ctx, xv, sv));
+  s.dx = cpu::to_floats(l.backward(ctx, dyv));
+  l.backward_dw(ctx);
+  ctx.check();
+  s.dw = cpu::to_floats(l.weight_grad());
+  s.db = cpu::to_floats(l.bias_grad());
+  return s;
+}
+
+class QuantizedLayerCpu : public ::testing::TestWithParam<QuantRecipe> {};
+
+TEST_P(QuantizedLayerCpu, CloseToTheBf16Layer) {
+  const QuantRecipe r = GetParam();
+  Context ctx(Device::CPU);
+  for (bool main_grad : {false, true}) {
+    GroupedLinear q(ctx, layer_cfg(nn::quantized_recipe(r), main_grad));
+    GroupedLinear h(ctx, layer_cfg(nullptr, main_grad));  // same seed: same weights
+    std::vector<int64_t> splits = {160, 0, 48, 96};       // multiples of 16 (FP8 wgrad)
+    auto x = bf16_randn(304 * 256), dy = bf16_randn(304 * 384, 0.1f);
+    const Step a = run_step(q, ctx, x, dy, splits), b = run_step(h, ctx, x, dy, splits);
+    for (const auto& [got, want, what] : {std::tuple{&a.y, &b.y, "y"},
+                                          {&a.dx, &b.dx, "dx"},
+                                          {&a.dw, &b.dw, "dW"},
+                                          {&a.db, &b.db, "db"}}) {
+      const double d = calc_diff(*got, *want);
+      EXPECT_LT(d, 1e-3) << recipe_name(r) << " " << what << (main_grad ? " main_grad" : "");
+      if (std::string(what) != "db") {
+        EXPECT_GT(d, 1e-8) << what << " was not quantized";
+      }
+    }
+    // db comes from dy in full precision on every recipe (fused or not): the same fp32 sums.
+    EXPECT_LT(calc_diff(a.db, b.db), 1e-12);
+  }
+}
+
+TEST_P(QuantizedLayerCpu, DelayedWgradEqualsImmediate) {
+  const QuantRecipe r = GetParam();
+  Context ctx(Device::CPU);
+  GroupedLinear now(ctx, layer_cfg(nn::quantized_recipe(r), true));
+  GroupedLinear later(ctx, layer_cfg(nn::quantized_recipe(r), true, true));
+  std::vector<int64_t> splits = {64, 16, 0, 128};
+  auto x = bf16_randn(208 * 256), dy = bf16_randn(208 * 384);
+  const Step a = run_step(now, ctx, x, dy, splits), b = run_step(later, ctx, x, dy, splits);
+  EXPECT_EQ(a.dw, b.dw);
+  EXPECT_EQ(a.db, b.db);
+  EXPECT_EQ(a.dx, b.dx);
+}
+
+TEST_P(QuantizedLayerCpu, WeightsAreCachedUntilChanged) {
+  const QuantRecipe r = GetParam();
+  Context ctx(Device::CPU);
+  GroupedLinear q(ctx, layer_cfg(nn::quantized_recipe(r), false));
+  std::vector<int64_t> splits = {64, 64, 64, 64};
+  auto x = bf16_randn(256 * 256), dy = bf16_randn(256 * 384);
+  const Step a = run_step(q, ctx, x, dy, splits);
+  // Scale every weight by 2 in place: the cached quantized W still answers until
+  // weights_changed(), then the output doubles (power-of-two scaling is exact in every format).
+  const TensorView w = q.weight();
+  for (int64_t i = 0; i < w.numel(); ++i) cpu::store_f(w, i, 2 * cpu::load_f(w, i));
+  const Step b = run_step(q, ctx, x, dy, splits);
+  EXPECT_EQ(a.y, b.y) << "a changed weight was used without weights_changed()";
+  q.weights_changed();
+  const Step c = run_step(q, ctx, x, dy, splits);
+  const TensorView bias = q.bias();  // [G, N]; rows of expert g are [64 g, 64 g + 64)
+  for (size_t i = 0; i < c.y.size(); ++i) {
+    const int64_t row = int64_t(i) / 384, n = int64_t(i) % 384;
+    const float bi = cpu::load_f(bias, (row / 64) * 384 + n);
+    // y is bf16: half an ulp is at most 2^-8 |y| (8 significant bits), doubled on the a side.
+    const double tol = std::ldexp(2 * std::abs(a.y[i]) + std::abs(c.y[i]), -8) + 1e-6;
+    ASSERT_NEAR(c.y[i] - bi, 2 * (a.y[i] - bi), tol) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, QuantizedLayerCpu,
+                         ::testing::Values(QuantRecipe::fp8_current, QuantRecipe::fp8_block,
+                                           QuantRecipe::mxfp8),
+                         [](const auto& info) { return std::string(recipe_name(info.param)); });
+
+TEST(QuantizedLayerCpuErrors, ClearMessages) {
+  Context ctx(Device::CPU);
+  EXPECT_THROW_MSG(nn::quantized_recipe(QuantRecipe::nvfp4),
+                   "recipe=nvfp4 must be fp8_current, fp8_block or mxfp8");
+  EXPECT_THROW_MSG(nn::quantized_recipe(QuantRecipe::fp8_block, {DType::fp8e5m2, false}),
+                   "fp8_block gradients are fp8e4m3");
+  GroupedLinearConfig c = layer_cfg(nn::quantized_recipe(QuantRecipe::fp8_block), false);
+  c.in_features = 320;
+  EXPECT_THROW_MSG(GroupedLinear(ctx, c), "must be multiples of 128");
+  c = layer_cfg(nn::quantized_recipe(QuantRecipe::fp8_current), false);
+  c.dtype = DType::fp16;
+  EXPECT_THROW_MSG(GroupedLinear(ctx, c), "dtype=fp16 must be bf16");
+}
+
+}  // namespace
+}  // namespace groupmm::test
