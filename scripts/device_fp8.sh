@@ -41,3 +41,8 @@ if has tune; then  # TUNE="recipe:pass:config ..." on --case ${TUNE_CASE:-dsv3},
     ./$B/groupmm bench gemm --recipe $r --pass $p ${c:+--config $c} $extra --case ${TUNE_CASE:-dsv3} --pattern balanced --iters 10 2>&1 | grep -E "^(dsv3|mixtral|qwen3|llama|contig)" | sed "s/^/[$r $p ${c:-default}] /"
   done
 fi
+if has layer; then
+  for r in ${RECIPES:-fp8_current fp8_block}; do
+    timeout 200 ./$B/groupmm bench layer --recipe $r ${LAYER_ARGS:-} 2>&1 | tee "$OUT/layer_$r.txt" | tail -10
+  done
+fi

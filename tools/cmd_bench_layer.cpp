@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "bench_common.hpp"
+#include "bench_layer_quantized.hpp"
 #include "commands.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
@@ -54,6 +55,19 @@ double rel_err(const TensorView& a, const TensorView& b) {
 }
 
 int run_bench_layer(const Args& args) {
+  const std::string recipe = get_opt(args, "--recipe", "bf16");
+  if (recipe != "bf16") {
+    GROUPMM_CHECK(recipe == "fp8_current" || recipe == "fp8_block" || recipe == "mxfp8",
+                  "bench layer: --recipe ", recipe,
+                  " must be bf16, fp8_current, fp8_block or mxfp8");
+    GROUPMM_CHECK(cuda_available(), "bench layer: --recipe needs an sm_90 GPU (none visible)");
+    return bench_layer_quantized(recipe == "fp8_current" ? QuantRecipe::fp8_current
+                                 : recipe == "fp8_block" ? QuantRecipe::fp8_block
+                                                         : QuantRecipe::mxfp8,
+                                 get_opt(args, "--case", ""),
+                                 get_opt(args, "--pattern", "balanced"),
+                                 std::stoi(get_opt(args, "--iters", "5")));
+  }
   const bool on_cpu = has_flag(args, "--cpu");  // smoke run of the code path on small shapes
   GROUPMM_CHECK(on_cpu || cuda_available(),
                 "bench layer: needs an sm_90 GPU (none visible); --cpu "
