@@ -11,30 +11,18 @@ accumulation), silu(gate) * up * weight, index_add_ back into token order, + a s
 With the JSON file it prints our time next to torch's and the speedup.
 """
 import json
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+
+from peers_torch import median_ms  # the same event timing as the GEMM peer (bench/)
 
 DEFAULT = [
     dict(case="qwen3", T=16384, H=2048, F=768, E=128, k=8, shared_F=0, score="softmax"),
     dict(case="dsv3", T=8192, H=7168, F=2048, E=32, k=8, shared_F=2048, score="sigmoid"),
     dict(case="mixtral", T=8192, H=4096, F=14336, E=8, k=2, shared_F=0, score="softmax"),
 ]
-
-
-def median_ms(fn, warmup=3, iters=10):
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
 class TorchMoE(torch.nn.Module):

@@ -72,22 +72,6 @@ double time_us(const Context& ctx, int warmup, int iters, F&& fn) {
   return t[t.size() / 2];
 }
 
-// Median us of one CUDA-graph replay of fn's work.
-template <class F>
-double graph_us(Context& ctx, int iters, F&& fn) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  GROUPMM_CHECK_CUDA(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal));
-  fn();
-  GROUPMM_CHECK_CUDA(cudaStreamEndCapture(ctx.stream(), &graph));
-  GROUPMM_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  const double us =
-      time_us(ctx, 3, iters, [&](int) { GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, ctx.stream())); });
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return us;
-}
-
 struct Mover {
   const char* name;
   double us, bytes;
@@ -133,6 +117,20 @@ std::vector<Mover> time_movers(Context& ctx, MoE& moe, const TensorView& x, int 
 
 }  // namespace
 
+double graph_replay_us(Context& ctx, int iters, const std::function<void()>& enqueue) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  GROUPMM_CHECK_CUDA(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal));
+  enqueue();
+  GROUPMM_CHECK_CUDA(cudaStreamEndCapture(ctx.stream(), &graph));
+  GROUPMM_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const double us =
+      time_us(ctx, 3, iters, [&](int) { GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, ctx.stream())); });
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return us;
+}
+
 int run_bench_moe(const MoeBenchOptions& o) {
   const bool gpu = !o.cpu;
   GROUPMM_CHECK(!gpu || cuda_available(),
@@ -153,10 +151,8 @@ int run_bench_moe(const MoeBenchOptions& o) {
     const int64_t T = c.max_tokens, H = c.hidden;
     Context ctx(dev, stream);
     MoE moe(ctx, c);
-    Tensor x = Tensor::empty({T, H}, DType::bf16, dev, stream);
-    Tensor dy = Tensor::empty({T, H}, DType::bf16, dev, stream);
-    fill_uniform(ctx, x, -1.0f, 1.0f, 31);
-    fill_uniform(ctx, dy, -0.01f, 0.01f, 32);
+    const BlockInputs in = block_inputs(ctx, T, H, 31);
+    const Tensor &x = in.x, &dy = in.dy;
     std::printf("\n== %s: T=%lld H=%lld F=%lld E=%lld k=%lld%s, permuted rows %lld, bf16\n",
                 bc.name, (long long)T, (long long)H, (long long)c.ffn_hidden, (long long)c.experts,
                 (long long)c.topk,
@@ -178,8 +174,8 @@ int run_bench_moe(const MoeBenchOptions& o) {
 
     double fwd_us = 0, step_us = 0;
     if (gpu) {
-      fwd_us = graph_us(ctx, iters, [&] { moe.forward(ctx, x); });
-      step_us = graph_us(ctx, iters, [&] {
+      fwd_us = graph_replay_us(ctx, iters, [&] { moe.forward(ctx, x); });
+      step_us = graph_replay_us(ctx, iters, [&] {
         moe.forward(ctx, x);
         moe.backward(ctx, dy);
       });

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,15 @@ struct StageTimes {
 };
 StageTimes time_stages(Context& ctx, nn::MoE& moe, const TensorView& x, const TensorView& dy,
                        int warmup, int iters);
+
+// The block's inputs: x [T, H] ~ U(-1, 1) and dy [T, H] ~ U(-0.01, 0.01), bf16, on ctx's device.
+struct BlockInputs {
+  Tensor x, dy;
+};
+BlockInputs block_inputs(Context& ctx, int64_t T, int64_t H, uint64_t seed);
+
+// Median us of one CUDA-graph replay of the work `enqueue` puts on ctx's stream (captured once).
+double graph_replay_us(Context& ctx, int iters, const std::function<void()>& enqueue);
 
 // Recomputes the outputs of `samples` tokens of the last forward of `moe` (spread over [0, T)) with
 // the CPU reference ops from the layer's parameters and routing, and compares: routing (ids and

@@ -25,6 +25,25 @@ inline void* moe_workspace(Context& ctx, const char* op, size_t need, void* ws, 
 }
 }  // namespace groupmm
 
+// Entry points both backends implement with one signature (declared in each namespace below):
+//   moe_scatter_rows: dst[dest_row[t, j]] = src[t] (+ probs[dest] = weights[t, j]), padding and
+//     tail rows 0 (moe_permute, moe_unpermute_backward);
+//   moe_gather_rows: dst[t] = sum_j src[dest_row[t, j]] + add[t] (+ d_weights[t, j] =
+//     d_probs[dest]) (moe_unpermute, moe_permute_backward);
+//   weighted_swiglu_forward / _backward.
+#define GROUPMM_MOE_ROW_OPS                                                                      \
+  void moe_scatter_rows(Context& ctx, const TensorView& src, const PermuteMap& map,              \
+                        const TensorView& dst, const TensorView& weights,                        \
+                        const TensorView& probs);                                                \
+  void moe_gather_rows(Context& ctx, const TensorView& src, const PermuteMap& map,               \
+                       const TensorView& dst, const TensorView& add, const TensorView& d_probs,  \
+                       const TensorView& d_weights);                                             \
+  void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,  \
+                               const TensorView& out);                                           \
+  void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up, \
+                                const TensorView& prob, const TensorView& dgate_up,              \
+                                const TensorView& dprob);
+
 namespace groupmm::cpu {
 void moe_router_logits(Context& ctx, const TensorView& x, const TensorView& w,
                        const TensorView& logits);
@@ -34,20 +53,7 @@ void moe_router_logits_backward(Context& ctx, const TensorView& d_logits, const 
 void moe_router_forward(Context& ctx, const RouterConfig& cfg, const RouterArgs& args);
 void moe_router_backward(Context& ctx, const RouterConfig& cfg, const RouterBackwardArgs& args);
 void moe_permute_plan(Context& ctx, const TensorView& expert_ids, const PermuteMap& map);
-void moe_permute(Context& ctx, const TensorView& x, const PermuteMap& map, const TensorView& x_perm,
-                 const TensorView& weights, const TensorView& probs);
-void moe_permute_backward(Context& ctx, const TensorView& d_x_perm, const PermuteMap& map,
-                          const TensorView& dx, const TensorView& d_probs,
-                          const TensorView& d_weights, const TensorView& add);
-void moe_unpermute(Context& ctx, const TensorView& y_perm, const PermuteMap& map,
-                   const TensorView& y, const TensorView& add);
-void moe_unpermute_backward(Context& ctx, const TensorView& dy, const PermuteMap& map,
-                            const TensorView& dy_perm);
-void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
-                             const TensorView& out);
-void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
-                              const TensorView& prob, const TensorView& dgate_up,
-                              const TensorView& dprob);
+GROUPMM_MOE_ROW_OPS
 }  // namespace groupmm::cpu
 
 namespace groupmm::cuda {
@@ -67,19 +73,7 @@ void moe_router_backward(Context& ctx, const RouterConfig& cfg, const RouterBack
 size_t moe_permute_plan_workspace_size(int64_t tokens, int64_t topk, int64_t experts);
 void moe_permute_plan(Context& ctx, const TensorView& expert_ids, const PermuteMap& map,
                       void* workspace);
-// The two row movers behind the four permute ops (src/cuda/moe/permute.cu):
-//   scatter: dst[dest_row[t, j]] = src[t] (+ probs[dest] = weights[t, j]), padding/tail rows 0
-//            (moe_permute, moe_unpermute_backward);
-//   gather:  dst[t] = sum_j src[dest_row[t, j]] + add[t] (+ d_weights[t, j] = d_probs[dest])
-//            (moe_unpermute, moe_permute_backward).
-void moe_scatter_rows(Context& ctx, const TensorView& src, const PermuteMap& map,
-                      const TensorView& dst, const TensorView& weights, const TensorView& probs);
-void moe_gather_rows(Context& ctx, const TensorView& src, const PermuteMap& map,
-                     const TensorView& dst, const TensorView& add, const TensorView& d_probs,
-                     const TensorView& d_weights);
-void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
-                             const TensorView& out);
-void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
-                              const TensorView& prob, const TensorView& dgate_up,
-                              const TensorView& dprob);
+GROUPMM_MOE_ROW_OPS
 }  // namespace groupmm::cuda
+
+#undef GROUPMM_MOE_ROW_OPS

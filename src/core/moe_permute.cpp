@@ -119,68 +119,69 @@ void moe_permute_plan(Context& ctx, const TensorView& ids, const PermuteMap& map
   ctx.after_op();
 }
 
+namespace {
+
+// The row scatter behind moe_permute and moe_unpermute_backward: src [T, H] -> dst [R, H], and the
+// optional weights [T, k] -> probs [R].
+void scatter_op(Context& ctx, const char* op, const PermuteMap& map, const char* src_name,
+                const TensorView& src, const char* dst_name, const TensorView& dst,
+                const TensorView& weights, const TensorView& probs) {
+  check_map(ctx, op, map);
+  const DType t = check_source(ctx, op, src_name, src, map.tokens);
+  check_rows(ctx, op, dst_name, dst, map.rows, src.dim(1), t);
+  check_prob_pair(ctx, op, "weights", weights, {map.tokens, map.topk}, "probs", probs, {map.rows});
+  check_no_alias(op, dst_name, dst, {src, weights, probs});
+  check_no_alias(op, "probs", probs, {src, weights});
+  if (ctx.device() == Device::CPU)
+    cpu::moe_scatter_rows(ctx, src, map, dst, weights, probs);
+  else
+    cuda::moe_scatter_rows(ctx, src, map, dst, weights, probs);
+  ctx.after_op();
+}
+
+// The k-way gather-sum behind moe_unpermute and moe_permute_backward: src [R, H] -> dst [T, H]
+// (+ add [T, H]), and the optional d_probs [R] -> d_weights [T, k].
+void gather_op(Context& ctx, const char* op, const PermuteMap& map, const char* src_name,
+               const TensorView& src, const char* dst_name, const TensorView& dst,
+               const TensorView& add, const TensorView& d_probs, const TensorView& d_weights) {
+  check_map(ctx, op, map);
+  const DType t = check_source(ctx, op, src_name, src, map.rows);
+  check_rows(ctx, op, dst_name, dst, map.tokens, src.dim(1), t);
+  if (add.present()) check_rows(ctx, op, "add", add, map.tokens, src.dim(1), t);
+  check_prob_pair(ctx, op, "d_probs", d_probs, {map.rows}, "d_weights", d_weights,
+                  {map.tokens, map.topk});
+  check_no_alias(op, dst_name, dst, {src, add, d_probs, d_weights});
+  check_no_alias(op, "d_weights", d_weights, {src, add, d_probs});
+  if (ctx.device() == Device::CPU)
+    cpu::moe_gather_rows(ctx, src, map, dst, add, d_probs, d_weights);
+  else
+    cuda::moe_gather_rows(ctx, src, map, dst, add, d_probs, d_weights);
+  ctx.after_op();
+}
+
+}  // namespace
+
 void moe_permute(Context& ctx, const TensorView& x, const PermuteMap& map, const TensorView& x_perm,
                  const TensorView& weights, const TensorView& probs) {
-  const char* op = "moe_permute";
-  check_map(ctx, op, map);
-  const DType t = check_source(ctx, op, "x", x, map.tokens);
-  check_rows(ctx, op, "x_perm", x_perm, map.rows, x.dim(1), t);
-  check_prob_pair(ctx, op, "weights", weights, {map.tokens, map.topk}, "probs", probs, {map.rows});
-  check_no_alias(op, "x_perm", x_perm, {x, weights, probs});
-  check_no_alias(op, "probs", probs, {x, weights});
-  if (ctx.device() == Device::CPU)
-    cpu::moe_permute(ctx, x, map, x_perm, weights, probs);
-  else
-    cuda::moe_scatter_rows(ctx, x, map, x_perm, weights, probs);
-  ctx.after_op();
+  scatter_op(ctx, "moe_permute", map, "x", x, "x_perm", x_perm, weights, probs);
+}
+
+void moe_unpermute_backward(Context& ctx, const TensorView& dy, const PermuteMap& map,
+                            const TensorView& dy_perm) {
+  scatter_op(ctx, "moe_unpermute_backward", map, "dy", dy, "dy_perm", dy_perm, TensorView(),
+             TensorView());
+}
+
+void moe_unpermute(Context& ctx, const TensorView& y_perm, const PermuteMap& map,
+                   const TensorView& y, const TensorView& add) {
+  gather_op(ctx, "moe_unpermute", map, "y_perm", y_perm, "y", y, add, TensorView(), TensorView());
 }
 
 void moe_permute_backward(Context& ctx, const TensorView& d_x_perm, const PermuteMap& map,
                           const TensorView& dx, const TensorView& d_probs,
                           const TensorView& d_weights, const TensorView& add) {
-  const char* op = "moe_permute_backward";
-  check_map(ctx, op, map);
-  const DType t = check_source(ctx, op, "d_x_perm", d_x_perm, map.rows);
-  check_rows(ctx, op, "dx", dx, map.tokens, d_x_perm.dim(1), t);
-  if (add.present()) check_rows(ctx, op, "add", add, map.tokens, d_x_perm.dim(1), t);
-  check_prob_pair(ctx, op, "d_probs", d_probs, {map.rows}, "d_weights", d_weights,
-                  {map.tokens, map.topk});
-  check_no_alias(op, "dx", dx, {d_x_perm, add, d_probs, d_weights});
-  check_no_alias(op, "d_weights", d_weights, {d_x_perm, add, d_probs});
-  if (ctx.device() == Device::CPU)
-    cpu::moe_permute_backward(ctx, d_x_perm, map, dx, d_probs, d_weights, add);
-  else
-    cuda::moe_gather_rows(ctx, d_x_perm, map, dx, add, d_probs, d_weights);
-  ctx.after_op();
-}
-
-void moe_unpermute(Context& ctx, const TensorView& y_perm, const PermuteMap& map,
-                   const TensorView& y, const TensorView& add) {
-  const char* op = "moe_unpermute";
-  check_map(ctx, op, map);
-  const DType t = check_source(ctx, op, "y_perm", y_perm, map.rows);
-  check_rows(ctx, op, "y", y, map.tokens, y_perm.dim(1), t);
-  if (add.present()) check_rows(ctx, op, "add", add, map.tokens, y_perm.dim(1), t);
-  check_no_alias(op, "y", y, {y_perm, add});
-  if (ctx.device() == Device::CPU)
-    cpu::moe_unpermute(ctx, y_perm, map, y, add);
-  else
-    cuda::moe_gather_rows(ctx, y_perm, map, y, add, TensorView(), TensorView());
-  ctx.after_op();
-}
-
-void moe_unpermute_backward(Context& ctx, const TensorView& dy, const PermuteMap& map,
-                            const TensorView& dy_perm) {
-  const char* op = "moe_unpermute_backward";
-  check_map(ctx, op, map);
-  const DType t = check_source(ctx, op, "dy", dy, map.tokens);
-  check_rows(ctx, op, "dy_perm", dy_perm, map.rows, dy.dim(1), t);
-  check_no_alias(op, "dy_perm", dy_perm, {dy});
-  if (ctx.device() == Device::CPU)
-    cpu::moe_unpermute_backward(ctx, dy, map, dy_perm);
-  else
-    cuda::moe_scatter_rows(ctx, dy, map, dy_perm, TensorView(), TensorView());
-  ctx.after_op();
+  gather_op(ctx, "moe_permute_backward", map, "d_x_perm", d_x_perm, "dx", dx, add, d_probs,
+            d_weights);
 }
 
 }  // namespace groupmm

@@ -40,11 +40,9 @@ void moe_permute_plan(Context& ctx, const TensorView& ids, const PermuteMap& m) 
   }
 }
 
-namespace {
-
 // dst[dest_row[t, j]] = src[t] for every kept (t, j); every other dst row 0. probs likewise.
-void scatter(const TensorView& src, const PermuteMap& m, const TensorView& dst,
-             const TensorView& weights, const TensorView& probs) {
+void moe_scatter_rows(Context&, const TensorView& src, const PermuteMap& m, const TensorView& dst,
+                      const TensorView& weights, const TensorView& probs) {
   const int64_t H = src.dim(1);
   for (int64_t i = 0; i < m.rows * H; ++i) store_f(dst, i, 0.0f);
   if (probs.present())
@@ -60,8 +58,9 @@ void scatter(const TensorView& src, const PermuteMap& m, const TensorView& dst,
 }
 
 // dst[t] = sum_j src[dest_row[t, j]] (+ add[t]); d_weights[t, j] = d_probs[dest_row[t, j]] or 0.
-void gather_sum(const TensorView& src, const PermuteMap& m, const TensorView& dst,
-                const TensorView& add, const TensorView& d_probs, const TensorView& d_weights) {
+void moe_gather_rows(Context&, const TensorView& src, const PermuteMap& m, const TensorView& dst,
+                     const TensorView& add, const TensorView& d_probs,
+                     const TensorView& d_weights) {
   const int64_t H = src.dim(1);
   const int32_t* dest = m.dest_row.ptr<int32_t>();
   for (int64_t t = 0; t < m.tokens; ++t) {
@@ -80,29 +79,6 @@ void gather_sum(const TensorView& src, const PermuteMap& m, const TensorView& ds
         d_weights.ptr<float>()[t * m.topk + j] = d >= 0 ? d_probs.ptr<float>()[d] : 0.0f;
       }
   }
-}
-
-}  // namespace
-
-void moe_permute(Context&, const TensorView& x, const PermuteMap& m, const TensorView& x_perm,
-                 const TensorView& weights, const TensorView& probs) {
-  scatter(x, m, x_perm, weights, probs);
-}
-
-void moe_permute_backward(Context&, const TensorView& d_x_perm, const PermuteMap& m,
-                          const TensorView& dx, const TensorView& d_probs,
-                          const TensorView& d_weights, const TensorView& add) {
-  gather_sum(d_x_perm, m, dx, add, d_probs, d_weights);
-}
-
-void moe_unpermute(Context&, const TensorView& y_perm, const PermuteMap& m, const TensorView& y,
-                   const TensorView& add) {
-  gather_sum(y_perm, m, y, add, TensorView(), TensorView());
-}
-
-void moe_unpermute_backward(Context&, const TensorView& dy, const PermuteMap& m,
-                            const TensorView& dy_perm) {
-  scatter(dy, m, dy_perm, TensorView(), TensorView());
 }
 
 }  // namespace groupmm::cpu

@@ -16,18 +16,31 @@ namespace rn = groupmm::router;
 constexpr int64_t kParallelWork = int64_t(1) << 16;
 
 // ---- logits GEMMs -------------------------------------------------------------------------------
+namespace {
+
+// out[r][c] = (accumulate ? out[r][c] : 0) + sum_i a(r, i) * b(i, c): an fp32 sum in i order,
+// rounded once to out's dtype.
+template <class A, class B>
+void matmul(const TensorView& out, int64_t rows, int64_t cols, int64_t inner, A&& a, B&& b,
+            bool accumulate) {
+#pragma omp parallel for if (rows * cols * inner > kParallelWork)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float s = 0;
+      for (int64_t i = 0; i < inner; ++i) s += a(r, i) * b(i, c);
+      store_f(out, r * cols + c, accumulate ? load_f(out, r * cols + c) + s : s);
+    }
+}
+
+}  // namespace
 
 void moe_router_logits(Context&, const TensorView& x, const TensorView& w,
                        const TensorView& logits) {
   const int64_t T = x.dim(0), H = x.dim(1), E = w.dim(0);
   const std::vector<float> X = to_floats(x), W = to_floats(w);
-#pragma omp parallel for if (T * E * H > kParallelWork)
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t e = 0; e < E; ++e) {
-      float s = 0;
-      for (int64_t h = 0; h < H; ++h) s += X[size_t(t * H + h)] * W[size_t(e * H + h)];
-      logits.ptr<float>()[t * E + e] = s;
-    }
+  matmul(
+      logits, T, E, H, [&](int64_t t, int64_t h) { return X[size_t(t * H + h)]; },
+      [&](int64_t h, int64_t e) { return W[size_t(e * H + h)]; }, false);
 }
 
 void moe_router_logits_backward(Context&, const TensorView& d_logits, const TensorView& x,
@@ -36,36 +49,21 @@ void moe_router_logits_backward(Context&, const TensorView& d_logits, const Tens
   const int64_t T = x.dim(0), H = x.dim(1), E = w.dim(0);
   // g = d_logits rounded to x's dtype (what the GEMMs consume on CUDA)
   std::vector<float> g(size_t(T * E));
-  std::vector<uint16_t> tmp(1);
+  std::vector<float> tmp(1);
   const TensorView one(tmp.data(), x.dtype, Device::CPU, {1});
   for (int64_t i = 0; i < T * E; ++i) {
-    const float v = d_logits.ptr<float>()[i];
-    if (x.dtype == DType::fp32) {
-      g[size_t(i)] = v;
-    } else {
-      store_f(one, 0, v);
-      g[size_t(i)] = load_f(one, 0);
-    }
+    store_f(one, 0, d_logits.ptr<float>()[i]);
+    g[size_t(i)] = load_f(one, 0);
   }
   const std::vector<float> X = to_floats(x), W = to_floats(w);
-  if (dx.present()) {
-#pragma omp parallel for if (T * E * H > kParallelWork)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        float s = 0;
-        for (int64_t e = 0; e < E; ++e) s += g[size_t(t * E + e)] * W[size_t(e * H + h)];
-        store_f(dx, t * H + h, accumulate_dx ? load_f(dx, t * H + h) + s : s);
-      }
-  }
-  if (dw.present()) {
-#pragma omp parallel for if (T * E * H > kParallelWork)
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t h = 0; h < H; ++h) {
-        float s = 0;
-        for (int64_t t = 0; t < T; ++t) s += g[size_t(t * E + e)] * X[size_t(t * H + h)];
-        store_f(dw, e * H + h, accumulate_dw ? load_f(dw, e * H + h) + s : s);
-      }
-  }
+  auto G = [&](int64_t t, int64_t e) { return g[size_t(t * E + e)]; };
+  if (dx.present())  // dx [T, H] (+)= g W
+    matmul(
+        dx, T, H, E, G, [&](int64_t e, int64_t h) { return W[size_t(e * H + h)]; }, accumulate_dx);
+  if (dw.present())  // dw [E, H] (+)= g^T x
+    matmul(
+        dw, E, H, T, [&](int64_t e, int64_t t) { return G(t, e); },
+        [&](int64_t t, int64_t h) { return X[size_t(t * H + h)]; }, accumulate_dw);
 }
 
 // ---- one token ----------------------------------------------------------------------------------

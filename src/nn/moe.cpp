@@ -30,17 +30,15 @@ const char* moe_stage_name(MoEStage s) {
 }
 
 RouterConfig MoEConfig::router_config() const {
-  RouterConfig r;
-  r.experts = experts;
-  r.topk = topk;
-  r.score = score;
-  r.n_group = n_group;
-  r.topk_group = topk_group;
-  r.renormalize = renormalize;
-  r.scaling_factor = scaling_factor;
-  r.aux_loss_coeff = aux_loss_coeff;
-  r.z_loss_coeff = z_loss_coeff;
-  return r;
+  return RouterConfig{.experts = experts,
+                      .topk = topk,
+                      .score = score,
+                      .n_group = n_group,
+                      .topk_group = topk_group,
+                      .renormalize = renormalize,
+                      .scaling_factor = scaling_factor,
+                      .aux_loss_coeff = aux_loss_coeff,
+                      .z_loss_coeff = z_loss_coeff};
 }
 
 std::string MoEConfig::to_string() const {
@@ -78,18 +76,16 @@ void check_config(const Context& ctx, const MoEConfig& c) {
 
 GroupedLinearConfig linear(const MoEConfig& c, int64_t G, int64_t K, int64_t N, int64_t rows,
                            uint64_t which) {
-  GroupedLinearConfig l;
-  l.experts = G;
-  l.in_features = K;
-  l.out_features = N;
-  l.bias = c.bias;
-  l.dtype = c.dtype;
-  l.delay_wgrad = c.delay_wgrad;
-  l.accumulate_into_main_grad = c.accumulate_into_main_grad;
-  l.max_tokens = rows;
-  l.seed = c.seed * 8 + which;
-  l.recipe = c.recipe;
-  return l;
+  return GroupedLinearConfig{.experts = G,
+                             .in_features = K,
+                             .out_features = N,
+                             .bias = c.bias,
+                             .dtype = c.dtype,
+                             .delay_wgrad = c.delay_wgrad,
+                             .accumulate_into_main_grad = c.accumulate_into_main_grad,
+                             .max_tokens = rows,
+                             .seed = c.seed * 8 + which,
+                             .recipe = c.recipe};
 }
 
 }  // namespace
@@ -231,6 +227,8 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
   const DType t = cfg_.dtype;
   map_ = map_for(T);
   const int64_t R = map_.rows;
+  saved_x_ = x;  // for backward (router dW, the shared expert's wgrad)
+  saved_t_ = T;
 
   const TensorView logits = rows_view(logits_, T, E, DType::fp32);
   moe_router_logits(ctx, x, wr_, logits);
@@ -270,8 +268,6 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
   const TensorView y = rows_view(y_, T, H, t);
   moe_unpermute(ctx, yp, map_, y, shared_y);
   stage(MoEStage::unpermute, false);
-  saved_x_ = x;
-  saved_t_ = T;
   return y;
 }
 
@@ -280,12 +276,9 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
 TensorView MoE::backward(Context& ctx, const TensorView& dy) {
   const char* op = "MoE.backward";
   check_ctx(ctx, "backward");
-  GROUPMM_CHECK(saved_t_ >= 0, op,
-                ": no saved forward (call forward first; each backward "
-                "consumes one forward)");
+  GROUPMM_CHECK(saved_t_ >= 0, op, ": no saved forward (each backward consumes one forward)");
   check_view(op, "dy", dy, cfg_.dtype, 2, device_);
-  GROUPMM_CHECK(dy.dim(0) == saved_t_, op, ": dy.shape[0]=", dy.dim(0),
-                " must equal forward's x.shape[0]=", saved_t_);
+  check_dim(op, "dy", dy, 0, saved_t_);  // forward's T
   check_dim(op, "dy", dy, 1, cfg_.hidden);
   const int64_t T = saved_t_, H = cfg_.hidden, E = cfg_.experts, F = cfg_.ffn_hidden;
   const int64_t R = map_.rows;

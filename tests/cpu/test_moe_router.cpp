@@ -227,22 +227,16 @@ TEST(RouterCpu, ClearErrors) {
   a.expert_ids = host_view(ids, DType::int32, {3, 2});
   a.weights = host_view(w, DType::fp32, {3, 2});
   a.counts = host_view(counts, DType::int32, {4});
-  RouterConfig c = cfg(4, 5);
-  EXPECT_THROW_MSG(moe_router_forward(ctx, c, a),
-                   "moe_router_forward: cfg.topk=5 must be <= cfg.experts=4");
-  c = cfg(5, 2);
-  EXPECT_THROW_MSG(moe_router_forward(ctx, c, a),
-                   "moe_router_forward: logits.shape[1]=4 must equal 5");
-  c = cfg(4, 2);
-  c.n_group = 3;
-  EXPECT_THROW_MSG(moe_router_forward(ctx, c, a),
-                   "moe_router_forward: cfg.n_group=3 must be in [1, 32] and divide experts=4");
-  c = cfg(4, 3);
-  EXPECT_THROW_MSG(moe_router_forward(ctx, c, a),
-                   "moe_router_forward: expert_ids.shape[1]=2 must equal 3");
-  c = cfg(4, 2);
-  c.aux_loss_coeff = 0.1f;
-  EXPECT_THROW_MSG(moe_router_forward(ctx, c, a), "moe_router_forward: aux_loss is required");
+  RouterConfig groups = cfg(4, 2), aux = cfg(4, 2);
+  groups.n_group = 3;
+  aux.aux_loss_coeff = 0.1f;
+  const std::pair<RouterConfig, const char*> bad[] = {
+      {cfg(4, 5), "moe_router_forward: cfg.topk=5 must be <= cfg.experts=4"},
+      {cfg(5, 2), "moe_router_forward: logits.shape[1]=4 must equal 5"},
+      {groups, "moe_router_forward: cfg.n_group=3 must be in [1, 32] and divide experts=4"},
+      {cfg(4, 3), "moe_router_forward: expert_ids.shape[1]=2 must equal 3"},
+      {aux, "moe_router_forward: aux_loss is required"}};
+  for (const auto& [c, msg] : bad) EXPECT_THROW_MSG(moe_router_forward(ctx, c, a), msg);
 }
 
 }  // namespace

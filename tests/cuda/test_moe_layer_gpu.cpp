@@ -33,19 +33,17 @@ void copy_param(const TensorView& dst, const TensorView& src) {
 }
 
 MoEConfig cfg(bool shared) {
-  MoEConfig c;
-  c.hidden = 256;
-  c.ffn_hidden = 128;
-  c.experts = 16;
-  c.topk = 4;
-  c.max_tokens = 600;
-  c.shared_ffn_hidden = shared ? 96 : 0;
-  c.bias = true;
-  c.renormalize = true;
-  c.aux_loss_coeff = 0.01f;
-  c.z_loss_coeff = 0.001f;
-  c.seed = 11;
-  return c;
+  return MoEConfig{.hidden = 256,
+                   .ffn_hidden = 128,
+                   .experts = 16,
+                   .topk = 4,
+                   .max_tokens = 600,
+                   .renormalize = true,
+                   .aux_loss_coeff = 0.01f,
+                   .z_loss_coeff = 0.001f,
+                   .shared_ffn_hidden = shared ? 96 : 0,
+                   .bias = true,
+                   .seed = 11};
 }
 
 std::vector<GroupedLinear*> linears(MoE& m) {

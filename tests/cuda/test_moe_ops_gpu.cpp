@@ -65,16 +65,15 @@ TEST_P(RouterGpu, ForwardAndBackwardEqualTheCpuReference) {
   GROUPMM_REQUIRE_GPU();
   const RouterCase rc = GetParam();
   const int64_t T = rc.T, E = rc.E, k = rc.k;
-  RouterConfig c;
-  c.experts = E;
-  c.topk = k;
-  c.score = rc.score;
-  c.n_group = rc.n_group;
-  c.topk_group = rc.topk_group;
-  c.renormalize = rc.renorm;
-  c.scaling_factor = rc.scale;
-  c.aux_loss_coeff = rc.aux ? 0.01f : 0.0f;
-  c.z_loss_coeff = rc.z ? 0.001f : 0.0f;
+  const RouterConfig c{.experts = E,
+                       .topk = k,
+                       .score = rc.score,
+                       .n_group = rc.n_group,
+                       .topk_group = rc.topk_group,
+                       .renormalize = rc.renorm,
+                       .scaling_factor = rc.scale,
+                       .aux_loss_coeff = rc.aux ? 0.01f : 0.0f,
+                       .z_loss_coeff = rc.z ? 0.001f : 0.0f};
   Context cpu(Device::CPU), gpu(Device::CUDA);
   Pair logits(DType::fp32, {T, E}), bias(DType::fp32, {E}), ids(DType::int32, {T, k}),
       w(DType::fp32, {T, k}), counts(DType::int32, {E}), aux(DType::fp32, {1}), z(DType::fp32, {1});
@@ -85,15 +84,13 @@ TEST_P(RouterGpu, ForwardAndBackwardEqualTheCpuReference) {
   bias.fill_floats(randn(size_t(E), 0.1f));
   auto args = [&](bool dev) {
     auto v = [&](Pair& p) -> TensorView { return dev ? p.dev.view() : p.host; };
-    RouterArgs a;
-    a.logits = v(logits);
-    if (rc.bias) a.expert_bias = v(bias);
-    a.expert_ids = v(ids);
-    a.weights = v(w);
-    a.counts = v(counts);
-    a.aux_loss = v(aux);
-    a.z_loss = v(z);
-    return a;
+    return RouterArgs{.logits = v(logits),
+                      .expert_bias = rc.bias ? v(bias) : TensorView(),
+                      .expert_ids = v(ids),
+                      .weights = v(w),
+                      .counts = v(counts),
+                      .aux_loss = v(aux),
+                      .z_loss = v(z)};
   };
   moe_router_forward(cpu, c, args(false));
   moe_router_forward(gpu, c, args(true));
@@ -112,13 +109,11 @@ TEST_P(RouterGpu, ForwardAndBackwardEqualTheCpuReference) {
   dw.fill_floats(randn(size_t(T * k)));
   auto bargs = [&](bool dev) {
     auto v = [&](Pair& p) -> TensorView { return dev ? p.dev.view() : p.host; };
-    RouterBackwardArgs b;
-    b.logits = v(logits);
-    b.expert_ids = v(ids);
-    b.counts = v(counts);
-    b.d_weights = v(dw);
-    b.d_logits = v(dl);
-    return b;
+    return RouterBackwardArgs{.logits = v(logits),
+                              .expert_ids = v(ids),
+                              .counts = v(counts),
+                              .d_weights = v(dw),
+                              .d_logits = v(dl)};
   };
   moe_router_backward(cpu, c, bargs(false));
   moe_router_backward(gpu, c, bargs(true));
