@@ -164,10 +164,10 @@ int run_bench_moe(const MoeBenchOptions& o) {
     const TensorView y = moe.forward(ctx, x);
     ctx.check();
     int mism = 0;
-    const double err = check_sampled_tokens(ctx, moe, x, y, 4, false, &mism);
+    const double err = check_sampled_tokens(ctx, moe, x, y, 2, false, &mism);
     const bool ok = err <= 1e-2;
     std::printf(
-        "  check: 4 sampled tokens vs the CPU reference: y rel err %.2e %s (routing "
+        "  check: 2 sampled tokens vs the CPU reference: y rel err %.2e %s (routing "
         "differs on %d)\n",
         err, ok ? "ok" : "FAILED", mism);
     if (!ok) rc = 1;

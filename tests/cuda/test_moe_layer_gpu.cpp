@@ -71,6 +71,7 @@ struct LayerCase {
   double capacity;
   int64_t align;
   RouterScore score;
+  int64_t T = 517, experts = 16, topk = 4;
 };
 
 class MoEGpu : public ::testing::TestWithParam<LayerCase> {};
@@ -84,6 +85,8 @@ TEST_P(MoEGpu, MatchesTheCpuBlock) {
   c.capacity_factor = lc.capacity;
   c.pad_align = lc.align;
   c.score = lc.score;
+  c.experts = lc.experts;
+  c.topk = lc.topk;
   Context cctx(Device::CPU), gctx(Device::CUDA);
   MoE g(gctx, c), h(cctx, c);
   copy_param(h.router_weight(), g.router_weight());
@@ -92,7 +95,7 @@ TEST_P(MoEGpu, MatchesTheCpuBlock) {
     copy_param(hl[i]->weight(), gl[i]->weight());
     copy_param(hl[i]->bias(), gl[i]->bias());
   }
-  const int64_t T = 517, H = c.hidden;
+  const int64_t T = lc.T, H = c.hidden;
   Bf16Host x(T, H, 1.0f), dy(T, H, 0.1f);
   Tensor gx = clone_to(x.v, Device::CUDA), gdy = clone_to(dy.v, Device::CUDA);
   const TensorView gy = g.forward(gctx, gx), hy = h.forward(cctx, x.v);
@@ -116,14 +119,14 @@ TEST_P(MoEGpu, MatchesTheCpuBlock) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, MoEGpu,
-                         ::testing::Values(LayerCase{"plain", false, false, false, 0.0, 1,
-                                                     RouterScore::softmax},
-                                           LayerCase{"shared_delayed_maingrad", true, true, true,
-                                                     0.0, 1, RouterScore::sigmoid},
-                                           LayerCase{"capacity_pad16", true, false, false, 0.8, 16,
-                                                     RouterScore::softmax}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, MoEGpu,
+    ::testing::Values(
+        LayerCase{"plain", false, false, false, 0.0, 1, RouterScore::softmax},
+        LayerCase{"shared_delayed_maingrad", true, true, true, 0.0, 1, RouterScore::sigmoid},
+        LayerCase{"capacity_pad16", true, false, false, 0.8, 16, RouterScore::softmax},
+        LayerCase{"t1_e1_k1", true, false, true, 0.0, 1, RouterScore::softmax, 1, 1, 1}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // ---- one CUDA graph for the whole step
 // ------------------------------------------------------------
