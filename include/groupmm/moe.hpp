@@ -119,7 +119,9 @@ void moe_router_backward(Context& ctx, const RouterConfig& cfg, const RouterBack
 // each expert's rows are padded to a multiple of align with zero rows. The buffer has `rows` rows
 // (host-known, moe_permuted_rows); rows past the last expert's padded end (the tail: dropped
 // tokens, bad ids) are zero too and are counted in splits[E - 1], so that sum(splits) == rows,
-// the grouped GEMM's contract, and every expert but the last starts at a multiple of align.
+// the grouped GEMM's contract; every expert starts at a multiple of align and every split is one.
+// A zero row's prob is 0, so the expert MLP turns it into bias rows nobody gathers, and its
+// gradients into zeros: padding and tail cost GEMM rows, never correctness.
 struct PermuteMap {
   int64_t tokens = 0, topk = 0, experts = 0;
   int64_t align = 1;     // per-expert row padding (1, 16, 128, ...)
