@@ -32,20 +32,6 @@ void copy_param(const TensorView& dst, const TensorView& src) {
        TensorView(src.data, DType::e8m0, src.device, {src.nbytes()}));
 }
 
-MoEConfig cfg(bool shared) {
-  return MoEConfig{.hidden = 256,
-                   .ffn_hidden = 128,
-                   .experts = 16,
-                   .topk = 4,
-                   .max_tokens = 600,
-                   .renormalize = true,
-                   .aux_loss_coeff = 0.01f,
-                   .z_loss_coeff = 0.001f,
-                   .shared_ffn_hidden = shared ? 96 : 0,
-                   .bias = true,
-                   .seed = 11};
-}
-
 std::vector<GroupedLinear*> linears(MoE& m) {
   std::vector<GroupedLinear*> l = {&m.gate_up(), &m.down()};
   if (m.has_shared_expert()) {
@@ -74,19 +60,31 @@ struct LayerCase {
   int64_t T = 517, experts = 16, topk = 4;
 };
 
+MoEConfig cfg(const LayerCase& lc) {
+  return MoEConfig{.hidden = 256,
+                   .ffn_hidden = 128,
+                   .experts = lc.experts,
+                   .topk = lc.topk,
+                   .max_tokens = 600,
+                   .score = lc.score,
+                   .renormalize = true,
+                   .aux_loss_coeff = 0.01f,
+                   .z_loss_coeff = 0.001f,
+                   .shared_ffn_hidden = lc.shared ? 96 : 0,
+                   .capacity_factor = lc.capacity,
+                   .pad_align = lc.align,
+                   .bias = true,
+                   .delay_wgrad = lc.delay,
+                   .accumulate_into_main_grad = lc.main_grad,
+                   .seed = 11};
+}
+
 class MoEGpu : public ::testing::TestWithParam<LayerCase> {};
 
 TEST_P(MoEGpu, MatchesTheCpuBlock) {
   GROUPMM_REQUIRE_GPU();
   const LayerCase lc = GetParam();
-  MoEConfig c = cfg(lc.shared);
-  c.delay_wgrad = lc.delay;
-  c.accumulate_into_main_grad = lc.main_grad;
-  c.capacity_factor = lc.capacity;
-  c.pad_align = lc.align;
-  c.score = lc.score;
-  c.experts = lc.experts;
-  c.topk = lc.topk;
+  const MoEConfig c = cfg(lc);
   Context cctx(Device::CPU), gctx(Device::CUDA);
   MoE g(gctx, c), h(cctx, c);
   copy_param(h.router_weight(), g.router_weight());
@@ -154,10 +152,7 @@ struct Step {
 
 TEST(MoEGpuGraph, OneGraphReplaysManyRoutingsBitForBit) {
   GROUPMM_REQUIRE_GPU();
-  MoEConfig c = cfg(true);
-  c.delay_wgrad = true;
-  c.accumulate_into_main_grad = true;
-  c.pad_align = 16;
+  const MoEConfig c = cfg(LayerCase{"graph", true, true, true, 0.0, 16, RouterScore::softmax});
   cudaStream_t stream;
   GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
