@@ -208,6 +208,8 @@ enum class OpId : uint32_t {
   moe_unpermute,
   swiglu,
   layer,
+  moe_router,
+  weighted_swiglu,
   count_
 };
 const char* op_name(OpId op);
@@ -296,5 +298,7 @@ void check_view(const char* op, const char* arg, const TensorView& v, DType dtyp
                 Device device);
 void check_dim(const char* op, const char* arg, const TensorView& v, int i, int64_t expected);
 void check_splits(const char* op, const TensorView& splits, int64_t groups, Device device);
+// True when the bytes of a and b overlap (aliasing checks of ops whose outputs may not alias).
+bool views_overlap(const TensorView& a, const TensorView& b);
 
 }  // namespace groupmm

@@ -8,7 +8,8 @@
 //   [M, K] wgrad    (NT): dW_g = alpha * dy_g^T x_g + beta*dW_g a = dy [M, N], b = x [M, K],    out
 //   = dW [G, N, K]
 //
-// dtypes: a and b are both bf16 or both fp16; fp32 accumulation. forward/dgrad write out in a's
+// dtypes: a and b are both bf16 or both fp16 (or both fp32 on a CPU context: the reference
+// backend, for gradient checks); fp32 accumulation. forward/dgrad write out in a's
 // dtype; wgrad writes fp32 (main_grad, beta 0 or 1) or a's dtype (beta 0). bias is [G, N] in a's
 // dtype (forward only). A zero-row expert gets y/dx rows of nothing, dW_g = 0 (beta = 0) or an
 // unchanged dW_g (beta = 1), which is what delayed/accumulated wgrad needs.

@@ -1,12 +1,183 @@
-// groupmm/moe.hpp: MoE building blocks around the grouped GEMMs (activations; router and
-// permute/unpermute arrive in later issues).
+// groupmm/moe.hpp: the MoE block's ops around the grouped GEMMs: router, permute / unpermute,
+// SwiGLU and the router-weighted SwiGLU. nn/moe.hpp composes them into a layer.
+//
+// The block, forward (T tokens, hidden H, E experts, top-k, R = permuted rows):
+//   logits  = moe_router_logits(x, W_r)                       [T, E] fp32
+//   ids, w  = moe_router_forward(logits)                      [T, k] int32, [T, k] fp32, counts [E]
+//   map     = moe_permute_plan(ids)                           dest_row [T, k], splits [E]
+//   xp, pp  = moe_permute(x, w, map)                          [R, H], probs [R] fp32
+//   gu      = grouped GEMM (gate_up)                          [R, 2F]
+//   h       = weighted_swiglu_forward(gu, pp)                 [R, F]  (router weight applied here)
+//   yp      = grouped GEMM (down)                             [R, H]
+//   y       = moe_unpermute(yp, map, add = shared expert(x))  [T, H]  (unweighted fixed-order sum)
+// and backward mirrors it: moe_unpermute_backward (a scatter), weighted_swiglu_backward (d prob out
+// of the activation), moe_permute_backward (a k-way sum and the d weight gather),
+// moe_router_backward (d logits), moe_router_logits_backward (dx, dW_r).
+//
+// Conventions (DESIGN.md 5b): sizes are host-known (R from moe_permuted_rows), splits and maps live
+// on the device; results are bit-identical run to run (fixed-order sums, no floating-point
+// atomics); router ties break toward the lower expert id on both backends.
+//
+// Every op below is graph safe on CUDA (no host read of device data, no sync, no allocation once
+// the Context workspace is reserved for the ops that use it) unless it says otherwise. Minimum SM:
+// sm_90 (CUDA); the CPU reference backend runs anywhere. Host-side validation throws
+// groupmm::Error naming the op, the argument and the value. Device-side faults (an expert id out
+// of range) skip the entry and set a bit in the Context's status block (Context::check()).
 #pragma once
+
+#include <string>
 
 #include "groupmm/core.hpp"
 
 namespace groupmm {
 
-// ---- SwiGLU on a fused gate_up projection -------------------------------------------------------
+// ================================================================================================
+// Router
+// ================================================================================================
+
+enum class RouterScore : uint8_t { softmax, sigmoid };
+const char* router_score_name(RouterScore s);
+
+// With s = score(logits) per token (softmax over the E logits, or sigmoid of each):
+//   selection key  sel_e = s_e + expert_bias_e          (bias optional: selection only)
+//   group-limited  (n_group > 1): experts form n_group contiguous groups of E / n_group; a group's
+//                  score is the sum of its top (k / topk_group) sel values (in descending order);
+//                  only the topk_group best groups stay selectable (ties: lower group id)
+//   ids            the k best selectable sel values, best first (ties: lower expert id)
+//   weights        w_j = s_{ids_j}; with renormalize w_j = w_j / (sum_j' w_j' + 1e-20); then
+//                  w_j *= scaling_factor
+//   counts         counts_e = number of (token, j) with ids = e (before any capacity drop)
+//   aux_loss       aux_loss_coeff * E / (k T^2) * sum_e (sum_t P_te) * counts_e, with P = softmax
+//                  (score softmax) or s / (sum_e s_e + 1e-20) (score sigmoid)      (Switch/GShard)
+//   z_loss         z_loss_coeff / T * sum_t logsumexp(logits_t)^2
+// NaN logits are ranked below every number. Logits may be -inf as long as one per token is finite.
+// Numerics are bit-identical on both backends (own exp, fixed summation order: see
+// src/core/router_numerics.hpp) except the two losses (logsumexp and cross-token sums differ in
+// rounding only; each is still deterministic run to run).
+struct RouterConfig {
+  int64_t experts = 0;  // E, 1..1024
+  int64_t topk = 0;     // k, 1..min(E, 32)
+  RouterScore score = RouterScore::softmax;
+  int64_t n_group = 1;     // 1 = plain top-k; else divides E, <= 32
+  int64_t topk_group = 1;  // groups kept, 1..n_group, <= k
+  bool renormalize = false;
+  float scaling_factor = 1.0f;
+  float aux_loss_coeff = 0.0f;  // 0: no aux loss (aux_loss output may then be absent)
+  float z_loss_coeff = 0.0f;    // 0: no z-loss
+  std::string to_string() const;
+};
+
+// logits [T, E] = x [T, H] W_r [E, H]^T. x and w bf16 or fp16 (one dtype; fp32 too on a CPU
+// context); logits fp32; fp32 accumulation (cuBLAS on CUDA, loops on CPU). Row-major, contiguous.
+// Uses ctx's workspace for cuBLAS (moe_router_logits_workspace_size: reserve it before capture).
+void moe_router_logits(Context& ctx, const TensorView& x, const TensorView& w,
+                       const TensorView& logits);
+// Backward of moe_router_logits with g = d_logits rounded to x's dtype ([T, E] scratch in ctx's
+// workspace):  dx (+)= g W_r   [T, H] in x's dtype;   dw (+)= g^T x   [E, H] fp32 or x's dtype.
+// Either output may be absent (skipped): delayed wgrad calls it again with dw only. accumulate_*
+// adds into the output (dx in its dtype: one rounding of fp32(dx) + the product).
+void moe_router_logits_backward(Context& ctx, const TensorView& d_logits, const TensorView& x,
+                                const TensorView& w, const TensorView& dx, const TensorView& dw,
+                                bool accumulate_dx, bool accumulate_dw);
+size_t moe_router_logits_workspace_size(const Context& ctx, int64_t tokens, int64_t experts);
+
+struct RouterArgs {
+  TensorView logits;       // [T, E] fp32, required
+  TensorView expert_bias;  // [E] fp32, optional (selection only)
+  TensorView expert_ids;   // out [T, k] int32
+  TensorView weights;      // out [T, k] fp32
+  TensorView counts;       // out [E] int32
+  TensorView aux_loss;     // out [1] fp32, required when aux_loss_coeff != 0, else ignored
+  TensorView z_loss;       // out [1] fp32, required when z_loss_coeff != 0, else ignored
+};
+// One warp per token (its E scores in registers); per-chunk partial counts and loss sums are
+// reduced by a second kernel in a fixed order. T may be 0 (counts zeroed, losses 0). Workspace:
+// moe_router_workspace_size (ctx's workspace when none is passed).
+void moe_router_forward(Context& ctx, const RouterConfig& cfg, const RouterArgs& args,
+                        void* workspace = nullptr, size_t workspace_bytes = 0);
+size_t moe_router_workspace_size(const Context& ctx, const RouterConfig& cfg, int64_t tokens);
+
+struct RouterBackwardArgs {
+  TensorView logits;      // [T, E] fp32 (forward's input)
+  TensorView expert_ids;  // [T, k] int32 (forward's output)
+  TensorView counts;      // [E] int32 (forward's output; read only when aux_loss_coeff != 0)
+  TensorView d_weights;   // [T, k] fp32
+  TensorView d_logits;    // out [T, E] fp32
+};
+// d_logits of  sum_tj d_weights_tj * w_tj + aux_loss + z_loss  (the losses enter with gradient 1;
+// counts are constants). Scores and weights are recomputed from logits and ids. Bit-identical on
+// both backends without z-loss (its logsumexp differs by rounding).
+void moe_router_backward(Context& ctx, const RouterConfig& cfg, const RouterBackwardArgs& args);
+
+// ================================================================================================
+// Permute plan: where every (token, choice) goes
+// ================================================================================================
+
+// The permuted buffer holds expert 0's rows, then expert 1's, ...; within an expert, tokens in
+// order (stable: the order of t * k + j). With capacity c > 0, an expert keeps its first c tokens
+// in that order and drops the rest (dest_row = -1; counts - kept says how many). With align > 1
+// each expert's rows are padded to a multiple of align with zero rows. The buffer has `rows` rows
+// (host-known, moe_permuted_rows); rows past the last expert's padded end (the tail: dropped
+// tokens, bad ids) are zero too and are counted in splits[E - 1], so that sum(splits) == rows,
+// the grouped GEMM's contract; every expert starts at a multiple of align and every split is one.
+// A zero row's prob is 0, so the expert MLP turns it into bias rows nobody gathers, and its
+// gradients into zeros: padding and tail cost GEMM rows, never correctness.
+struct PermuteMap {
+  int64_t tokens = 0, topk = 0, experts = 0;
+  int64_t align = 1;     // per-expert row padding (1, 16, 128, ...)
+  int64_t capacity = 0;  // tokens kept per expert, 0 = dropless
+  int64_t rows = 0;      // R = moe_permuted_rows(tokens, topk, experts, align, capacity)
+  TensorView dest_row;   // [T, k] int32: row of (t, j) in the buffer, or -1 (dropped / bad id)
+  TensorView row_start;  // [E] int32: first row of expert e
+  TensorView kept;       // [E] int32: tokens expert e keeps (min(count, capacity))
+  TensorView splits;     // [E] int32: rows of expert e's group (kept + padding; + tail for E - 1)
+  std::string to_string() const;
+};
+
+// R = roundup(kept_max + E * (align - 1), align), kept_max = T k (dropless) or min(T k, E c).
+int64_t moe_permuted_rows(int64_t tokens, int64_t topk, int64_t experts, int64_t align = 1,
+                          int64_t capacity = 0);
+// Capacity from a factor: ceil(factor * T k / E); 0 when factor <= 0 (dropless).
+int64_t moe_capacity(int64_t tokens, int64_t topk, int64_t experts, double capacity_factor);
+
+// Fills dest_row, row_start, kept and splits of `map` from expert_ids [T, k] int32 (any source:
+// each entry is one row; an id outside [0, E) is skipped with kFaultBadIndex, group = its token).
+// Three launches (chunk histograms, per-expert scan, stable ranks); workspace
+// moe_permute_plan_workspace_size. E <= 1024; any k >= 1 (a token naming an expert twice gets two
+// rows).
+void moe_permute_plan(Context& ctx, const TensorView& expert_ids, const PermuteMap& map,
+                      void* workspace = nullptr, size_t workspace_bytes = 0);
+size_t moe_permute_plan_workspace_size(const Context& ctx, int64_t tokens, int64_t topk,
+                                       int64_t experts);
+
+// ================================================================================================
+// Permute / unpermute (memory-bound row moves; 16-byte vectors when H * sizeof(dtype) % 16 == 0
+// and the pointers are 16-byte aligned). x-like tensors are [T, H], permuted ones [R, H], all in
+// one dtype (bf16, fp16 or fp32), row-major, contiguous. Outputs may not alias inputs.
+// ================================================================================================
+
+// x_perm[dest_row[t, j]] = x[t]; probs[dest_row[t, j]] = weights[t, j]; padding and tail rows (and
+// their probs) = 0. One read of each token row, k writes. weights/probs optional (both or none).
+void moe_permute(Context& ctx, const TensorView& x, const PermuteMap& map, const TensorView& x_perm,
+                 const TensorView& weights = TensorView(), const TensorView& probs = TensorView());
+// dx[t] = sum_j d_x_perm[dest_row[t, j]] (j in order, dropped entries skipped) + add[t], in fp32,
+// rounded once; d_weights[t, j] = d_probs[dest_row[t, j]] (0 when dropped). add [T, H] and the
+// d_probs/d_weights pair are optional.
+void moe_permute_backward(Context& ctx, const TensorView& d_x_perm, const PermuteMap& map,
+                          const TensorView& dx, const TensorView& d_probs = TensorView(),
+                          const TensorView& d_weights = TensorView(),
+                          const TensorView& add = TensorView());
+// y[t] = sum_j y_perm[dest_row[t, j]] (+ add[t], last), fp32 sum in j order, rounded once: the
+// combine (unweighted: the router weight was applied inside weighted_swiglu_forward).
+void moe_unpermute(Context& ctx, const TensorView& y_perm, const PermuteMap& map,
+                   const TensorView& y, const TensorView& add = TensorView());
+// dy_perm[dest_row[t, j]] = dy[t]; padding and tail rows = 0.
+void moe_unpermute_backward(Context& ctx, const TensorView& dy, const PermuteMap& map,
+                            const TensorView& dy_perm);
+
+// ================================================================================================
+// SwiGLU on a fused gate_up projection
+// ================================================================================================
 //
 // gate_up [M, 2I] holds gate = columns [0, I) and up = columns [I, 2I) of each row (the layout of a
 // fused gate_up GroupedLinear with out features 2I).
@@ -26,5 +197,22 @@ namespace groupmm {
 void swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& out);
 void swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
                      const TensorView& dgate_up);
+
+// ---- Router-weighted SwiGLU (the expert MLP's activation) --------------------------------------
+//
+// prob [M] fp32 is each row's router weight (moe_permute's probs):
+//   forward:  out[m][i] = swiglu(gate, up) * prob[m]
+//   backward: dgate_up  = swiglu_backward(dout * prob[m])  (element formulas as above)
+//             dprob[m]  = sum_i dout[m][i] * swiglu(gate, up)[m][i]   (fp32)
+// Element math is swiglu's (one source, src/core/swiglu_impl.hpp), so the same one-ulp CPU/CUDA
+// agreement holds for out and dgate_up. dprob is a per-row sum in a fixed order on CUDA (one warp a
+// row: lane-strided partial sums, then a butterfly), deterministic run to run; the CPU sums in
+// column order (agreement within fp32 sum-order rounding). Same dtypes, layouts, vectorization and
+// aliasing rules as swiglu; graph safe, one launch per direction.
+void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
+                             const TensorView& out);
+void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
+                              const TensorView& prob, const TensorView& dgate_up,
+                              const TensorView& dprob);
 
 }  // namespace groupmm

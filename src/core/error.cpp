@@ -51,6 +51,10 @@ const char* op_name(OpId op) {
       return "swiglu";
     case OpId::layer:
       return "layer";
+    case OpId::moe_router:
+      return "moe_router";
+    case OpId::weighted_swiglu:
+      return "weighted_swiglu";
     case OpId::count_:
       break;
   }

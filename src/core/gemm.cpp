@@ -52,8 +52,9 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
   GROUPMM_CHECK(a.a.present() && a.b.present() && a.out.present(), op,
                 ": a, b and out are required (", a.to_string(), ")");
   const DType t = a.a.dtype;
-  GROUPMM_CHECK(t == DType::bf16 || t == DType::fp16, op, ": a.dtype=", dtype_name(t),
-                " must be bf16 or fp16");
+  GROUPMM_CHECK(t == DType::bf16 || t == DType::fp16 || (t == DType::fp32 && dev == Device::CPU),
+                op, ": a.dtype=", dtype_name(t),
+                " must be bf16 or fp16 (fp32 only on a CPU context: gradient checks)");
   GemmDims d;
   if (a.pass == GemmPass::wgrad) {
     check_view(op, "a (dy)", a.a, t, 2, dev);

@@ -10,14 +10,8 @@ static DType check_float_dtype(const char* op, const TensorView& v, const char* 
   return v.dtype;
 }
 
-static bool overlaps(const TensorView& a, const TensorView& b) {
-  const char* pa = static_cast<const char*>(a.data);
-  const char* pb = static_cast<const char*>(b.data);
-  return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 // gate_up [M, 2I] and a [M, I] partner; returns I.
-static int64_t check_pair(const Context& ctx, const char* op, const TensorView& gate_up,
+int64_t check_swiglu_pair(const Context& ctx, const char* op, const TensorView& gate_up,
                           const TensorView& half, const char* half_arg) {
   const DType t = check_float_dtype(op, gate_up, "gate_up");
   check_view(op, "gate_up", gate_up, t, 2, ctx.device());
@@ -32,8 +26,8 @@ static int64_t check_pair(const Context& ctx, const char* op, const TensorView& 
 
 void swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& out) {
   const char* op = "swiglu_forward";
-  check_pair(ctx, op, gate_up, out, "out");
-  GROUPMM_CHECK(!overlaps(out, gate_up), op, ": out may not alias gate_up");
+  check_swiglu_pair(ctx, op, gate_up, out, "out");
+  GROUPMM_CHECK(!views_overlap(out, gate_up), op, ": out may not alias gate_up");
   if (ctx.device() == Device::CPU)
     cpu::swiglu_forward(ctx, gate_up, out);
   else
@@ -44,11 +38,11 @@ void swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& o
 void swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
                      const TensorView& dgate_up) {
   const char* op = "swiglu_backward";
-  check_pair(ctx, op, gate_up, dout, "dout");
+  check_swiglu_pair(ctx, op, gate_up, dout, "dout");
   check_view(op, "dgate_up", dgate_up, gate_up.dtype, 2, ctx.device());
   check_dim(op, "dgate_up", dgate_up, 0, gate_up.dim(0));
   check_dim(op, "dgate_up", dgate_up, 1, gate_up.dim(1));
-  GROUPMM_CHECK(!overlaps(dgate_up, gate_up) && !overlaps(dgate_up, dout), op,
+  GROUPMM_CHECK(!views_overlap(dgate_up, gate_up) && !views_overlap(dgate_up, dout), op,
                 ": dgate_up may not alias gate_up or dout");
   if (ctx.device() == Device::CPU)
     cpu::swiglu_backward(ctx, dout, gate_up, dgate_up);

@@ -32,6 +32,11 @@ GROUPMM_SWIGLU_HD void swiglu_bwd_elem(float dout, float g, float u, float& dg, 
   dg = dout * u * (s * (1.0f + g * (1.0f - s)));
 }
 
+// Validation shared with weighted_swiglu: gate_up [M, 2I] (bf16/fp16/fp32) and a [M, I] partner
+// `half` of the same dtype on ctx's device; returns I.
+int64_t check_swiglu_pair(const Context& ctx, const char* op, const TensorView& gate_up,
+                          const TensorView& half, const char* half_arg);
+
 }  // namespace groupmm
 
 namespace groupmm::cpu {

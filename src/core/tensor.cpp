@@ -175,4 +175,10 @@ void check_splits(const char* op, const TensorView& splits, int64_t groups, Devi
   GROUPMM_CHECK(splits.data != nullptr || splits.numel() == 0, op, ": splits.data is null");
 }
 
+bool views_overlap(const TensorView& a, const TensorView& b) {
+  const char* pa = static_cast<const char*>(a.data);
+  const char* pb = static_cast<const char*>(b.data);
+  return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
 }  // namespace groupmm

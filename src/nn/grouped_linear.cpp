@@ -91,8 +91,10 @@ class HighPrecisionRecipe final : public LinearRecipe {
   QuantRecipe quantization() const override { return QuantRecipe::none; }
   std::unique_ptr<LinearExecutor> make_executor(Context& ctx,
                                                 const GroupedLinearConfig& cfg) const override {
-    GROUPMM_CHECK(cfg.dtype == DType::bf16 || cfg.dtype == DType::fp16, name(),
-                  ": dtype=", dtype_name(cfg.dtype), " must be bf16 or fp16");
+    GROUPMM_CHECK(cfg.dtype == DType::bf16 || cfg.dtype == DType::fp16 ||
+                      (cfg.dtype == DType::fp32 && ctx.device() == Device::CPU),
+                  name(), ": dtype=", dtype_name(cfg.dtype),
+                  " must be bf16 or fp16 (fp32 only on a CPU context)");
     const bool cpu_engine = engine_ == GemmEngine::automatic || engine_ == GemmEngine::reference;
     const bool cuda_engine = engine_ != GemmEngine::reference;
     GROUPMM_CHECK(ctx.device() == Device::CPU ? cpu_engine : cuda_engine, name(),
@@ -132,8 +134,10 @@ GroupedLinear::GroupedLinear(Context& ctx, const GroupedLinearConfig& cfg)
   GROUPMM_CHECK(cfg.in_features >= 1, op, ": in_features=", cfg.in_features, " must be >= 1");
   GROUPMM_CHECK(cfg.out_features >= 1, op, ": out_features=", cfg.out_features, " must be >= 1");
   GROUPMM_CHECK(cfg.max_tokens >= 1, op, ": max_tokens=", cfg.max_tokens, " must be >= 1");
-  GROUPMM_CHECK(cfg.dtype == DType::bf16 || cfg.dtype == DType::fp16, op,
-                ": dtype=", dtype_name(cfg.dtype), " must be bf16 or fp16");
+  GROUPMM_CHECK(cfg.dtype == DType::bf16 || cfg.dtype == DType::fp16 ||
+                    (cfg.dtype == DType::fp32 && ctx.device() == Device::CPU),
+                op, ": dtype=", dtype_name(cfg.dtype),
+                " must be bf16 or fp16 (fp32 only on a CPU context)");
   if (!cfg_.recipe) cfg_.recipe = high_precision_recipe();
   exec_ = cfg_.recipe->make_executor(ctx, cfg_);
 

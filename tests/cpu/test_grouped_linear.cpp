@@ -398,8 +398,8 @@ TEST(GroupedLinearCpuOps, BadInputGivesClearErrors) {
 
   EXPECT_THROW_MSG(GroupedLinear l(ctx, cfg_of(G, 0, N, false, DType::bf16, M)),
                    "GroupedLinear: in_features=0 must be >= 1");
-  EXPECT_THROW_MSG(GroupedLinear l(ctx, cfg_of(G, K, N, false, DType::fp32, M)),
-                   "GroupedLinear: dtype=fp32 must be bf16 or fp16");
+  EXPECT_THROW_MSG(GroupedLinear l(ctx, cfg_of(G, K, N, false, DType::fp8e4m3, M)),
+                   "GroupedLinear: dtype=fp8e4m3 must be bf16 or fp16");
   EXPECT_THROW_MSG(GroupedLinear l(ctx, cfg_of(G, K, N, false, DType::bf16, 0)),
                    "GroupedLinear: max_tokens=0 must be >= 1");
   auto c2 = cfg_of(G, K, N, false, DType::bf16, M);

@@ -46,7 +46,9 @@ struct GroupedLinearConfig {
   int64_t in_features = 0;   // K
   int64_t out_features = 0;  // N
   bool bias = false;
-  DType dtype = DType::bf16;  // bf16 or fp16: weight, bias, activations and gradients
+  // bf16 or fp16: weight, bias, activations and gradients (fp32 too on a CPU context, for
+  // gradient checks)
+  DType dtype = DType::bf16;
   // Wgrad (dW and db) is computed by backward_dw() instead of backward().
   bool delay_wgrad = false;
   // dW and db accumulate into fp32 main grads ([G, N, K] and [G, N]; beta = 1) instead of being

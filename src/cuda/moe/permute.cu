@@ -1,0 +1,203 @@
+// The two row movers of permute / unpermute, each one memory-bound pass of 16-byte vectors:
+//   scatter (moe_permute, moe_unpermute_backward): a CTA reads a chunk of token rows once and
+//   writes
+//     each to its k destination rows; extra CTAs zero the padding and tail rows. Every buffer row
+//     is written exactly once (the plan gives each kept entry its own row), so no atomics.
+//   gather (moe_unpermute, moe_permute_backward): a CTA sums each token's k source rows in choice
+//     order in fp32 (+ the addend last) and rounds once: the CPU reference's order, bit for bit.
+// Rows shorter than a CTA share it (rows_per_cta rows of threads_per_row threads).
+#include <algorithm>
+
+#include "core/moe_impl.hpp"
+#include "cuda/moe/moe_common.cuh"
+
+namespace groupmm::cuda {
+namespace {
+
+using namespace moe;
+
+struct MoverConfig {
+  static constexpr int kThreads = 128;
+  static constexpr int kBatch = 8;  // gather: source rows whose loads are issued together
+  static constexpr int kZeroCtasPerSm = 2;
+  static_assert(kThreads % 32 == 0, "whole warps");
+};
+
+struct MoverParams {
+  const void* src;
+  void* dst;
+  const void* add;           // gather: [T, H] or null
+  const int32_t* dest_row;   // [T, k]
+  const int32_t* row_start;  // [E] (scatter: padding rows)
+  const int32_t* kept;       // [E]
+  const float* weights;      // scatter: [T, k] or null
+  float* probs;              // scatter: [R] or null
+  const float* d_probs;      // gather: [R] or null
+  float* d_weights;          // gather: [T, k] or null
+  int64_t T, k, E, align, rows;
+  int vecs;  // vectors per row
+  int rows_per_cta, threads_per_row;
+  int64_t token_ctas;  // CTAs [0, token_ctas) move tokens; the rest zero rows (scatter)
+};
+
+template <Fmt F, int N>
+__global__ void __launch_bounds__(MoverConfig::kThreads) scatter_kernel(MoverParams p) {
+  using P = Pack<Storage<F>, N>;
+  const int r = threadIdx.x / p.threads_per_row, lv = threadIdx.x % p.threads_per_row;
+  if (r >= p.rows_per_cta) return;
+  const P* __restrict__ src = static_cast<const P*>(p.src);
+  P* __restrict__ dst = static_cast<P*>(p.dst);
+  const int64_t V = p.vecs;
+  if (blockIdx.x < p.token_ctas) {
+    const int64_t t = int64_t(blockIdx.x) * p.rows_per_cta + r;
+    if (t >= p.T) return;
+    const int32_t* dest = p.dest_row + t * p.k;
+    for (int64_t v = lv; v < V; v += p.threads_per_row) {
+      const P val = src[t * V + v];
+      for (int64_t j = 0; j < p.k; ++j) {
+        const int64_t d = dest[j];
+        if (d >= 0) dst[d * V + v] = val;
+      }
+    }
+    if (p.probs != nullptr && lv == 0)
+      for (int64_t j = 0; j < p.k; ++j)
+        if (dest[j] >= 0) p.probs[dest[j]] = p.weights[t * p.k + j];
+    return;
+  }
+  // Zero rows: slot q < E * (align - 1) is padding row q % (align - 1) of expert q / (align - 1)
+  // (when that expert has that many); the slots after them are the tail rows.
+  const int64_t pad_slots = p.E * (p.align - 1);
+  const int64_t kl = p.kept[p.E - 1];
+  const int64_t tail_start = p.row_start[p.E - 1] + qnum::round_up(kl, p.align);
+  const int64_t n = pad_slots + (p.rows > tail_start ? p.rows - tail_start : 0);
+  const int64_t stride = (int64_t(gridDim.x) - p.token_ctas) * p.rows_per_cta;
+  for (int64_t q = (int64_t(blockIdx.x) - p.token_ctas) * p.rows_per_cta + r; q < n; q += stride) {
+    int64_t row;
+    if (q < pad_slots) {
+      const int64_t e = q / (p.align - 1), i = q % (p.align - 1), ke = p.kept[e];
+      if (i >= qnum::round_up(ke, p.align) - ke) continue;
+      row = p.row_start[e] + ke + i;
+    } else {
+      row = tail_start + (q - pad_slots);
+    }
+    const P zero{};
+    for (int64_t v = lv; v < V; v += p.threads_per_row) dst[row * V + v] = zero;
+    if (p.probs != nullptr && lv == 0) p.probs[row] = 0.0f;
+  }
+}
+
+template <Fmt F, int N>
+__global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverParams p) {
+  using P = Pack<Storage<F>, N>;
+  constexpr int B = MoverConfig::kBatch;
+  const int r = threadIdx.x / p.threads_per_row, lv = threadIdx.x % p.threads_per_row;
+  const int64_t t = int64_t(blockIdx.x) * p.rows_per_cta + r;
+  if (r >= p.rows_per_cta || t >= p.T) return;
+  const P* __restrict__ src = static_cast<const P*>(p.src);
+  const P* __restrict__ add = static_cast<const P*>(p.add);
+  P* __restrict__ dst = static_cast<P*>(p.dst);
+  const int64_t V = p.vecs;
+  const int32_t* dest = p.dest_row + t * p.k;
+  for (int64_t v = lv; v < V; v += p.threads_per_row) {
+    float acc[N];
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[n] = 0.0f;
+    for (int64_t j0 = 0; j0 < p.k; j0 += B) {
+      P buf[B];
+      bool ok[B];
+#pragma unroll
+      for (int b = 0; b < B; ++b) {  // issue the batch's loads before summing
+        const int64_t d = j0 + b < p.k ? dest[j0 + b] : -1;
+        ok[b] = d >= 0;
+        if (ok[b]) buf[b] = src[d * V + v];
+      }
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+        if (ok[b]) {
+#pragma unroll
+          for (int n = 0; n < N; ++n) acc[n] += to_f32<F>(buf[b].v[n]);
+        }
+    }
+    if (add != nullptr) {
+      const P a = add[t * V + v];
+#pragma unroll
+      for (int n = 0; n < N; ++n) acc[n] += to_f32<F>(a.v[n]);
+    }
+    P out;
+#pragma unroll
+    for (int n = 0; n < N; ++n) out.v[n] = from_f32<F>(acc[n]);
+    dst[t * V + v] = out;
+  }
+  if (p.d_weights != nullptr && lv == 0)
+    for (int64_t j = 0; j < p.k; ++j)
+      p.d_weights[t * p.k + j] = dest[j] >= 0 ? p.d_probs[dest[j]] : 0.0f;
+}
+
+MoverParams base_params(const PermuteMap& m, const TensorView& src, const TensorView& dst) {
+  MoverParams p{};
+  p.src = src.data;
+  p.dst = dst.data;
+  p.dest_row = m.dest_row.ptr<int32_t>();
+  p.row_start = m.row_start.ptr<int32_t>();
+  p.kept = m.kept.ptr<int32_t>();
+  p.T = m.tokens;
+  p.k = m.topk;
+  p.E = m.experts;
+  p.align = m.align;
+  p.rows = m.rows;
+  return p;
+}
+
+// Row geometry for N-element vectors, then the launch. kScatter adds the zero-row CTAs.
+template <bool kScatter>
+void launch(Context& ctx, DType t, int64_t H, MoverParams p) {
+  dispatch_fmt(t, [&](auto f) {
+    constexpr Fmt F = decltype(f)::value;
+    constexpr int kVec = kVec16<F>;
+    const bool vec = H % kVec == 0 && aligned16(p.src) && aligned16(p.dst) &&
+                     (p.add == nullptr || aligned16(p.add));
+    const int64_t V = vec ? H / kVec : H;
+    p.vecs = int(V);
+    p.rows_per_cta = int(std::max<int64_t>(1, MoverConfig::kThreads / std::max<int64_t>(V, 1)));
+    p.threads_per_row = MoverConfig::kThreads / p.rows_per_cta;
+    p.token_ctas = qnum::ceil_div(p.T, p.rows_per_cta);
+    const int64_t zero_ctas = kScatter ? int64_t(ctx.sm_count()) * MoverConfig::kZeroCtasPerSm : 0;
+    const int64_t ctas = p.token_ctas + zero_ctas;
+    if (ctas == 0) return;
+    const unsigned grid = grid_size(ctas);
+    if constexpr (kScatter) {
+      if (vec)
+        scatter_kernel<F, kVec><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+      else
+        scatter_kernel<F, 1><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+    } else {
+      if (vec)
+        gather_kernel<F, kVec><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+      else
+        gather_kernel<F, 1><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+    }
+    GROUPMM_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void moe_scatter_rows(Context& ctx, const TensorView& src, const PermuteMap& m,
+                      const TensorView& dst, const TensorView& weights, const TensorView& probs) {
+  MoverParams p = base_params(m, src, dst);
+  p.weights = weights.present() ? weights.ptr<float>() : nullptr;
+  p.probs = probs.present() ? probs.ptr<float>() : nullptr;
+  launch<true>(ctx, src.dtype, src.dim(1), p);
+}
+
+void moe_gather_rows(Context& ctx, const TensorView& src, const PermuteMap& m,
+                     const TensorView& dst, const TensorView& add, const TensorView& d_probs,
+                     const TensorView& d_weights) {
+  MoverParams p = base_params(m, src, dst);
+  p.add = add.present() ? add.data : nullptr;
+  p.d_probs = d_probs.present() ? d_probs.ptr<float>() : nullptr;
+  p.d_weights = d_weights.present() ? d_weights.ptr<float>() : nullptr;
+  launch<false>(ctx, src.dtype, src.dim(1), p);
+}
+
+}  // namespace groupmm::cuda

@@ -1,0 +1,279 @@
+// CUDA moe_router_forward: one warp per chunk of kRouterChunkTokens tokens (a token at a time, its
+// scores in registers), then one CTA per expert reduces the chunks' partial counts and aux-loss
+// sums in a fixed order; the CTA that finishes last adds up the losses. Integer tickets only: no
+// floating-point atomics, deterministic.
+#include <cub/block/block_reduce.cuh>
+
+#include "core/moe_impl.hpp"
+#include "cuda/moe/router_common.cuh"
+
+namespace groupmm::cuda {
+namespace {
+
+using namespace moe;
+using Cfg = RouterKernelConfig;
+
+struct FinalizeConfig {
+  static constexpr int kThreads = 256;
+  static_assert(kThreads % 32 == 0, "whole warps");
+};
+
+// Workspace: partial counts [E][NC] int32, partial prob sums [E][NC] fp32, partial z [NC] fp32,
+// per-expert prob sums [E] fp32, the ticket.
+struct RouterWorkspace {
+  int32_t* part_counts = nullptr;
+  float* part_psum = nullptr;
+  float* part_z = nullptr;
+  float* psum = nullptr;
+  unsigned* ticket = nullptr;
+  size_t bytes = 0;
+};
+RouterWorkspace carve(void* base, int64_t E, int64_t NC) {
+  RouterWorkspace w;
+  char* p = static_cast<char*>(base);
+  auto take = [&](size_t n) {
+    char* r = p;
+    p += (n + 255) / 256 * 256;
+    return r;
+  };
+  w.part_counts = reinterpret_cast<int32_t*>(take(size_t(E * NC) * 4));
+  w.part_psum = reinterpret_cast<float*>(take(size_t(E * NC) * 4));
+  w.part_z = reinterpret_cast<float*>(take(size_t(NC) * 4));
+  w.psum = reinterpret_cast<float*>(take(size_t(E) * 4));
+  w.ticket = reinterpret_cast<unsigned*>(take(4));
+  w.bytes = size_t(p - static_cast<char*>(base));
+  return w;
+}
+
+struct RouterFwdParams {
+  const float* logits;
+  const float* bias;  // [E] or null
+  int32_t* ids;
+  float* weights;
+  RouterWorkspace ws;
+  int64_t T, NC;
+  int E, k, n_group, topk_group;
+  bool softmax_score, renorm, aux, z;
+  float scale;
+};
+
+// Group-limited selection (n_group > 1): returns the bit mask of the kept groups. sel holds the
+// token's selection keys in shared memory ([E], this warp's slice).
+__device__ unsigned keep_groups(const RouterFwdParams& p, const float* sel, int lane) {
+  const int Eg = p.E / p.n_group, m = p.k / p.topk_group;
+  Cand g = no_cand();
+  if (lane < p.n_group) {  // this lane scores group `lane`: sum of its top m, best first
+    float sum = 0.0f;
+    Cand prev = no_cand();
+    for (int i = 0; i < m; ++i) {
+      Cand best = no_cand();
+      for (int e = lane * Eg; e < (lane + 1) * Eg; ++e)
+        if (after(prev, sel[e], e) && beats(sel[e], e, best)) best = {sel[e], 0.0f, e};
+      sum = rn::add(sum, best.v);
+      prev = best;
+    }
+    g = {sum, 0.0f, lane};
+  }
+  unsigned keep = 0;
+  Cand prev = no_cand();
+  for (int i = 0; i < p.topk_group; ++i) {
+    Cand c = lane < p.n_group && after(prev, g.v, g.id) ? g : no_cand();
+    c = warp_best(c);
+    keep |= 1u << c.id;
+    prev = c;
+  }
+  return keep;
+}
+
+template <int kPer>
+__global__ void __launch_bounds__(Cfg::kThreads) router_fwd_kernel(RouterFwdParams p) {
+  extern __shared__ float sel_smem[];  // [kWarps][E], group-limited routing only
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t c = int64_t(blockIdx.x) * Cfg::kWarps + warp;
+  if (c >= p.NC) return;
+  float* sel_sh = sel_smem + warp * p.E;
+  const int Eg = p.E / p.n_group;
+  float bias[kPer], psum[kPer];
+  int cnt[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    bias[i] = p.bias != nullptr && e < p.E ? p.bias[e] : 0.0f;
+    psum[i] = 0.0f;
+    cnt[i] = 0;
+  }
+  float zacc = 0.0f;
+  const int64_t t_end = min(p.T, (c + 1) * kRouterChunkTokens);
+  for (int64_t t = c * kRouterChunkTokens; t < t_end; ++t) {
+    TokenScores<kPer> ts;
+    ts.load(p.logits + t * p.E, lane, p.E);
+    ts.scores(p.softmax_score, p.z, lane, p.E);
+    float sel[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) sel[i] = p.bias != nullptr ? rn::add(ts.s[i], bias[i]) : ts.s[i];
+    unsigned keep = ~0u;
+    if (p.n_group > 1) {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if (lane + 32 * i < p.E) sel_sh[lane + 32 * i] = sel[i];
+      __syncwarp();
+      keep = keep_groups(p, sel_sh, lane);
+      __syncwarp();  // sel_sh is rewritten by the next token
+    }
+    // top-k rounds: the best selectable item ranking after the previous round's winner
+    Cand prev = no_cand();
+    float wsum = 0.0f, my_w = 0.0f;
+    int my_id = -1;
+    for (int j = 0; j < p.k; ++j) {
+      Cand best = no_cand();
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int e = lane + 32 * i;
+        if (e < p.E && ((keep >> (e / Eg)) & 1u) && after(prev, sel[i], e) &&
+            beats(sel[i], e, best))
+          best = {sel[i], ts.s[i], e};
+      }
+      best = warp_best(best);
+      if (lane == j) my_id = best.id, my_w = best.s;
+      wsum = rn::add(wsum, best.s);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) cnt[i] += lane + 32 * i == best.id ? 1 : 0;
+      prev = best;
+    }
+    wsum = rn::add(wsum, rn::kRenormEps);
+    if (lane < p.k) {
+      const float w = p.renorm ? rn::div(my_w, wsum) : my_w;
+      p.ids[t * p.k + lane] = my_id;
+      p.weights[t * p.k + lane] = rn::mul(w, p.scale);
+    }
+    if (p.aux) {  // P = softmax, or the sigmoid scores over their sum
+      const float z =
+          p.softmax_score ? 1.0f : rn::add(warp_lane_sum<kPer>(ts.s, lane, p.E), rn::kRenormEps);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) psum[i] += rn::div(ts.s[i], z);
+    }
+    if (p.z && lane == 0) {
+      const float lse = ts.lse();
+      zacc += lse * lse;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    if (e >= p.E) continue;
+    p.ws.part_counts[e * p.NC + c] = cnt[i];
+    if (p.aux) p.ws.part_psum[e * p.NC + c] = psum[i];
+  }
+  if (p.z && lane == 0) p.ws.part_z[c] = zacc;
+}
+
+struct FinalizeParams {
+  RouterWorkspace ws;
+  int32_t* counts;
+  float* aux_loss;  // null when off
+  float* z_loss;    // null when off
+  int64_t NC;
+  int E;
+  float aux_scale, z_scale;  // coeff E / (k T^2), coeff / T
+};
+
+template <class T>
+__device__ T block_sum_strided(const T* v, int64_t n, int64_t stride, void* tmp_raw) {
+  using Reduce = cub::BlockReduce<T, FinalizeConfig::kThreads>;
+  auto& tmp = *static_cast<typename Reduce::TempStorage*>(tmp_raw);
+  T acc = T(0);
+  for (int64_t i = threadIdx.x; i < n; i += FinalizeConfig::kThreads) acc += __ldcg(v + i * stride);
+  const T r = Reduce(tmp).Sum(acc);  // fixed tree for a fixed block size: deterministic
+  __syncthreads();                   // tmp is reused by the next call
+  return r;
+}
+
+// CTA e: counts[e] and the prob sum of expert e over the chunks; the last CTA: the losses.
+__global__ void __launch_bounds__(FinalizeConfig::kThreads)
+    router_finalize_kernel(FinalizeParams p) {
+  __shared__ union {
+    cub::BlockReduce<int, FinalizeConfig::kThreads>::TempStorage i;
+    cub::BlockReduce<float, FinalizeConfig::kThreads>::TempStorage f;
+  } tmp;
+  __shared__ bool last;
+  const int e = blockIdx.x;
+  const int cnt = block_sum_strided<int>(p.ws.part_counts + e * p.NC, p.NC, 1, &tmp);
+  const float ps = p.aux_loss != nullptr
+                       ? block_sum_strided<float>(p.ws.part_psum + e * p.NC, p.NC, 1, &tmp)
+                       : 0.0f;
+  if (threadIdx.x == 0) {
+    p.counts[e] = cnt;
+    p.ws.psum[e] = ps;
+    __threadfence();
+    last = atomicAdd(p.ws.ticket, 1u) == unsigned(p.E - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (p.aux_loss != nullptr) {
+    float acc = 0.0f;  // sum_e psum_e * counts_e, thread-strided then a fixed tree
+    for (int i = threadIdx.x; i < p.E; i += FinalizeConfig::kThreads)
+      acc += __ldcg(p.ws.psum + i) * float(__ldcg(p.counts + i));
+    using Reduce = cub::BlockReduce<float, FinalizeConfig::kThreads>;
+    const float s = Reduce(tmp.f).Sum(acc);
+    __syncthreads();
+    if (threadIdx.x == 0) *p.aux_loss = s * p.aux_scale;
+  }
+  if (p.z_loss != nullptr) {
+    const float s = block_sum_strided<float>(p.ws.part_z, p.NC, 1, &tmp);
+    if (threadIdx.x == 0) *p.z_loss = s * p.z_scale;
+  }
+  if (threadIdx.x == 0) *p.ws.ticket = 0;
+}
+
+}  // namespace
+
+size_t moe_router_workspace_size(const RouterConfig& cfg, int64_t tokens) {
+  return carve(nullptr, cfg.experts, qnum::ceil_div(tokens, kRouterChunkTokens)).bytes;
+}
+
+void moe_router_forward(Context& ctx, const RouterConfig& cfg, const RouterArgs& a,
+                        void* workspace) {
+  const int64_t T = a.logits.dim(0), E = cfg.experts, NC = qnum::ceil_div(T, kRouterChunkTokens);
+  RouterFwdParams p{};
+  p.logits = a.logits.ptr<float>();
+  p.bias = a.expert_bias.present() ? a.expert_bias.ptr<float>() : nullptr;
+  p.ids = a.expert_ids.ptr<int32_t>();
+  p.weights = a.weights.ptr<float>();
+  p.ws = carve(workspace, E, NC);
+  p.T = T;
+  p.NC = NC;
+  p.E = int(E);
+  p.k = int(cfg.topk);
+  p.n_group = int(cfg.n_group);
+  p.topk_group = int(cfg.topk_group);
+  p.softmax_score = cfg.score == RouterScore::softmax;
+  p.renorm = cfg.renormalize;
+  p.aux = cfg.aux_loss_coeff != 0;
+  p.z = cfg.z_loss_coeff != 0;
+  p.scale = cfg.scaling_factor;
+  if (NC > 0) {
+    const size_t smem = cfg.n_group > 1 ? size_t(Cfg::kWarps * E) * sizeof(float) : 0;
+    const unsigned blocks = grid_size(qnum::ceil_div(NC, Cfg::kWarps));
+    dispatch_per_lane(E, [&](auto per) {
+      router_fwd_kernel<decltype(per)::value><<<blocks, Cfg::kThreads, smem, ctx.stream()>>>(p);
+    });
+    GROUPMM_CHECK_LAUNCH();
+  }
+  GROUPMM_CHECK_CUDA(cudaMemsetAsync(p.ws.ticket, 0, sizeof(unsigned), ctx.stream()));
+  FinalizeParams f{};
+  f.ws = p.ws;
+  f.counts = a.counts.ptr<int32_t>();
+  f.aux_loss = p.aux ? a.aux_loss.ptr<float>() : nullptr;
+  f.z_loss = p.z ? a.z_loss.ptr<float>() : nullptr;
+  f.NC = NC;
+  f.E = int(E);
+  const double Td = double(T);
+  f.aux_scale =
+      T == 0 ? 0.0f : float(double(cfg.aux_loss_coeff) * double(E) / (double(cfg.topk) * Td * Td));
+  f.z_scale = T == 0 ? 0.0f : float(double(cfg.z_loss_coeff) / Td);
+  router_finalize_kernel<<<unsigned(E), FinalizeConfig::kThreads, 0, ctx.stream()>>>(f);
+  GROUPMM_CHECK_LAUNCH();
+}
+
+}  // namespace groupmm::cuda

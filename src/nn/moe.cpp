@@ -1,0 +1,365 @@
+// nn::MoE: the MoE block from the public ops (moe.hpp) and four GroupedLinear layers. Nothing here
+// knows about the backends; every buffer is sized for max_tokens at construction.
+#include "groupmm/nn/moe.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "groupmm/random.hpp"
+
+namespace groupmm::nn {
+
+const char* moe_stage_name(MoEStage s) {
+  switch (s) {
+    case MoEStage::router:
+      return "router";
+    case MoEStage::permute:
+      return "permute";
+    case MoEStage::gate_up:
+      return "gate_up";
+    case MoEStage::activation:
+      return "activation";
+    case MoEStage::down:
+      return "down";
+    case MoEStage::shared_expert:
+      return "shared_expert";
+    case MoEStage::unpermute:
+      return "unpermute";
+  }
+  return "?";
+}
+
+RouterConfig MoEConfig::router_config() const {
+  return RouterConfig{.experts = experts,
+                      .topk = topk,
+                      .score = score,
+                      .n_group = n_group,
+                      .topk_group = topk_group,
+                      .renormalize = renormalize,
+                      .scaling_factor = scaling_factor,
+                      .aux_loss_coeff = aux_loss_coeff,
+                      .z_loss_coeff = z_loss_coeff};
+}
+
+std::string MoEConfig::to_string() const {
+  return detail::cat("MoEConfig(H=", hidden, ", F=", ffn_hidden, ", E=", experts, ", k=", topk,
+                     ", max_tokens=", max_tokens, ", shared_F=", shared_ffn_hidden,
+                     ", capacity_factor=", capacity_factor, ", pad_align=", pad_align,
+                     ", bias=", bias ? "true" : "false", ", dtype=", dtype_name(dtype),
+                     ", delay_wgrad=", delay_wgrad ? "true" : "false",
+                     ", main_grad=", accumulate_into_main_grad ? "true" : "false",
+                     ", expert_bias=", expert_bias ? "true" : "false", ", ",
+                     router_config().to_string(), ")");
+}
+
+namespace {
+
+void check_config(const Context& ctx, const MoEConfig& c) {
+  const char* op = "MoE";
+  GROUPMM_CHECK(c.hidden >= 1, op, ": hidden=", c.hidden, " must be >= 1");
+  GROUPMM_CHECK(c.ffn_hidden >= 1, op, ": ffn_hidden=", c.ffn_hidden, " must be >= 1");
+  GROUPMM_CHECK(c.experts >= 1 && c.experts <= 1024, op, ": experts=", c.experts,
+                " must be in [1, 1024]");
+  GROUPMM_CHECK(c.topk >= 1 && c.topk <= c.experts && c.topk <= 32, op, ": topk=", c.topk,
+                " must be in [1, min(experts=", c.experts, ", 32)]");
+  GROUPMM_CHECK(c.max_tokens >= 1, op, ": max_tokens=", c.max_tokens, " must be >= 1");
+  GROUPMM_CHECK(c.shared_ffn_hidden >= 0, op, ": shared_ffn_hidden=", c.shared_ffn_hidden,
+                " must be >= 0");
+  GROUPMM_CHECK(std::isfinite(c.capacity_factor) && c.capacity_factor >= 0, op,
+                ": capacity_factor=", c.capacity_factor, " must be finite and >= 0");
+  GROUPMM_CHECK(c.pad_align >= 1, op, ": pad_align=", c.pad_align, " must be >= 1");
+  const bool fp32_ok = ctx.device() == Device::CPU;
+  GROUPMM_CHECK(
+      c.dtype == DType::bf16 || c.dtype == DType::fp16 || (fp32_ok && c.dtype == DType::fp32), op,
+      ": dtype=", dtype_name(c.dtype), " must be bf16 or fp16 (fp32 only on a CPU context)");
+}
+
+GroupedLinearConfig linear(const MoEConfig& c, int64_t G, int64_t K, int64_t N, int64_t rows,
+                           uint64_t which) {
+  return GroupedLinearConfig{.experts = G,
+                             .in_features = K,
+                             .out_features = N,
+                             .bias = c.bias,
+                             .dtype = c.dtype,
+                             .delay_wgrad = c.delay_wgrad,
+                             .accumulate_into_main_grad = c.accumulate_into_main_grad,
+                             .max_tokens = rows,
+                             .seed = c.seed * 8 + which,
+                             .recipe = c.recipe};
+}
+
+}  // namespace
+
+MoE::MoE(Context& ctx, const MoEConfig& cfg) : cfg_(cfg), device_(ctx.device()) {
+  check_config(ctx, cfg);
+  const RouterConfig rc = cfg.router_config();
+  (void)moe_router_workspace_size(ctx, rc, cfg.max_tokens);  // validates the router fields
+  const int64_t H = cfg.hidden, F = cfg.ffn_hidden, E = cfg.experts, k = cfg.topk;
+  const int64_t T = cfg.max_tokens, Fs = cfg.shared_ffn_hidden;
+  const int64_t R = map_for(T).rows;
+  gate_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, E, H, 2 * F, R, 1));
+  down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, E, F, H, R, 2));
+  if (Fs > 0) {
+    shared_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, H, 2 * Fs, T, 3));
+    shared_down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, Fs, H, T, 4));
+  }
+  cudaStream_t s = ctx.stream();
+  const Device d = device_;
+  const DType t = cfg.dtype, gt = cfg.accumulate_into_main_grad ? DType::fp32 : t;
+  wr_ = Tensor::empty({E, H}, t, d, s);
+  dwr_ = Tensor::empty({E, H}, gt, d, s);
+  if (cfg.expert_bias) bias_ = Tensor::empty({E}, DType::fp32, d, s);
+  logits_ = Tensor::empty({T, E}, DType::fp32, d, s);
+  ids_ = Tensor::empty({T, k}, DType::int32, d, s);
+  weights_ = Tensor::empty({T, k}, DType::fp32, d, s);
+  counts_ = Tensor::empty({E}, DType::int32, d, s);
+  losses_ = Tensor::empty({2}, DType::fp32, d, s);
+  map_buf_ = Tensor::empty({3 * E}, DType::int32, d, s);
+  dest_ = Tensor::empty({T, k}, DType::int32, d, s);
+  xp_ = Tensor::empty({R, H}, t, d, s);
+  probs_ = Tensor::empty({R}, DType::fp32, d, s);
+  h_ = Tensor::empty({R, F}, t, d, s);
+  y_ = Tensor::empty({T, H}, t, d, s);
+  dyp_ = Tensor::empty({R, H}, t, d, s);
+  dprobs_ = Tensor::empty({R}, DType::fp32, d, s);
+  dgu_ = Tensor::empty({R, 2 * F}, t, d, s);
+  dx_ = Tensor::empty({T, H}, t, d, s);
+  dweights_ = Tensor::empty({T, k}, DType::fp32, d, s);
+  dlogits_ = Tensor::empty({T, E}, DType::fp32, d, s);
+  if (Fs > 0) {
+    sh_h_ = Tensor::empty({T, Fs}, t, d, s);
+    sh_dgu_ = Tensor::empty({T, 2 * Fs}, t, d, s);
+    // token_counts_[n] = n: the shared expert's one-group splits for any T, without a host copy
+    // inside a captured step.
+    std::vector<int32_t> n(static_cast<size_t>(T + 1));
+    for (int64_t i = 0; i <= T; ++i) n[size_t(i)] = int32_t(i);
+    token_counts_ = Tensor::empty({T + 1}, DType::int32, d, s);
+    copy(token_counts_, TensorView(n.data(), DType::int32, Device::CPU, {T + 1}), s);
+    ctx.synchronize();  // n leaves scope
+  }
+  const float bound = 1.0f / std::sqrt(static_cast<float>(H));
+  fill_uniform(ctx, wr_, -bound, bound, cfg.seed * 8 + 5);
+  if (cfg.expert_bias) fill_bytes(bias_, 0, s);
+  fill_bytes(losses_, 0, s);
+  zero_grad(ctx);
+  prepare(ctx);
+}
+
+MoE::~MoE() = default;
+
+void MoE::check_ctx(const Context& ctx, const char* fn) const {
+  GROUPMM_CHECK(ctx.device() == device_, "MoE.", fn, ": the context is ", device_name(ctx.device()),
+                " but the layer lives on ", device_name(device_));
+}
+
+PermuteMap MoE::map_for(int64_t T) const {
+  PermuteMap m;
+  m.tokens = T;
+  m.topk = cfg_.topk;
+  m.experts = cfg_.experts;
+  m.align = cfg_.pad_align;
+  m.capacity = moe_capacity(T, cfg_.topk, cfg_.experts, cfg_.capacity_factor);
+  m.rows = moe_permuted_rows(T, m.topk, m.experts, m.align, m.capacity);
+  if (map_buf_.data() == nullptr) return m;  // geometry only (the constructor sizing buffers)
+  const int64_t E = cfg_.experts;
+  int32_t* b = map_buf_.ptr<int32_t>();
+  m.dest_row = TensorView(dest_.data(), DType::int32, device_, {T, m.topk});
+  m.row_start = TensorView(b, DType::int32, device_, {E});
+  m.kept = TensorView(b + E, DType::int32, device_, {E});
+  m.splits = TensorView(b + 2 * E, DType::int32, device_, {E});
+  return m;
+}
+
+TensorView MoE::rows_view(const Tensor& t, int64_t rows, int64_t cols, DType dt) const {
+  return cols > 0 ? TensorView(t.data(), dt, device_, {rows, cols})
+                  : TensorView(t.data(), dt, device_, {rows});
+}
+
+void MoE::prepare(Context& ctx) {
+  check_ctx(ctx, "prepare");
+  const int64_t T = cfg_.max_tokens;
+  gate_up_->prepare(ctx);
+  down_->prepare(ctx);
+  if (shared_up_) {
+    shared_up_->prepare(ctx);
+    shared_down_->prepare(ctx);
+  }
+  ctx.reserve_workspace(moe_router_logits_workspace_size(ctx, T, cfg_.experts));
+  ctx.reserve_workspace(moe_router_workspace_size(ctx, cfg_.router_config(), T));
+  ctx.reserve_workspace(moe_permute_plan_workspace_size(ctx, T, cfg_.topk, cfg_.experts));
+  if (ctx.device() == Device::CUDA) (void)ctx.cublas_handle();  // created outside any capture
+}
+
+GroupedLinear& MoE::shared_gate_up() {
+  GROUPMM_CHECK(shared_up_ != nullptr,
+                "MoE.shared_gate_up: shared_ffn_hidden=0 (no shared expert)");
+  return *shared_up_;
+}
+GroupedLinear& MoE::shared_down() {
+  GROUPMM_CHECK(shared_down_ != nullptr, "MoE.shared_down: shared_ffn_hidden=0 (no shared expert)");
+  return *shared_down_;
+}
+
+TensorView MoE::expert_ids() const {
+  return TensorView(ids_.data(), DType::int32, device_, {map_.tokens, cfg_.topk});
+}
+TensorView MoE::router_weights() const {
+  return TensorView(weights_.data(), DType::fp32, device_, {map_.tokens, cfg_.topk});
+}
+TensorView MoE::aux_loss() const {
+  return TensorView(losses_.ptr<float>(), DType::fp32, device_, {1});
+}
+TensorView MoE::z_loss() const {
+  return TensorView(losses_.ptr<float>() + 1, DType::fp32, device_, {1});
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+TensorView MoE::forward(Context& ctx, const TensorView& x) {
+  const char* op = "MoE.forward";
+  check_ctx(ctx, "forward");
+  GROUPMM_CHECK(!pending_dw_, op, ": a delayed wgrad is pending; call backward_dw() first");
+  check_view(op, "x", x, cfg_.dtype, 2, device_);
+  check_dim(op, "x", x, 1, cfg_.hidden);
+  const int64_t T = x.dim(0), H = cfg_.hidden, E = cfg_.experts;
+  GROUPMM_CHECK(T <= cfg_.max_tokens, op, ": x.shape[0]=", T,
+                " exceeds max_tokens=", cfg_.max_tokens);
+  const DType t = cfg_.dtype;
+  map_ = map_for(T);
+  const int64_t R = map_.rows;
+  saved_x_ = x;  // for backward (router dW, the shared expert's wgrad)
+  saved_t_ = T;
+
+  const TensorView logits = rows_view(logits_, T, E, DType::fp32);
+  moe_router_logits(ctx, x, wr_, logits);
+  RouterArgs ra;
+  ra.logits = logits;
+  ra.expert_bias = bias_.view();
+  ra.expert_ids = expert_ids();
+  ra.weights = router_weights();
+  ra.counts = counts_;
+  ra.aux_loss = aux_loss();
+  ra.z_loss = z_loss();
+  moe_router_forward(ctx, cfg_.router_config(), ra);
+  stage(MoEStage::router, false);
+
+  moe_permute_plan(ctx, ra.expert_ids, map_);
+  const TensorView xp = rows_view(xp_, R, H, t), probs = rows_view(probs_, R, 0, DType::fp32);
+  moe_permute(ctx, x, map_, xp, ra.weights, probs);
+  stage(MoEStage::permute, false);
+
+  gu_ = gate_up_->forward(ctx, xp, map_.splits);
+  stage(MoEStage::gate_up, false);
+  const TensorView h = rows_view(h_, R, cfg_.ffn_hidden, t);
+  weighted_swiglu_forward(ctx, gu_, probs, h);
+  stage(MoEStage::activation, false);
+  const TensorView yp = down_->forward(ctx, h, map_.splits);
+  stage(MoEStage::down, false);
+
+  TensorView shared_y;
+  if (shared_up_) {
+    const TensorView splits(token_counts_.ptr<int32_t>() + T, DType::int32, device_, {1});
+    sh_gu_ = shared_up_->forward(ctx, x, splits);
+    const TensorView sh = rows_view(sh_h_, T, cfg_.shared_ffn_hidden, t);
+    swiglu_forward(ctx, sh_gu_, sh);
+    shared_y = shared_down_->forward(ctx, sh, splits);
+    stage(MoEStage::shared_expert, false);
+  }
+  const TensorView y = rows_view(y_, T, H, t);
+  moe_unpermute(ctx, yp, map_, y, shared_y);
+  stage(MoEStage::unpermute, false);
+  return y;
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+TensorView MoE::backward(Context& ctx, const TensorView& dy) {
+  const char* op = "MoE.backward";
+  check_ctx(ctx, "backward");
+  GROUPMM_CHECK(saved_t_ >= 0, op, ": no saved forward (each backward consumes one forward)");
+  check_view(op, "dy", dy, cfg_.dtype, 2, device_);
+  check_dim(op, "dy", dy, 0, saved_t_);  // forward's T
+  check_dim(op, "dy", dy, 1, cfg_.hidden);
+  const int64_t T = saved_t_, H = cfg_.hidden, E = cfg_.experts, F = cfg_.ffn_hidden;
+  const int64_t R = map_.rows;
+  const DType t = cfg_.dtype;
+
+  const TensorView dyp = rows_view(dyp_, R, H, t);
+  moe_unpermute_backward(ctx, dy, map_, dyp);
+  stage(MoEStage::unpermute, true);
+  const TensorView dh = down_->backward(ctx, dyp);
+  stage(MoEStage::down, true);
+  const TensorView dgu = rows_view(dgu_, R, 2 * F, t);
+  const TensorView probs = rows_view(probs_, R, 0, DType::fp32);
+  const TensorView dprobs = rows_view(dprobs_, R, 0, DType::fp32);
+  weighted_swiglu_backward(ctx, dh, gu_, probs, dgu, dprobs);
+  stage(MoEStage::activation, true);
+  const TensorView dxp = gate_up_->backward(ctx, dgu);
+  stage(MoEStage::gate_up, true);
+
+  TensorView shared_dx;
+  if (shared_up_) {
+    const TensorView dsh = shared_down_->backward(ctx, dy);
+    const TensorView sdgu = rows_view(sh_dgu_, T, 2 * cfg_.shared_ffn_hidden, t);
+    swiglu_backward(ctx, dsh, sh_gu_, sdgu);
+    shared_dx = shared_up_->backward(ctx, sdgu);
+    stage(MoEStage::shared_expert, true);
+  }
+  const TensorView dx = rows_view(dx_, T, H, t);
+  const TensorView dweights = rows_view(dweights_, T, cfg_.topk, DType::fp32);
+  moe_permute_backward(ctx, dxp, map_, dx, dprobs, dweights, shared_dx);
+  stage(MoEStage::permute, true);
+
+  RouterBackwardArgs rb;
+  rb.logits = rows_view(logits_, T, E, DType::fp32);
+  rb.expert_ids = expert_ids();
+  rb.counts = counts_;
+  rb.d_weights = dweights;
+  rb.d_logits = rows_view(dlogits_, T, E, DType::fp32);
+  moe_router_backward(ctx, cfg_.router_config(), rb);
+  const bool main_grad = cfg_.accumulate_into_main_grad;
+  moe_router_logits_backward(ctx, rb.d_logits, saved_x_, wr_, dx,
+                             cfg_.delay_wgrad ? TensorView() : dwr_.view(), true, main_grad);
+  stage(MoEStage::router, true);
+  if (cfg_.delay_wgrad) {
+    pending_dw_ = true;
+  } else {
+    saved_x_ = TensorView();
+  }
+  saved_t_ = -1;
+  return dx;
+}
+
+void MoE::backward_dw(Context& ctx) {
+  check_ctx(ctx, "backward_dw");
+  if (!cfg_.delay_wgrad) return;  // the weight grads ran in backward
+  GROUPMM_CHECK(pending_dw_, "MoE.backward_dw: no wgrad is pending (call backward first)");
+  gate_up_->backward_dw(ctx);
+  down_->backward_dw(ctx);
+  if (shared_up_) {
+    shared_up_->backward_dw(ctx);
+    shared_down_->backward_dw(ctx);
+  }
+  const int64_t T = saved_x_.dim(0);
+  moe_router_logits_backward(ctx, rows_view(dlogits_, T, cfg_.experts, DType::fp32), saved_x_, wr_,
+                             TensorView(), dwr_, false, cfg_.accumulate_into_main_grad);
+  pending_dw_ = false;
+  saved_x_ = TensorView();
+}
+
+void MoE::zero_grad(Context& ctx) {
+  check_ctx(ctx, "zero_grad");
+  fill_bytes(dwr_, 0, ctx.stream());
+  gate_up_->zero_grad(ctx);
+  down_->zero_grad(ctx);
+  if (shared_up_) {
+    shared_up_->zero_grad(ctx);
+    shared_down_->zero_grad(ctx);
+  }
+}
+
+std::string MoE::to_string() const {
+  return detail::cat("MoE(", cfg_.to_string(), ", device=", device_name(device_), ")");
+}
+
+}  // namespace groupmm::nn

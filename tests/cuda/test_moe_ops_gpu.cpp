@@ -1,0 +1,333 @@
+// MoE ops on the GPU against the CPU reference on fresh random inputs, outputs poisoned first:
+// router forward / backward (bit for bit, ties and group-limited routing included; the losses
+// within rounding), router GEMMs, permute plan (bit for bit: empty experts, all tokens on one
+// expert, padding, capacity, T = 1, k = 1, E = 1), the row movers (bit for bit, odd H), and the
+// weighted SwiGLU (within an ulp; dprob deterministic).
+#include <cmath>
+
+#include "common/test_util.hpp"
+#include "cpu/cpu_util.hpp"
+#include "groupmm/moe.hpp"
+
+namespace groupmm::test {
+namespace {
+
+template <class T>
+std::vector<T> to_host(const TensorView& v) {
+  std::vector<T> h(size_t(v.nbytes()) / sizeof(T));
+  copy(TensorView(h.data(), v.dtype, Device::CPU, {v.numel()}),
+       TensorView(v.data, v.dtype, v.device, {v.numel()}));
+  return h;
+}
+
+// A host buffer and its device twin (device side poisoned with 0xFF unless filled from host).
+struct Pair {
+  std::vector<uint8_t> bytes;
+  TensorView host;
+  Tensor dev;
+  Pair(DType t, std::initializer_list<int64_t> dims) {
+    host = TensorView(nullptr, t, Device::CPU, dims);
+    bytes.assign(size_t(host.nbytes()), 0xFF);
+    host.data = bytes.data();
+    dev = Tensor::empty(dims, t, Device::CUDA);
+    fill_bytes(dev, 0xFF);
+  }
+  void upload() { copy(dev, host); }
+  template <class T>
+  T* h() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
+  void fill_floats(const std::vector<float>& v) {
+    for (size_t i = 0; i < v.size(); ++i) cpu::store_f(host, int64_t(i), v[i]);
+    upload();
+  }
+  std::vector<uint8_t> dev_bytes() const { return to_host<uint8_t>(dev.view()); }
+  // GPU result equals the CPU result bit for bit
+  void expect_same(const char* what) const {
+    EXPECT_EQ(dev_bytes(), bytes) << what << " differs from the CPU reference";
+  }
+};
+
+// ---- router
+// ---------------------------------------------------------------------------------------
+struct RouterCase {
+  const char* name;
+  int64_t T, E, k;
+  RouterScore score;
+  int64_t n_group, topk_group;
+  bool renorm, bias, aux, z, ties;
+  float scale;
+};
+
+class RouterGpu : public ::testing::TestWithParam<RouterCase> {};
+
+TEST_P(RouterGpu, ForwardAndBackwardEqualTheCpuReference) {
+  GROUPMM_REQUIRE_GPU();
+  const RouterCase rc = GetParam();
+  const int64_t T = rc.T, E = rc.E, k = rc.k;
+  const RouterConfig c{.experts = E,
+                       .topk = k,
+                       .score = rc.score,
+                       .n_group = rc.n_group,
+                       .topk_group = rc.topk_group,
+                       .renormalize = rc.renorm,
+                       .scaling_factor = rc.scale,
+                       .aux_loss_coeff = rc.aux ? 0.01f : 0.0f,
+                       .z_loss_coeff = rc.z ? 0.001f : 0.0f};
+  Context cpu(Device::CPU), gpu(Device::CUDA);
+  Pair logits(DType::fp32, {T, E}), bias(DType::fp32, {E}), ids(DType::int32, {T, k}),
+      w(DType::fp32, {T, k}), counts(DType::int32, {E}), aux(DType::fp32, {1}), z(DType::fp32, {1});
+  std::vector<float> l = randn(size_t(T * E), 2.0f);
+  if (rc.ties)  // few distinct values: many exact ties in every row
+    for (auto& v : l) v = std::round(v * 2) / 2;
+  logits.fill_floats(l);
+  bias.fill_floats(randn(size_t(E), 0.1f));
+  auto args = [&](bool dev) {
+    auto v = [&](Pair& p) -> TensorView { return dev ? p.dev.view() : p.host; };
+    return RouterArgs{.logits = v(logits),
+                      .expert_bias = rc.bias ? v(bias) : TensorView(),
+                      .expert_ids = v(ids),
+                      .weights = v(w),
+                      .counts = v(counts),
+                      .aux_loss = v(aux),
+                      .z_loss = v(z)};
+  };
+  moe_router_forward(cpu, c, args(false));
+  moe_router_forward(gpu, c, args(true));
+  EXPECT_NO_THROW(gpu.check());
+  ids.expect_same("expert ids");
+  w.expect_same("weights");
+  counts.expect_same("counts");
+  if (rc.aux)
+    EXPECT_NEAR(to_host<float>(aux.dev)[0], aux.h<float>()[0],
+                1e-5 * std::fabs(aux.h<float>()[0]) + 1e-12);
+  if (rc.z)
+    EXPECT_NEAR(to_host<float>(z.dev)[0], z.h<float>()[0],
+                1e-5 * std::fabs(z.h<float>()[0]) + 1e-12);
+
+  Pair dw(DType::fp32, {T, k}), dl(DType::fp32, {T, E});
+  dw.fill_floats(randn(size_t(T * k)));
+  auto bargs = [&](bool dev) {
+    auto v = [&](Pair& p) -> TensorView { return dev ? p.dev.view() : p.host; };
+    return RouterBackwardArgs{.logits = v(logits),
+                              .expert_ids = v(ids),
+                              .counts = v(counts),
+                              .d_weights = v(dw),
+                              .d_logits = v(dl)};
+  };
+  moe_router_backward(cpu, c, bargs(false));
+  moe_router_backward(gpu, c, bargs(true));
+  EXPECT_NO_THROW(gpu.check());
+  if (!rc.z) {
+    dl.expect_same("d_logits");
+  } else {  // logsumexp: device logf vs host log
+    const auto g = cpu::to_floats(
+        TensorView(to_host<float>(dl.dev).data(), DType::fp32, Device::CPU, {T * E}));
+    EXPECT_LE(rel_error(g, cpu::to_floats(dl.host)), 1e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, RouterGpu,
+    ::testing::Values(RouterCase{"qwen3", 1000, 128, 8, RouterScore::softmax, 1, 1, true, false,
+                                 true, true, false, 1.0f},
+                      RouterCase{"dsv3", 513, 256, 8, RouterScore::sigmoid, 8, 4, true, true, true,
+                                 false, false, 2.5f},
+                      RouterCase{"mixtral_ties", 4097, 8, 2, RouterScore::softmax, 1, 1, true,
+                                 false, true, true, true, 1.0f},
+                      RouterCase{"ties_e64", 300, 64, 6, RouterScore::sigmoid, 1, 1, false, false,
+                                 false, false, true, 1.0f},
+                      RouterCase{"groups_ties", 200, 64, 6, RouterScore::softmax, 4, 2, false, true,
+                                 true, false, true, 1.0f},
+                      RouterCase{"e40_sigmoid_aux", 77, 40, 3, RouterScore::sigmoid, 1, 1, false,
+                                 true, true, true, false, 1.0f},
+                      RouterCase{"e1024_k32", 50, 1024, 32, RouterScore::softmax, 1, 1, true, false,
+                                 false, false, false, 1.0f},
+                      RouterCase{"e1_t1", 1, 1, 1, RouterScore::softmax, 1, 1, false, false, true,
+                                 true, false, 1.0f},
+                      RouterCase{"t0", 0, 16, 2, RouterScore::softmax, 1, 1, false, false, true,
+                                 true, false, 1.0f}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(RouterGemmGpu, LogitsAndBackwardMatchCpu) {
+  GROUPMM_REQUIRE_GPU();
+  const int64_t T = 333, H = 256, E = 24;
+  Context cpu(Device::CPU), gpu(Device::CUDA);
+  Pair x(DType::bf16, {T, H}), w(DType::bf16, {E, H}), l(DType::fp32, {T, E}),
+      dl(DType::fp32, {T, E}), dx(DType::bf16, {T, H}), dw(DType::fp32, {E, H});
+  x.fill_floats(randn(size_t(T * H)));
+  w.fill_floats(randn(size_t(E * H), 0.05f));
+  dl.fill_floats(randn(size_t(T * E)));
+  dx.fill_floats(randn(size_t(T * H)));  // accumulated into
+  dw.fill_floats(randn(size_t(E * H)));
+  moe_router_logits(cpu, x.host, w.host, l.host);
+  moe_router_logits(gpu, x.dev, w.dev, l.dev);
+  auto f = [](const Pair& p) {
+    auto b = p.dev_bytes();
+    return cpu::to_floats(TensorView(b.data(), p.host.dtype, Device::CPU, {p.host.numel()}));
+  };
+  EXPECT_LE(rel_error(f(l), cpu::to_floats(l.host)), 1e-5);
+  moe_router_logits_backward(cpu, dl.host, x.host, w.host, dx.host, dw.host, true, true);
+  moe_router_logits_backward(gpu, dl.dev, x.dev, w.dev, dx.dev, dw.dev, true, true);
+  EXPECT_LE(rel_error(f(dx), cpu::to_floats(dx.host)), 1e-2);
+  EXPECT_LE(rel_error(f(dw), cpu::to_floats(dw.host)), 1e-5);
+  EXPECT_NO_THROW(gpu.check());
+}
+
+// ---- permute plan and row movers ----------------------------------------------------------------
+struct PermuteCase {
+  const char* name;
+  int64_t T, k, E, align, capacity, H;
+  int pattern;  // 0 random distinct, 1 all tokens on expert E-1 (k = 1), 2 only even experts
+  DType dtype;
+};
+
+std::vector<int32_t> make_ids(const PermuteCase& c) {
+  std::vector<int32_t> ids(size_t(c.T * c.k));
+  std::vector<int32_t> pool;
+  for (int64_t e = 0; e < c.E; ++e)
+    if (c.pattern != 2 || e % 2 == 0) pool.push_back(int32_t(e));
+  for (int64_t t = 0; t < c.T; ++t) {
+    std::shuffle(pool.begin(), pool.end(), rng());
+    for (int64_t j = 0; j < c.k; ++j)
+      ids[size_t(t * c.k + j)] = c.pattern == 1 ? int32_t(c.E - 1) : pool[size_t(j) % pool.size()];
+  }
+  return ids;
+}
+
+struct MapPair {
+  Pair dest, meta;
+  PermuteMap host, dev;
+  MapPair(const PermuteCase& c) : dest(DType::int32, {c.T, c.k}), meta(DType::int32, {3 * c.E}) {
+    for (PermuteMap* m : {&host, &dev}) {
+      const bool d = m == &dev;
+      m->tokens = c.T;
+      m->topk = c.k;
+      m->experts = c.E;
+      m->align = c.align;
+      m->capacity = c.capacity;
+      m->rows = moe_permuted_rows(c.T, c.k, c.E, c.align, c.capacity);
+      m->dest_row = d ? dest.dev.view() : dest.host;
+      int32_t* b = d ? meta.dev.ptr<int32_t>() : meta.h<int32_t>();
+      const Device dv = d ? Device::CUDA : Device::CPU;
+      m->row_start = TensorView(b, DType::int32, dv, {c.E});
+      m->kept = TensorView(b + c.E, DType::int32, dv, {c.E});
+      m->splits = TensorView(b + 2 * c.E, DType::int32, dv, {c.E});
+    }
+  }
+};
+
+class PermuteGpu : public ::testing::TestWithParam<PermuteCase> {};
+
+TEST_P(PermuteGpu, PlanAndRowMoversEqualTheCpuReference) {
+  GROUPMM_REQUIRE_GPU();
+  const PermuteCase c = GetParam();
+  Context cpu(Device::CPU), gpu(Device::CUDA);
+  Pair ids(DType::int32, {c.T, c.k});
+  const auto idv = make_ids(c);
+  std::copy(idv.begin(), idv.end(), ids.h<int32_t>());
+  ids.upload();
+  MapPair m(c);
+  moe_permute_plan(cpu, ids.host, m.host);
+  moe_permute_plan(gpu, ids.dev, m.dev);
+  EXPECT_NO_THROW(gpu.check());
+  m.dest.expect_same("dest_row");
+  m.meta.expect_same("row_start | kept | splits");
+
+  const int64_t T = c.T, k = c.k, H = c.H, R = m.host.rows;
+  Pair x(c.dtype, {T, H}), w(DType::fp32, {T, k}), xp(c.dtype, {R, H}), probs(DType::fp32, {R});
+  x.fill_floats(randn(size_t(T * H)));
+  w.fill_floats(randn(size_t(T * k)));
+  moe_permute(cpu, x.host, m.host, xp.host, w.host, probs.host);
+  moe_permute(gpu, x.dev, m.dev, xp.dev, w.dev, probs.dev);
+  xp.expect_same("x_perm");
+  probs.expect_same("probs");
+
+  Pair g(c.dtype, {R, H}), gp(DType::fp32, {R}), add(c.dtype, {T, H}), dx(c.dtype, {T, H}),
+      dw(DType::fp32, {T, k}), y(c.dtype, {T, H}), dyp(c.dtype, {R, H});
+  g.fill_floats(randn(size_t(R * H)));
+  gp.fill_floats(randn(static_cast<size_t>(R)));
+  add.fill_floats(randn(size_t(T * H)));
+  moe_permute_backward(cpu, g.host, m.host, dx.host, gp.host, dw.host, add.host);
+  moe_permute_backward(gpu, g.dev, m.dev, dx.dev, gp.dev, dw.dev, add.dev);
+  dx.expect_same("dx (permute backward)");
+  dw.expect_same("d_weights");
+  moe_unpermute(cpu, g.host, m.host, y.host);
+  moe_unpermute(gpu, g.dev, m.dev, y.dev);
+  y.expect_same("y (unpermute)");
+  moe_unpermute_backward(cpu, x.host, m.host, dyp.host);
+  moe_unpermute_backward(gpu, x.dev, m.dev, dyp.dev);
+  dyp.expect_same("dy_perm (unpermute backward)");
+  EXPECT_NO_THROW(gpu.check());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, PermuteGpu,
+    ::testing::Values(PermuteCase{"qwen3ish", 2048, 8, 128, 1, 0, 256, 0, DType::bf16},
+                      PermuteCase{"pad16_fp16", 1000, 4, 32, 16, 0, 64, 0, DType::fp16},
+                      PermuteCase{"pad128_empty", 777, 2, 16, 128, 0, 128, 2, DType::bf16},
+                      PermuteCase{"capacity", 1500, 2, 8, 1, 300, 96, 0, DType::bf16},
+                      PermuteCase{"capacity_pad", 900, 3, 12, 16, 150, 40, 2, DType::fp32},
+                      PermuteCase{"all_one_expert", 500, 1, 8, 1, 0, 72, 1, DType::bf16},
+                      PermuteCase{"odd_h", 301, 3, 7, 1, 0, 13, 0, DType::bf16},
+                      PermuteCase{"t1_k1_e1", 1, 1, 1, 1, 0, 24, 0, DType::bf16},
+                      PermuteCase{"dsv3_h", 64, 8, 32, 1, 0, 7168, 0, DType::bf16}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(PermuteGpuFaults, BadExpertIdIsSkippedAndReported) {
+  GROUPMM_REQUIRE_GPU();
+  Context gpu(Device::CUDA);
+  PermuteCase c{"bad", 40, 2, 4, 1, 0, 8, 0, DType::bf16};
+  MapPair m(c);
+  auto idv = make_ids(c);
+  idv[13] = 9;
+  Pair ids(DType::int32, {c.T, c.k});
+  std::copy(idv.begin(), idv.end(), ids.h<int32_t>());
+  ids.upload();
+  moe_permute_plan(gpu, ids.dev, m.dev);
+  EXPECT_THROW_MSG(gpu.check(), "device fault in moe_permute (status 0x8): index out of range");
+  EXPECT_EQ(to_host<int32_t>(m.dest.dev)[13], -1);
+}
+
+// ---- weighted SwiGLU
+// ------------------------------------------------------------------------------
+class WeightedSwigluGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
+
+TEST_P(WeightedSwigluGpu, MatchesCpuWithinAnUlpAndIsDeterministic) {
+  GROUPMM_REQUIRE_GPU();
+  const auto [t, I] = GetParam();
+  const int64_t M = 1037;
+  Context cpu(Device::CPU), gpu(Device::CUDA);
+  Pair gu(t, {M, 2 * I}), p(DType::fp32, {M}), out(t, {M, I}), dout(t, {M, I}), dgu(t, {M, 2 * I}),
+      dp(DType::fp32, {M});
+  gu.fill_floats(randn(size_t(M * 2 * I), 2.0f));
+  p.fill_floats(randn(static_cast<size_t>(M)));
+  dout.fill_floats(randn(size_t(M * I)));
+  weighted_swiglu_forward(cpu, gu.host, p.host, out.host);
+  weighted_swiglu_forward(gpu, gu.dev, p.dev, out.dev);
+  weighted_swiglu_backward(cpu, dout.host, gu.host, p.host, dgu.host, dp.host);
+  weighted_swiglu_backward(gpu, dout.dev, gu.dev, p.dev, dgu.dev, dp.dev);
+  auto f = [](const Pair& q) {
+    auto b = q.dev_bytes();
+    return cpu::to_floats(TensorView(b.data(), q.host.dtype, Device::CPU, {q.host.numel()}));
+  };
+  const double tol = t == DType::bf16 ? 4e-3 : (t == DType::fp16 ? 5e-4 : 1e-6);
+  EXPECT_LE(rel_error(f(out), cpu::to_floats(out.host)), tol);
+  EXPECT_LE(rel_error(f(dgu), cpu::to_floats(dgu.host)), tol);
+  EXPECT_LE(rel_error(f(dp), cpu::to_floats(dp.host)), 1e-5);
+  const auto first = dp.dev_bytes();
+  weighted_swiglu_backward(gpu, dout.dev, gu.dev, p.dev, dgu.dev, dp.dev);
+  EXPECT_EQ(dp.dev_bytes(), first) << "dprob differs between two runs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, WeightedSwigluGpu,
+                         ::testing::Combine(::testing::Values(DType::bf16, DType::fp16,
+                                                              DType::fp32),
+                                            ::testing::Values(int64_t(768), int64_t(13))),
+                         [](const auto& info) {
+                           return detail::cat(dtype_name(std::get<0>(info.param)), "_I",
+                                              std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace groupmm::test
