@@ -2,7 +2,7 @@
 // unpermute, weighted SwiGLU). Arguments arrive validated by src/core/moe_*.cpp.
 #pragma once
 
-#include "core/quantize_numerics.hpp"  // qnum::ceil_div, qnum::round_up
+#include "core/quantize_layout.hpp"  // qnum::ceil_div, qnum::round_up
 #include "groupmm/moe.hpp"
 
 namespace groupmm {
