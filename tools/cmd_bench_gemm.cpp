@@ -10,6 +10,7 @@
 
 #include "bench_common.hpp"
 #include "bench_gemm_quantized.hpp"
+#include "bench_gemm_w4.hpp"
 #include "commands.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/random.hpp"
@@ -61,7 +62,16 @@ int run_bench_gemm(const Args& args) {
   GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const std::string recipe = get_opt(args, "--recipe", "bf16");
   int rc = 0;
-  if (recipe == "bf16") {
+  if (const std::string w = get_opt(args, "--weights", ""); !w.empty()) {  // 4-bit weights
+    W4BenchOptions o;
+    GROUPMM_CHECK(w == "nvfp4" || w == "mxfp4", "bench gemm: --weights ", w,
+                  " must be nvfp4 or mxfp4");
+    o.recipe = w == "nvfp4" ? QuantRecipe::nvfp4 : QuantRecipe::mxfp4;
+    o.filter = get_opt(args, "--case", "");
+    o.iters = std::stoi(get_opt(args, "--iters", "20"));
+    o.json_path = get_opt(args, "--json", "");
+    rc = bench_gemm_w4(o, stream);
+  } else if (recipe == "bf16") {
     rc = bench_gemm(args, stream);  // its Context and buffers are gone before the stream
   } else {
     QuantBenchOptions o;
@@ -278,7 +288,8 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
 
 Register reg(
     "bench gemm",
-    "grouped GEMM suite vs cuBLAS loop and dense cuBLAS (--case --pass --pattern --iters --json)",
+    "grouped GEMM suite vs cuBLAS loop and dense cuBLAS (--case --pass --pattern --iters --json "
+    "--recipe; --weights nvfp4|mxfp4: 4-bit weights vs the bf16 engine)",
     run_bench_gemm);
 
 }  // namespace

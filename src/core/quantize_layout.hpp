@@ -73,6 +73,11 @@ GROUPMM_HD int64_t row_scale_index(const Layout& L, const Geom& g, int64_t lr, i
   if (!L.swizzled) return (g.start + lr) * L.row_ncols + sc;
   return row_scale_index_swizzled(L, g, lr, sc);
 }
+// row_scale_index(L, g, lr, sc) - row_scale_index(L, g, lr, 0) for the plain and swizzled 1-byte
+// layouts (mxfp8, nvfp4, mxfp4): the column part of the index, the same for every row.
+GROUPMM_HD int64_t row_scale_col_offset(const Layout& L, int64_t sc) {
+  return L.swizzled ? (sc >> 2) * 512 + (sc & 3) : sc;
+}
 // row_scale_index of row r (0 <= r < 128) of the expert's row tile lt and scale column sc < 2^16:
 // the tile's part in 64 bits, the in-tile part in 32 (the kernels' per-thread form).
 GROUPMM_HD int64_t row_scale_index_in_tile(const Layout& L, const Geom& g, int64_t lt, int r,
@@ -100,9 +105,15 @@ GROUPMM_HD int64_t col_scale_index(const Layout& L, const Geom& g, int64_t nb, i
   return col_scale_index_swizzled(L, g, nb, k, j);
 }
 
+// The e2m1 code of element e of packed fp4 data (element 2j in the low nibble of byte j).
+GROUPMM_HD uint8_t fp4_code_at(const uint8_t* data, int64_t e) {
+  const uint8_t b = data[e / 2];
+  return (e & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xFu);
+}
+
 // Dequantized value of element (lr, k) of expert g (index gi), read from the rowwise copy or the
 // columnwise copy. scales: the block scales (fp32, e8m0 or e4m3 bytes); per_expert: scale_inv [G]
-// (fp8_current) or S_enc [G] (nvfp4).
+// (fp8_current) or S_enc [G] (nvfp4). mxfp4: e2m1 * 2^(e - 127) (exact in fp32; Inf past it).
 GROUPMM_HD float dequant_value(const Layout& L, const Geom& g, int64_t gi, int64_t lr, int64_t k,
                                bool col, const uint8_t* data, const void* scales,
                                const float* per_expert) {
@@ -116,10 +127,12 @@ GROUPMM_HD float dequant_value(const Layout& L, const Geom& g, int64_t gi, int64
     }
   }
   if (L.recipe == QuantRecipe::nvfp4) {
-    const uint8_t b = data[e / 2];
-    const uint8_t c = (e & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xFu);
     const float sbf = e4m3_to_float(static_cast<const uint8_t*>(scales)[si]);
-    return canon_nan((e2m1_to_float(c) * sbf) / per_expert[gi]);
+    return canon_nan((e2m1_to_float(fp4_code_at(data, e)) * sbf) / per_expert[gi]);
+  }
+  if (L.recipe == QuantRecipe::mxfp4) {
+    const float s = e8m0_to_float(static_cast<const uint8_t*>(scales)[si]);
+    return canon_nan(e2m1_to_float(fp4_code_at(data, e)) * s);
   }
   const float q = fp8_to_float(data[e], L.e5m2);
   if (L.recipe == QuantRecipe::fp8_current) return canon_nan(q * per_expert[gi]);

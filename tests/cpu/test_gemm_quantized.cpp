@@ -43,8 +43,8 @@ Decoded hand_decode(const QGemmSpec& s, QGemmDevice& d) {
   const float* sb = b_sc.ptr<float>();
   Decoded out;
   int64_t start = 0, blocks = 0;
-  const int64_t n_out = s.pass == GemmPass::wgrad ? G * N * K
-                                                  : M * (s.pass == GemmPass::forward ? N : K);
+  const int64_t n_out =
+      s.pass == GemmPass::wgrad ? G * N * K : M * (s.pass == GemmPass::forward ? N : K);
   out.sum.assign(size_t(n_out), 0.0);
   out.abs_sum.assign(size_t(n_out), 0.0);
   for (int64_t g = 0; g < G; ++g) {

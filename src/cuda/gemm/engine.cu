@@ -82,10 +82,10 @@ std::string heuristic_16bit(const GemmLaunch& l) {
 
 std::string heuristic(const GemmLaunch& l) {
   if (l.recipe == QuantRecipe::none) return heuristic_16bit(l);
-  // FP8: one kernel per (pass, dtypes, recipe) today; the first that serves the launch.
+  // Scaled operands: one kernel per (pass, dtypes, recipe) today; the first that serves.
   for (const auto& e : kTable)
     if (serves(e, l)) return e.name;
-  GROUPMM_CHECK(false, "grouped_gemm: no FP8 kernel computes ",
+  GROUPMM_CHECK(false, "grouped_gemm: no scaled kernel computes ",
                 describe(l.pass, l.a_dtype, l.b_dtype, l.out_dtype, l.recipe),
                 l.fast_accum ? " with fast accumulation" : "");
   return "";

@@ -171,10 +171,6 @@ __device__ void setup_fp8_expert(const SetupParams<Cfg>& p, int g, int64_t start
       }
     }
   }
-  if constexpr (Cfg::kScaling == Scaling::per_expert) {
-    A.alpha[g] = p.alpha * p.scale_a[g] * p.scale_b[g];
-    A.ptr_alpha[g] = &A.alpha[g];
-  }
   if constexpr (Cfg::kScaling == Scaling::blockwise) {
     if (Cfg::kRole != Role::wgrad || rows != 0) {
       A.ptr_sfa[g] = p.scale_a + sa;
@@ -261,6 +257,11 @@ __global__ void __launch_bounds__(kThreads) setup_kernel(SetupParams<Cfg> p) {
       setup_fp8_expert(p, g, e.start, static_cast<int>(e.rows), e.before.v[0]);
     } else {
       setup_16bit_expert(p, g, e.start, static_cast<int>(e.rows));
+    }
+    if constexpr (Cfg::kScaling == Scaling::per_expert) {  // a null scale array counts as ones
+      p.arr.alpha[g] =
+          p.alpha * (p.scale_a ? p.scale_a[g] : 1.0f) * (p.scale_b ? p.scale_b[g] : 1.0f);
+      p.arr.ptr_alpha[g] = &p.arr.alpha[g];
     }
   });
 }

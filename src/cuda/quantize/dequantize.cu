@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(DequantParams p)
   const qnum::Geom g = p.plan.geom(gi);
   const int64_t lr = row - g.start;
   if (lr >= g.rows) return;
-  if (p.col && p.L.recipe == QuantRecipe::nvfp4 && (g.rows & 1)) return;  // never quantized
+  if (p.col && qnum::is_fp4(p.L.recipe) && (g.rows & 1)) return;  // never quantized
   for (int j = 0; j < Cfg::kSeg; ++j) {
     const float v =
         qnum::dequant_value(p.L, g, gi, lr, k0 + j, p.col, p.data, p.scales, p.per_expert);
