@@ -117,6 +117,13 @@ std::vector<QCase> cases() {
       for (Pattern z : {Pattern::zero_first, Pattern::zero_last})
         add(spec(6, pat(z, 6, 900), 256, 384), pattern_name(z));
       add(spec(5, pat(Pattern::zero_all, 5, 0), 256, 256));
+      if (pass == GemmPass::forward) {  // decode: <= 64 rows per expert, swapped operands
+        add(spec(128, pat(Pattern::random_odd, 128, 1024), 512, 1024), "decode");
+        add(spec(64, pat(Pattern::quarter_empty, 64, 256), n_odd, k_odd), "decode");
+        QGemmSpec db = spec(32, pat(Pattern::zipf, 32, 1024), 256, 512);
+        db.bias = true;
+        add(db, "decode");
+      }
       if (pass == GemmPass::forward) {
         QGemmSpec b = spec(8, pat(Pattern::zipf, 8, 2000), 512, 512);
         b.bias = true;
@@ -244,7 +251,7 @@ TEST(QuantizedGemmGpuErrors, AlignmentAndKernelChoice) {
   s.G = 2;
   s.N = 256;
   s.K = 256;
-  s.splits = {64, 64};
+  s.splits = {96, 64};  // 80 rows per expert: not the decode case
   Context ctx(Device::CUDA);
   QGemmDevice d(ctx, s, make_inputs(s));
   QuantizedGemmArgs a = d.args(s);
@@ -254,6 +261,9 @@ TEST(QuantizedGemmGpuErrors, AlignmentAndKernelChoice) {
                    "(fp8_block)");
   a.config = "";
   EXPECT_EQ(gemm_config_name(ctx, a), "fwd_e4m3_bf16_block_128x128_coop_c21");
+  s.splits = {64, 64};  // <= 64 rows per expert: the weights fill the tile (swapped operands)
+  QGemmDevice dec(ctx, s, make_inputs(s));
+  EXPECT_EQ(gemm_config_name(ctx, dec.args(s)), "fwdswap_e4m3_bf16_block_128x32_pp_c11");
 }
 
 }  // namespace

@@ -136,6 +136,16 @@ __device__ void setup_fp8_expert(const SetupParams<Cfg>& p, int g, int64_t start
     A.stride_d[g] = stride_ld<typename Cfg::StrideD>(N);
     sa = start * kb;   // x 1x128: [M, K/128]
     sb = g * nb * kb;  // W 128x128: expert g's [ceil(N/128), K/128]
+  } else if constexpr (Cfg::kRole == Role::forward_swap) {  // decode: W fills the M' tile
+    A.problems[g] = make_shape(int(N), rows, int(K));
+    A.ptr_a[g] = p.b + g * N * K;
+    A.ptr_b[g] = p.a + start * K;
+    A.ptr_d[g] = p.out + start * N;
+    A.stride_a[g] = stride_ld<typename Cfg::StrideA>(K);
+    A.stride_b[g] = stride_ld<typename Cfg::StrideB>(K);
+    A.stride_d[g] = stride_ld<typename Cfg::StrideD>(N);
+    sa = g * nb * kb;  // A = W 128x128
+    sb = start * kb;   // B = x 1x128
   } else if constexpr (Cfg::kRole == Role::dgrad) {
     A.problems[g] = make_shape(rows, int(K), int(N));
     A.ptr_a[g] = p.a + start * N;
@@ -177,8 +187,9 @@ __device__ void setup_fp8_expert(const SetupParams<Cfg>& p, int g, int64_t start
   }
   if constexpr (Cfg::kScaling == Scaling::blockwise) {
     if (Cfg::kRole != Role::wgrad || rows != 0) {
-      A.ptr_sfa[g] = p.scale_a + sa;
-      A.ptr_sfb[g] = p.scale_b + sb;
+      const bool swap = Cfg::kRole == Role::forward_swap;  // A's scales are the weight's
+      A.ptr_sfa[g] = (swap ? p.scale_b : p.scale_a) + sa;
+      A.ptr_sfb[g] = (swap ? p.scale_a : p.scale_b) + sb;
     }
     // CUTLASS rebuilds these from the problem shape in the kernel; filled for completeness.
     const auto mnk = A.problems[g];
