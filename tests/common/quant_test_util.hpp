@@ -112,3 +112,10 @@ inline QuantizeConfig with_amax(QuantizeConfig c, AmaxSchedule s, int lag = 0) {
 }
 
 }  // namespace groupmm::test
+
+namespace groupmm {
+// Readable parameter values in test listings.
+inline void PrintTo(const QuantizeConfig& c, std::ostream* os) {
+  *os << test::cfg_name(c);
+}
+}  // namespace groupmm
