@@ -157,12 +157,7 @@ inline void expect_round_trip_within_half_step(Context& ctx, const OracleInput& 
   ov.dtype = DType::fp32;
   Tensor out = Tensor::empty_like(ov, ctx.device(), ctx.stream());
   fill_bytes(out, 0xFF, ctx.stream());
-  GroupDequantizeArgs d;
-  d.in = q.gt;
-  d.config = cfg;
-  d.from_columnwise = col;
-  d.out = out;
-  group_dequantize(ctx, d);
+  run_dequantize(ctx, q, cfg, col, out);
   const std::vector<float> got = cpu_floats(out);
   const oracle::Format& f = cfg.recipe == QuantRecipe::nvfp4  ? oracle::e2m1()
                             : cfg.fp8_dtype == DType::fp8e5m2 ? oracle::e5m2()

@@ -165,7 +165,8 @@ TEST(ConvertEncode, NaNRules) {
   EXPECT_EQ(float_to_e4m3(NAN), 0x7F);
   EXPECT_EQ(float_to_e4m3(-NAN) & 0x7F, 0x7F);
   EXPECT_EQ(float_to_e5m2(NAN), 0x7F);
-  EXPECT_EQ(float_to_e2m1(NAN), 0x7);  // +6, as the CUDA conversion does
+  EXPECT_EQ(float_to_e2m1(NAN), 0x7);   // +6, as the CUDA conversion does
+  EXPECT_EQ(float_to_e2m1(-NAN), 0x7);  // whatever the NaN's sign
   EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(NAN))));
   EXPECT_TRUE(std::isnan(fp16_bits_to_float(float_to_fp16_bits(NAN))));
 }

@@ -242,6 +242,19 @@ TEST(QuantFormats, NanAndInfInEveryRecipe) {
   }
 }
 
+struct Mark {
+  int64_t row, col;
+  float value;
+};
+// A [rows, K] tensor of ones with marked elements (as one weight expert [1, rows, K] when
+// `weight`), in bf16 (every value here is exact in bf16).
+Tensor ones_with(int64_t rows, int64_t K, std::initializer_list<Mark> marks, bool weight) {
+  std::vector<float> v(static_cast<size_t>(rows * K), 1.0f);
+  for (const Mark& m : marks) v[static_cast<size_t>(m.row * K + m.col)] = m.value;
+  return weight ? make_input(v, DType::bf16, {1, rows, K}, Device::CPU)
+                : make_input(v, DType::bf16, {rows, K}, Device::CPU);
+}
+
 // 2D blocks of weights: every element of a 128x128 (fp8_block) or 16x16 (nvfp4) block shares
 // the block's scale, whichever row holds the block's amax.
 TEST(QuantFormats, Fp8Block128x128WeightBlocks) {
@@ -251,11 +264,7 @@ TEST(QuantFormats, Fp8Block128x128WeightBlocks) {
   // (0x71) and 160 (0x72): 0x71; 3 -> 0x7E. Block (1,1) amax 1792: scale_inv 4, 1 -> 0.25 (0x28).
   Context ctx(Device::CPU);
   const int64_t N = 256, K = 256;
-  std::vector<float> v(static_cast<size_t>(N * K), 1.0f);
-  v[100 * K + 5] = 896;
-  v[200 * K + 0] = 3;
-  v[255 * K + 255] = -1792;
-  Tensor w = make_input(v, DType::bf16, {1, N, K}, Device::CPU);
+  Tensor w = ones_with(N, K, {{100, 5, 896}, {200, 0, 3}, {255, 255, -1792}}, true);
   Quantized q = run_quantize(ctx, w, TensorView(),
                              qcfg(QuantRecipe::fp8_block, QuantDirection::both, ScaleLayout::plain,
                                   DType::fp8e4m3, false, true));
@@ -287,11 +296,7 @@ TEST(QuantFormats, Nvfp4With16x16WeightBlocks) {
   // amax 3: s_b = 0.5 (0x30), 1 -> 2 (4), 3 -> 6 (7). Block (1,1): s_b = 448 (0x7E), 1 -> 0.
   Context ctx(Device::CPU);
   const int64_t N = 32, K = 32;
-  std::vector<float> v(static_cast<size_t>(N * K), 1.0f);
-  v[15 * K + 15] = 6;
-  v[31 * K + 0] = 3;
-  v[16 * K + 16] = 2688;
-  Tensor w = make_input(v, DType::bf16, {1, N, K}, Device::CPU);
+  Tensor w = ones_with(N, K, {{15, 15, 6}, {31, 0, 3}, {16, 16, 2688}}, true);
   Quantized q = run_quantize(ctx, w, TensorView(),
                              qcfg(QuantRecipe::nvfp4, QuantDirection::both, ScaleLayout::plain,
                                   DType::fp8e4m3, false, true));
@@ -344,12 +349,7 @@ TEST(QuantFormats, Nvfp4ExpertWithZeroAmax) {
   for (bool col : {false, true}) {
     Tensor o = Tensor::empty({4, 32}, DType::fp32, Device::CPU);
     fill_bytes(o, 0xFF);
-    GroupDequantizeArgs a;
-    a.in = q.gt;
-    a.config = cfg;
-    a.from_columnwise = col;
-    a.out = o;
-    group_dequantize(ctx, a);
+    run_dequantize(ctx, q, cfg, col, o);
     const float* f = o.ptr<float>();
     for (int i = 0; i < 64; ++i) ASSERT_EQ(float_bits(f[i]), 0u) << "col=" << col << " " << i;
     EXPECT_EQ(f[64], 2688.0f);
@@ -554,9 +554,7 @@ TEST(QuantFormats, SwizzledScaleOfAMarkedBlockByHand) {
   // All ones (e = 119) except a 2^20 (e = 127 + 20 - 9 + 1 = 139) in the marked block.
   Context ctx(Device::CPU);
   {  // rowwise: row 150, column 7 * 32 -> scale (150, 7) at 1*128*12 + 1*512 + 22*16 + 0*4 + 3
-    std::vector<float> v(200 * 320, 1.0f);
-    v[150 * 320 + 7 * 32 + 3] = 0x1p20f;
-    Tensor x = make_input(v, DType::bf16, {200, 320}, Device::CPU);
+    Tensor x = ones_with(200, 320, {{150, 7 * 32 + 3, 0x1p20f}}, false);
     std::vector<int32_t> s = {200};
     Quantized q =
         run_quantize(ctx, x, host_view(s, DType::int32, {1}),
@@ -567,9 +565,7 @@ TEST(QuantFormats, SwizzledScaleOfAMarkedBlockByHand) {
   }
   {  // columnwise: column 5, rows 192..223 (block j = 6) -> scale (k=5, j=6) of the per-expert
      // [32, 10] matrix padded to [128, 12]: 1*512 + 5*16 + 0*4 + 2 = 594
-    std::vector<float> v(300 * 32, 1.0f);
-    v[200 * 32 + 5] = 0x1p20f;
-    Tensor x = make_input(v, DType::bf16, {300, 32}, Device::CPU);
+    Tensor x = ones_with(300, 32, {{200, 5, 0x1p20f}}, false);
     std::vector<int32_t> s = {300};
     Quantized q =
         run_quantize(ctx, x, host_view(s, DType::int32, {1}),
