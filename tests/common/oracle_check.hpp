@@ -148,7 +148,8 @@ inline void expect_matches_oracle(const Quantized& q, const oracle::Outputs& o,
 //   |dequant - x| <= rounding_bound(|x| * mul) * dq + |x| * |mul * dq - 1|
 // (rounding_bound: half the format's step at that value, or its distance past the largest value;
 // the second term: the stored scale's own rounding, or NVFP4's saturated multiplier), plus the
-// fp32 rounding of the products. x must be finite.
+// fp32 rounding of the products. Checks every finite x of a block with a finite scale (the
+// codes of the others are held to the oracle by expect_matches_oracle).
 inline void expect_round_trip_within_half_step(Context& ctx, const OracleInput& in,
                                                const Quantized& q, const oracle::Outputs& o,
                                                const QuantizeConfig& cfg, bool col,
@@ -164,11 +165,12 @@ inline void expect_round_trip_within_half_step(Context& ctx, const OracleInput& 
                                                               : oracle::e4m3();
   const auto& mul = col ? o.col_mul : o.row_mul;
   const auto& dq = col ? o.col_dq : o.row_dq;
-  size_t bad = 0;
+  size_t bad = 0, checked = 0;
   std::ostringstream first;
   for (size_t i = 0; i < got.size(); ++i) {
     const double x = in.p.x[i], m = mul[i], s = dq[i];
-    ASSERT_TRUE(std::isfinite(x) && !std::isnan(m) && !std::isnan(s)) << what << " element " << i;
+    if (!std::isfinite(x) || std::isnan(m) || std::isnan(s)) continue;  // NaN / Inf blocks
+    ++checked;
     const double a = std::fabs(x);
     double bound = (s == 0 ? 0.0 : oracle::rounding_bound(f, a * m) * s) + a * std::fabs(m * s - 1);
     bound += 0x1p-20 * (a + bound) + 0x1p-149;
@@ -178,6 +180,7 @@ inline void expect_round_trip_within_half_step(Context& ctx, const OracleInput& 
             << i % size_t(in.p.K) << "): x " << x << ", dequant " << got[i] << ", error " << err
             << " > bound " << bound;
   }
+  EXPECT_GT(checked, got.size() * 3 / 4) << what << ": too few finite elements to check";
   EXPECT_EQ(bad, 0u) << what << (col ? " columnwise" : " rowwise") << ": " << bad
                      << " elements off by more than half a step of their block" << first.str();
 }
@@ -201,13 +204,13 @@ inline void PrintTo(const OracleCase& c, std::ostream* os) {
 // partial column blocks everywhere, experts of more than 128 rows (columnwise swizzled scales
 // with 5+ blocks, padded to 8+), K with 5 MX / 10 NVFP4 scale columns (rowwise swizzle Kp = 8 /
 // 12, K padded to 256 in the columnwise swizzle), 2 fp8 128-column blocks.
-inline OracleInput case_input(const OracleCase& c, bool specials) {
+inline OracleInput case_input(const OracleCase& c) {
   const bool fp4 = c.cfg.recipe == QuantRecipe::nvfp4;
   const int64_t K = c.cfg.recipe == QuantRecipe::fp8_block ? 256 : 160;
-  if (c.weights) return oracle_input({144, 144, 144}, K, c.in, specials, true);
+  if (c.weights) return oracle_input({144, 144, 144}, K, c.in, true, true);
   const std::vector<int64_t> rows = fp4 ? std::vector<int64_t>{128, 160, 34, 2, 40, 66, 0, 130, 18}
                                         : std::vector<int64_t>{129, 160, 33, 1, 40, 65, 0, 130, 17};
-  return oracle_input(rows, K, c.in, specials);
+  return oracle_input(rows, K, c.in, true);
 }
 
 inline std::vector<OracleCase> oracle_cases() {

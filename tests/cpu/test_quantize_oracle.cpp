@@ -10,21 +10,16 @@ namespace {
 
 class QuantOracle : public ::testing::TestWithParam<OracleCase> {};
 
-TEST_P(QuantOracle, EveryOutputByteMatchesTheOracle) {
+// One input with every special (NaN and Inf experts included): the round trip checks every finite
+// element of a block with a finite scale.
+TEST_P(QuantOracle, OutputBytesAndRoundTripMatchTheOracle) {
   const OracleCase c = GetParam();
   Context ctx(Device::CPU);
-  OracleInput in = case_input(c, true);
+  OracleInput in = case_input(c);
   const Quantized q = run_quantize(ctx, in.x, c.weights ? TensorView() : in.splits_view(), c.cfg);
   EXPECT_NO_THROW(ctx.check());
-  expect_matches_oracle(q, oracle_outputs(in, q, c.cfg), oracle_case_name(c));
-}
-
-TEST_P(QuantOracle, RoundTripWithinHalfAStepOfEachBlock) {
-  const OracleCase c = GetParam();
-  Context ctx(Device::CPU);
-  OracleInput in = case_input(c, false);
-  const Quantized q = run_quantize(ctx, in.x, c.weights ? TensorView() : in.splits_view(), c.cfg);
   const oracle::Outputs o = oracle_outputs(in, q, c.cfg);
+  expect_matches_oracle(q, o, oracle_case_name(c));
   for (bool col : {false, true})
     if (col ? has_columnwise(c.cfg.direction) : has_rowwise(c.cfg.direction))
       expect_round_trip_within_half_step(ctx, in, q, o, c.cfg, col, oracle_case_name(c));
