@@ -185,6 +185,16 @@ inline void expect_round_trip_within_half_step(Context& ctx, const OracleInput& 
                      << " elements off by more than half a step of their block" << first.str();
 }
 
+// Both checks of one quantized case: every byte against the oracle, the round trip of each copy.
+inline void expect_oracle_case(Context& ctx, const OracleInput& in, const Quantized& q,
+                               const QuantizeConfig& cfg, const std::string& what) {
+  const oracle::Outputs o = oracle_outputs(in, q, cfg);
+  expect_matches_oracle(q, o, what);
+  for (bool col : {false, true})
+    if (col ? has_columnwise(cfg.direction) : has_rowwise(cfg.direction))
+      expect_round_trip_within_half_step(ctx, in, q, o, cfg, col, what);
+}
+
 // ---- the cases both backends run
 // -----------------------------------------------------------------
 struct OracleCase {

@@ -15,13 +15,39 @@ namespace {
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
 
+// n zeros with the given (index, value) entries.
+std::vector<float> zeros_with(size_t n, std::initializer_list<std::pair<size_t, float>> at) {
+  std::vector<float> v(n, 0.0f);
+  for (const auto& [i, x] : at) v[i] = x;
+  return v;
+}
+
+struct Mark {
+  int64_t row, col;
+  float value;
+};
+// A [rows, K] tensor of ones with marked elements (as one weight expert [1, rows, K] when
+// `weight`), in bf16 (every value here is exact in bf16).
+Tensor ones_with(int64_t rows, int64_t K, std::initializer_list<Mark> marks, bool weight) {
+  std::vector<float> v(static_cast<size_t>(rows * K), 1.0f);
+  for (const Mark& m : marks) v[static_cast<size_t>(m.row * K + m.col)] = m.value;
+  return weight ? make_input(v, DType::bf16, {1, rows, K}, Device::CPU)
+                : make_input(v, DType::bf16, {rows, K}, Device::CPU);
+}
+
 // One expert, one row of K fp32 values, rowwise plain; returns (data bytes, scale bytes).
+// x [rows, K] quantized as one expert (its splits kept in splits_storage).
+Quantized one_expert(Context& ctx, const Tensor& x, const QuantizeConfig& cfg,
+                     std::vector<int32_t>& splits_storage) {
+  splits_storage = {static_cast<int32_t>(x.view().dim(0))};
+  return run_quantize(ctx, x, host_view(splits_storage, DType::int32, {1}), cfg);
+}
+
 Quantized one_row(Context& ctx, std::vector<float> row, const QuantizeConfig& cfg,
                   std::vector<int32_t>& splits_storage, Tensor& x) {
   const int64_t K = static_cast<int64_t>(row.size());
   x = make_input(row, DType::fp32, {1, K}, Device::CPU);
-  splits_storage = {1};
-  return run_quantize(ctx, x, host_view(splits_storage, DType::int32, {1}), cfg);
+  return one_expert(ctx, x, cfg, splits_storage);
 }
 
 struct MxCase {
@@ -87,29 +113,6 @@ TEST(QuantFormats, Mxfp8E5m2ExponentAndCodes) {
   }
 }
 
-TEST(QuantFormats, Fp8CurrentE5m2) {
-  // amax 4 -> scale 57344 / 4 = 14336: 1 -> 1.75 * 2^13 (0x73), -2 -> -1.75 * 2^14 (0xF7),
-  // 4 -> 57344 (0x7B), 0.35 -> 5017.6 between 4096 (0x6C) and 5120 (0x6D): 0x6D, 0.3 -> 4300.8:
-  // 0x6C. pow2: scale 2^13: 1 -> 0x70, 4 -> 2^15 (0x78), 0.35 -> 2867.2 between 2560 (0x69) and
-  // 3072 (0x6A): 0x6A.
-  for (bool pow2 : {false, true}) {
-    Context ctx(Device::CPU);
-    std::vector<float> row = {1, -2, 4, 0.35f, 0.3f};
-    row.resize(16, 0.0f);
-    std::vector<int32_t> s;
-    Tensor x;
-    Quantized q = one_row(ctx, row,
-                          qcfg(QuantRecipe::fp8_current, QuantDirection::rowwise,
-                               ScaleLayout::plain, DType::fp8e5m2, pow2),
-                          s, x);
-    const auto d = quant_bytes(q.buf.data);
-    EXPECT_EQ(std::vector<uint8_t>(d.begin(), d.begin() + 5),
-              pow2 ? (std::vector<uint8_t>{0x70, 0xF4, 0x78, 0x6A, 0x69})
-                   : (std::vector<uint8_t>{0x73, 0xF7, 0x7B, 0x6D, 0x6C}));
-    EXPECT_EQ(q.buf.scale_inv.ptr<float>()[0], pow2 ? 1.0f / 8192 : 1.0f / 14336);
-  }
-}
-
 TEST(QuantFormats, Fp8BlockE5m2) {
   // Block 0 amax 114688 = 2 * 57344 -> scale_inv 2, scale 0.5: 114688 -> 57344 (0x7B),
   // 3 -> 1.5 (0x3E), 7 -> 3.5 (0x43), 5.8 -> 2.9 between 2.5 (0x41) and 3 (0x42): 0x42.
@@ -117,13 +120,8 @@ TEST(QuantFormats, Fp8BlockE5m2) {
   // between 49152 (0x7A) and 57344 (0x7B): 0x7A; 3 -> 0x3E.
   for (bool pow2 : {false, true}) {
     Context ctx(Device::CPU);
-    std::vector<float> row(256, 0.0f);
-    row[0] = 114688;
-    row[1] = 3;
-    row[2] = 7;
-    row[3] = 5.8f;
-    row[128] = 100000;
-    row[129] = 3;
+    const auto row =
+        zeros_with(256, {{0, 114688}, {1, 3}, {2, 7}, {3, 5.8f}, {128, 100000}, {129, 3}});
     std::vector<int32_t> s;
     Tensor x;
     Quantized q = one_row(ctx, row,
@@ -177,14 +175,8 @@ TEST(QuantFormats, NanAndInfInEveryRecipe) {
   }
   {  // fp8_block: a NaN block and an Inf block fall back to scale 1; the third block is normal
     Context ctx(Device::CPU);
-    std::vector<float> row(384, 0.0f);
-    row[0] = n;
-    row[1] = 1;
-    row[128] = i;
-    row[129] = 1;
-    row[130] = -i;
-    row[256] = 896;
-    row[257] = 3;
+    const auto row =
+        zeros_with(384, {{0, n}, {1, 1}, {128, i}, {129, 1}, {130, -i}, {256, 896}, {257, 3}});
     std::vector<int32_t> s;
     Tensor x;
     Quantized q = one_row(ctx, row, qcfg(QuantRecipe::fp8_block, QuantDirection::rowwise), s, x);
@@ -196,13 +188,9 @@ TEST(QuantFormats, NanAndInfInEveryRecipe) {
   }
   {  // mxfp8 columnwise: a NaN column block is all NaN (e = 255), an Inf one has e = 254
     Context ctx(Device::CPU);
-    std::vector<float> v(32 * 64, 1.0f);
-    v[5 * 64 + 0] = n;  // row 5, column 0
-    v[7 * 64 + 1] = i;  // row 7, column 1
-    Tensor x = make_input(v, DType::fp32, {32, 64}, Device::CPU);
-    std::vector<int32_t> s = {32};
-    Quantized q = run_quantize(ctx, x, host_view(s, DType::int32, {1}),
-                               qcfg(QuantRecipe::mxfp8, QuantDirection::columnwise));
+    Tensor x = ones_with(32, 64, {{5, 0, n}, {7, 1, i}}, false);
+    std::vector<int32_t> s;
+    Quantized q = one_expert(ctx, x, qcfg(QuantRecipe::mxfp8, QuantDirection::columnwise), s);
     const auto d = quant_bytes(q.buf.columnwise_data), sc = quant_bytes(q.buf.columnwise_scale_inv);
     EXPECT_EQ(sc[0], 255);
     EXPECT_EQ(sc[1], 254);
@@ -217,16 +205,8 @@ TEST(QuantFormats, NanAndInfInEveryRecipe) {
      // Block 1 Inf: s_b saturates to 448 (0x7E), multiplier 1/448: Inf -> 7, 448 -> 1 (2),
      // 100 -> 0.22 (0), -448 -> -1 (0xA). Block 2 amax 3: s_b = 0.5 (0x30), 3 -> 6 (7), 1 -> 2 (4).
     Context ctx(Device::CPU);
-    std::vector<float> row(48, 0.0f);
-    row[0] = n;
-    row[1] = 1;
-    row[2] = -1;
-    row[16] = i;
-    row[17] = 448;
-    row[18] = 100;
-    row[19] = -448;
-    row[32] = 3;
-    row[33] = 1;
+    const auto row = zeros_with(
+        48, {{0, n}, {1, 1}, {2, -1}, {16, i}, {17, 448}, {18, 100}, {19, -448}, {32, 3}, {33, 1}});
     std::vector<int32_t> s;
     Tensor x;
     Quantized q = one_row(ctx, row, qcfg(QuantRecipe::nvfp4, QuantDirection::rowwise), s, x);
@@ -240,19 +220,6 @@ TEST(QuantFormats, NanAndInfInEveryRecipe) {
     EXPECT_EQ(q.buf.global_scale.ptr<float>()[0], 1.0f);
     EXPECT_TRUE(std::isnan(q.buf.amax.ptr<float>()[0]));
   }
-}
-
-struct Mark {
-  int64_t row, col;
-  float value;
-};
-// A [rows, K] tensor of ones with marked elements (as one weight expert [1, rows, K] when
-// `weight`), in bf16 (every value here is exact in bf16).
-Tensor ones_with(int64_t rows, int64_t K, std::initializer_list<Mark> marks, bool weight) {
-  std::vector<float> v(static_cast<size_t>(rows * K), 1.0f);
-  for (const Mark& m : marks) v[static_cast<size_t>(m.row * K + m.col)] = m.value;
-  return weight ? make_input(v, DType::bf16, {1, rows, K}, Device::CPU)
-                : make_input(v, DType::bf16, {rows, K}, Device::CPU);
 }
 
 // 2D blocks of weights: every element of a 128x128 (fp8_block) or 16x16 (nvfp4) block shares
@@ -453,29 +420,40 @@ TEST(QuantFormats, E2m1PackedEncoderMatchesConvert) {
 }
 
 TEST(QuantFormats, Fp8CurrentScaling) {
-  // amax_g = 4 -> scale = 448/4 = 112: 1 -> 112 (0x6E), -2 -> -224 (0xF6), 4 -> 448 (0x7E),
-  // .5 -> 56 (0x66). scale_inv = 1/112. pow2: scale rounds down to 64: 1 -> 64 (0x68),
-  // 4 -> 256 (0x78), scale_inv = 1/64.
-  for (bool pow2 : {false, true}) {
+  // amax_g = 4. E4M3: scale = 448/4 = 112: 1 -> 112 (0x6E), -2 -> -224 (0xF6), 4 -> 448 (0x7E),
+  // .5 -> 56 (0x66), .35 -> 39.2 between 36 (0x61) and 40 (0x62): 0x62, .3 -> 33.6: 32 (0x60).
+  // pow2: scale 64: 1 -> 0x68, 4 -> 256 (0x78), .35 -> 22.4: 22 (0x5B), .3 -> 19.2 between 18
+  // (0x59) and 20 (0x5A): 0x5A.
+  // E5M2: scale = 57344/4 = 14336: 1 -> 1.75 * 2^13 (0x73), -2 -> 0xF7, 4 -> 57344 (0x7B),
+  // .5 -> 7168 (0x6F), .35 -> 5017.6 between 4096 (0x6C) and 5120 (0x6D): 0x6D, .3 -> 4300.8:
+  // 0x6C. pow2: scale 2^13: 1 -> 0x70, .35 -> 2867.2 between 2560 (0x69) and 3072 (0x6A): 0x6A,
+  // .3 -> 2457.6 between 2048 (0x68) and 2560: 0x69.
+  struct Case {
+    DType t;
+    bool pow2;
+    float scale_inv;
+    std::vector<uint8_t> codes;
+  };
+  const Case cases[] = {
+      {DType::fp8e4m3, false, 1.0f / 112, {0x6E, 0xF6, 0x7E, 0x66, 0x62, 0x60}},
+      {DType::fp8e4m3, true, 1.0f / 64, {0x68, 0xF0, 0x78, 0x60, 0x5B, 0x5A}},
+      {DType::fp8e5m2, false, 1.0f / 14336, {0x73, 0xF7, 0x7B, 0x6F, 0x6D, 0x6C}},
+      {DType::fp8e5m2, true, 1.0f / 8192, {0x70, 0xF4, 0x78, 0x6C, 0x6A, 0x69}},
+  };
+  for (const Case& c : cases) {
     Context ctx(Device::CPU);
-    std::vector<float> row = {1, -2, 4, .5f};
+    std::vector<float> row = {1, -2, 4, .5f, .35f, .3f};
     row.resize(16, 0.0f);
     std::vector<int32_t> s;
     Tensor x;
-    Quantized q = one_row(ctx, row,
-                          qcfg(QuantRecipe::fp8_current, QuantDirection::rowwise,
-                               ScaleLayout::plain, DType::fp8e4m3, pow2),
-                          s, x);
+    Quantized q = one_row(
+        ctx, row,
+        qcfg(QuantRecipe::fp8_current, QuantDirection::rowwise, ScaleLayout::plain, c.t, c.pow2), s,
+        x);
     const auto d = quant_bytes(q.buf.data);
-    if (!pow2) {
-      EXPECT_EQ(std::vector<uint8_t>(d.begin(), d.begin() + 4),
-                (std::vector<uint8_t>{0x6E, 0xF6, 0x7E, 0x66}));
-      EXPECT_EQ(q.buf.scale_inv.ptr<float>()[0], 1.0f / 112.0f);
-    } else {
-      EXPECT_EQ(std::vector<uint8_t>(d.begin(), d.begin() + 4),
-                (std::vector<uint8_t>{0x68, 0xF0, 0x78, 0x60}));
-      EXPECT_EQ(q.buf.scale_inv.ptr<float>()[0], 1.0f / 64.0f);
-    }
+    EXPECT_EQ(std::vector<uint8_t>(d.begin(), d.begin() + 6), c.codes)
+        << dtype_name(c.t) << " pow2=" << c.pow2;
+    EXPECT_EQ(q.buf.scale_inv.ptr<float>()[0], c.scale_inv);
     EXPECT_EQ(q.buf.amax.ptr<float>()[0], 4.0f);
   }
 }
@@ -515,9 +493,8 @@ TEST(QuantFormats, MxPartialColumnBlockUsesValidRowsOnly) {
   std::vector<float> v(static_cast<size_t>(M * K), 0.0f);
   for (int64_t r = 0; r < M; ++r) v[static_cast<size_t>(r * K)] = r < 32 ? 448.0f : 1.0f;
   Tensor x = make_input(v, DType::bf16, {M, K}, Device::CPU);
-  std::vector<int32_t> s = {40};
-  Quantized q = run_quantize(ctx, x, host_view(s, DType::int32, {1}),
-                             qcfg(QuantRecipe::mxfp8, QuantDirection::columnwise));
+  std::vector<int32_t> s;
+  Quantized q = one_expert(ctx, x, qcfg(QuantRecipe::mxfp8, QuantDirection::columnwise), s);
   const auto d = quant_bytes(q.buf.columnwise_data), sc = quant_bytes(q.buf.columnwise_scale_inv);
   // column 0 of the transposed [K, 40] block is its first row
   EXPECT_EQ(d[0], 0x7E);
@@ -552,29 +529,31 @@ TEST(QuantFormats, SharedSwizzleIndexAtChosenPoints) {
 // (10 MX scales per row, Kp = 12), and columnwise, 300 rows (10 column blocks, padded to 12).
 TEST(QuantFormats, SwizzledScaleOfAMarkedBlockByHand) {
   // All ones (e = 119) except a 2^20 (e = 127 + 20 - 9 + 1 = 139) in the marked block.
+  struct Case {
+    int64_t rows, K;
+    Mark mark;
+    bool col;
+    int64_t index;
+  };
+  const Case cases[] = {
+      // row 150, columns 7 * 32.. -> scale (150, 7) at 1*128*12 + 1*512 + 22*16 + 0*4 + 3
+      {200, 320, {150, 7 * 32 + 3, 0x1p20f}, false, 2403},
+      // column 5, rows 192..223 (block j = 6) -> scale (k=5, j=6) of the per-expert [32, 10]
+      // matrix padded to [128, 12]: 1*512 + 5*16 + 0*4 + 2
+      {300, 32, {200, 5, 0x1p20f}, true, 594},
+  };
   Context ctx(Device::CPU);
-  {  // rowwise: row 150, column 7 * 32 -> scale (150, 7) at 1*128*12 + 1*512 + 22*16 + 0*4 + 3
-    Tensor x = ones_with(200, 320, {{150, 7 * 32 + 3, 0x1p20f}}, false);
-    std::vector<int32_t> s = {200};
-    Quantized q =
-        run_quantize(ctx, x, host_view(s, DType::int32, {1}),
-                     qcfg(QuantRecipe::mxfp8, QuantDirection::rowwise, ScaleLayout::swizzled));
-    const auto sc = quant_bytes(q.buf.scale_inv);
-    EXPECT_EQ(sc[2403], 139);
-    EXPECT_EQ(std::count(sc.begin(), sc.end(), 139), 1);
-  }
-  {  // columnwise: column 5, rows 192..223 (block j = 6) -> scale (k=5, j=6) of the per-expert
-     // [32, 10] matrix padded to [128, 12]: 1*512 + 5*16 + 0*4 + 2 = 594
-    Tensor x = ones_with(300, 32, {{200, 5, 0x1p20f}}, false);
-    std::vector<int32_t> s = {300};
-    Quantized q =
-        run_quantize(ctx, x, host_view(s, DType::int32, {1}),
-                     qcfg(QuantRecipe::mxfp8, QuantDirection::columnwise, ScaleLayout::swizzled));
-    const auto sc = quant_bytes(q.buf.columnwise_scale_inv);
-    EXPECT_EQ(sc[594], 139);
-    EXPECT_EQ(std::count(sc.begin(), sc.end(), 139), 1);
-    EXPECT_EQ(sc[swizzle_128x4_index(5, 10, 12)], 0) << "padding column";
-    EXPECT_EQ(sc[swizzle_128x4_index(40, 0, 12)], 0) << "padding row (K = 32 of 128)";
+  for (const Case& c : cases) {
+    Tensor x = ones_with(c.rows, c.K, {c.mark}, false);
+    std::vector<int32_t> s;
+    Quantized q = one_expert(
+        ctx, x, qcfg(QuantRecipe::mxfp8, QuantDirection::both, ScaleLayout::swizzled), s);
+    const auto sc = quant_bytes(c.col ? q.buf.columnwise_scale_inv : q.buf.scale_inv);
+    EXPECT_EQ(sc[static_cast<size_t>(c.index)], 139) << "col=" << c.col;
+    EXPECT_EQ(std::count(sc.begin(), sc.end(), 139), 1) << "col=" << c.col;
+    if (!c.col) continue;
+    EXPECT_EQ(sc[1106], 0) << "padding column (5, 10): 2*512 + 5*16 + 2";
+    EXPECT_EQ(sc[132], 0) << "padding row (40, 0) (K = 32 of 128): 8*16 + 1*4";
   }
 }
 

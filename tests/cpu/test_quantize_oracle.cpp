@@ -18,11 +18,7 @@ TEST_P(QuantOracle, OutputBytesAndRoundTripMatchTheOracle) {
   OracleInput in = case_input(c);
   const Quantized q = run_quantize(ctx, in.x, c.weights ? TensorView() : in.splits_view(), c.cfg);
   EXPECT_NO_THROW(ctx.check());
-  const oracle::Outputs o = oracle_outputs(in, q, c.cfg);
-  expect_matches_oracle(q, o, oracle_case_name(c));
-  for (bool col : {false, true})
-    if (col ? has_columnwise(c.cfg.direction) : has_rowwise(c.cfg.direction))
-      expect_round_trip_within_half_step(ctx, in, q, o, c.cfg, col, oracle_case_name(c));
+  expect_oracle_case(ctx, in, q, c.cfg, oracle_case_name(c));
   EXPECT_NO_THROW(ctx.check());
 }
 
