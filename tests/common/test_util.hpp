@@ -69,7 +69,13 @@ inline uint64_t base_seed() {
     if (e == nullptr || *e == '\0') return kDefaultTestSeed;
     if (std::string(e) == "random")
       return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
-    return static_cast<uint64_t>(std::stoull(e, nullptr, 0));
+    char* end = nullptr;
+    const uint64_t v = std::strtoull(e, &end, 0);
+    if (*end != '\0') {
+      std::fprintf(stderr, "GROUPMM_TEST_SEED=%s: expected a number or \"random\"\n", e);
+      std::exit(2);
+    }
+    return v;
   }();
   return seed;
 }

@@ -57,8 +57,7 @@ void expect_matches_reference(GemmProblem& p, const std::vector<uint8_t>& gpu_by
     const int64_t terms = p.pass == GemmPass::forward ? p.K
                           : p.pass == GemmPass::dgrad ? p.N
                                                       : p.splits[size_t(g)] + (p.beta != 0);
-    const Tolerance tol =
-        tolerance(TolOp::gemm, p.dtype, p.out_dtype, terms).between_implementations();
+    const Tolerance tol = gpu_gemm_tolerance(p.dtype, p.out_dtype, terms);
     ASSERT_TRUE(close_to(x, y, tol, detail::cat("expert ", g, " rows ", p.splits[size_t(g)])));
   }
   // nothing left unwritten anywhere (poison was NaN)
