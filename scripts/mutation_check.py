@@ -315,8 +315,9 @@ def main():
                             status, detail = "caught", "test run timed out"
                         else:
                             status = "caught"
-                            detail = ", ".join(failed[:3]) + (" ..." if len(failed) > 3 else "") \
-                                if failed else f"test binary exit {rc} ({log})"
+                            detail = f"{len(failed)}: " + ", ".join(failed[:3]) + (
+                                " ..." if len(failed) > 3 else "") if failed else \
+                                f"test binary exit {rc} ({log})"
         finally:
             restore()
         secs = time.time() - t0
@@ -329,7 +330,7 @@ def main():
     caught = sum(r[3] == "caught" for r in rows)
     survived = [r[0] for r in rows if r[3] == "SURVIVED"]
     broken = [r[0] for r in rows if r[3] in ("NOT APPLIED", "BUILD FAILED")]
-    table = ["| mutation | file | bug | result | first failing test(s) |",
+    table = ["| mutation | file | bug | result | failing tests: count, first ones |",
              "|---|---|---|---|---|"]
     for name, rel, what, status, detail, _ in rows:
         table.append(f"| {name} | {rel} | {what} | {status} | {detail} |")
