@@ -31,6 +31,8 @@ NUM = "src/core/quantize_numerics.hpp"
 CONV = "include/groupmm/convert.hpp"
 CPU_Q = "src/cpu/quantize.cpp"
 GEOM = "src/cpu/quantize_geom.hpp"
+LAYOUT = "src/core/quantize_layout.hpp"
+CPU_UTIL = "src/cpu/cpu_util.hpp"
 GEMM = "src/cpu/gemm.cpp"
 SWIGLU = "src/core/swiglu_impl.hpp"
 BF16 = "bf16_bits_to_float(float_to_bf16_bits({}))"  # rounds an fp32 expression to bf16
@@ -46,18 +48,19 @@ MUTATIONS = [
     ("mxfp8_e5m2_uses_e4m3_max", "MXFP8 E8M0 exponent of e5m2 data computed with 448", NUM,
      [("return float_to_e8m0_roundup(amax * (e5m2 ? (1.0f / kE5M2Max) : (1.0f / kE4M3Max)));",
        "return float_to_e8m0_roundup(amax * (1.0f / kE4M3Max));")]),
-    ("swizzle_column_tiles_reversed", "128x4 swizzle: column-tile term (c/4)*512 reversed", NUM,
+    ("swizzle_column_tiles_reversed", "128x4 swizzle: column-tile term (c/4)*512 reversed", LAYOUT,
      [("(r / 128) * 128 * Kp + (c / 4) * 512 + (r % 32) * 16",
        "(r / 128) * 128 * Kp + (Kp / 4 - 1 - c / 4) * 512 + (r % 32) * 16")]),
     ("gemm_forward_accumulates_in_bf16", "CPU GEMM forward sums in bf16", GEMM,
-     [("for (int64_t k = 0; k < K; ++k) s += in[k] * W[n * K + k];",
-       "for (int64_t k = 0; k < K; ++k) s = " + bf16("s + in[k] * W[n * K + k]") + ";")]),
+     [("for (int64_t k = 0; k < K; ++k) s += Acc(in[k]) * Acc(W[n * K + k]);",
+       "for (int64_t k = 0; k < K; ++k) s = " + bf16("float(s + Acc(in[k]) * Acc(W[n * K + k]))")
+       + ";")]),
     ("fp8_codes_times_0_97", "every fp8 element multiplied by 0.97 before encoding", NUM,
      [("return e5m2 ? float_to_e5m2(v) : float_to_e4m3(v);",
        "return e5m2 ? float_to_e5m2(v * 0.97f) : float_to_e4m3(v * 0.97f);")]),
     ("columnwise_swizzle_padding_dropped", "columnwise swizzled padding left unwritten", CPU_Q,
-     [("a.out.columnwise_scale_inv.ptr<uint8_t>()[qnum::col_scale_index(L, g, k, j)] = 0;",
-       "(void)0;")]),
+     [("a.out.columnwise_scale_inv\n                  .ptr<uint8_t>()"
+       "[qnum::col_scale_index_swizzled(L, g, nb, k, j)] = 0;", "(void)0;")]),
     # ---- conversions ----------------------------------------------------------------------------
     ("bf16_rounds_half_up", "fp32 -> bf16 rounds ties up instead of to even", CONV,
      [("const uint32_t rounded = u + 0x7FFFu + ((u >> 16) & 1u);",
@@ -96,7 +99,7 @@ MUTATIONS = [
     ("nvfp4_zero_block_scale_not_zeroed", "NVFP4 elements of an s_b = 0 block not zeroed", NUM,
      [("if ((s_b & 0x7Fu) == 0) return 0;", "(void)0;")]),
     ("amax_drops_nan", "a NaN in a block does not make its amax NaN", NUM,
-     [("return a > 0x7F800000u ? 0x7FC00000u : a;", "return a > 0x7F800000u ? 0u : a;")]),
+     [("return abs > 0x7F800000u ? 0x7FC00000u : abs;", "return abs > 0x7F800000u ? 0u : abs;")]),
     # ---- block boundaries at expert edges, layouts ----------------------------------------------
     ("columnwise_amax_skips_last_row", "columnwise block amax misses the expert's last row",
      CPU_Q, [("return Q.amax(g, r0, std::min(r0 + L.cb, g.rows), k, k + 1);",
@@ -115,23 +118,26 @@ MUTATIONS = [
     # ---- offsets, dbias order -------------------------------------------------------------------
     ("offsets_scale_rows_overpadded", "group_offsets pads 128-row multiples one tile more",
      "src/cpu/offsets.cpp",
-     [("padded += (m + a.pad_rows - 1) / a.pad_rows * a.pad_rows;",
-       "padded += (m + a.pad_rows) / a.pad_rows * a.pad_rows;")]),
+     [("padded += (r.rows + a.pad_rows - 1) / a.pad_rows * a.pad_rows;",
+       "padded += (r.rows + a.pad_rows) / a.pad_rows * a.pad_rows;")]),
     ("bgrad_dbias_order", "bgrad dbias sums 16-row segments straight into the expert sum "
-     "(not per 128-row tile)", CPU_Q, [("tile += seg;", "d += seg;")]),
-    ("group_dbias_accumulates_in_bf16", "group_dbias sums in bf16", "src/cpu/dbias.cpp",
-     [("acc[static_cast<size_t>(n)] += load_f(dy, m * N + n);",
-       "acc[static_cast<size_t>(n)] = " +
-       bf16("acc[static_cast<size_t>(n)] + load_f(dy, m * N + n)") + ";")]),
+     "(not per 128-row tile)", CPU_UTIL,
+     [("tile[static_cast<size_t>(n)] += segment[static_cast<size_t>(n)];",
+       "out[n] += segment[static_cast<size_t>(n)];")]),
+    ("group_dbias_accumulates_in_bf16", "dbias (group_dbias and bgrad) sums in bf16", CPU_UTIL,
+     [("segment[static_cast<size_t>(n)] += value(r, n);",
+       "segment[static_cast<size_t>(n)] = " +
+       bf16("segment[static_cast<size_t>(n)] + value(r, n)") + ";")]),
     # ---- GEMM accumulation ----------------------------------------------------------------------
     ("gemm_wgrad_accumulates_in_bf16", "CPU GEMM wgrad sums in bf16 (fp32 main_grad out)", GEMM,
-     [("for (int64_t k = 0; k < K; ++k) row[k] += d * x[k];",
-       "for (int64_t k = 0; k < K; ++k) row[k] = " + bf16("row[k] + d * x[k]") + ";")]),
+     [("for (int64_t k = 0; k < K; ++k) row[k] += dv * Acc(x[k]);",
+       "for (int64_t k = 0; k < K; ++k) row[k] = " + bf16("float(row[k] + dv * Acc(x[k]))") +
+       ";")]),
     ("gemm_forward_drops_k_tail", "CPU GEMM forward skips K % 8 tail columns", GEMM,
-     [("for (int64_t k = 0; k < K; ++k) s += in[k] * W[n * K + k];",
-       "for (int64_t k = 0; k < K / 8 * 8; ++k) s += in[k] * W[n * K + k];")]),
+     [("for (int64_t k = 0; k < K; ++k) s += Acc(in[k]) * Acc(W[n * K + k]);",
+       "for (int64_t k = 0; k < K / 8 * 8; ++k) s += Acc(in[k]) * Acc(W[n * K + k]);")]),
     ("gemm_bias_of_expert_0", "CPU GEMM adds expert 0's bias to every expert", GEMM,
-     [("v += load_f(a.bias, g * N + j);", "v += load_f(a.bias, j);")]),
+     [("v += load_f(o.bias, g * N + j);", "v += load_f(o.bias, j);")]),
     # ---- SwiGLU ---------------------------------------------------------------------------------
     ("swiglu_sigmoid_in_bf16", "SwiGLU sigmoid rounded to bf16", SWIGLU,
      [('#include "groupmm/moe.hpp"', '#include "groupmm/convert.hpp"\n#include "groupmm/moe.hpp"'),
