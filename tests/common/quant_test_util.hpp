@@ -9,9 +9,7 @@
 namespace groupmm::test {
 
 inline std::vector<uint8_t> quant_bytes(const TensorView& v) {
-  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
-  if (!h.empty()) copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}), v);
-  return h;
+  return bytes_of(v);
 }
 
 // Any float view (any device) as fp32 values.

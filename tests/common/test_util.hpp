@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_util.hpp"
 #include "groupmm/convert.hpp"
 #include "groupmm/core.hpp"
 
@@ -234,6 +235,44 @@ inline std::vector<float> rand_wide(size_t n, std::mt19937_64& g = rng()) {
 template <class T>
 TensorView host_view(std::vector<T>& v, DType t, std::initializer_list<int64_t> dims) {
   return TensorView(v.data(), t, Device::CPU, dims);
+}
+
+// Every byte of a view (any device, any dtype) on the host.
+inline std::vector<uint8_t> bytes_of(const TensorView& v) {
+  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
+  if (!h.empty())
+    copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}),
+         TensorView(v.data, DType::e8m0, v.device, {v.nbytes()}));
+  return h;
+}
+
+// A float view (any device) as fp32 values.
+inline std::vector<float> floats_of(const TensorView& v) {
+  std::vector<uint8_t> h = bytes_of(v);
+  return cpu::to_floats(TensorView(h.data(), v.dtype, Device::CPU, {v.numel()}));
+}
+
+// Splits moved to multiples of `multiple` (the remainders go to the first expert), for ops whose
+// alignment rule needs them (FP8 wgrad: 16). The total must already be a multiple.
+inline std::vector<int64_t> align_splits(std::vector<int64_t> s, int64_t multiple) {
+  int64_t rest = 0;
+  for (auto& v : s) {
+    rest += v % multiple;
+    v -= v % multiple;
+  }
+  s[0] += rest;
+  return s;
+}
+
+// DeepGEMM's accuracy measure, 1 - 2<x,y> / (|x|^2 + |y|^2) in fp64 (0 for equal inputs).
+inline double calc_diff(const std::vector<float>& x, const std::vector<float>& y) {
+  double xy = 0, xx = 0, yy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    xy += double(x[i]) * y[i];
+    xx += double(x[i]) * x[i];
+    yy += double(y[i]) * y[i];
+  }
+  return xx + yy == 0 ? 0 : 1 - 2 * xy / (xx + yy);
 }
 
 // ||a - b|| / ||b|| in fp64; NaN anywhere gives +inf.

@@ -8,12 +8,6 @@
 namespace groupmm::test {
 namespace {
 
-std::vector<uint8_t> bytes_of(const TensorView& v) {
-  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
-  copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}), v);
-  return h;
-}
-
 // Host tensor of dtype t filled with N(0, 1) values.
 std::vector<uint8_t> random_host(DType t, int64_t n) {
   std::vector<uint8_t> b(static_cast<size_t>(dtype_storage_bytes(t, n)));

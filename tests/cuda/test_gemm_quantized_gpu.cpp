@@ -29,17 +29,6 @@ void PrintTo(const QCase& c, std::ostream* os) {
 }
 
 // Splits of `pattern` rounded down to multiples of 16 (the FP8 wgrad rule), remainder to expert 0.
-std::vector<int64_t> splits16(Pattern p, int64_t G, int64_t total) {
-  std::vector<int64_t> s = make_splits(p, G, total);
-  int64_t rest = 0;
-  for (auto& v : s) {
-    rest += v % 16;
-    v -= v % 16;
-  }
-  s[0] += rest;
-  return s;
-}
-
 void check_against_reference(const QGemmSpec& s, const std::vector<float>& gpu,
                              const std::vector<float>& ref) {
   ASSERT_EQ(gpu.size(), ref.size());
@@ -104,8 +93,9 @@ std::vector<QCase> cases() {
         return s;
       };
       auto pat = [&](Pattern p, int64_t G, int64_t total) {
-        return wg && r != QuantRecipe::mxfp8 ? splits16(p, G, total - total % 16)
-                                             : make_splits(p, G, total);
+        return wg && r != QuantRecipe::mxfp8
+                   ? align_splits(make_splits(p, G, total - total % 16), 16)
+                   : make_splits(p, G, total);
       };
       // N, K off the 128x256 tile: multiples of the recipe's block (128 / 32 / 16) only.
       const int64_t n_odd = blk ? 384 : r == QuantRecipe::mxfp8 ? 288 : 272;
@@ -176,7 +166,7 @@ TEST(QuantizedGemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
       s.N = 256;
       s.K = 512;
       s.out = pass == GemmPass::wgrad ? DType::fp32 : DType::bf16;
-      s.splits = splits16(Pattern::zipf, 16, 2048);
+      s.splits = align_splits(make_splits(Pattern::zipf, 16, 2048), 16);
       const QGemmInputs in = make_inputs(s);
       cudaStream_t stream;  // the legacy default stream cannot be captured
       GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -194,8 +184,8 @@ TEST(QuantizedGemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
         for (int rep = 0; rep < 4; ++rep) {
           // New routing of the same total (the quantized operands keep their bytes: only the expert
           // boundaries move, which is what the GEMM's setup kernel must follow).
-          std::vector<int64_t> sp =
-              splits16(rep % 2 ? Pattern::quarter_empty : Pattern::random_odd, 16, 2048);
+          std::vector<int64_t> sp = align_splits(
+              make_splits(rep % 2 ? Pattern::quarter_empty : Pattern::random_odd, 16, 2048), 16);
           copy(d.splits, TensorView(sp.data(), DType::int64, Device::CPU, {16}), ctx.stream());
           fill_bytes(d.out, 0xFF, ctx.stream());
           GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, ctx.stream()));

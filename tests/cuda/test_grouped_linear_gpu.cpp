@@ -13,16 +13,6 @@ namespace {
 using nn::GroupedLinear;
 using nn::GroupedLinearConfig;
 
-std::vector<uint8_t> bytes_of(const TensorView& v) {
-  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
-  copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}), v);
-  return h;
-}
-std::vector<float> floats_of(const TensorView& v) {
-  auto h = bytes_of(v);
-  return cpu::to_floats(TensorView(h.data(), v.dtype, Device::CPU, {v.numel()}));
-}
-
 struct HostT {  // host tensor with random N(0, scale) values in dtype
   std::vector<uint8_t> b;
   TensorView v;

@@ -30,12 +30,6 @@ struct Outs {
   }
 };
 
-std::vector<uint8_t> bytes_of(const TensorView& v) {
-  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
-  copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}), v);
-  return h;
-}
-
 void expect_same(const Outs& gpu, const Outs& cpu) {
   EXPECT_EQ(bytes_of(gpu.start), bytes_of(cpu.start)) << "start";
   EXPECT_EQ(bytes_of(gpu.end), bytes_of(cpu.end)) << "end";
