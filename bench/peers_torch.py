@@ -119,15 +119,16 @@ def time_case_fp8(c, fast_accum):
     return median_ms(run) * 1e3, None
 
 
-def main_fp8(data, path):
-    fast = bool(data.get("fast_accum", False))
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}; {data['recipe']} numbers "
-          f"from {path}; peer torch._scaled_grouped_mm (rowwise scales, use_fast_accum={fast})")
+def compare(data, path, time_fn, peer, dense_key, dense_label):
+    """Times the peer on every case of `data`, prints the merged table and the geometric means,
+    and writes PATH_merged.json."""
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}; our numbers from {path}; "
+          f"peer {peer}")
     print(f"{'case':22} {'pass':6} {'pattern':8} {'ours_us':>9} {'torch_us':>9} {'x_torch':>7} "
-          f"{'x_dense8':>8} {'TFLOP/s':>8}")
+          f"{dense_label:>8} {'TFLOP/s':>8}")
     ratios = {"fwd": [], "dgrad": [], "wgrad": []}
     for c in data["cases"]:
-        t, err = time_case_fp8(c, fast)
+        t, err = time_fn(c)
         c["torch_us"] = t
         if t is None:
             print(f"{c['case']:22} {c['pass']:6} {c['pattern']:8} {c['us']:9.1f}  {err}")
@@ -136,41 +137,25 @@ def main_fp8(data, path):
         ratios[c["pass"]].append(r)
         c["x_torch"] = r
         print(f"{c['case']:22} {c['pass']:6} {c['pattern']:8} {c['us']:9.1f} {t:9.1f} {r:7.3f} "
-              f"{c['dense_fp8_us'] / c['us']:8.3f} {c['flops'] / c['us'] / 1e6:8.1f}")
+              f"{c[dense_key] / c['us']:8.3f} {c['flops'] / c['us'] / 1e6:8.1f}")
         torch.cuda.empty_cache()
     for p, rs in ratios.items():
         if rs:
             gm = math.exp(sum(math.log(x) for x in rs) / len(rs))
-            print(f"{p}: geometric mean speedup vs torch._scaled_grouped_mm {gm:.3f} "
+            print(f"{p}: geometric mean speedup vs {peer.split(' ')[0]} {gm:.3f} "
                   f"(min {min(rs):.3f}, n={len(rs)})")
     json.dump(data, open(path.replace(".json", "_merged.json"), "w"), indent=1)
 
 
 def main():
-    data = json.load(open(sys.argv[1]))
+    path = sys.argv[1]
+    data = json.load(open(path))
     if data.get("recipe", "bf16") != "bf16":
-        return main_fp8(data, sys.argv[1])
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}; our numbers from {sys.argv[1]}")
-    hdr = f"{'case':22} {'pass':6} {'pattern':8} {'ours_us':>9} {'torch_us':>9} {'x_torch':>7} {'x_dense':>7} {'TFLOP/s':>8}"
-    print(hdr)
-    ratios = {"fwd": [], "dgrad": [], "wgrad": []}
-    for c in data["cases"]:
-        t, err = time_case(c)
-        c["torch_us"] = t
-        if t is None:
-            print(f"{c['case']:22} {c['pass']:6} {c['pattern']:8} {c['us']:9.1f}  {err}")
-            continue
-        r = t / c["us"]
-        ratios[c["pass"]].append(r)
-        c["x_torch"] = r
-        print(f"{c['case']:22} {c['pass']:6} {c['pattern']:8} {c['us']:9.1f} {t:9.1f} {r:7.3f} "
-              f"{c['dense_us'] / c['us']:7.3f} {c['flops'] / c['us'] / 1e6:8.1f}")
-        torch.cuda.empty_cache()
-    for p, rs in ratios.items():
-        if rs:
-            gm = math.exp(sum(math.log(x) for x in rs) / len(rs))
-            print(f"{p}: geometric mean speedup vs torch._grouped_mm {gm:.3f} (min {min(rs):.3f}, n={len(rs)})")
-    json.dump(data, open(sys.argv[1].replace(".json", "_merged.json"), "w"), indent=1)
+        fast = bool(data.get("fast_accum", False))
+        return compare(data, path, lambda c: time_case_fp8(c, fast),
+                       f"torch._scaled_grouped_mm (rowwise scales, use_fast_accum={fast}); "
+                       f"{data['recipe']}", "dense_fp8_us", "x_dense8")
+    compare(data, path, time_case, "torch._grouped_mm", "dense_us", "x_dense")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,7 @@
 namespace groupmm::test {
 
 inline std::vector<uint8_t> quant_bytes(const TensorView& v) {
-  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
-  if (!h.empty()) copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}), v);
-  return h;
+  return bytes_of(v);
 }
 
 // Any float view (any device) as fp32 values.
@@ -77,6 +75,17 @@ inline Quantized run_quantize(Context& ctx, const TensorView& x, const TensorVie
   return q;
 }
 
+// Dequantizes q (from its rowwise or columnwise copy) into out.
+inline void run_dequantize(Context& ctx, const Quantized& q, const QuantizeConfig& cfg, bool col,
+                           const TensorView& out) {
+  GroupDequantizeArgs d;
+  d.in = q.gt;
+  d.config = cfg;
+  d.from_columnwise = col;
+  d.out = out;
+  group_dequantize(ctx, d);
+}
+
 inline std::string cfg_name(const QuantizeConfig& c) {
   std::string s = recipe_name(c.recipe);
   if (c.recipe != QuantRecipe::nvfp4 && c.fp8_dtype == DType::fp8e5m2) s += "_e5m2";
@@ -112,3 +121,10 @@ inline QuantizeConfig with_amax(QuantizeConfig c, AmaxSchedule s, int lag = 0) {
 }
 
 }  // namespace groupmm::test
+
+namespace groupmm {
+// Readable parameter values in test listings.
+inline void PrintTo(const QuantizeConfig& c, std::ostream* os) {
+  *os << test::cfg_name(c);
+}
+}  // namespace groupmm

@@ -165,7 +165,8 @@ TEST(ConvertEncode, NaNRules) {
   EXPECT_EQ(float_to_e4m3(NAN), 0x7F);
   EXPECT_EQ(float_to_e4m3(-NAN) & 0x7F, 0x7F);
   EXPECT_EQ(float_to_e5m2(NAN), 0x7F);
-  EXPECT_EQ(float_to_e2m1(NAN), 0x7);  // +6, as the CUDA conversion does
+  EXPECT_EQ(float_to_e2m1(NAN), 0x7);   // +6, as the CUDA conversion does
+  EXPECT_EQ(float_to_e2m1(-NAN), 0x7);  // whatever the NaN's sign
   EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(NAN))));
   EXPECT_TRUE(std::isnan(fp16_bits_to_float(float_to_fp16_bits(NAN))));
 }
@@ -214,6 +215,43 @@ TEST(ConvertEncode, Bf16RoundsToNearestEven) {
         (dlo < dhi || (dlo == dhi && ((u >> 16) & 1) == 0)) ? (u >> 16) : (u >> 16) + 1);
     ASSERT_EQ(float_to_bf16_bits(x), want) << x;
   }
+}
+
+// Ties and overflow by hand, from the bit patterns: round-to-nearest-even (not truncation, not
+// half-up), IEEE overflow to Inf past the largest finite value plus half an ulp.
+TEST(ConvertEncode, Bf16TiesAndOverflowByHand) {
+  const std::pair<uint32_t, uint16_t> cases[] = {
+      {0x3F808000u, 0x3F80},                         // 1 + 2^-8: tie, down to the even 0x3F80
+      {0x3F818000u, 0x3F82},                         // 1 + 2^-7 + 2^-8: tie, up to the even 0x3F82
+      {0x3F808001u, 0x3F81},                         // just above the tie
+      {0x3F80FFFFu, 0x3F81}, {0xBF808000u, 0xBF80},  // negative tie
+      {0xBF818000u, 0xBF82}, {0x00008000u, 0x0000},  // subnormal ties
+      {0x00018000u, 0x0002}, {0x7F7F7FFFu, 0x7F7F},  // below max + half an ulp: the max
+      {0x7F7F8000u, 0x7F80},  // max + half an ulp: tie to the even code, which is Inf
+      {0x7F7FFFFFu, 0x7F80},  // FLT_MAX -> Inf
+      {0xFF7F8000u, 0xFF80}, {0x7F800000u, 0x7F80},
+  };
+  for (const auto& [in, want] : cases)
+    EXPECT_EQ(float_to_bf16_bits(bits_float(in)), want) << std::hex << "0x" << in;
+}
+
+TEST(ConvertEncode, Fp16TiesAndOverflowByHand) {
+  const std::pair<float, uint16_t> cases[] = {
+      {1.0f + 0x1p-11f, 0x3C00},             // tie, down to the even code
+      {1.0f + 0x1p-10f + 0x1p-11f, 0x3C02},  // tie, up to the even code
+      {1.0f + 0x1p-11f + 0x1p-20f, 0x3C01},  // just above the tie
+      {-(1.0f + 0x1p-10f + 0x1p-11f), 0xBC02},
+      {0x1p-25f, 0x0000},  // half the smallest subnormal: 0 (even)
+      {0x1p-25f + 0x1p-40f, 0x0001},
+      {3 * 0x1p-25f, 0x0002},         // subnormal tie: even
+      {0x1p-14f - 0x1p-25f, 0x0400},  // largest subnormal + half: up to the min normal
+      {65519.99f, 0x7BFF},            // below max + half an ulp: the max
+      {65520.0f, 0x7C00},             // max + half an ulp: tie to Inf (even)
+      {-65520.0f, 0xFC00},
+      {1e30f, 0x7C00},
+  };
+  for (const auto& [in, want] : cases)
+    EXPECT_EQ(float_to_fp16_bits(in), want) << std::hexfloat << in;
 }
 
 TEST(ConvertEncode, PackNibbleOrder) {

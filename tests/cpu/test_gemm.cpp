@@ -1,62 +1,163 @@
-// grouped_gemm on the CPU reference: agrees with an independent fp64 per-expert dense loop, and
-// bad input gets clear errors.
+// grouped_gemm on the CPU reference: within the tolerance table of an independent fp64 per-expert
+// dense loop (long sums, G = 1, several split patterns), output rounding by hand, and bad input
+// gets clear errors.
 #include "common/gemm_case.hpp"
+#include "common/tolerance.hpp"
 
 namespace groupmm::test {
 namespace {
 
-// fp64 dense product of one expert, from the stored operands.
-std::vector<double> dense_ref(const GemmProblem& p, int64_t g, int64_t start) {
-  const auto A = decode(
-      std::vector<uint8_t>((uint8_t*)p.a.data(), (uint8_t*)(p.a.data() + p.a.size())), p.dtype);
-  const auto B = decode(
-      std::vector<uint8_t>((uint8_t*)p.b.data(), (uint8_t*)(p.b.data() + p.b.size())), p.dtype);
-  const int64_t m = p.splits[size_t(g)], N = p.N, K = p.K;
-  std::vector<double> out;
-  if (p.pass == GemmPass::forward) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t n = 0; n < N; ++n) {
-        double s = 0;
-        for (int64_t k = 0; k < K; ++k)
-          s += double(A[size_t((start + i) * K + k)]) * B[size_t(g * N * K + n * K + k)];
-        out.push_back(s);
-      }
-  } else if (p.pass == GemmPass::dgrad) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t k = 0; k < K; ++k) {
-        double s = 0;
+// fp64 dense product of every expert from the stored operands, laid out like the output, with
+// bias (forward) and the initial output (beta = 1) added: the exact result before the output
+// rounding.
+std::vector<double> dense_ref(const GemmProblem& p) {
+  auto as_bytes = [](const std::vector<uint16_t>& v) {
+    return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(v.data()),
+                                reinterpret_cast<const uint8_t*>(v.data() + v.size()));
+  };
+  const auto A = decode(as_bytes(p.a), p.dtype), B = decode(as_bytes(p.b), p.dtype);
+  const auto bias = p.bias ? decode(as_bytes(p.biasv), p.dtype) : std::vector<float>{};
+  const auto init = p.beta != 0 ? decode(p.out_init, p.out_dtype) : std::vector<float>{};
+  const int64_t N = p.N, K = p.K;
+  std::vector<double> out(static_cast<size_t>(p.out_elems()), 0.0);
+  int64_t start = 0;
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t m = p.splits[size_t(g)];
+    for (int64_t i = start; i < start + m; ++i) {
+      if (p.pass == GemmPass::forward) {
+        for (int64_t n = 0; n < N; ++n) {
+          double s = p.bias ? bias[size_t(g * N + n)] : 0.0;
+          for (int64_t k = 0; k < K; ++k)
+            s += double(A[size_t(i * K + k)]) * B[size_t(g * N * K + n * K + k)];
+          out[size_t(i * N + n)] = s;
+        }
+      } else if (p.pass == GemmPass::dgrad) {
+        for (int64_t k = 0; k < K; ++k) {
+          double s = 0;
+          for (int64_t n = 0; n < N; ++n)
+            s += double(A[size_t(i * N + n)]) * B[size_t(g * N * K + n * K + k)];
+          out[size_t(i * K + k)] = s;
+        }
+      } else {
         for (int64_t n = 0; n < N; ++n)
-          s += double(A[size_t((start + i) * N + n)]) * B[size_t(g * N * K + n * K + k)];
-        out.push_back(s);
+          for (int64_t k = 0; k < K; ++k)
+            out[size_t(g * N * K + n * K + k)] +=
+                double(A[size_t(i * N + n)]) * B[size_t(i * K + k)];
       }
-  } else {
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) {
-        double s = 0;
-        for (int64_t i = 0; i < m; ++i)
-          s += double(A[size_t((start + i) * N + n)]) * B[size_t((start + i) * K + k)];
-        out.push_back(s);
-      }
+    }
+    start += m;
   }
+  if (p.beta != 0)
+    for (size_t i = 0; i < out.size(); ++i) out[i] += p.beta * double(init[i]);
   return out;
 }
 
-TEST(GemmCpu, ReferenceMatchesDenseFp64PerExpert) {
-  for (GemmPass pass : {GemmPass::forward, GemmPass::dgrad, GemmPass::wgrad}) {
-    GemmProblem p =
-        GemmProblem::make(pass, DType::bf16, 5, make_splits(Pattern::zero_middle, 5, 77), 24, 40,
-                          false, 0, pass == GemmPass::wgrad ? DType::fp32 : DType::bf16);
-    const auto out = decode(p.run_cpu(), p.out_dtype);
-    const auto ranges = p.expert_ranges();
-    int64_t start = 0;
-    for (int64_t g = 0; g < p.G; ++g) {
-      const auto ref = dense_ref(p, g, start);
-      const auto [lo, hi] = ranges[size_t(g)];
-      ASSERT_EQ(size_t(hi - lo), ref.size());
-      std::vector<float> x(out.begin() + lo, out.begin() + hi), y(ref.begin(), ref.end());
-      EXPECT_LE(rel_error(x, y), 1e-2) << gemm_pass_name(pass) << " expert " << g;
-      start += p.splits[size_t(g)];
+struct GemmCase {
+  GemmPass pass;
+  DType dtype, out;
+  Pattern pattern;
+  int64_t G, M, N, K;
+  bool bias = false;
+  float beta = 0;
+};
+
+std::string gemm_case_name(const GemmCase& c) {
+  return detail::cat(gemm_pass_name(c.pass), "_", dtype_name(c.dtype), "_to_", dtype_name(c.out),
+                     "_", pattern_name(c.pattern), "_G", c.G, "_M", c.M, "_N", c.N, "_K", c.K,
+                     c.bias ? "_bias" : "", c.beta != 0 ? "_accum" : "");
+}
+void PrintTo(const GemmCase& c, std::ostream* os) {
+  *os << gemm_case_name(c);
+}
+
+class GemmCpuRef : public ::testing::TestWithParam<GemmCase> {};
+
+// Per expert, within the (gemm, dtype, out) tolerance of the exact product. The long sums (K, N
+// or M in the thousands) make an accumulation in a 16-bit format, or a dropped tail, visible.
+TEST_P(GemmCpuRef, MatchesExactProductPerExpert) {
+  const GemmCase c = GetParam();
+  GemmProblem p = GemmProblem::make(c.pass, c.dtype, c.G, make_splits(c.pattern, c.G, c.M), c.N,
+                                    c.K, c.bias, c.beta, c.out);
+  const auto out = decode(p.run_cpu(), p.out_dtype);
+  const auto ref = dense_ref(p);
+  const auto ranges = p.expert_ranges();
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t terms = c.pass == GemmPass::forward ? c.K
+                          : c.pass == GemmPass::dgrad ? c.N
+                                                      : p.splits[size_t(g)] + (c.beta != 0);
+    const Tolerance tol = tolerance(TolOp::gemm, c.dtype, c.out, terms);
+    const auto [lo, hi] = ranges[size_t(g)];
+    const std::vector<float> got(out.begin() + lo, out.begin() + hi);
+    const std::vector<double> want(ref.begin() + lo, ref.begin() + hi);
+    if (p.pass == GemmPass::wgrad && p.splits[size_t(g)] == 0) {  // 0, or main_grad unchanged
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(double(got[i]), want[i]) << "expert " << g;
+      continue;
     }
+    EXPECT_TRUE(close_to(got, want, tol, detail::cat(gemm_case_name(c), " expert ", g)));
+  }
+}
+
+std::vector<GemmCase> gemm_cases() {
+  const auto F = GemmPass::forward, D = GemmPass::dgrad, W = GemmPass::wgrad;
+  const auto bf = DType::bf16, hf = DType::fp16, f32 = DType::fp32;
+  return {
+      {F, bf, bf, Pattern::zipf, 4, 160, 48, 2048},           // K in the thousands
+      {F, hf, hf, Pattern::balanced, 1, 64, 40, 1003, true},  // G = 1, K not a multiple of 8
+      {F, bf, bf, Pattern::zero_middle, 5, 77, 24, 40, true},
+      {D, bf, bf, Pattern::random_odd, 6, 150, 2048, 24},  // sums over N
+      {D, hf, hf, Pattern::zero_first, 3, 90, 1001, 16},
+      {W, bf, f32, Pattern::quarter_empty, 5, 3000, 24, 16},       // sums over M, fp32 main_grad
+      {W, hf, f32, Pattern::balanced, 1, 2001, 16, 24, false, 1},  // G = 1, accumulate
+      {W, bf, bf, Pattern::zero_last, 4, 1200, 16, 24},
+      {W, hf, hf, Pattern::random_odd, 3, 700, 24, 8},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GemmCpuRef, ::testing::ValuesIn(gemm_cases()),
+                         [](const auto& info) { return gemm_case_name(info.param); });
+
+// Output conversion by hand: sums that land exactly between two neighbours of the output format
+// round to the even one (round-to-nearest-even, not truncation or half-up), and sums past the
+// largest finite value round to Inf (IEEE overflow, no saturation).
+TEST(GemmCpu, OutputRoundingTiesAndOverflowByHand) {
+  struct Row {
+    float x0, x1, want;  // y = x0 * 1 + x1 * 0.5 (exact in fp32) in the output format
+  };
+  const float i = INFINITY;
+  const std::vector<Row> bf16_rows = {
+      {1.0f, 0x1p-7f, 1.0f},                       // 1 + 2^-8, a tie: 0x3F80 (even)
+      {1.0f + 0x1p-7f, 0x1p-7f, 1.0f + 0x1p-6f},   // a tie: 0x3F82 (even), not 0x3F81
+      {1.0f, 0x1p-7f + 0x1p-14f, 1.0f + 0x1p-7f},  // just above the tie: up
+      {-1.0f, -0x1p-7f, -1.0f},                    // ties are symmetric in sign
+      {0x1.FEp127f, 0x1p120f, i},                  // bf16 max + half an ulp: tie to Inf
+      {0x1.FEp127f, 0x1p119f, 0x1.FEp127f},        // below the tie: stays at the max
+  };
+  const std::vector<Row> fp16_rows = {
+      {1.0f, 0x1p-10f, 1.0f},                       // 1 + 2^-11, a tie: 0x3C00 (even)
+      {1.0f + 0x1p-10f, 0x1p-10f, 1.0f + 0x1p-9f},  // a tie: 0x3C02 (even), not 0x3C01
+      {0x1p-24f, 0x1p-24f, 0x1p-23f},               // subnormal tie: 0x0002 (even)
+      {0.0f, 0x1p-24f, 0.0f},                       // half the smallest subnormal: 0 (even)
+      {65504.0f, 32.0f, i},                         // fp16 max + half an ulp: tie to Inf
+      {65504.0f, 30.0f, 65504.0f},                  // below: stays at the max
+      {-65504.0f, -64.0f, -i},
+  };
+  for (DType t : {DType::bf16, DType::fp16}) {
+    const auto& rows = t == DType::bf16 ? bf16_rows : fp16_rows;
+    const int64_t M = static_cast<int64_t>(rows.size());
+    GemmProblem p = GemmProblem::make(GemmPass::forward, t, 1, {M}, 1, 2, false, 0, t);
+    std::vector<float> a;
+    for (const Row& r : rows) a.insert(a.end(), {r.x0, r.x1});
+    p.a = encode16(a, t);
+    p.b = encode16({1.0f, 0.5f}, t);
+    ASSERT_EQ(decode(std::vector<uint8_t>(reinterpret_cast<uint8_t*>(p.a.data()),
+                                          reinterpret_cast<uint8_t*>(p.a.data() + p.a.size())),
+                     t),
+              a)
+        << "the inputs must be exact in " << dtype_name(t);
+    const auto y = decode(p.run_cpu(), t);
+    for (size_t r = 0; r < rows.size(); ++r)
+      EXPECT_EQ(y[r], rows[r].want) << dtype_name(t) << " row " << r << ": " << std::hexfloat
+                                    << rows[r].x0 << " + " << rows[r].x1 << " / 2";
   }
 }
 

@@ -11,16 +11,6 @@ double dec_fp8(uint8_t v, DType t) {
 }
 
 // DeepGEMM's calc_diff: 1 - 2<x,y>/(|x|^2+|y|^2), fp64.
-double calc_diff(const std::vector<float>& x, const std::vector<float>& y) {
-  double xy = 0, xx = 0, yy = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    xy += double(x[i]) * y[i];
-    xx += double(x[i]) * x[i];
-    yy += double(y[i]) * y[i];
-  }
-  return xx + yy == 0 ? 0 : 1 - 2 * xy / (xx + yy);
-}
-
 // The exact products of one problem, decoded from the quantized bytes by the formulas of
 // quantize.hpp's "Layouts" (fp8_current: one scale_inv per expert; fp8_block plain layouts), and
 // per output the sum of |terms| (the reference rounds each dequantized operand to fp32 once, an

@@ -11,16 +11,6 @@ namespace {
 using nn::GroupedLinear;
 using nn::GroupedLinearConfig;
 
-double calc_diff(const std::vector<float>& x, const std::vector<float>& y) {
-  double xy = 0, xx = 0, yy = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    xy += double(x[i]) * y[i];
-    xx += double(x[i]) * x[i];
-    yy += double(y[i]) * y[i];
-  }
-  return xx + yy == 0 ? 0 : 1 - 2 * xy / (xx + yy);
-}
-
 std::vector<uint16_t> bf16_randn(size_t n, float scale = 1.0f) {
   std::vector<uint16_t> v(n);
   const auto r = randn(n, scale);

@@ -2,7 +2,7 @@
 // finite-difference check of the backward formula, dtypes, validation messages.
 #include <cmath>
 
-#include "common/test_util.hpp"
+#include "common/tolerance.hpp"
 #include "cpu/cpu_util.hpp"
 #include "groupmm/moe.hpp"
 
@@ -48,20 +48,19 @@ TEST_P(SwigluCpuDtype, ForwardAndBackwardMatchFloat64) {
   swiglu_forward(ctx, gu.v, out.v);
   swiglu_backward(ctx, dout.v, gu.v, dgu.v);
   const auto g = gu.floats(), d = dout.floats();
-  std::vector<float> ref_out(static_cast<size_t>(M * I)), ref_dgu(static_cast<size_t>(M * 2 * I));
+  std::vector<double> ref_out(static_cast<size_t>(M * I)), ref_dgu(static_cast<size_t>(M * 2 * I));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t i = 0; i < I; ++i) {
       const double a = g[static_cast<size_t>(m * 2 * I + i)],
                    u = g[static_cast<size_t>(m * 2 * I + I + i)];
       const double s = 1.0 / (1.0 + std::exp(-a)), dd = d[static_cast<size_t>(m * I + i)];
-      ref_out[static_cast<size_t>(m * I + i)] = static_cast<float>(silu(a) * u);
-      ref_dgu[static_cast<size_t>(m * 2 * I + i)] =
-          static_cast<float>(dd * u * s * (1 + a * (1 - s)));
-      ref_dgu[static_cast<size_t>(m * 2 * I + I + i)] = static_cast<float>(dd * silu(a));
+      ref_out[static_cast<size_t>(m * I + i)] = silu(a) * u;
+      ref_dgu[static_cast<size_t>(m * 2 * I + i)] = dd * u * s * (1 + a * (1 - s));
+      ref_dgu[static_cast<size_t>(m * 2 * I + I + i)] = dd * silu(a);
     }
-  const double tol = t == DType::fp32 ? 1e-6 : (t == DType::bf16 ? 5e-3 : 1e-3);
-  EXPECT_LE(rel_error(out.floats(), ref_out), tol);
-  EXPECT_LE(rel_error(dgu.floats(), ref_dgu), tol);
+  const Tolerance tol = tolerance(TolOp::swiglu, t, t);
+  EXPECT_TRUE(close_to(out.floats(), ref_out, tol, "out"));
+  EXPECT_TRUE(close_to(dgu.floats(), ref_dgu, tol, "dgate_up"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, SwigluCpuDtype,

@@ -1,18 +1,12 @@
 // group_dbias on the GPU: equals the CPU reference (fp32 sum-order differences only) over split
 // patterns, dtypes, the vectorized and scalar paths and accumulation; deterministic; graph replay
 // with new splits equals eager bit for bit; faults set the status.
-#include "common/test_util.hpp"
+#include "common/tolerance.hpp"
 #include "cpu/cpu_util.hpp"
 #include "groupmm/dbias.hpp"
 
 namespace groupmm::test {
 namespace {
-
-std::vector<uint8_t> bytes_of(const TensorView& v) {
-  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
-  copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}), v);
-  return h;
-}
 
 // Host tensor of dtype t filled with N(0, 1) values.
 std::vector<uint8_t> random_host(DType t, int64_t n) {
@@ -29,6 +23,14 @@ struct Case {
   DType dy, db;
   bool splits64;
 };
+
+std::string case_name(const Case& c) {
+  return detail::cat(pattern_name(c.pattern), "_G", c.G, "_N", c.N, "_", dtype_name(c.dy), "_to_",
+                     dtype_name(c.db), c.splits64 ? "_i64" : "_i32");
+}
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << case_name(c);
+}
 
 class DbiasGpu : public ::testing::TestWithParam<Case> {};
 
@@ -65,8 +67,10 @@ TEST_P(DbiasGpu, MatchesCpuReference) {
     std::vector<uint8_t> got = bytes_of(ddb);
     const auto g = cpu::to_floats(TensorView(got.data(), c.db, Device::CPU, {c.G * c.N}));
     const auto r = cpu::to_floats(hdbv);
-    const double tol = c.db == DType::fp32 ? 1e-5 : (c.db == DType::bf16 ? 4e-3 : 5e-4);
-    EXPECT_LE(rel_error(g, r), tol) << "accumulate=" << accumulate;
+    const int64_t rows = s.empty() ? 0 : *std::max_element(s.begin(), s.end());
+    const Tolerance tol =
+        tolerance(TolOp::dbias, c.dy, c.db, rows + accumulate).between_implementations();
+    EXPECT_TRUE(close_to(g, r, tol, detail::cat("accumulate=", accumulate)));
     for (int64_t e = 0; e < c.G; ++e)
       if (s[static_cast<size_t>(e)] == 0)
         for (int64_t n = 0; n < c.N; ++n)
@@ -92,11 +96,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Pattern::random_odd, 256, 20000, 768, DType::fp32, DType::fp32, true},
                       Case{Pattern::zero_all, 5, 0, 64, DType::bf16, DType::fp32, false},
                       Case{Pattern::balanced, 1, 129, 8, DType::fp16, DType::fp32, false}),
-    [](const auto& info) {
-      const Case& c = info.param;
-      return detail::cat(pattern_name(c.pattern), "_G", c.G, "_N", c.N, "_", dtype_name(c.dy),
-                         "_to_", dtype_name(c.db), c.splits64 ? "_i64" : "_i32");
-    });
+    [](const auto& info) { return case_name(info.param); });
 
 TEST(DbiasGpuGraph, ReplayWithNewSplitsEqualsEager) {
   GROUPMM_REQUIRE_GPU();

@@ -29,17 +29,6 @@ void PrintTo(const QCase& c, std::ostream* os) {
 }
 
 // Splits of `pattern` rounded down to multiples of 16 (the FP8 wgrad rule), remainder to expert 0.
-std::vector<int64_t> splits16(Pattern p, int64_t G, int64_t total) {
-  std::vector<int64_t> s = make_splits(p, G, total);
-  int64_t rest = 0;
-  for (auto& v : s) {
-    rest += v % 16;
-    v -= v % 16;
-  }
-  s[0] += rest;
-  return s;
-}
-
 void check_against_reference(const QGemmSpec& s, const std::vector<float>& gpu,
                              const std::vector<float>& ref) {
   ASSERT_EQ(gpu.size(), ref.size());
@@ -104,8 +93,9 @@ std::vector<QCase> cases() {
         return s;
       };
       auto pat = [&](Pattern p, int64_t G, int64_t total) {
-        return wg && r != QuantRecipe::mxfp8 ? splits16(p, G, total - total % 16)
-                                             : make_splits(p, G, total);
+        return wg && r != QuantRecipe::mxfp8
+                   ? align_splits(make_splits(p, G, total - total % 16), 16)
+                   : make_splits(p, G, total);
       };
       // N, K off the 128x256 tile: multiples of the recipe's block (128 / 32 / 16) only.
       const int64_t n_odd = blk ? 384 : r == QuantRecipe::mxfp8 ? 288 : 272;
@@ -117,6 +107,13 @@ std::vector<QCase> cases() {
       for (Pattern z : {Pattern::zero_first, Pattern::zero_last})
         add(spec(6, pat(z, 6, 900), 256, 384), pattern_name(z));
       add(spec(5, pat(Pattern::zero_all, 5, 0), 256, 256));
+      if (pass == GemmPass::forward) {  // decode: <= 64 rows per expert, swapped operands
+        add(spec(128, pat(Pattern::random_odd, 128, 1024), 512, 1024), "decode");
+        add(spec(64, pat(Pattern::quarter_empty, 64, 256), n_odd, k_odd), "decode");
+        QGemmSpec db = spec(32, pat(Pattern::zipf, 32, 1024), 256, 512);
+        db.bias = true;
+        add(db, "decode");
+      }
       if (pass == GemmPass::forward) {
         QGemmSpec b = spec(8, pat(Pattern::zipf, 8, 2000), 512, 512);
         b.bias = true;
@@ -169,7 +166,7 @@ TEST(QuantizedGemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
       s.N = 256;
       s.K = 512;
       s.out = pass == GemmPass::wgrad ? DType::fp32 : DType::bf16;
-      s.splits = splits16(Pattern::zipf, 16, 2048);
+      s.splits = align_splits(make_splits(Pattern::zipf, 16, 2048), 16);
       const QGemmInputs in = make_inputs(s);
       cudaStream_t stream;  // the legacy default stream cannot be captured
       GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -187,8 +184,8 @@ TEST(QuantizedGemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
         for (int rep = 0; rep < 4; ++rep) {
           // New routing of the same total (the quantized operands keep their bytes: only the expert
           // boundaries move, which is what the GEMM's setup kernel must follow).
-          std::vector<int64_t> sp =
-              splits16(rep % 2 ? Pattern::quarter_empty : Pattern::random_odd, 16, 2048);
+          std::vector<int64_t> sp = align_splits(
+              make_splits(rep % 2 ? Pattern::quarter_empty : Pattern::random_odd, 16, 2048), 16);
           copy(d.splits, TensorView(sp.data(), DType::int64, Device::CPU, {16}), ctx.stream());
           fill_bytes(d.out, 0xFF, ctx.stream());
           GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, ctx.stream()));
@@ -244,7 +241,7 @@ TEST(QuantizedGemmGpuErrors, AlignmentAndKernelChoice) {
   s.G = 2;
   s.N = 256;
   s.K = 256;
-  s.splits = {64, 64};
+  s.splits = {96, 64};  // 80 rows per expert: not the decode case
   Context ctx(Device::CUDA);
   QGemmDevice d(ctx, s, make_inputs(s));
   QuantizedGemmArgs a = d.args(s);
@@ -254,6 +251,9 @@ TEST(QuantizedGemmGpuErrors, AlignmentAndKernelChoice) {
                    "(fp8_block)");
   a.config = "";
   EXPECT_EQ(gemm_config_name(ctx, a), "fwd_e4m3_bf16_block_128x128_coop_c21");
+  s.splits = {64, 64};  // <= 64 rows per expert: the weights fill the tile (swapped operands)
+  QGemmDevice dec(ctx, s, make_inputs(s));
+  EXPECT_EQ(gemm_config_name(ctx, dec.args(s)), "fwdswap_e4m3_bf16_block_128x32_pp_c11");
 }
 
 }  // namespace

@@ -12,26 +12,6 @@ namespace {
 using nn::GroupedLinear;
 using nn::GroupedLinearConfig;
 
-std::vector<uint8_t> bytes_of(const TensorView& v) {
-  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
-  copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}), v);
-  return h;
-}
-std::vector<float> floats_of(const TensorView& v) {
-  auto h = bytes_of(v);
-  return cpu::to_floats(TensorView(h.data(), v.dtype, Device::CPU, {v.numel()}));
-}
-
-double calc_diff(const std::vector<float>& x, const std::vector<float>& y) {
-  double xy = 0, xx = 0, yy = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    xy += double(x[i]) * y[i];
-    xx += double(x[i]) * x[i];
-    yy += double(y[i]) * y[i];
-  }
-  return xx + yy == 0 ? 0 : 1 - 2 * xy / (xx + yy);
-}
-
 GroupedLinearConfig cfg(QuantRecipe r, int64_t G, int64_t K, int64_t N, int64_t max_tokens,
                         bool main_grad) {
   GroupedLinearConfig c;
@@ -52,17 +32,6 @@ Tensor bf16_input(int64_t rows, int64_t cols, float scale, Device d) {
   const auto r = randn(static_cast<size_t>(rows * cols), scale);
   for (size_t i = 0; i < r.size(); ++i) h.ptr<uint16_t>()[i] = float_to_bf16_bits(r[i]);
   return d == Device::CPU ? std::move(h) : clone_to(h, d);
-}
-
-std::vector<int64_t> splits16(Pattern p, int64_t G, int64_t total) {
-  std::vector<int64_t> s = make_splits(p, G, total);
-  int64_t rest = 0;
-  for (auto& v : s) {
-    rest += v % 16;
-    v -= v % 16;
-  }
-  s[0] += rest;
-  return s;
 }
 
 struct Outs {
@@ -90,7 +59,7 @@ TEST_P(QuantizedLayerGpu, MatchesCpuLayerAndBf16) {
   Context gctx(Device::CUDA), cctx(Device::CPU);
   GroupedLinear gq(gctx, cfg(r, G, K, N, M, true)), cq(cctx, cfg(r, G, K, N, M, true));
   GroupedLinear gh(gctx, cfg(QuantRecipe::none, G, K, N, M, true));
-  std::vector<int64_t> s = splits16(Pattern::zipf, G, M);
+  std::vector<int64_t> s = align_splits(make_splits(Pattern::zipf, G, M), 16);
   Tensor hx = bf16_input(M, K, 1.0f, Device::CPU), hdy = bf16_input(M, N, 0.1f, Device::CPU);
   Tensor x = clone_to(hx, Device::CUDA), dy = clone_to(hdy, Device::CUDA);
   Tensor ds = clone_to(host_view(s, DType::int64, {G}), Device::CUDA);
@@ -121,7 +90,7 @@ TEST_P(QuantizedLayerGpu, WholeStepInOneGraphEqualsEager) {
     GroupedLinear l(ctx, cfg(r, G, K, N, M, true));
     Tensor x = bf16_input(M, K, 1.0f, Device::CUDA), dy = bf16_input(M, N, 0.1f, Device::CUDA);
     Tensor ds = Tensor::empty({G}, DType::int64, Device::CUDA, stream);
-    std::vector<int64_t> first = splits16(Pattern::balanced, G, M);
+    std::vector<int64_t> first = align_splits(make_splits(Pattern::balanced, G, M), 16);
     copy(ds, host_view(first, DType::int64, {G}), stream);
     auto run = [&]() {
       l.zero_grad(ctx);
@@ -145,7 +114,7 @@ TEST_P(QuantizedLayerGpu, WholeStepInOneGraphEqualsEager) {
                                                bytes_of(l.bias_grad())};
     };
     for (Pattern p : {Pattern::zipf, Pattern::quarter_empty, Pattern::zero_last}) {
-      std::vector<int64_t> s = splits16(p, G, M);
+      std::vector<int64_t> s = align_splits(make_splits(p, G, M), 16);
       copy(ds, host_view(s, DType::int64, {G}), stream);
       fill_bytes(dx, 0xFF, stream);
       GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, stream));

@@ -16,16 +16,6 @@ using nn::GroupedLinear;
 using nn::MoE;
 using nn::MoEConfig;
 
-std::vector<uint8_t> bytes_of(const TensorView& v) {
-  std::vector<uint8_t> h(size_t(v.nbytes()));
-  copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}),
-       TensorView(v.data, DType::e8m0, v.device, {v.nbytes()}));
-  return h;
-}
-std::vector<float> floats_of(const TensorView& v) {
-  auto h = bytes_of(v);
-  return cpu::to_floats(TensorView(h.data(), v.dtype, Device::CPU, {v.numel()}));
-}
 // dst (any device) = src (any device), same shape and dtype
 void copy_param(const TensorView& dst, const TensorView& src) {
   copy(TensorView(dst.data, DType::e8m0, dst.device, {dst.nbytes()}),

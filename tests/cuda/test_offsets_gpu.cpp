@@ -30,12 +30,6 @@ struct Outs {
   }
 };
 
-std::vector<uint8_t> bytes_of(const TensorView& v) {
-  std::vector<uint8_t> h(static_cast<size_t>(v.nbytes()));
-  copy(TensorView(h.data(), DType::e8m0, Device::CPU, {v.nbytes()}), v);
-  return h;
-}
-
 void expect_same(const Outs& gpu, const Outs& cpu) {
   EXPECT_EQ(bytes_of(gpu.start), bytes_of(cpu.start)) << "start";
   EXPECT_EQ(bytes_of(gpu.end), bytes_of(cpu.end)) << "end";
@@ -51,9 +45,12 @@ struct Case {
   bool splits64;
 };
 
+std::string case_name(const Case& c) {
+  return std::string(pattern_name(c.pattern)) + "_G" + std::to_string(c.G) +
+         (c.splits64 ? "_i64" : "_i32");
+}
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << pattern_name(c.pattern) << " G=" << c.G << " total=" << c.total
-      << (c.splits64 ? " int64" : " int32");
+  *os << case_name(c);
 }
 
 class OffsetsGpu : public ::testing::TestWithParam<Case> {};
@@ -89,11 +86,7 @@ INSTANTIATE_TEST_SUITE_P(Patterns, OffsetsGpu,
                                            Case{Pattern::zipf, 4096, 1 << 20, false},
                                            Case{Pattern::random_odd, 4096, 999999, true},
                                            Case{Pattern::quarter_empty, 5000, 70001, false}),
-                         [](const auto& info) {
-                           return std::string(pattern_name(info.param.pattern)) + "_G" +
-                                  std::to_string(info.param.G) +
-                                  (info.param.splits64 ? "_i64" : "_i32");
-                         });
+                         [](const auto& info) { return case_name(info.param); });
 
 TEST(OffsetsGpuGraph, ReplayWithNewSplitsEqualsEager) {
   GROUPMM_REQUIRE_GPU();

@@ -36,6 +36,13 @@ struct Case {
   DType t;
 };
 
+std::string case_name(const Case& c) {
+  return detail::cat("M", c.M, "_I", c.I, "_", dtype_name(c.t));
+}
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << case_name(c);
+}
+
 class SwigluGpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SwigluGpu, MatchesCpuReference) {
@@ -77,10 +84,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SwigluGpu,
                                            Case{1000, 512, DType::fp32}, Case{333, 33, DType::bf16},
                                            Case{17, 100, DType::fp16}, Case{1, 8, DType::bf16},
                                            Case{0, 64, DType::bf16}),
-                         [](const auto& info) {
-                           return detail::cat("M", info.param.M, "_I", info.param.I, "_",
-                                              dtype_name(info.param.t));
-                         });
+                         [](const auto& info) { return case_name(info.param); });
 
 TEST(SwigluGpuGraph, CapturedEqualsEager) {
   GROUPMM_REQUIRE_GPU();

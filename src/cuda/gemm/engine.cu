@@ -82,7 +82,11 @@ std::string heuristic_16bit(const GemmLaunch& l) {
 
 std::string heuristic(const GemmLaunch& l) {
   if (l.recipe == QuantRecipe::none) return heuristic_16bit(l);
-  // Scaled operands: one kernel per (pass, dtypes, recipe) today; the first that serves.
+  // FP8: one kernel per (pass, dtypes, recipe), plus the swapped forward for decode (few rows per
+  // expert, as for 16-bit operands); the first that serves the launch.
+  const bool decode = l.pass == GemmPass::forward && l.dims.M <= 64 * l.dims.G;
+  for (const auto& e : kTable)
+    if (serves(e, l) && (std::string(e.name).rfind("fwdswap", 0) == 0) == decode) return e.name;
   for (const auto& e : kTable)
     if (serves(e, l)) return e.name;
   GROUPMM_CHECK(false, "grouped_gemm: no scaled kernel computes ",

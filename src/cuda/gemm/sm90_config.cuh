@@ -11,6 +11,7 @@
 //   FP8 operands (wgmma reads FP8 from shared memory K-major only, so dgrad and wgrad read the
 //   columnwise copies that group_quantize writes, and every pass is TN)
 //     forward      M'=m_g N'=N   K'=K    A=x_g rowwise          B=W_g rowwise
+//     forward swap M'=N   N'=m_g K'=K    A=W_g rowwise          B=x_g rowwise      D=y_g^T
 //     dgrad        M'=m_g N'=K   K'=N    A=dy_g rowwise         B=W_g columnwise [K, N]
 //     wgrad        M'=N   N'=K   K'=m_g  A=dy_g columnwise      B=x_g columnwise [K, m_g]
 #pragma once
@@ -85,7 +86,8 @@ struct Sm90GroupedConfig {
   static_assert(kFp8 || kScaling != Scaling::blockwise, "block scales are FP8's");
   static_assert(kFp8 || kScaling == Scaling::none || kRole == Role::forward,
                 "16-bit operands take a per-expert alpha in the forward pass only (4-bit weights)");
-  static_assert(!kFp8 || kRole != Role::forward_swap, "no swapped FP8 kernel is instantiated");
+  static_assert(!kFp8 || kRole != Role::forward_swap || std::is_same_v<ElementA, ElementB>,
+                "a swapped FP8 forward has one operand type (the weight becomes A)");
   static_assert(!kFastAccum || kScaling == Scaling::per_expert,
                 "fast accumulation is an option of per-expert FP8");
   static_assert(kRole == Role::wgrad || std::is_same_v<ElementD, ElementA> ||
@@ -135,9 +137,11 @@ struct Sm90GroupedConfig {
   // columnwise per-expert [K, ceil(m_g/128)] blocks.
   // (Both K-major: CUTLASS 4.2 derives SFB's shared-memory strides from SFA's major, so mixed
   // majors would be wrong.)
-  static constexpr int kScaleRowsB = kRole == Role::wgrad ? 1 : 128;
+  // Rows per scale: 128 for the weights' 128x128 blocks (B, or A when swapped), else 1.
+  static constexpr int kScaleRowsA = kRole == Role::forward_swap ? 128 : 1;
+  static constexpr int kScaleRowsB = kRole == Role::wgrad || kRole == Role::forward_swap ? 1 : 128;
   using ScaleConfig =
-      cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleRowsB, 128, cute::GMMA::Major::K,
+      cutlass::detail::Sm90BlockwiseScaleConfig<kScaleRowsA, kScaleRowsB, 128, cute::GMMA::Major::K,
                                                 cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());

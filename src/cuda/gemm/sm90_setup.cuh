@@ -117,15 +117,15 @@ struct SetupParams {
   StatusBlock* status;
 };
 
-// Expert g's entries for FP8 operands (see the mapping in sm90_config.cuh). `start` rows,
-// `rows` valid rows (clamped), `block_start` = sum of ceil(m_j/128) over j < g.
+// Expert g's entries (see the mapping in sm90_config.cuh): `start` and `rows` are its clamped row
+// range, `block_start` the sum of ceil(m_j/128) over j < g (the columnwise scale blocks of FP8).
 template <class Cfg>
-__device__ void setup_fp8_expert(const SetupParams<Cfg>& p, int g, int64_t start, int rows,
-                                 int64_t block_start) {
+__device__ void setup_expert(const SetupParams<Cfg>& p, int g, int64_t start, int rows,
+                             int64_t block_start) {
   auto& A = p.arr;
   const int64_t N = p.N, K = p.K;
   const int64_t nb = (N + 127) / 128, kb = K / 128;
-  int64_t sa = 0, sb = 0;  // element offsets of expert g's block scales
+  int64_t sa = 0, sb = 0;  // blockwise: element offsets of expert g's block scales
   if constexpr (Cfg::kRole == Role::forward) {
     A.problems[g] = make_shape(rows, int(N), int(K));
     A.ptr_a[g] = p.a + start * K;
@@ -136,100 +136,64 @@ __device__ void setup_fp8_expert(const SetupParams<Cfg>& p, int g, int64_t start
     A.stride_d[g] = stride_ld<typename Cfg::StrideD>(N);
     sa = start * kb;   // x 1x128: [M, K/128]
     sb = g * nb * kb;  // W 128x128: expert g's [ceil(N/128), K/128]
-  } else if constexpr (Cfg::kRole == Role::dgrad) {
-    A.problems[g] = make_shape(rows, int(K), int(N));
-    A.ptr_a[g] = p.a + start * N;
-    A.ptr_b[g] = p.b + g * N * K;  // W columnwise: expert g's [K, N]
-    A.ptr_d[g] = p.out + start * K;
-    A.stride_a[g] = stride_ld<typename Cfg::StrideA>(N);
-    A.stride_b[g] = stride_ld<typename Cfg::StrideB>(N);
-    A.stride_d[g] = stride_ld<typename Cfg::StrideD>(K);
-    sa = start * (N / 128);  // dy 1x128: [M, N/128]
-    sb = g * kb * nb;        // W columnwise 128x128: expert g's [K/128, ceil(N/128)]
-  } else {  // wgrad over the columnwise copies [N, m_g] and [K, m_g] (leading dimension m_g)
-    const bool empty = rows == 0;
-    const bool misaligned = rows % 16 != 0;
-    if (misaligned) report_fault(p.status, kFaultSplitAlignment, OpId::grouped_gemm, g, rows);
-    const int kk = empty ? kEmptyRows<Cfg> : rows;
-    const bool skip = misaligned || (empty && p.accumulate);
-    A.problems[g] = make_shape(skip ? 0 : int(N), int(K), kk);
-    const auto* zeros = reinterpret_cast<const typename Cfg::ElementA*>(A.zeros);
-    A.ptr_a[g] = empty ? zeros : p.a + start * N;
-    A.ptr_b[g] = empty ? reinterpret_cast<const typename Cfg::ElementB*>(A.zeros) : p.b + start * K;
-    A.ptr_c[g] = p.out + g * N * K;
-    A.ptr_d[g] = p.out + g * N * K;
-    A.stride_a[g] = stride_ld<typename Cfg::StrideA>(kk);
-    A.stride_b[g] = stride_ld<typename Cfg::StrideB>(kk);
-    A.stride_c[g] = stride_ld<typename Cfg::StrideC>(K);
-    A.stride_d[g] = stride_ld<typename Cfg::StrideD>(K);
-    sa = N * block_start;  // dy columnwise 128x1: expert g's [N, ceil(m_g/128)]
-    sb = K * block_start;  // x columnwise 128x1: expert g's [K, ceil(m_g/128)]
-    if constexpr (Cfg::kScaling == Scaling::blockwise) {
-      if (empty) {
-        A.ptr_sfa[g] = reinterpret_cast<const float*>(A.zeros);
-        A.ptr_sfb[g] = reinterpret_cast<const float*>(A.zeros);
-      }
-    }
-  }
-  if constexpr (Cfg::kScaling == Scaling::blockwise) {
-    if (Cfg::kRole != Role::wgrad || rows != 0) {
-      A.ptr_sfa[g] = p.scale_a + sa;
-      A.ptr_sfb[g] = p.scale_b + sb;
-    }
-    // CUTLASS rebuilds these from the problem shape in the kernel; filled for completeness.
-    const auto mnk = A.problems[g];
-    const auto mnkl = make_shape(get<0>(mnk), get<1>(mnk), get<2>(mnk), 1);
-    A.layout_sfa[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(mnkl);
-    A.layout_sfb[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(mnkl);
-  }
-}
-
-// Expert g's entries for 16-bit operands.
-template <class Cfg>
-__device__ void setup_16bit_expert(const SetupParams<Cfg>& p, int g, int64_t start, int r) {
-  auto& A = p.arr;
-  const int64_t N = p.N, K = p.K;
-  if constexpr (Cfg::kRole == Role::forward) {
-    A.problems[g] = make_shape(r, int(N), int(K));
-    A.ptr_a[g] = p.a + start * K;
-    A.ptr_b[g] = p.b + g * N * K;
-    A.ptr_d[g] = p.out + start * N;
-    A.stride_a[g] = stride_ld<typename Cfg::StrideA>(K);
-    A.stride_b[g] = stride_ld<typename Cfg::StrideB>(K);
-    A.stride_d[g] = stride_ld<typename Cfg::StrideD>(N);
-  } else if constexpr (Cfg::kRole == Role::forward_swap) {
-    A.problems[g] = make_shape(int(N), r, int(K));
+  } else if constexpr (Cfg::kRole == Role::forward_swap) {  // decode: W fills the M' tile
+    A.problems[g] = make_shape(int(N), rows, int(K));
     A.ptr_a[g] = p.b + g * N * K;
     A.ptr_b[g] = p.a + start * K;
     A.ptr_d[g] = p.out + start * N;
     A.stride_a[g] = stride_ld<typename Cfg::StrideA>(K);
     A.stride_b[g] = stride_ld<typename Cfg::StrideB>(K);
     A.stride_d[g] = stride_ld<typename Cfg::StrideD>(N);
+    sa = g * nb * kb;  // A = W 128x128
+    sb = start * kb;   // B = x 1x128
   } else if constexpr (Cfg::kRole == Role::dgrad) {
-    A.problems[g] = make_shape(r, int(K), int(N));
+    A.problems[g] = make_shape(rows, int(K), int(N));
     A.ptr_a[g] = p.a + start * N;
-    A.ptr_b[g] = p.b + g * N * K;
+    A.ptr_b[g] = p.b + g * N * K;  // 16-bit: W [N, K]; FP8: W's columnwise copy [K, N]
     A.ptr_d[g] = p.out + start * K;
     A.stride_a[g] = stride_ld<typename Cfg::StrideA>(N);
-    A.stride_b[g] = stride_ld<typename Cfg::StrideB>(K);
+    A.stride_b[g] = stride_ld<typename Cfg::StrideB>(Cfg::kFp8 ? N : K);
     A.stride_d[g] = stride_ld<typename Cfg::StrideD>(K);
-  } else {  // wgrad
-    // An empty expert has no K' steps; CUTLASS would emit an uninitialized accumulator, so
-    // it multiplies one zero row instead (dW_g = 0), or is skipped when accumulating.
-    const bool empty = r == 0;
-    const int kk = empty ? 1 : r;
-    const auto* zeros = reinterpret_cast<const typename Cfg::ElementA*>(A.zeros);
-    A.problems[g] = make_shape(empty && p.accumulate ? 0 : int(N), int(K), kk);
-    A.ptr_a[g] = empty ? zeros : p.a + start * N;
-    A.ptr_b[g] = empty ? zeros : p.b + start * K;
+    sa = start * (N / 128);  // dy 1x128: [M, N/128]
+    sb = g * kb * nb;        // W columnwise 128x128: expert g's [K/128, ceil(N/128)]
+  } else {                   // wgrad
+    // An empty expert has no K' steps; CUTLASS would emit an uninitialized accumulator, so it
+    // multiplies zero rows instead (dW_g = 0), or is skipped when accumulating. FP8 reads the
+    // columnwise copies [N, m_g] and [K, m_g] with leading dimension m_g, which TMA needs in
+    // 16-byte steps: an expert with another split is reported and skipped. 16-bit operands are
+    // read in place, dy_g^T (N x m_g, M'-major) and x_g^T (K x m_g, N'-major).
+    const bool empty = rows == 0;
+    const bool misaligned = Cfg::kFp8 && rows % 16 != 0;
+    if (misaligned) report_fault(p.status, kFaultSplitAlignment, OpId::grouped_gemm, g, rows);
+    const int kk = empty ? kEmptyRows<Cfg> : rows;
+    A.problems[g] = make_shape(misaligned || (empty && p.accumulate) ? 0 : int(N), int(K), kk);
+    A.ptr_a[g] = empty ? reinterpret_cast<const typename Cfg::ElementA*>(A.zeros) : p.a + start * N;
+    A.ptr_b[g] = empty ? reinterpret_cast<const typename Cfg::ElementB*>(A.zeros) : p.b + start * K;
     A.ptr_c[g] = p.out + g * N * K;
     A.ptr_d[g] = p.out + g * N * K;
-    // A is dy_g^T (N x m_g, M'-major), B is x_g^T (K x m_g, N'-major); a zero row has no
-    // second dimension, so its stride is irrelevant.
-    A.stride_a[g] = stride_ld<typename Cfg::StrideA>(N);
-    A.stride_b[g] = stride_ld<typename Cfg::StrideB>(K);
+    A.stride_a[g] = stride_ld<typename Cfg::StrideA>(Cfg::kFp8 ? kk : N);
+    A.stride_b[g] = stride_ld<typename Cfg::StrideB>(Cfg::kFp8 ? kk : K);
     A.stride_c[g] = stride_ld<typename Cfg::StrideC>(K);
     A.stride_d[g] = stride_ld<typename Cfg::StrideD>(K);
+    sa = N * block_start;  // dy columnwise 128x1: expert g's [N, ceil(m_g/128)]
+    sb = K * block_start;  // x columnwise 128x1: expert g's [K, ceil(m_g/128)]
+  }
+  if constexpr (Cfg::kScaling == Scaling::per_expert) {  // a null scale array counts as ones
+    A.alpha[g] = p.alpha * (p.scale_a ? p.scale_a[g] : 1.0f) * (p.scale_b ? p.scale_b[g] : 1.0f);
+    A.ptr_alpha[g] = &A.alpha[g];
+  }
+  if constexpr (Cfg::kScaling == Scaling::blockwise) {
+    const bool swap = Cfg::kRole == Role::forward_swap;        // A's scales are the weight's
+    const bool zero = Cfg::kRole == Role::wgrad && rows == 0;  // zero data, zero scales
+    A.ptr_sfa[g] =
+        zero ? reinterpret_cast<const float*>(A.zeros) : (swap ? p.scale_b : p.scale_a) + sa;
+    A.ptr_sfb[g] =
+        zero ? reinterpret_cast<const float*>(A.zeros) : (swap ? p.scale_a : p.scale_b) + sb;
+    // CUTLASS rebuilds these from the problem shape in the kernel; filled for completeness.
+    const auto mnk = A.problems[g];
+    const auto mnkl = make_shape(get<0>(mnk), get<1>(mnk), get<2>(mnk), 1);
+    A.layout_sfa[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(mnkl);
+    A.layout_sfb[g] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(mnkl);
   }
 }
 
@@ -253,16 +217,7 @@ __global__ void __launch_bounds__(kThreads) setup_kernel(SetupParams<Cfg> p) {
     const int g = static_cast<int>(e.g);
     p.arr.ptr_bias[g] = p.bias ? p.bias + g * p.N : nullptr;
     p.arr.ptr_c[g] = nullptr;
-    if constexpr (Cfg::kFp8) {
-      setup_fp8_expert(p, g, e.start, static_cast<int>(e.rows), e.before.v[0]);
-    } else {
-      setup_16bit_expert(p, g, e.start, static_cast<int>(e.rows));
-    }
-    if constexpr (Cfg::kScaling == Scaling::per_expert) {  // a null scale array counts as ones
-      p.arr.alpha[g] =
-          p.alpha * (p.scale_a ? p.scale_a[g] : 1.0f) * (p.scale_b ? p.scale_b[g] : 1.0f);
-      p.arr.ptr_alpha[g] = &p.arr.alpha[g];
-    }
+    setup_expert(p, g, e.start, static_cast<int>(e.rows), e.before.v[0]);
   });
 }
 

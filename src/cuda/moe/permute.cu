@@ -40,9 +40,9 @@ struct MoverParams {
   int64_t token_ctas;  // CTAs [0, token_ctas) move tokens; the rest zero rows (scatter)
 };
 
-template <Fmt F, int N>
+template <class E, int N>
 __global__ void __launch_bounds__(MoverConfig::kThreads) scatter_kernel(MoverParams p) {
-  using P = Pack<Storage<F>, N>;
+  using P = ElementVec<E, N>;
   const int r = threadIdx.x / p.threads_per_row, lv = threadIdx.x % p.threads_per_row;
   if (r >= p.rows_per_cta) return;
   const P* __restrict__ src = static_cast<const P*>(p.src);
@@ -86,9 +86,9 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) scatter_kernel(MoverPar
   }
 }
 
-template <Fmt F, int N>
+template <class E, int N>
 __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverParams p) {
-  using P = Pack<Storage<F>, N>;
+  using P = ElementVec<E, N>;
   constexpr int B = MoverConfig::kBatch;
   const int r = threadIdx.x / p.threads_per_row, lv = threadIdx.x % p.threads_per_row;
   const int64_t t = int64_t(blockIdx.x) * p.rows_per_cta + r;
@@ -115,17 +115,17 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverPara
       for (int b = 0; b < B; ++b)
         if (ok[b]) {
 #pragma unroll
-          for (int n = 0; n < N; ++n) acc[n] += to_f32<F>(buf[b].v[n]);
+          for (int n = 0; n < N; ++n) acc[n] += E::to_float(buf[b].v[n]);
         }
     }
     if (add != nullptr) {
       const P a = add[t * V + v];
 #pragma unroll
-      for (int n = 0; n < N; ++n) acc[n] += to_f32<F>(a.v[n]);
+      for (int n = 0; n < N; ++n) acc[n] += E::to_float(a.v[n]);
     }
     P out;
 #pragma unroll
-    for (int n = 0; n < N; ++n) out.v[n] = from_f32<F>(acc[n]);
+    for (int n = 0; n < N; ++n) out.v[n] = E::from_float(acc[n]);
     dst[t * V + v] = out;
   }
   if (p.d_weights != nullptr && lv == 0)
@@ -151,9 +151,9 @@ MoverParams base_params(const PermuteMap& m, const TensorView& src, const Tensor
 // Row geometry for N-element vectors, then the launch. kScatter adds the zero-row CTAs.
 template <bool kScatter>
 void launch(Context& ctx, DType t, int64_t H, MoverParams p) {
-  dispatch_fmt(t, [&](auto f) {
-    constexpr Fmt F = decltype(f)::value;
-    constexpr int kVec = kVec16<F>;
+  dispatch_element(t, "permute dtype", [&](auto e) {
+    using E = decltype(e);
+    constexpr int kVec = kVec16<E>;
     const bool vec = H % kVec == 0 && aligned16(p.src) && aligned16(p.dst) &&
                      (p.add == nullptr || aligned16(p.add));
     const int64_t V = vec ? H / kVec : H;
@@ -167,14 +167,14 @@ void launch(Context& ctx, DType t, int64_t H, MoverParams p) {
     const unsigned grid = grid_size(ctas);
     if constexpr (kScatter) {
       if (vec)
-        scatter_kernel<F, kVec><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+        scatter_kernel<E, kVec><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
       else
-        scatter_kernel<F, 1><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+        scatter_kernel<E, 1><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
     } else {
       if (vec)
-        gather_kernel<F, kVec><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+        gather_kernel<E, kVec><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
       else
-        gather_kernel<F, 1><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+        gather_kernel<E, 1><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
     }
     GROUPMM_CHECK_LAUNCH();
   });

@@ -22,12 +22,12 @@ struct RoundConfig {
   static constexpr int kThreads = 256;
 };
 
-template <Fmt F>
+template <class E>
 __global__ void __launch_bounds__(RoundConfig::kThreads)
-    round_kernel(const float* in, Storage<F>* out, int64_t n) {
+    round_kernel(const float* in, typename E::Storage* out, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = from_f32<F>(in[i]);
+    out[i] = E::from_float(in[i]);
 }
 
 cudaDataType_t cuda_type(DType t) {
@@ -72,10 +72,10 @@ void moe_router_logits_backward(Context& ctx, const TensorView& d_logits, const 
     const int64_t n = T * E;
     const unsigned blocks = grid_size(
         std::min<int64_t>(qnum::ceil_div(n, RoundConfig::kThreads), int64_t(ctx.sm_count()) * 8));
-    dispatch_fmt(x.dtype, [&](auto f) {
-      constexpr Fmt F = decltype(f)::value;
-      round_kernel<F><<<blocks, RoundConfig::kThreads, 0, ctx.stream()>>>(
-          d_logits.ptr<float>(), static_cast<Storage<F>*>(g), n);
+    dispatch_element(x.dtype, "router_gemm dtype", [&](auto e) {
+      using E = decltype(e);
+      round_kernel<E><<<blocks, RoundConfig::kThreads, 0, ctx.stream()>>>(
+          d_logits.ptr<float>(), static_cast<typename E::Storage*>(g), n);
     });
     GROUPMM_CHECK_LAUNCH();
   }

@@ -29,11 +29,11 @@ struct WeightedSwigluParams {
   int64_t M, I;
 };
 
-template <Fmt F, int N, bool kBackward>
+template <class E, int N, bool kBackward>
 __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
     weighted_swiglu_kernel(WeightedSwigluParams p) {
-  using S = Storage<F>;
-  using P = Pack<S, N>;
+  using S = typename E::Storage;
+  using P = ElementVec<E, N>;
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * WeightedSwigluConfig::kWarps;
   const int64_t V = p.I / N;
@@ -51,18 +51,18 @@ __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
         P o;
 #pragma unroll
         for (int n = 0; n < N; ++n)
-          o.v[n] = from_f32<F>(swiglu_fwd_elem(to_f32<F>(g.v[n]), to_f32<F>(u.v[n])) * w);
+          o.v[n] = E::from_float(swiglu_fwd_elem(E::to_float(g.v[n]), E::to_float(u.v[n])) * w);
         reinterpret_cast<P*>(static_cast<S*>(p.out) + m * p.I)[v] = o;
       } else {
         const P d = reinterpret_cast<const P*>(static_cast<const S*>(p.dout) + m * p.I)[v];
         P dg, du;
 #pragma unroll
         for (int n = 0; n < N; ++n) {
-          const float gf = to_f32<F>(g.v[n]), uf = to_f32<F>(u.v[n]), df = to_f32<F>(d.v[n]);
+          const float gf = E::to_float(g.v[n]), uf = E::to_float(u.v[n]), df = E::to_float(d.v[n]);
           float a, b;
           swiglu_bwd_elem(df * w, gf, uf, a, b);
-          dg.v[n] = from_f32<F>(a);
-          du.v[n] = from_f32<F>(b);
+          dg.v[n] = E::from_float(a);
+          du.v[n] = E::from_float(b);
           dp += df * swiglu_fwd_elem(gf, uf);
         }
         P* dgu = reinterpret_cast<P*>(static_cast<S*>(p.out) + m * 2 * p.I);
@@ -81,9 +81,9 @@ __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
 template <bool kBackward>
 void launch(Context& ctx, DType t, const WeightedSwigluParams& p) {
   if (p.M == 0) return;
-  dispatch_fmt(t, [&](auto f) {
-    constexpr Fmt F = decltype(f)::value;
-    constexpr int kVec = kVec16<F>;
+  dispatch_element(t, "weighted_swiglu dtype", [&](auto e) {
+    using E = decltype(e);
+    constexpr int kVec = kVec16<E>;
     const bool vec = p.I % kVec == 0 && aligned16(p.gate_up) && aligned16(p.out) &&
                      (p.dout == nullptr || aligned16(p.dout));
     const int64_t want = qnum::ceil_div(p.M, WeightedSwigluConfig::kWarps);
@@ -91,9 +91,9 @@ void launch(Context& ctx, DType t, const WeightedSwigluParams& p) {
         std::min<int64_t>(want, int64_t(ctx.sm_count()) * WeightedSwigluConfig::kBlocksPerSm));
     constexpr int kT = WeightedSwigluConfig::kThreads;
     if (vec)
-      weighted_swiglu_kernel<F, kVec, kBackward><<<grid, kT, 0, ctx.stream()>>>(p);
+      weighted_swiglu_kernel<E, kVec, kBackward><<<grid, kT, 0, ctx.stream()>>>(p);
     else
-      weighted_swiglu_kernel<F, 1, kBackward><<<grid, kT, 0, ctx.stream()>>>(p);
+      weighted_swiglu_kernel<E, 1, kBackward><<<grid, kT, 0, ctx.stream()>>>(p);
     GROUPMM_CHECK_LAUNCH();
   });
 }
