@@ -104,6 +104,11 @@ GemmDims validate(const Context& ctx, const W4GemmArgs& a) {
     check_aligned("out", a.out);
     check_aligned("w.data", w.data);
     if (a.bias.present()) check_aligned("bias", a.bias);
+    // The kernels read an nvfp4 row's two 1x16 scales of 32 codes as one 16-bit word.
+    GROUPMM_CHECK(
+        w.recipe != QuantRecipe::nvfp4 || reinterpret_cast<uintptr_t>(w.scale_inv.data) % 2 == 0,
+        kOp, ": w.scale_inv.data=", w.scale_inv.data,
+        " must be 2-byte aligned (nvfp4 scale pairs are read as 16-bit words)");
   }
   return d;
 }
