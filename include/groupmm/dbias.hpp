@@ -7,11 +7,14 @@ namespace groupmm {
 
 // group_dbias: db[g][n] = sum_{m in rows of expert g} dy[m][n]   (fp32 accumulation)
 //
-//   dy      [M, N]  bf16, fp16 or fp32, row-major; expert g owns rows [start_g, start_g +
-//   splits[g]) splits  [G]     int32 or int64 row counts, on the context's device db      [G, N]
-//   fp32 or dy's dtype (the fp32 sum rounded once) accumulate      false: db_g = sum (a zero-row
-//   expert gets 0);
-//                   true:  db_g += sum (fp32 db only; a zero-row expert is left unchanged)
+// clang-format off
+//   dy          [M, N]  bf16, fp16 or fp32, row-major; expert g owns rows
+//                       [start_g, start_g + splits[g])
+//   splits      [G]     int32 or int64 row counts, on the context's device
+//   db          [G, N]  fp32 or dy's dtype (the fp32 sum rounded once)
+//   accumulate          false: db_g = sum (a zero-row expert gets 0);
+//                       true:  db_g += sum (fp32 db only; a zero-row expert is left unchanged)
+// clang-format on
 //
 // Numerics: fp32 sums. The CPU reference adds rows in order; the CUDA kernels add fixed 128-row
 // chunks in a fixed tree, then the chunks in order, so results are deterministic run to run and

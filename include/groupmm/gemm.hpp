@@ -3,10 +3,12 @@
 // Weight layout is [G, N, K] row-major (out, in). Activations are [M_total, *] row-major with
 // expert g owning rows [start_g, start_g + splits[g]) where start_g = sum_{j<g} splits[j].
 //
-//   forward  (TN): y_g  = alpha * x_g W_g^T + bias_g    a = x  [M, K], b = W [G, N, K], out = y [M,
-//   N] dgrad    (NN): dx_g = alpha * dy_g W_g              a = dy [M, N], b = W [G, N, K], out = dx
-//   [M, K] wgrad    (NT): dW_g = alpha * dy_g^T x_g + beta*dW_g a = dy [M, N], b = x [M, K],    out
-//   = dW [G, N, K]
+// clang-format off
+//   pass        computes                                a            b              out
+//   forward TN  y_g  = alpha * x_g W_g^T + bias_g       x  [M, K]    W [G, N, K]    y  [M, N]
+//   dgrad   NN  dx_g = alpha * dy_g W_g                 dy [M, N]    W [G, N, K]    dx [M, K]
+//   wgrad   NT  dW_g = alpha * dy_g^T x_g + beta*dW_g   dy [M, N]    x [M, K]       dW [G, N, K]
+// clang-format on
 //
 // dtypes: a and b are both bf16 or both fp16; fp32 accumulation. forward/dgrad write out in a's
 // dtype; wgrad writes fp32 (main_grad, beta 0 or 1) or a's dtype (beta 0). bias is [G, N] in a's

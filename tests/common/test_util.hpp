@@ -41,7 +41,7 @@ inline std::mt19937_64& rng() {
   return g;
 }
 
-// ---- split patterns (DESIGN section 7) ---------------------------------------------------------
+// ---- split patterns (docs/testing.md) -----------------------------------------------------------
 enum class Pattern {
   balanced,
   zipf,
@@ -166,7 +166,7 @@ inline double rel_error(const std::vector<float>& a, const std::vector<float>& b
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
-// Tolerance table keyed by format (DESIGN section 7).
+// Tolerance table keyed by format (docs/testing.md).
 struct Tol {
   static constexpr double gemm_bf16 = 1e-2;
   static constexpr double gemm_fp16 = 5e-3;

@@ -136,7 +136,7 @@ TEST_P(GroupedLinearCpu, MatchesPerExpertDenseLoop) {
   EXPECT_LE(rel_error(floats(dx), r.dx), tol) << "dx";
   const auto dw = floats(layer.weight_grad());
   const int64_t NK = c.N * c.K;
-  for (int64_t g = 0; g < c.G; ++g) {  // per expert (DESIGN: bf16 GEMM <= 1e-2 per expert)
+  for (int64_t g = 0; g < c.G; ++g) {  // per expert (docs/testing.md: bf16 GEMM <= 1e-2)
     std::vector<float> a(dw.begin() + g * NK, dw.begin() + (g + 1) * NK);
     std::vector<float> b(r.dw.begin() + g * NK, r.dw.begin() + (g + 1) * NK);
     if (s[static_cast<size_t>(g)] == 0) {

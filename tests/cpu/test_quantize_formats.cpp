@@ -1,4 +1,4 @@
-// Hand-computed vectors pinning the format rules of DESIGN section 5, independent of our code:
+// Hand-computed vectors pinning the format rules of docs/numerics.md, independent of our code:
 // E8M0 exponents at the edges, E2M1 codes and nibble order, FP8 current/blockwise scaling,
 // partial blocks, the swizzle index formula.
 #include <algorithm>
