@@ -41,6 +41,7 @@ void validate_offsets_args(const Context& ctx, const OffsetsArgs& a) {
                   "] with 1 <= S <= 4");
     GROUPMM_CHECK(e.device == ctx.device(), "group_offsets: element_start is on ",
                   device_name(e.device), " but the context is ", device_name(ctx.device()));
+    GROUPMM_CHECK(e.data != nullptr, "group_offsets: element_start.data is null");
     for (int64_t s = 0; s < e.dim(0); ++s)
       GROUPMM_CHECK(a.row_strides[static_cast<size_t>(s)] >= 0, "group_offsets: row_strides[", s,
                     "]=", a.row_strides[static_cast<size_t>(s)], " must be >= 0");

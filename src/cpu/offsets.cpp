@@ -19,6 +19,15 @@ static void store(const TensorView& v, int64_t i, int64_t value, StatusBlock* st
   v.ptr<int32_t>()[i] = static_cast<int32_t>(value);
 }
 
+// Sums and products of absurd splits (near INT64_MAX) wrap modulo 2^64, as the device's int64
+// arithmetic does (signed overflow would be undefined here); the results are then only reported.
+static int64_t wrap_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+static int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+
 void group_offsets(Context& ctx, const OffsetsArgs& a) {
   const int64_t G = a.splits.dim(0);
   const bool is64 = a.splits.dtype == DType::int64;
@@ -34,9 +43,10 @@ void group_offsets(Context& ctx, const OffsetsArgs& a) {
     store(a.scale_row_start, g, padded, st, g);
     if (a.element_start.present())
       for (int64_t s = 0; s < a.element_start.dim(0); ++s)
-        a.element_start.ptr<int64_t>()[s * G + g] = run * a.row_strides[static_cast<size_t>(s)];
-    run += m;
-    padded += (m + a.pad_rows - 1) / a.pad_rows * a.pad_rows;
+        a.element_start.ptr<int64_t>()[s * G + g] =
+            wrap_mul(run, a.row_strides[static_cast<size_t>(s)]);
+    run = wrap_add(run, m);
+    padded = wrap_add(padded, wrap_mul(wrap_add(m, a.pad_rows - 1) / a.pad_rows, a.pad_rows));
     store(a.end, g, run, st, g);
   }
   store(a.total, 0, run, st, G - 1);
