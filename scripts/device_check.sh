@@ -14,7 +14,7 @@ B=build-dev
 if has build; then
   { nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv; nvcc --version | tail -1; } 2>&1 | tee "$OUT/build.log"
   gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-  cmake -S . -B $B "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGROUPMM_SOURCE_EXCLUDE="${GROUPMM_SOURCE_EXCLUDE:-}" >>"$OUT/build.log" 2>&1
+  cmake -S . -B $B "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >>"$OUT/build.log" 2>&1
   ( time cmake --build $B -j "$(nproc)" ) >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; echo BUILD FAILED; exit 1; }
   tail -3 "$OUT/build.log"
   ./$B/groupmm info

@@ -1,13 +1,14 @@
 // `groupmm info`: version, build configuration, visible GPUs.
 #include <cstdio>
 
-#include "commands.hpp"
+#include "cli.hpp"
 #include "groupmm/core.hpp"
+#include "groupmm/version.hpp"
 
 namespace groupmm::tool {
 namespace {
 
-int run_info(const Args&) {
+int run_info() {
   int rt = 0, drv = 0;
   cudaRuntimeGetVersion(&rt);
   cudaDriverGetVersion(&drv);
@@ -36,7 +37,8 @@ int run_info(const Args&) {
   return 0;
 }
 
-Register reg("info", "version, build configuration and visible GPUs", run_info);
+Register reg({"", "info", "version, build configuration and visible GPUs",
+              [](CLI::App&) -> Runner { return run_info; }});
 
 }  // namespace
 }  // namespace groupmm::tool
