@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
-export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"  # as scripts/build.sh: the CUDA objects hit the cache
+# As scripts/build.sh, so that the CUDA objects of build/ come from the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR=1
 B=build-asan
 bash scripts/setup.sh >/dev/null
 gen=(); command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
