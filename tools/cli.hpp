@@ -1,12 +1,16 @@
 // The `groupmm` tool's command registry and option helpers (CLI11).
 //
-// Adding a command: one tools/cmd_<name>.cpp that defines a static Register, e.g.
+// Adding a command: one tools/cmd_<name>.cpp with an options struct, a function that declares the
+// options, the function that runs, and a static Register, e.g.
 //
-//   Register reg({"bench", "moe", "MoE block suite", [](CLI::App& app) {
-//     auto o = std::make_shared<MoeOptions>();
-//     add_int(app, "--iters", o->iters, 1, 100000, "timed iterations");
-//     return [o] { return run_bench_moe(*o); };  // runs after a successful parse
-//   }});
+//   struct MoeOptions { int iters = 20; std::string json_path; };
+//   void add_moe_options(CLI::App& app, MoeOptions& o) {
+//     add_iters(app, o.iters, "timed runs per case");
+//     add_json(app, o.json_path);
+//   }
+//   int run_bench_moe(const MoeOptions& o);  // after a successful parse; returns the exit status
+//   Register reg(command<MoeOptions>("bench", "moe", "MoE block suite", add_moe_options,
+//                                    run_bench_moe));
 //
 // main.cpp builds the command tree from the registry (groups such as "bench" are listed there), so
 // `--help` of every command works without a GPU and parse errors never reach the command.
@@ -41,6 +45,18 @@ std::vector<CommandDef>& registry();
 struct Register {
   explicit Register(CommandDef def) { registry().push_back(std::move(def)); }
 };
+
+// A command whose options live in an `Options` struct: `add` declares them on the command's
+// CLI::App, `run` runs with the parsed values.
+template <class Options>
+CommandDef command(std::string group, std::string name, std::string help,
+                   void (*add)(CLI::App&, Options&), int (*run)(const Options&)) {
+  return {std::move(group), std::move(name), std::move(help), [add, run](CLI::App& app) -> Runner {
+            auto o = std::make_shared<Options>();
+            add(app, *o);
+            return [o, run] { return run(*o); };
+          }};
+}
 
 // A mistake in the command line or in the values given (exit status 2, no source location).
 class UsageError : public std::runtime_error {

@@ -285,26 +285,25 @@ int bench_gemm(const GemmOptions& o, cudaStream_t stream) {
   return failures ? 1 : 0;
 }
 
-Register reg({"bench", "gemm",
-              "grouped GEMM suite (forward, dgrad, wgrad on MoE shapes) vs the cuBLAS per-expert "
-              "loop and one dense cuBLAS GEMM (GPU)",
-              [](CLI::App& app) -> Runner {
-                auto o = std::make_shared<GemmOptions>();
-                app.add_option("--case", o->case_filter,
-                               "only the cases whose name contains this (e.g. qwen3)")
-                    ->type_name("TEXT");
-                add_choice(app, "--pass", o->pass, {"fwd", "dgrad", "wgrad"}, "only this pass");
-                add_choice(app, "--pattern", o->pattern, kSplitPatterns, "only this split pattern");
-                add_iters(app, o->iters, "timed runs per case (median)")->capture_default_str();
-                add_json(app, o->json_path);
-                app.add_option("--config", o->config,
-                               "time this kernel configuration instead of the heuristic's choice "
-                               "(cases of its pass only; names from --list-configs)")
-                    ->type_name("NAME");
-                app.add_flag("--list-configs", o->list_configs,
-                             "print the kernel configurations and exit");
-                return [o] { return run_bench_gemm(*o); };
-              }});
+void add_gemm_options(CLI::App& app, GemmOptions& o) {
+  app.add_option("--case", o.case_filter, "only the cases whose name contains this (e.g. qwen3)")
+      ->type_name("TEXT");
+  add_choice(app, "--pass", o.pass, {"fwd", "dgrad", "wgrad"}, "only this pass");
+  add_choice(app, "--pattern", o.pattern, kSplitPatterns, "only this split pattern");
+  add_iters(app, o.iters, "timed runs per case (median)")->capture_default_str();
+  add_json(app, o.json_path);
+  app.add_option("--config", o.config,
+                 "time this kernel configuration instead of the heuristic's choice "
+                 "(cases of its pass only; names from --list-configs)")
+      ->type_name("NAME");
+  app.add_flag("--list-configs", o.list_configs, "print the kernel configurations and exit");
+}
+
+Register reg(command<GemmOptions>(
+    "bench", "gemm",
+    "grouped GEMM suite (forward, dgrad, wgrad on MoE shapes) vs the cuBLAS per-expert "
+    "loop and one dense cuBLAS GEMM (GPU)",
+    add_gemm_options, run_bench_gemm));
 
 }  // namespace
 }  // namespace groupmm::tool

@@ -196,23 +196,23 @@ int run_bench_layer(const LayerOptions& o) {
   return 0;
 }
 
-Register reg({"bench", "layer",
-              "GroupedLinear forward + backward vs its grouped GEMMs timed alone (Qwen3-30B "
-              "expert layers) and host time per forward (GPU; --cpu: a small smoke run)",
-              [](CLI::App& app) -> Runner {
-                auto o = std::make_shared<LayerOptions>();
-                app.add_flag("--cpu", o->cpu,
-                             "smoke run on the CPU reference backend (every dim / 16, G / 8)");
-                add_choice_list(app, "--pattern", o->patterns, kSplitPatterns,
-                                "split patterns to run (comma separated; default all three)");
-                o->rows_opt = add_int(app, "--rows", o->rows, 1, INT32_MAX,
-                                      "routed rows M (default: GPU 65536, CPU 512)");
-                o->iters_opt = add_iters(app, o->iters,
-                                         "timed runs per measurement, median (default: GPU 20, "
-                                         "CPU 2)");
-                add_json(app, o->json_path);
-                return [o] { return run_bench_layer(*o); };
-              }});
+void add_layer_options(CLI::App& app, LayerOptions& o) {
+  app.add_flag("--cpu", o.cpu, "smoke run on the CPU reference backend (every dim / 16, G / 8)");
+  add_choice_list(app, "--pattern", o.patterns, kSplitPatterns,
+                  "split patterns to run (comma separated; default all three)");
+  o.rows_opt =
+      add_int(app, "--rows", o.rows, 1, INT32_MAX, "routed rows M (default: GPU 65536, CPU 512)");
+  o.iters_opt = add_iters(app, o.iters,
+                          "timed runs per measurement, median (default: GPU 20, "
+                          "CPU 2)");
+  add_json(app, o.json_path);
+}
+
+Register reg(command<LayerOptions>(
+    "bench", "layer",
+    "GroupedLinear forward + backward vs its grouped GEMMs timed alone (Qwen3-30B "
+    "expert layers) and host time per forward (GPU; --cpu: a small smoke run)",
+    add_layer_options, run_bench_layer));
 
 }  // namespace
 }  // namespace groupmm::tool

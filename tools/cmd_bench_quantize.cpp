@@ -350,33 +350,32 @@ int run_bench_quantize(const QuantOptions& o) {
   return 0;
 }
 
-Register reg({"bench", "quantize",
-              "grouped quantization bandwidth per recipe (fp8_current, fp8_block, mxfp8, nvfp4) "
-              "vs a device-to-device copy (GPU)",
-              [](CLI::App& app) -> Runner {
-                auto o = std::make_shared<QuantOptions>();
-                add_iters(app, o->iters, "timed runs per case (median)")->capture_default_str();
-                add_json(app, o->json_path);
-                add_choice(app, "--recipe", o->recipe,
-                           {"fp8_current", "fp8_block", "mxfp8", "nvfp4"}, "only this recipe");
-                add_choice(app, "--direction", o->direction, {"rowwise", "columnwise", "both"},
-                           "only this direction (columnwise alone runs only when asked for)");
-                add_choice(app, "--shape", o->shape, {"65536x7168", "32768x2048"},
-                           "only this input shape MxK");
-                add_choice(app, "--pattern", o->pattern, kSplitPatterns,
-                           "split pattern of the 32 experts")
-                    ->capture_default_str();
-                add_choice(app, "--scales", o->scales, {"gemm", "plain"},
-                           "scale layout: the one GEMMs read (swizzled / mn_major) or plain")
-                    ->capture_default_str();
-                app.add_option("--amax", o->amax,
-                               "amax schedules of fp8_current / nvfp4 to sweep: automatic, "
-                               "separate, fused, fused:LAG (comma separated)")
-                    ->delimiter(',')
-                    ->type_name("LIST")
-                    ->capture_default_str();
-                return [o] { return run_bench_quantize(*o); };
-              }});
+void add_quantize_options(CLI::App& app, QuantOptions& o) {
+  add_iters(app, o.iters, "timed runs per case (median)")->capture_default_str();
+  add_json(app, o.json_path);
+  add_choice(app, "--recipe", o.recipe, {"fp8_current", "fp8_block", "mxfp8", "nvfp4"},
+             "only this recipe");
+  add_choice(app, "--direction", o.direction, {"rowwise", "columnwise", "both"},
+             "only this direction (columnwise alone runs only when asked for)");
+  add_choice(app, "--shape", o.shape, {"65536x7168", "32768x2048"}, "only this input shape MxK");
+  add_choice(app, "--pattern", o.pattern, kSplitPatterns, "split pattern of the 32 experts")
+      ->capture_default_str();
+  add_choice(app, "--scales", o.scales, {"gemm", "plain"},
+             "scale layout: the one GEMMs read (swizzled / mn_major) or plain")
+      ->capture_default_str();
+  app.add_option("--amax", o.amax,
+                 "amax schedules of fp8_current / nvfp4 to sweep: automatic, "
+                 "separate, fused, fused:LAG (comma separated)")
+      ->delimiter(',')
+      ->type_name("LIST")
+      ->capture_default_str();
+}
+
+Register reg(command<QuantOptions>(
+    "bench", "quantize",
+    "grouped quantization bandwidth per recipe (fp8_current, fp8_block, mxfp8, nvfp4) "
+    "vs a device-to-device copy (GPU)",
+    add_quantize_options, run_bench_quantize));
 
 }  // namespace
 }  // namespace groupmm::tool

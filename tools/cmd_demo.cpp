@@ -164,7 +164,7 @@ double demo_bytes(const DemoShape& s) {
   return 2.0 * (4 * M * H + 6 * M * I + 6 * G * H * I) * 1.1;
 }
 
-int run_demo(DemoOptions& o) {
+int run_demo(const DemoOptions& o) {
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
   const Device dev = o.cpu ? Device::CPU : default_device();
@@ -343,26 +343,26 @@ int run_demo(DemoOptions& o) {
   return rc;
 }
 
-Register reg({"", "demo",
-              "routed expert MLP forward + backward, checked against naive loops (GPU: a "
-              "Qwen3-30B-A3B-sized layer; CPU: scaled down)",
-              [](CLI::App& app) -> Runner {
-                auto o = std::make_shared<DemoOptions>();
-                app.add_flag("--cpu", o->cpu, "run on the CPU reference backend even with a GPU");
-                o->experts = add_int(app, "--experts", o->s.G, 1, 4096,
-                                     "experts G (default: GPU 128, CPU 32)");
-                o->hidden = add_int(app, "--hidden", o->s.H, 1, 65536,
-                                    "hidden size H (default: GPU 2048, CPU 512)");
-                o->width = add_int(app, "--width", o->s.I, 1, 65536,
-                                   "expert width I; gate_up has 2I outputs (default: GPU 768, "
-                                   "CPU 256)");
-                o->tokens = add_int(app, "--tokens", o->s.tokens, 1, int64_t(1) << 30,
-                                    "tokens routed (default: GPU 4096, CPU 1024)");
-                o->topk = add_int(app, "--topk", o->s.topk, 1, 64,
-                                  "experts per token, <= --experts (default: GPU 8, CPU 4)");
-                o->iters_opt = add_iters(app, o->iters, "timed steps (default: GPU 20, CPU 1)");
-                return [o] { return run_demo(*o); };
-              }});
+void add_demo_options(CLI::App& app, DemoOptions& o) {
+  app.add_flag("--cpu", o.cpu, "run on the CPU reference backend even with a GPU");
+  o.experts = add_int(app, "--experts", o.s.G, 1, 4096, "experts G (default: GPU 128, CPU 32)");
+  o.hidden =
+      add_int(app, "--hidden", o.s.H, 1, 65536, "hidden size H (default: GPU 2048, CPU 512)");
+  o.width = add_int(app, "--width", o.s.I, 1, 65536,
+                    "expert width I; gate_up has 2I outputs (default: GPU 768, "
+                    "CPU 256)");
+  o.tokens = add_int(app, "--tokens", o.s.tokens, 1, int64_t(1) << 30,
+                     "tokens routed (default: GPU 4096, CPU 1024)");
+  o.topk = add_int(app, "--topk", o.s.topk, 1, 64,
+                   "experts per token, <= --experts (default: GPU 8, CPU 4)");
+  o.iters_opt = add_iters(app, o.iters, "timed steps (default: GPU 20, CPU 1)");
+}
+
+Register reg(command<DemoOptions>(
+    "", "demo",
+    "routed expert MLP forward + backward, checked against naive loops (GPU: a "
+    "Qwen3-30B-A3B-sized layer; CPU: scaled down)",
+    add_demo_options, run_demo));
 
 }  // namespace
 }  // namespace groupmm::tool

@@ -8,7 +8,9 @@
 namespace groupmm::tool {
 namespace {
 
-int run_info() {
+struct InfoOptions {};  // no options
+
+int run_info(const InfoOptions&) {
   int rt = 0, drv = 0;
   cudaRuntimeGetVersion(&rt);
   cudaDriverGetVersion(&drv);
@@ -37,8 +39,10 @@ int run_info() {
   return 0;
 }
 
-Register reg({"", "info", "version, build configuration and visible GPUs",
-              [](CLI::App&) -> Runner { return run_info; }});
+void add_info_options(CLI::App&, InfoOptions&) {}
+
+Register reg(command<InfoOptions>("", "info", "version, build configuration and visible GPUs",
+                                  add_info_options, run_info));
 
 }  // namespace
 }  // namespace groupmm::tool
