@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <exception>
 #include <new>
-#include <regex>
 
 #include "cli.hpp"
 #include "groupmm/version.hpp"
@@ -27,8 +26,13 @@ const Group kGroups[] = {
 // groupmm::Error messages end in " [file.cpp:123]" (for developers and test logs); a user of the
 // tool gets the message alone.
 std::string without_location(const std::string& msg) {
-  static const std::regex where(R"( \[[A-Za-z0-9_./-]+:[0-9]+\]$)");
-  return std::regex_replace(msg, where, "");
+  const size_t open = msg.rfind(" [");
+  if (open == std::string::npos || msg.back() != ']') return msg;
+  const size_t colon = msg.rfind(':');
+  if (colon == std::string::npos || colon < open || colon + 2 >= msg.size()) return msg;
+  for (size_t i = colon + 1; i + 1 < msg.size(); ++i)
+    if (msg[i] < '0' || msg[i] > '9') return msg;
+  return msg.substr(0, open);
 }
 
 int usage_error(const std::string& msg, const std::string& path) {

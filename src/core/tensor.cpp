@@ -160,6 +160,13 @@ std::string GroupedTensor::to_string() const {
 }
 
 // ---- validation --------------------------------------------------------------------------------
+// data aligned to the dtype's element size: the CPU backend reads elements through typed pointers.
+static void check_element_aligned(const char* op, const char* arg, const TensorView& v) {
+  const int64_t bytes = dtype_bits(v.dtype) / 8;
+  GROUPMM_CHECK(bytes <= 1 || reinterpret_cast<uintptr_t>(v.data) % uintptr_t(bytes) == 0, op, ": ",
+                arg, ".data=", v.data, " must be aligned to its ", bytes, "-byte elements");
+}
+
 void check_view(const char* op, const char* arg, const TensorView& v, DType dtype, int rank,
                 Device device) {
   GROUPMM_CHECK(v.present(), op, ": ", arg, " is required");
@@ -175,6 +182,7 @@ void check_view(const char* op, const char* arg, const TensorView& v, DType dtyp
   GROUPMM_CHECK(v.device == device, op, ": ", arg, " is on ", device_name(v.device),
                 " but the context is ", device_name(device));
   GROUPMM_CHECK(v.data != nullptr || v.numel() == 0, op, ": ", arg, ".data is null");
+  check_element_aligned(op, arg, v);
 }
 
 void check_dim(const char* op, const char* arg, const TensorView& v, int i, int64_t expected) {
@@ -193,6 +201,7 @@ void check_splits(const char* op, const TensorView& splits, int64_t groups, Devi
   GROUPMM_CHECK(splits.device == device, op, ": splits is on ", device_name(splits.device),
                 " but the context is ", device_name(device));
   GROUPMM_CHECK(splits.data != nullptr || splits.numel() == 0, op, ": splits.data is null");
+  check_element_aligned(op, "splits", splits);
 }
 
 }  // namespace groupmm

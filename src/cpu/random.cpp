@@ -14,6 +14,8 @@ void fill_uniform(Context& ctx, const TensorView& v, float lo, float hi, uint64_
                 " but the context is ", device_name(ctx.device()));
   const int64_t n = v.numel();
   GROUPMM_CHECK(v.data != nullptr || n == 0, "fill_uniform: v.data is null");
+  GROUPMM_CHECK(reinterpret_cast<uintptr_t>(v.data) % uintptr_t(dtype_bits(v.dtype) / 8) == 0,
+                "fill_uniform: v.data must be aligned to its elements");
   if (v.device == Device::CUDA) {
     cuda::fill_uniform(ctx, v, lo, hi, seed);
     return;

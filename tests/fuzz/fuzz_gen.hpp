@@ -164,7 +164,8 @@ inline void Gen::mutate(TensorView& v, Arena& a) {
       v.rank = chance(0.5) ? 0 : int(pick(4, 7));
       break;
     default:  // a larger last dim on null data
-      v.shape[size_t(v.rank - 1)] += pick(1, 100);
+      if (v.shape[size_t(v.rank - 1)] < (int64_t(1) << 60))
+        v.shape[size_t(v.rank - 1)] += pick(1, 100);
       v.data = nullptr;
       break;
   }
