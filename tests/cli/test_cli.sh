@@ -43,12 +43,20 @@ expect 2 "--iters" -- demo --cpu --iters
 # ---- unknown flags, commands, suites and values
 expect 2 "not expected: --bogus" -- demo --cpu --bogus
 expect 2 "unknown command 'nope' \(commands: bench, demo, info\)" -- nope
-expect 2 "unknown bench suite 'nope' \(suites: gemm, layer, quantize\)" -- bench nope
+expect 2 "unknown bench suite 'nope' \(suites: gemm, layer, moe, quantize\)" -- bench nope
 expect 2 "--pattern: 'foo' is not one of balanced, zipf, empty25" -- bench layer --cpu --pattern foo
 expect 2 "--pattern: 'foo' is not one of" -- bench layer --cpu --pattern zipf,foo
 expect 2 "--pass: 'up' is not one of fwd, dgrad, wgrad" -- bench gemm --pass up
 expect 2 "--recipe: 'int4' is not one of" -- bench quantize --recipe int4
 expect 2 "--amax: 'fused:0' is not one of" -- bench quantize --amax fused:0
+expect 2 "--recipe: 'int4' is not one of bf16, fp8_current, fp8_block, mxfp8" -- bench gemm --recipe int4
+expect 2 "--fast-accum needs --recipe fp8_current" -- bench gemm --recipe fp8_block --fast-accum
+expect 2 "--recipe: 'nvfp4' is not one of" -- bench layer --recipe nvfp4
+expect 2 "--recipe fp8_current needs a GPU" -- bench layer --cpu --recipe fp8_current
+expect 2 "--case needs a quantized --recipe" -- bench layer --cpu --case qwen3
+expect 2 "--case: 'llama' is not one of qwen3, dsv3, mixtral" -- bench moe --case qwen3,llama
+expect 2 "--topk 5 must be at most --experts 4" -- demo moe --cpu --experts 4 --topk 5
+expect 2 "--hidden: 4 is out of range" -- demo moe --cpu --hidden 4
 # ---- sizes: range checks, and limits that would exhaust memory say so (at once)
 expect 2 "--experts: 99999999999999 is out of range" -- demo --cpu --experts 99999999999999
 expect 2 "--experts: 0 is out of range" -- demo --cpu --experts 0
@@ -65,7 +73,7 @@ expect 0 "Usage: groupmm \[OPTIONS\]" -- --help
 expect 0 "^groupmm [0-9]+\.[0-9]+\.[0-9]+$" -- --version
 expect 0 "Usage: groupmm demo" -- demo --help
 grep -q "demo passed" <<<"$LAST_OUT" && { failed=$((failed + 1)); echo "FAIL: demo --help ran the demo"; }
-for c in info "bench gemm" "bench quantize" "bench layer"; do
+for c in info "bench gemm" "bench quantize" "bench layer" "bench moe" "demo moe"; do
   # shellcheck disable=SC2086
   expect 0 "Usage: groupmm $c" -- $c --help
 done
@@ -73,19 +81,22 @@ expect 0 "--config NAME" -- bench gemm --help
 expect 0 "--list-configs" -- bench gemm --help
 expect 0 "^fwd_bf16_" -- bench gemm --list-configs
 expect 0 "^suites:" -- bench
-grep -Ezq "gemm .*layer .*quantize " <<<"$LAST_OUT" || { failed=$((failed + 1)); echo "FAIL: groupmm bench does not list its suites"; }
+grep -Ezq "gemm .*layer .*moe .*quantize " <<<"$LAST_OUT" || { failed=$((failed + 1)); echo "FAIL: groupmm bench does not list its suites"; }
 expect 2 "no command given \(commands: bench, demo, info\)" --
 # ---- commands that need a GPU say so (where none is visible), with the prefix, without location
 if "$bin" info | grep -q "GPUs: none visible"; then
   expect 1 "groupmm: error: bench gemm: needs an sm_90 GPU \(none visible\)$" -- bench gemm --iters 1
   expect 1 "groupmm: error: bench quantize: needs an sm_90 GPU \(none visible\)$" -- bench quantize
   expect 1 "groupmm: error: bench layer: needs an sm_90 GPU" -- bench layer
+  expect 1 "groupmm: error: bench moe: needs an sm_90 GPU" -- bench moe --iters 1
 fi
 # ---- the CPU runs: the demo is checked against naive loops (not the backend against itself)
 expect 0 "demo passed" -- demo --cpu "${tiny[@]}"
 grep -q "against naive double-precision loops" <<<"$LAST_OUT" || { failed=$((failed + 1)); echo "FAIL: demo check is not the naive one"; }
 grep -Eq "rows  worst rel err [1-9]\.[0-9]+e-0[3-9]" <<<"$LAST_OUT" ||
   { failed=$((failed + 1)); echo "FAIL: no sampled expert shows a rounding-size error (a self-comparison?)"; echo "$LAST_OUT"; }
+expect 0 "demo moe passed" -- demo moe --cpu --experts 8 --hidden 64 --width 32 --tokens 64 --topk 2
+grep -q "routing differs on 0 of 8 tokens" <<<"$LAST_OUT" || { failed=$((failed + 1)); echo "FAIL: demo moe routing check"; }
 expect 0 "case +pattern .* GFLOP/s" -- bench layer --cpu --rows 64 --iters 1 --json "$tmp/layer.json"
 grep -q "TFLOP/s" <<<"$LAST_OUT" && { failed=$((failed + 1)); echo "FAIL: bench layer --cpu prints TFLOP/s"; }
 if python3 - "$tmp/layer.json" <<'PY'; then pass=$((pass + 1)); else failed=$((failed + 1)); echo "FAIL: bench layer --json"; fi
