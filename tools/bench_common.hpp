@@ -13,7 +13,9 @@
 
 namespace groupmm::tool {
 
-// DESIGN section 8 split patterns: balanced, Zipf (exponent 1.1, shuffled), 25% of experts empty.
+// The benchmark split patterns (docs/testing.md): balanced, Zipf (exponent 1.1, shuffled), 25% of
+// experts empty.
+inline const std::vector<std::string> kSplitPatterns = {"balanced", "zipf", "empty25"};
 inline std::vector<int64_t> bench_splits(const std::string& pattern, int64_t G, int64_t total,
                                          uint64_t seed = 7) {
   std::mt19937_64 rng(seed);
@@ -42,6 +44,7 @@ inline std::vector<int64_t> bench_splits(const std::string& pattern, int64_t G, 
 // Median over `iters` timed runs (ms), CUDA events around each run, after `warmup` runs.
 template <class F>
 double median_ms(cudaStream_t stream, int warmup, int iters, F&& fn) {
+  GROUPMM_CHECK(iters >= 1, "median_ms: iters=", iters, " must be >= 1");
   for (int i = 0; i < warmup; ++i) fn(i);
   std::vector<cudaEvent_t> ev(size_t(iters) + 1);
   for (auto& e : ev) GROUPMM_CHECK_CUDA(cudaEventCreate(&e));

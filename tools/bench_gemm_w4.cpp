@@ -12,6 +12,7 @@
 #include "bench_common.hpp"
 #include "bench_gemm_quantized.hpp"
 #include "bench_gemm_w4.hpp"
+#include "cli.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/quantize.hpp"
 #include "groupmm/random.hpp"
@@ -52,9 +53,17 @@ std::vector<int64_t> routing(const W4Shape& s) {
 
 }  // namespace
 
+std::vector<std::string> w4_bench_case_names() {
+  std::vector<std::string> v;
+  for (const W4Shape& s : kCases) v.push_back(s.name);
+  return v;
+}
+
 int bench_gemm_w4(const W4BenchOptions& o, cudaStream_t stream) {
   GROUPMM_CHECK(o.recipe == QuantRecipe::nvfp4 || o.recipe == QuantRecipe::mxfp4,
                 "bench gemm: --weights must be nvfp4 or mxfp4");
+  std::ofstream json;
+  if (!o.json_path.empty()) json = open_json(o.json_path);  // a wrong path fails before any work
   Context ctx(Device::CUDA, stream);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, ctx.device_index());
@@ -64,10 +73,7 @@ int bench_gemm_w4(const W4BenchOptions& o, cudaStream_t stream) {
   std::printf("%-24s %4s %6s %5s %5s %-7s %9s %9s %9s %6s %7s %6s %7s %9s  %s\n", "case", "G", "M",
               "N", "K", "path", "w4_us", "other_us", "bf16_us", "xbf16", "TFLOP/s", "GB/s",
               "of_copy", "diff", "targets");
-  std::ofstream json;
-  if (!o.json_path.empty()) {
-    json.open(o.json_path);
-    GROUPMM_CHECK(json.is_open(), "bench gemm: cannot write --json file '", o.json_path, "'");
+  if (json.is_open()) {
     json << "{\"device\": \"" << prop.name << "\", \"weights\": \"" << recipe_name(o.recipe)
          << "\", \"copy_gbs\": " << copy_gbs << ", \"cases\": [\n";
   }
@@ -168,7 +174,10 @@ int bench_gemm_w4(const W4BenchOptions& o, cudaStream_t stream) {
       first = false;
     }
   }
-  if (json.is_open()) json << "\n]}\n";
+  if (json.is_open()) {
+    json << "\n]}\n";
+    close_json(json, o.json_path);
+  }
   std::printf("%s: %d case(s) failed validation\n", failures ? "FAIL" : "ok", failures);
   return failures ? 1 : 0;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "groupmm/core.hpp"
 
@@ -13,6 +14,9 @@ struct W4BenchOptions {
   int iters = 20;
   std::string json_path;
 };
+
+// The names of the cases (for --case validation).
+std::vector<std::string> w4_bench_case_names();
 
 // Runs the decode and prefill cases on a fresh Context of `stream`, each against our bf16 engine
 // on the same shapes and splits; returns 1 if a case failed validation.

@@ -1,9 +1,11 @@
-// `groupmm bench gemm`: the public grouped GEMM suite (DESIGN section 8). Each case is validated
-// against the cuBLAS per-expert loop, then timed (CUDA events, median) for our engine, the cuBLAS
-// loop and one dense cuBLAS GEMM of the same total size. --json writes every record (with the
-// splits) for bench/peers_torch.py, which adds torch._grouped_mm from the same device call.
+// `groupmm bench gemm`: the public grouped GEMM suite (docs/testing.md, "Benchmarks"). Each case is
+// validated against the cuBLAS per-expert loop, then timed (CUDA events, median) for our engine,
+// the cuBLAS loop and one dense cuBLAS GEMM of the same total size. --json writes every record
+// (with the splits) for bench/peers_torch.py, which adds torch._grouped_mm from the same device
+// call.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -11,7 +13,7 @@
 #include "bench_common.hpp"
 #include "bench_gemm_quantized.hpp"
 #include "bench_gemm_w4.hpp"
-#include "commands.hpp"
+#include "cli.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/random.hpp"
 
@@ -43,8 +45,9 @@ double rel_err_device(const TensorView& a, const TensorView& b) {
     copy(TensorView(hb.data(), b.dtype, Device::CPU, {b.numel()}), b);
   }
   double num = 0, den = 0;
+  const int64_t n = a.numel();
 #pragma omp parallel for reduction(+ : num, den)
-  for (int64_t i = 0; i < a.numel(); ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     const double x = a.dtype == DType::fp32 ? fa[size_t(i)] : bf16_bits_to_float(ha[size_t(i)]);
     const double y = b.dtype == DType::fp32 ? fb[size_t(i)] : bf16_bits_to_float(hb[size_t(i)]);
     if (!std::isfinite(x)) num += INFINITY;
@@ -54,59 +57,116 @@ double rel_err_device(const TensorView& a, const TensorView& b) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-int bench_gemm(const Args& args, cudaStream_t stream);
+struct GemmOptions {
+  std::string case_filter, pass, pattern, json_path, config;
+  std::string recipe = "bf16";  // bf16: the 16-bit engine; else quantized operands
+  std::string weights;          // nvfp4 | mxfp4: the 4-bit weight suite (bench_gemm_w4.cpp)
+  int iters = 10;
+  bool list_configs = false;
+  bool fast_accum = false;
+};
 
-int run_bench_gemm(const Args& args) {
+// The quantized-operand suite (bench_gemm_quantized.cpp) on the same shapes.
+int run_quantized(const GemmOptions& o, cudaStream_t stream) {
+  QuantBenchOptions q;
+  q.recipe = o.recipe == "fp8_current" ? QuantRecipe::fp8_current
+             : o.recipe == "fp8_block" ? QuantRecipe::fp8_block
+                                       : QuantRecipe::mxfp8;
+  for (const Shape& s : kSuite)
+    if (o.case_filter.empty() || std::string(s.name).find(o.case_filter) != std::string::npos)
+      q.shapes.push_back(
+          {s.name, s.G, s.M, s.N, s.K, std::string(s.name).find("decode") != std::string::npos});
+  q.pass = o.pass;
+  q.pattern = o.pattern;
+  q.iters = o.iters;
+  q.json_path = o.json_path;
+  q.fast_accum = o.fast_accum;
+  q.config = o.config;
+  return bench_gemm_quantized(q, stream);
+}
+
+// --weights nvfp4|mxfp4: the 4-bit weight suite, its own cases (bf16 activations, forward).
+int run_w4(const GemmOptions& o) {
+  if (o.recipe != "bf16")
+    throw UsageError("--weights " + o.weights + " does not combine with --recipe " + o.recipe +
+                     " (4-bit weights take bf16 activations)");
+  for (const auto& [set, name] : {std::pair{!o.pass.empty(), "--pass"},
+                                  {!o.pattern.empty(), "--pattern"},
+                                  {!o.config.empty(), "--config"},
+                                  {o.fast_accum, "--fast-accum"}})
+    if (set)
+      throw UsageError(std::string(name) + " does not apply to --weights " + o.weights +
+                       " (its cases are forward passes with their own routings)");
+  const std::vector<std::string> names = w4_bench_case_names();
+  if (!o.case_filter.empty() && std::none_of(names.begin(), names.end(), [&](const std::string& n) {
+        return n.find(o.case_filter) != std::string::npos;
+      })) {
+    std::string all;
+    for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
+    throw UsageError("--case '" + o.case_filter + "' matches no --weights case (cases: " + all +
+                     ")");
+  }
+  W4BenchOptions w;
+  w.recipe = o.weights == "nvfp4" ? QuantRecipe::nvfp4 : QuantRecipe::mxfp4;
+  w.filter = o.case_filter;
+  w.iters = o.iters;
+  w.json_path = o.json_path;
   GROUPMM_CHECK(cuda_available(), "bench gemm: needs an sm_90 GPU (none visible)");
   cudaStream_t stream;
   GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const std::string recipe = get_opt(args, "--recipe", "bf16");
-  int rc = 0;
-  if (const std::string w = get_opt(args, "--weights", ""); !w.empty()) {  // 4-bit weights
-    W4BenchOptions o;
-    GROUPMM_CHECK(w == "nvfp4" || w == "mxfp4", "bench gemm: --weights ", w,
-                  " must be nvfp4 or mxfp4");
-    o.recipe = w == "nvfp4" ? QuantRecipe::nvfp4 : QuantRecipe::mxfp4;
-    o.filter = get_opt(args, "--case", "");
-    o.iters = std::stoi(get_opt(args, "--iters", "20"));
-    o.json_path = get_opt(args, "--json", "");
-    rc = bench_gemm_w4(o, stream);
-  } else if (recipe == "bf16") {
-    rc = bench_gemm(args, stream);  // its Context and buffers are gone before the stream
-  } else {
-    QuantBenchOptions o;
-    GROUPMM_CHECK(recipe == "fp8_current" || recipe == "fp8_block" || recipe == "mxfp8",
-                  "bench gemm: --recipe ", recipe,
-                  " must be bf16, fp8_current, fp8_block or mxfp8");
-    o.recipe = recipe == "fp8_current" ? QuantRecipe::fp8_current
-               : recipe == "fp8_block" ? QuantRecipe::fp8_block
-                                       : QuantRecipe::mxfp8;
-    const std::string filter = get_opt(args, "--case", "");
-    for (const Shape& s : kSuite)
-      if (filter.empty() || std::string(s.name).find(filter) != std::string::npos)
-        o.shapes.push_back(
-            {s.name, s.G, s.M, s.N, s.K, std::string(s.name).find("decode") != std::string::npos});
-    o.pass = get_opt(args, "--pass", "");
-    o.pattern = get_opt(args, "--pattern", "");
-    o.iters = std::stoi(get_opt(args, "--iters", "10"));
-    o.json_path = get_opt(args, "--json", "");
-    o.fast_accum = has_flag(args, "--fast-accum");
-    o.config = get_opt(args, "--config", "");
-    rc = bench_gemm_quantized(o, stream);
-  }
+  const int rc = bench_gemm_w4(w, stream);  // its Context and buffers are gone before the stream
   GROUPMM_CHECK_CUDA(cudaStreamDestroy(stream));
   return rc;
 }
 
-int bench_gemm(const Args& args, cudaStream_t stream) {
-  const std::string filter = get_opt(args, "--case", "");
-  const std::string pass_filter = get_opt(args, "--pass", "");
-  const std::string pattern_filter = get_opt(args, "--pattern", "");
-  const int iters = std::stoi(get_opt(args, "--iters", "10"));
-  const std::string json_path = get_opt(args, "--json", "");
+int bench_gemm(const GemmOptions& o, cudaStream_t stream);
+
+int run_bench_gemm(const GemmOptions& o) {
+  if (o.list_configs) {  // host only: no GPU needed
+    for (const std::string& n : gemm_config_names()) std::printf("%s\n", n.c_str());
+    return 0;
+  }
+  if (!o.weights.empty()) return run_w4(o);
+  if (!o.case_filter.empty()) {
+    bool any = false;
+    for (const Shape& s : kSuite)
+      any = any || std::string(s.name).find(o.case_filter) != std::string::npos;
+    if (!any) {
+      std::string names;
+      for (const Shape& s : kSuite) names += std::string(names.empty() ? "" : ", ") + s.name;
+      throw UsageError("--case '" + o.case_filter + "' matches no case (cases: " + names + ")");
+    }
+  }
+  if (o.fast_accum && o.recipe != "fp8_current")
+    throw UsageError("--fast-accum needs --recipe fp8_current (got --recipe " + o.recipe + ")");
+  if (!o.config.empty() && o.recipe == "bf16") {
+    const auto names = gemm_config_names();
+    if (std::find(names.begin(), names.end(), o.config) == names.end())
+      throw UsageError("--config '" + o.config +
+                       "' is not a kernel configuration (list them with --list-configs)");
+    if (!o.pass.empty() && o.config.rfind(o.pass, 0) != 0)
+      throw UsageError("--config " + o.config + " is not a configuration of --pass " + o.pass);
+  }
+  GROUPMM_CHECK(cuda_available(), "bench gemm: needs an sm_90 GPU (none visible)");
+  cudaStream_t stream;
+  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Each suite's Context and buffers are gone before the stream.
+  const int rc = o.recipe == "bf16" ? bench_gemm(o, stream) : run_quantized(o, stream);
+  GROUPMM_CHECK_CUDA(cudaStreamDestroy(stream));
+  return rc;
+}
+
+int bench_gemm(const GemmOptions& o, cudaStream_t stream) {
+  const std::string& filter = o.case_filter;
+  const std::string& pass_filter = o.pass;
+  const std::string& pattern_filter = o.pattern;
+  const int iters = o.iters;
+  const std::string& json_path = o.json_path;
   // --config NAME: time that kernel configuration (cases of its pass only) instead of the
   // heuristic's choice; for tuning A/B runs in one device call.
-  const std::string config = get_opt(args, "--config", "");
+  const std::string& config = o.config;
+  std::ofstream json;
+  if (!json_path.empty()) json = open_json(json_path);  // a wrong path fails before any work
   Context ctx(Device::CUDA, stream);
   auto blas = static_cast<cublasHandle_t>(ctx.cublas_handle());
   const double copy_gbs = copy_bandwidth_gbs(stream);
@@ -117,10 +177,8 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
   std::printf("%-22s %-6s %-8s %5s %6s %6s %6s %9s %7s %7s %8s %8s %7s %s\n", "case", "pass",
               "pattern", "G", "M", "N", "K", "us", "TFLOP/s", "GB/s", "xdense", "xloop", "relerr",
               "config");
-  std::ofstream json;
-  if (!json_path.empty()) {
-    json.open(json_path);
-    json << "{\"device\": \"" << prop.name << "\", \"copy_gbs\": " << copy_gbs
+  if (json.is_open()) {
+    json << "{\"suite\": \"gemm\", \"device\": \"" << prop.name << "\", \"copy_gbs\": " << copy_gbs
          << ", \"cases\": [\n";
   }
   bool first = true;
@@ -166,7 +224,7 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
         return pass == GemmPass::wgrad ? TensorView(t.data(), out_t, Device::CUDA, {G, N, K})
                                        : TensorView(t.data(), out_t, Device::CUDA, {M, out_el / M});
       };
-      for (const char* pattern : {"balanced", "zipf", "empty25"}) {
+      for (const std::string& pattern : kSplitPatterns) {
         if (!pattern_filter.empty() && pattern_filter != pattern) continue;
         std::vector<int64_t> splits = bench_splits(pattern, G, M);
         copy(dsplits, TensorView(splits.data(), DType::int64, Device::CPU, {G}), stream);
@@ -231,9 +289,9 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
             gemm_config_name(ctx, make(0, GemmEngine::cutlass_sm90, out));
         std::printf(
             "%-22s %-6s %-8s %5lld %6lld %6lld %6lld %9.1f %7.1f %7.0f %8.3f %8.3f %7.1e %s%s\n",
-            s.name, pass_name, pattern, (long long)G, (long long)M, (long long)N, (long long)K, us,
-            flops / (t_ours * 1e-3) / 1e12, bytes / (t_ours * 1e-3) / 1e9, t_dense / t_ours,
-            t_loop / t_ours, err, config_name.c_str(), ok ? "" : "  FAILED");
+            s.name, pass_name, pattern.c_str(), (long long)G, (long long)M, (long long)N,
+            (long long)K, us, flops / (t_ours * 1e-3) / 1e12, bytes / (t_ours * 1e-3) / 1e9,
+            t_dense / t_ours, t_loop / t_ours, err, config_name.c_str(), ok ? "" : "  FAILED");
         std::fflush(stdout);
         if (json.is_open()) {
           json << (first ? "" : ",\n") << "{\"case\": \"" << s.name << "\", \"pass\": \""
@@ -279,18 +337,45 @@ int bench_gemm(const Args& args, cudaStream_t stream) {
     const double host_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
     std::printf("host time per grouped_gemm call (decode shape, no sync): %.2f us\n", host_us);
     std::fflush(stdout);
-    if (json.is_open()) json << "\n], \"host_us_per_call\": " << host_us << "}\n";
+    if (json.is_open()) {
+      json << "\n], \"host_us_per_call\": " << host_us << "}\n";
+      close_json(json, json_path);
+    }
   }
   std::printf("%s: %d case(s) failed validation\n", failures ? "FAIL" : "ok", failures);
   std::fflush(stdout);
   return failures ? 1 : 0;
 }
 
-Register reg(
-    "bench gemm",
-    "grouped GEMM suite vs cuBLAS loop and dense cuBLAS (--case --pass --pattern --iters --json "
-    "--recipe; --weights nvfp4|mxfp4: 4-bit weights vs the bf16 engine)",
-    run_bench_gemm);
+void add_gemm_options(CLI::App& app, GemmOptions& o) {
+  app.add_option("--case", o.case_filter, "only the cases whose name contains this (e.g. qwen3)")
+      ->type_name("TEXT");
+  add_choice(app, "--pass", o.pass, {"fwd", "dgrad", "wgrad"}, "only this pass");
+  add_choice(app, "--pattern", o.pattern, kSplitPatterns, "only this split pattern");
+  add_iters(app, o.iters, "timed runs per case (median)")->capture_default_str();
+  add_json(app, o.json_path);
+  app.add_option("--config", o.config,
+                 "time this kernel configuration instead of the heuristic's choice "
+                 "(cases of its pass only; names from --list-configs)")
+      ->type_name("NAME");
+  app.add_flag("--list-configs", o.list_configs, "print the kernel configurations and exit");
+  add_choice(app, "--recipe", o.recipe, {"bf16", "fp8_current", "fp8_block", "mxfp8"},
+             "operand format: bf16 (the 16-bit engine) or quantized operands (FP8 per-expert, "
+             "DeepSeek blockwise FP8, MXFP8) vs torch._scaled_grouped_mm via --json")
+      ->capture_default_str();
+  app.add_flag("--fast-accum", o.fast_accum,
+               "fp8_current forward with FP8 fast accumulation (no promotion every 4 k-blocks)");
+  add_choice(app, "--weights", o.weights, {"nvfp4", "mxfp4"},
+             "4-bit expert weights x bf16 activations instead: decode and prefill cases vs our "
+             "bf16 engine on the same shapes and splits (time, ratio, GB/s of the bytes read vs "
+             "the copy bandwidth of the same run)");
+}
+
+Register reg(command<GemmOptions>(
+    "bench", "gemm",
+    "grouped GEMM suite (forward, dgrad, wgrad on MoE shapes) vs the cuBLAS per-expert "
+    "loop and one dense cuBLAS GEMM (GPU)",
+    add_gemm_options, run_bench_gemm));
 
 }  // namespace
 }  // namespace groupmm::tool

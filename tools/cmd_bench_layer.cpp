@@ -9,7 +9,7 @@
 
 #include "bench_common.hpp"
 #include "bench_layer_quantized.hpp"
-#include "commands.hpp"
+#include "cli.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
 #include "groupmm/random.hpp"
@@ -54,32 +54,57 @@ double rel_err(const TensorView& a, const TensorView& b) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-int run_bench_layer(const Args& args) {
-  const std::string recipe = get_opt(args, "--recipe", "bf16");
-  if (recipe != "bf16") {
-    GROUPMM_CHECK(recipe == "fp8_current" || recipe == "fp8_block" || recipe == "mxfp8",
-                  "bench layer: --recipe ", recipe,
-                  " must be bf16, fp8_current, fp8_block or mxfp8");
-    GROUPMM_CHECK(cuda_available(), "bench layer: --recipe needs an sm_90 GPU (none visible)");
-    return bench_layer_quantized(recipe == "fp8_current" ? QuantRecipe::fp8_current
-                                 : recipe == "fp8_block" ? QuantRecipe::fp8_block
-                                                         : QuantRecipe::mxfp8,
-                                 get_opt(args, "--case", ""),
-                                 get_opt(args, "--pattern", "balanced"),
-                                 std::stoi(get_opt(args, "--iters", "5")));
-  }
-  const bool on_cpu = has_flag(args, "--cpu");  // smoke run of the code path on small shapes
+struct LayerOptions {
+  bool cpu = false;
+  int64_t rows = 0;
+  int iters = 0;
+  std::vector<std::string> patterns = kSplitPatterns;
+  std::string json_path;
+  std::string recipe = "bf16", case_filter;  // quantized recipes: their own suite
+  CLI::Option *rows_opt, *iters_opt;
+};
+
+// Bytes one layer case allocates: the layer (W, dW, y, dx) and the bench's x, dy, y2, dx2, dw2.
+double layer_bytes(int64_t G, int64_t rows, int64_t N, int64_t K) {
+  const double M = double(rows);
+  return 2.0 * (3.0 * double(G) * double(N) * double(K) + 3 * M * N + 3 * M * K) * 1.1;
+}
+
+// A quantized recipe's training step vs the bf16 layer (bench_layer_quantized.cpp), per pattern.
+int run_quantized(const LayerOptions& o) {
+  if (o.cpu) throw UsageError("--recipe " + o.recipe + " needs a GPU (--cpu runs bf16 only)");
+  if (o.rows_opt->count() || !o.json_path.empty())
+    throw UsageError("--rows and --json are not supported with --recipe " + o.recipe);
+  GROUPMM_CHECK(cuda_available(), "bench layer: --recipe needs an sm_90 GPU (none visible)");
+  const QuantRecipe r = o.recipe == "fp8_current" ? QuantRecipe::fp8_current
+                        : o.recipe == "fp8_block" ? QuantRecipe::fp8_block
+                                                  : QuantRecipe::mxfp8;
+  int rc = 0;
+  for (const std::string& pat : o.patterns)
+    rc |= bench_layer_quantized(r, o.case_filter, pat, o.iters_opt->count() ? o.iters : 5);
+  return rc;
+}
+
+int run_bench_layer(const LayerOptions& o) {
+  if (o.recipe != "bf16") return run_quantized(o);
+  if (!o.case_filter.empty()) throw UsageError("--case needs a quantized --recipe");
+  const bool on_cpu = o.cpu;  // smoke run of the code path on small shapes
   GROUPMM_CHECK(on_cpu || cuda_available(),
                 "bench layer: needs an sm_90 GPU (none visible); --cpu "
                 "runs a small smoke version on the CPU reference");
   const Device dev = on_cpu ? Device::CPU : Device::CUDA;
-  const int64_t rows = std::stoll(get_opt(args, "--rows", on_cpu ? "512" : "65536"));
+  const int64_t rows = o.rows_opt->count() ? o.rows : on_cpu ? 512 : 65536;
   const int64_t scale = on_cpu ? 16 : 1;  // CPU smoke: every dim / 16
-  const int iters = std::stoi(get_opt(args, "--iters", on_cpu ? "2" : "20"));
-  const std::string patterns = get_opt(args, "--pattern", "balanced,zipf,empty25");
-  const std::string json_path = get_opt(args, "--json", "");
+  const int iters = o.iters_opt->count() ? o.iters : on_cpu ? 2 : 20;
+  for (const LayerShape& ls : kLayers)
+    check_fits_memory("bench layer: " + std::string(ls.name),
+                      layer_bytes(ls.G / (on_cpu ? 8 : 1), rows, ls.N / scale, ls.K / scale), dev,
+                      "--rows");
   std::ofstream json;
-  if (!json_path.empty()) json.open(json_path), json << "[\n";
+  if (!o.json_path.empty()) {
+    json = open_json(o.json_path);  // a wrong path fails before any work
+    json << "{\"suite\": \"layer\", \"device\": \"" << device_name(dev) << "\", \"cases\": [\n";
+  }
   bool first_record = true, all_met = true;
 
   cudaStream_t stream = nullptr;
@@ -91,9 +116,11 @@ int run_bench_layer(const Args& args) {
         "bf16, "
         "%lld rows, %s\n",
         (long long)rows, on_cpu ? "CPU reference smoke run (dims / 16)" : "CUDA");
-    std::printf("%-14s %-8s %-22s %10s %10s %10s %10s %10s %7s %9s\n", "case", "pattern",
+    // The CPU smoke run does a few GFLOP/s: its rate column is in GFLOP/s, the GPU's in TFLOP/s.
+    const double rate_unit = on_cpu ? 1e9 : 1e12;
+    std::printf("%-14s %-8s %-22s %10s %10s %10s %10s %10s %7s %9s %8s\n", "case", "pattern",
                 "shape (G,M,N,K)", "layer us", "fwd us", "dgrad us", "wgrad us", "gemm sum",
-                "ratio", "host us");
+                "ratio", "host us", on_cpu ? "GFLOP/s" : "TFLOP/s");
     for (const LayerShape& ls : kLayers) {
       const int64_t G = ls.G / (on_cpu ? 8 : 1), K = ls.K / scale, N = ls.N / scale;
       nn::GroupedLinearConfig cfg;
@@ -110,11 +137,7 @@ int run_bench_layer(const Args& args) {
       Tensor sp = Tensor::empty({G}, DType::int32, dev, stream);
       fill_uniform(ctx, x, -1.0f, 1.0f, 1);
       fill_uniform(ctx, dy, -0.05f, 0.05f, 2);
-      for (size_t p0 = 0; p0 < patterns.size();) {
-        size_t p1 = patterns.find(',', p0);
-        if (p1 == std::string::npos) p1 = patterns.size();
-        const std::string pat = patterns.substr(p0, p1 - p0);
-        p0 = p1 + 1;
+      for (const std::string& pat : o.patterns) {
         const auto s64 = bench_splits(pat, G, rows);
         std::vector<int32_t> s32(s64.begin(), s64.end());
         copy(sp, TensorView(s32.data(), DType::int32, Device::CPU, {G}), stream);
@@ -166,19 +189,17 @@ int run_bench_layer(const Args& args) {
                       (long long)N, (long long)K);
         const bool met = ratio <= 1.10 && host_us <= 30.0;
         all_met = all_met && met;
-        std::printf(
-            "%-14s %-8s %-22s %10.1f %10.1f %10.1f %10.1f %10.1f %6.3fx %9.2f  %.1f TFLOP/s%s\n",
-            ls.name, pat.c_str(), shape, layer_us, fwd_us, dgrad_us, wgrad_us, sum_us, ratio,
-            host_us, flops / (layer_us * 1e-6) / 1e12,
-            on_cpu ? "" : (met ? "  [targets met]" : "  [TARGET MISSED]"));
+        std::printf("%-14s %-8s %-22s %10.1f %10.1f %10.1f %10.1f %10.1f %6.3fx %9.2f %8.1f%s\n",
+                    ls.name, pat.c_str(), shape, layer_us, fwd_us, dgrad_us, wgrad_us, sum_us,
+                    ratio, host_us, flops / (layer_us * 1e-6) / rate_unit,
+                    on_cpu ? "" : (met ? "  [targets met]" : "  [TARGET MISSED]"));
         if (json.is_open()) {
-          json << (first_record ? "" : ",\n") << "  {\"suite\": \"layer\", \"case\": \"" << ls.name
+          json << (first_record ? "" : ",\n") << "  {\"case\": \"" << ls.name
                << "\", \"pattern\": \"" << pat << "\", \"G\": " << G << ", \"M\": " << rows
                << ", \"N\": " << N << ", \"K\": " << K << ", \"layer_us\": " << layer_us
                << ", \"fwd_us\": " << fwd_us << ", \"dgrad_us\": " << dgrad_us
                << ", \"wgrad_us\": " << wgrad_us << ", \"ratio\": " << ratio
-               << ", \"host_us_per_forward\": " << host_us << ", \"device\": \"" << device_name(dev)
-               << "\"}";
+               << ", \"host_us_per_forward\": " << host_us << "}";
           first_record = false;
         }
       }
@@ -186,16 +207,38 @@ int run_bench_layer(const Args& args) {
     std::printf("targets (GPU): layer <= 1.10x GEMM sum, host <= 30 us per forward: %s\n",
                 on_cpu ? "n/a on CPU" : (all_met ? "all met" : "MISSED (see rows above)"));
   }
-  if (json.is_open()) json << "\n]\n";
+  if (json.is_open()) {
+    json << "\n]}\n";
+    close_json(json, o.json_path);
+  }
   if (stream) cudaStreamDestroy(stream);
   return 0;
 }
 
-Register reg(
-    "bench layer",
-    "GroupedLinear fwd+bwd vs its grouped GEMMs (Qwen3-30B layers) and host time per forward; "
-    "[--pattern list] [--rows M] [--iters n] [--json path] [--cpu]",
-    run_bench_layer);
+void add_layer_options(CLI::App& app, LayerOptions& o) {
+  app.add_flag("--cpu", o.cpu, "smoke run on the CPU reference backend (every dim / 16, G / 8)");
+  add_choice_list(app, "--pattern", o.patterns, kSplitPatterns,
+                  "split patterns to run (comma separated; default all three)");
+  o.rows_opt =
+      add_int(app, "--rows", o.rows, 1, INT32_MAX, "routed rows M (default: GPU 65536, CPU 512)");
+  o.iters_opt = add_iters(app, o.iters,
+                          "timed runs per measurement, median (default: GPU 20, "
+                          "CPU 2)");
+  add_json(app, o.json_path);
+  add_choice(app, "--recipe", o.recipe, {"bf16", "fp8_current", "fp8_block", "mxfp8"},
+             "bf16: the layer vs its grouped GEMMs; a quantized recipe: its training step vs the "
+             "bf16 layer on the DeepSeek-V3, Mixtral and Qwen3 expert shapes (GPU)")
+      ->capture_default_str();
+  app.add_option("--case", o.case_filter,
+                 "quantized recipes: only the shapes whose name contains this (e.g. qwen3)")
+      ->type_name("TEXT");
+}
+
+Register reg(command<LayerOptions>(
+    "bench", "layer",
+    "GroupedLinear forward + backward vs its grouped GEMMs timed alone (Qwen3-30B "
+    "expert layers) and host time per forward (GPU; --cpu: a small smoke run)",
+    add_layer_options, run_bench_layer));
 
 }  // namespace
 }  // namespace groupmm::tool

@@ -5,9 +5,9 @@
 // and nvfp4 need each expert's amax first and read the input twice (the second read hits L2 under
 // the fused amax schedule; see QuantizeConfig::amax_schedule, swept with --amax). Scales are in
 // the layout block-scaled GEMMs read (swizzled 128x4 for mxfp8 / nvfp4, mn_major for fp8_block)
-// unless --scales plain. Splits: balanced (the targets' case), or --pattern zipf / empty25 (DESIGN
-// section 8's patterns, each split rounded to an even row count: NVFP4's columnwise copy packs
-// two rows per byte).
+// unless --scales plain. Splits: balanced (the targets' case), or --pattern zipf / empty25 (the
+// split patterns of docs/testing.md, each split rounded to an even row count: NVFP4's columnwise
+// copy packs two rows per byte).
 // Times: device time per call from CUDA-graph replays (the primary number), and one synchronized
 // eager call at a time (adds the host launch work); each against the copy timed the same way.
 // Each case is first validated bit for bit against the CPU reference on a reduced problem (the
@@ -15,12 +15,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "bench_common.hpp"
-#include "commands.hpp"
+#include "cli.hpp"
 #include "groupmm/convert.hpp"
 #include "groupmm/quantize.hpp"
 
@@ -61,7 +62,7 @@ Tensor random_bf16(int64_t M, int64_t K, Device d) {
   return d == Device::CPU ? std::move(h) : clone_to(h, d);
 }
 
-// The bench's splits: a DESIGN section 8 pattern (bench_splits) with every split made even (an
+// The bench's splits: a docs/testing.md pattern (bench_splits) with every split made even (an
 // odd one gives a row to the next expert; M is even, so the last one ends even).
 Tensor pattern_splits(const std::string& pattern, int64_t M, int64_t G, Device d) {
   const std::vector<int64_t> p = bench_splits(pattern, G, M);
@@ -199,60 +200,47 @@ double target_of(QuantRecipe r, QuantDirection d) {
   }
 }
 
-int run_bench_quantize(const Args& args) {
-  if (!cuda_available()) {
-    std::fprintf(stderr, "bench quantize: needs an sm_90 GPU (none visible)\n");
-    return 1;
+struct QuantOptions {
+  int iters = 20;
+  std::string json_path, recipe, direction, shape, pattern = "balanced", scales = "gemm";
+  std::vector<std::string> amax{"automatic"};
+};
+
+// --amax items: automatic, separate, fused or fused:LAG (LAG > 0).
+std::vector<std::pair<AmaxSchedule, int>> parse_amax(const std::vector<std::string>& items) {
+  std::vector<std::pair<AmaxSchedule, int>> list;
+  for (const std::string& item : items) {
+    const size_t colon = item.find(':');
+    const std::string name = item.substr(0, colon);
+    int lag = 0;
+    const bool ok = colon == std::string::npos ||
+                    (name == "fused" && (lag = std::atoi(item.c_str() + colon + 1)) > 0 &&
+                     std::to_string(lag) == item.substr(colon + 1));
+    bool known = false;
+    AmaxSchedule sched = AmaxSchedule::automatic;
+    for (AmaxSchedule s : {AmaxSchedule::automatic, AmaxSchedule::separate, AmaxSchedule::fused})
+      if (name == amax_schedule_name(s)) sched = s, known = true;
+    if (!ok || !known)
+      throw UsageError("--amax: '" + item +
+                       "' is not one of automatic, separate, fused, fused:LAG (LAG > 0)");
+    list.push_back({sched, lag});
   }
-  const bool json = has_flag(args, "--json");
-  const int iters = std::stoi(get_opt(args, "--iters", "20"));
+  return list;
+}
+
+int run_bench_quantize(const QuantOptions& o) {
+  const std::vector<std::pair<AmaxSchedule, int>> amax_list = parse_amax(o.amax);
+  GROUPMM_CHECK(cuda_available(), "bench quantize: needs an sm_90 GPU (none visible)");
+  std::ofstream json;
+  if (!o.json_path.empty()) json = open_json(o.json_path);  // a wrong path fails before any work
+  const int iters = o.iters;
   constexpr int kGraphReps = 10;  // calls per captured graph (time_ms_graph)
   // Filters (profiling one case): --recipe NAME, --direction rowwise|columnwise|both, --shape MxK.
-  const std::string only_recipe = get_opt(args, "--recipe", "");
-  const std::string only_dir = get_opt(args, "--direction", "");
-  const std::string only_shape = get_opt(args, "--shape", "");
-  const std::string pattern = get_opt(args, "--pattern", "balanced");
-  if (pattern != "balanced" && pattern != "zipf" && pattern != "empty25") {
-    std::fprintf(stderr, "bench quantize: --pattern %s: expected balanced, zipf or empty25\n",
-                 pattern.c_str());
-    return 1;
-  }
-  // The amax schedules of fp8_current / nvfp4 to run, comma separated (default: automatic):
-  // --amax automatic,separate,fused,fused:LAG (a sweep reuses one input).
-  std::vector<std::pair<AmaxSchedule, int>> amax_list;
-  {
-    const std::string opt = get_opt(args, "--amax", "automatic") + ",";
-    for (size_t b = 0, e; (e = opt.find(',', b)) != std::string::npos; b = e + 1) {
-      const std::string item = opt.substr(b, e - b);
-      const size_t colon = item.find(':');
-      const std::string name = item.substr(0, colon);
-      int lag = 0;
-      bool ok = colon == std::string::npos ||
-                (name == "fused" && (lag = std::atoi(item.c_str() + colon + 1)) > 0);
-      AmaxSchedule sched = AmaxSchedule::automatic;
-      bool known = false;
-      for (AmaxSchedule s : {AmaxSchedule::automatic, AmaxSchedule::separate, AmaxSchedule::fused})
-        if (name == amax_schedule_name(s)) {
-          sched = s;
-          known = true;
-        }
-      if (!ok || !known) {
-        std::fprintf(stderr,
-                     "bench quantize: --amax item '%s': expected automatic, separate, "
-                     "fused or fused:LAG (LAG > 0)\n",
-                     item.c_str());
-        return 1;
-      }
-      amax_list.push_back({sched, lag});
-    }
-  }
-  // Scale layouts: gemm (default; swizzled for mxfp8 / nvfp4, mn_major for fp8_block) or plain.
-  const std::string scales_opt = get_opt(args, "--scales", "gemm");
-  if (scales_opt != "gemm" && scales_opt != "plain") {
-    std::fprintf(stderr, "bench quantize: --scales %s: expected gemm or plain\n",
-                 scales_opt.c_str());
-    return 1;
-  }
+  const std::string& only_recipe = o.recipe;
+  const std::string& only_dir = o.direction;
+  const std::string& only_shape = o.shape;
+  const std::string& pattern = o.pattern;
+  const std::string& scales_opt = o.scales;
   const bool amax_default = amax_list.size() == 1 && amax_list[0].first == AmaxSchedule::automatic;
   const int64_t G = 32;
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{65536, 7168}, {32768, 2048}};
@@ -326,19 +314,24 @@ int run_bench_quantize(const Args& args) {
     }
   }
   cudaStreamDestroy(stream);
-  if (json) {
-    std::printf("{\"suite\": \"quantize\", \"copy_gbps\": %.1f, \"cases\": [\n", copy_gbps_max);
+  if (json.is_open()) {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "{\"suite\": \"quantize\", \"copy_gbps\": %.1f, \"cases\": [\n", copy_gbps_max);
+    json << line;
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      std::printf(
+      std::snprintf(
+          line, sizeof line,
           "  {\"recipe\": \"%s\", \"direction\": \"%s\", \"shape\": \"%s\", \"valid\": %s, "
           "\"us\": %.2f, \"gbps\": %.1f, \"fraction_of_copy\": %.3f, \"target\": %.2f, "
           "\"us_eager\": %.2f, \"fraction_of_copy_eager\": %.3f}%s\n",
           r.recipe.c_str(), r.dir.c_str(), r.shape.c_str(), r.valid ? "true" : "false", r.us,
           r.gbps, r.frac, r.target, r.us_eager, r.frac_eager, i + 1 < rows.size() ? "," : "");
+      json << line;
     }
-    std::printf("]}\n");
-    return 0;
+    json << "]}\n";
+    close_json(json, o.json_path);
   }
   std::printf("%-12s %-18s %-22s %-6s %10s %9s %8s %7s %10s %8s\n", "recipe", "direction", "shape",
               "valid", "us", "GB/s", "of copy", "target", "eager us", "of copy");
@@ -357,12 +350,32 @@ int run_bench_quantize(const Args& args) {
   return 0;
 }
 
-Register reg("bench quantize",
-             "grouped quantization bandwidth per recipe vs D2D copy ([--iters N] [--json] "
-             "[--recipe R] [--direction rowwise|columnwise|both] [--shape MxK] "
-             "[--amax automatic,separate,fused,fused:LAG] [--scales gemm|plain] "
-             "[--pattern balanced|zipf|empty25])",
-             run_bench_quantize);
+void add_quantize_options(CLI::App& app, QuantOptions& o) {
+  add_iters(app, o.iters, "timed runs per case (median)")->capture_default_str();
+  add_json(app, o.json_path);
+  add_choice(app, "--recipe", o.recipe, {"fp8_current", "fp8_block", "mxfp8", "nvfp4"},
+             "only this recipe");
+  add_choice(app, "--direction", o.direction, {"rowwise", "columnwise", "both"},
+             "only this direction (columnwise alone runs only when asked for)");
+  add_choice(app, "--shape", o.shape, {"65536x7168", "32768x2048"}, "only this input shape MxK");
+  add_choice(app, "--pattern", o.pattern, kSplitPatterns, "split pattern of the 32 experts")
+      ->capture_default_str();
+  add_choice(app, "--scales", o.scales, {"gemm", "plain"},
+             "scale layout: the one GEMMs read (swizzled / mn_major) or plain")
+      ->capture_default_str();
+  app.add_option("--amax", o.amax,
+                 "amax schedules of fp8_current / nvfp4 to sweep: automatic, "
+                 "separate, fused, fused:LAG (comma separated)")
+      ->delimiter(',')
+      ->type_name("LIST")
+      ->capture_default_str();
+}
+
+Register reg(command<QuantOptions>(
+    "bench", "quantize",
+    "grouped quantization bandwidth per recipe (fp8_current, fp8_block, mxfp8, nvfp4) "
+    "vs a device-to-device copy (GPU)",
+    add_quantize_options, run_bench_quantize));
 
 }  // namespace
 }  // namespace groupmm::tool

@@ -1,13 +1,16 @@
 // `groupmm info`: version, build configuration, visible GPUs.
 #include <cstdio>
 
-#include "commands.hpp"
+#include "cli.hpp"
 #include "groupmm/core.hpp"
+#include "groupmm/version.hpp"
 
 namespace groupmm::tool {
 namespace {
 
-int run_info(const Args&) {
+struct InfoOptions {};  // no options
+
+int run_info(const InfoOptions&) {
   int rt = 0, drv = 0;
   cudaRuntimeGetVersion(&rt);
   cudaDriverGetVersion(&drv);
@@ -36,7 +39,10 @@ int run_info(const Args&) {
   return 0;
 }
 
-Register reg("info", "version, build configuration and visible GPUs", run_info);
+void add_info_options(CLI::App&, InfoOptions&) {}
+
+Register reg(command<InfoOptions>("", "info", "version, build configuration and visible GPUs",
+                                  add_info_options, run_info));
 
 }  // namespace
 }  // namespace groupmm::tool

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "bench_common.hpp"
+#include "cli.hpp"
 #include "groupmm/random.hpp"
 #include "moe_tools.hpp"
 
@@ -223,7 +224,9 @@ int run_bench_moe(const MoeBenchOptions& o) {
   }
   js << "]}";
   if (!o.json.empty()) {
-    std::ofstream(o.json) << js.str() << "\n";
+    std::ofstream f = open_json(o.json);
+    f << js.str() << "\n";
+    close_json(f, o.json);
     std::printf("\nwrote %s\n", o.json.c_str());
   }
   if (stream) cudaStreamDestroy(stream);

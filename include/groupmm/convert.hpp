@@ -4,7 +4,7 @@
 // is constexpr and __host__ __device__ under nvcc, so the two paths agree bit for bit by
 // construction. The GPU tests also compare against the CUDA intrinsics.
 //
-// Rules (DESIGN.md section 5):
+// Rules (docs/numerics.md):
 //  - fp32 -> bf16 / fp16: round-to-nearest-even, IEEE overflow to Inf, NaN -> 0x7FFF (the
 //    canonical NaN the CUDA conversions produce).
 //  - fp32 -> e4m3 / e5m2 / e2m1: round-to-nearest-even, saturating to the largest finite value

@@ -7,11 +7,13 @@ namespace groupmm {
 
 // group_dbias: db[g][n] = sum_{m in rows of expert g} dy[m][n]   (fp32 accumulation)
 //
-//   dy          [M, N] bf16, fp16 or fp32, row-major; expert g owns its rows by the splits rule
-//   splits      [G] int32 or int64 row counts, on the context's device
-//   db          [G, N] fp32 or dy's dtype (the fp32 sum rounded once)
-//   accumulate  false: db_g = sum (a zero-row expert gets 0);
-//               true:  db_g += sum (fp32 db only; a zero-row expert is left unchanged)
+// clang-format off
+//   dy          [M, N]  bf16, fp16 or fp32, row-major; expert g owns its rows by the splits rule
+//   splits      [G]     int32 or int64 row counts, on the context's device
+//   db          [G, N]  fp32 or dy's dtype (the fp32 sum rounded once)
+//   accumulate          false: db_g = sum (a zero-row expert gets 0);
+//                       true:  db_g += sum (fp32 db only; a zero-row expert is left unchanged)
+// clang-format on
 //
 // Numerics: one summation order on both backends, bit for bit, the same as the bias gradient of
 // bgrad_group_quantize (quantize.hpp): fp32; per 128-row tile of the expert (tiles start at the

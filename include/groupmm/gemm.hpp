@@ -3,10 +3,12 @@
 // Weight layout is [G, N, K] row-major (out, in). Activations are [M_total, *] row-major with
 // expert g owning rows [start_g, start_g + splits[g]) where start_g = sum_{j<g} splits[j].
 //
-//   forward  (TN): y_g  = alpha * x_g W_g^T + bias_g    a = x  [M, K], b = W [G, N, K], out = y [M,
-//   N] dgrad    (NN): dx_g = alpha * dy_g W_g              a = dy [M, N], b = W [G, N, K], out = dx
-//   [M, K] wgrad    (NT): dW_g = alpha * dy_g^T x_g + beta*dW_g a = dy [M, N], b = x [M, K],    out
-//   = dW [G, N, K]
+// clang-format off
+//   pass        computes                                a            b              out
+//   forward TN  y_g  = alpha * x_g W_g^T + bias_g       x  [M, K]    W [G, N, K]    y  [M, N]
+//   dgrad   NN  dx_g = alpha * dy_g W_g                 dy [M, N]    W [G, N, K]    dx [M, K]
+//   wgrad   NT  dW_g = alpha * dy_g^T x_g + beta*dW_g   dy [M, N]    x [M, K]       dW [G, N, K]
+// clang-format on
 //
 // dtypes: a and b are both bf16 or both fp16 (or both fp32 on a CPU context: the reference
 // backend, for gradient checks); fp32 accumulation. forward/dgrad write out in a's
@@ -98,11 +100,12 @@ std::vector<std::string> gemm_config_names();
 // The same three passes over GroupedTensors written by group_quantize (quantize.hpp). Which copy
 // each pass reads (the copies group_quantize writes, used as they are: no host conversion):
 //
-//   pass     a                                       b                                       out
-//   forward  x  rowwise  [M, K]                      W  rowwise  [G, N, K] (weights)         y  [M,
-//   N] dgrad    dy rowwise  [M, N]                      W  columnwise, per expert [K, N]        dx
-//   [M, K] wgrad    dy columnwise, per expert [N, m_g]      x  columnwise, per expert [K, m_g] dW
-//   [G, N, K]
+// clang-format off
+//   pass     a                                    b                                    out
+//   forward  x  rowwise  [M, K]                   W  rowwise  [G, N, K] (weights)      y  [M, N]
+//   dgrad    dy rowwise  [M, N]                   W  columnwise, per expert [K, N]     dx [M, K]
+//   wgrad    dy columnwise, per expert [N, m_g]   x  columnwise, per expert [K, m_g]   dW [G, N, K]
+// clang-format on
 //
 // Recipes (a.recipe == b.recipe):
 //   fp8_current  one fp32 scale_inv per expert and operand; alpha_g = scale_inv_a[g] *

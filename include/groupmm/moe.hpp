@@ -14,7 +14,7 @@
 // of the activation), moe_permute_backward (a k-way sum and the d weight gather),
 // moe_router_backward (d logits), moe_router_logits_backward (dx, dW_r).
 //
-// Conventions (DESIGN.md 5b): sizes are host-known (R from moe_permuted_rows), splits and maps live
+// Conventions (docs/conventions.md): sizes are host-known (R from moe_permuted_rows), splits and maps live
 // on the device; results are bit-identical run to run (fixed-order sums, no floating-point
 // atomics); router ties break toward the lower expert id on both backends.
 //

@@ -1,7 +1,7 @@
 // groupmm/quantize.hpp: grouped quantization of MoE activations and weights in one launch,
 // dequantization, scale swizzling, and the fused bias-gradient + quantize op.
 //
-// Numerics are exactly those of DESIGN.md section 5; the CPU reference and the CUDA kernels agree
+// Numerics are exactly those of docs/numerics.md; the CPU reference and the CUDA kernels agree
 // bit for bit (data and scales). Recipes (QuantRecipe in core.hpp):
 //   fp8_current  FP8 (e4m3 or e5m2) with one scale per expert from the expert's amax.
 //                scale_g = fmax / amax_g (1 when amax_g is 0, not finite, or the quotient is not
@@ -18,7 +18,7 @@
 //                columnwise blocks (16x16 for weights with block_2d), E4M3 block scales, an fp32
 //                per-expert S_enc = 2688 / amax_g (1 when amax_g is 0 / not finite / the quotient
 //                is not finite); s_b = e4m3(amax_block * (S_enc / 6)); q = e2m1(x * scale_b)
-//                with scale_b = S_enc / fp32(s_b): DESIGN's formula is evaluated as
+//                with scale_b = S_enc / fp32(s_b): the textbook formula is evaluated as
 //                x * (S_enc / s_b), as TransformerEngine does; one division per block (a quotient
 //                past FLT_MAX saturates to FLT_MAX; s_b = 0 encodes every element as 0).
 //   mxfp4        OCP MX with E2M1 data packed as nvfp4's (element 2j in the low nibble), 1x32

@@ -62,6 +62,7 @@ Context::Context(Device device, cudaStream_t stream) : device_(device), stream_(
 Context::~Context() {
   if (device_ == Device::CPU) {
     std::free(status_);
+    std::free(ws_);
     return;
   }
   cudaStreamSynchronize(stream_);

@@ -80,7 +80,11 @@ std::string describe_status(const StatusBlock& s) {
   if (s.bits & kFaultSplitsOverflow) os << " splits run past the buffer (rows clamped);";
   if (s.bits & kFaultBadIndex) os << " index out of range (entry skipped);";
   if (s.bits & kFaultSplitAlignment) os << " split breaks the op's alignment rule (group skipped);";
-  os << " first at group " << s.group << ", value " << s.value;
+  // A whole-tensor fault (the sum of the splits) has no group; its value is the sum.
+  if (s.group < 0)
+    os << " the splits sum to " << s.value;
+  else
+    os << " first at group " << s.group << ", value " << s.value;
   return os.str();
 }
 

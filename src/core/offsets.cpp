@@ -22,6 +22,8 @@ static void check_index_out(const char* arg, const TensorView& v, int64_t n, Dev
   GROUPMM_CHECK(v.device == dev, "group_offsets: ", arg, " is on ", device_name(v.device),
                 " but the context is ", device_name(dev));
   GROUPMM_CHECK(v.data != nullptr, "group_offsets: ", arg, ".data is null");
+  GROUPMM_CHECK(reinterpret_cast<uintptr_t>(v.data) % (dtype_bits(v.dtype) / 8) == 0,
+                "group_offsets: ", arg, ".data=", v.data, " must be aligned to its elements");
 }
 
 void validate_offsets_args(const Context& ctx, const OffsetsArgs& a) {
@@ -41,6 +43,9 @@ void validate_offsets_args(const Context& ctx, const OffsetsArgs& a) {
                   "] with 1 <= S <= 4");
     GROUPMM_CHECK(e.device == ctx.device(), "group_offsets: element_start is on ",
                   device_name(e.device), " but the context is ", device_name(ctx.device()));
+    GROUPMM_CHECK(e.data != nullptr, "group_offsets: element_start.data is null");
+    GROUPMM_CHECK(reinterpret_cast<uintptr_t>(e.data) % 8 == 0,
+                  "group_offsets: element_start.data=", e.data, " must be 8-byte aligned");
     for (int64_t s = 0; s < e.dim(0); ++s)
       GROUPMM_CHECK(a.row_strides[static_cast<size_t>(s)] >= 0, "group_offsets: row_strides[", s,
                     "]=", a.row_strides[static_cast<size_t>(s)], " must be >= 0");

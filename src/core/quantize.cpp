@@ -1,4 +1,6 @@
 // group_quantize / bgrad_group_quantize: configs, output shapes, validation, backend dispatch.
+#include <algorithm>
+
 #include "core/quantize_impl.hpp"
 
 namespace groupmm {
@@ -165,6 +167,11 @@ QuantizedShapes group_quantize_shapes(int64_t M, int64_t K, int64_t G, const Qua
   check_config(c, K, "group_quantize_shapes");
   GROUPMM_CHECK(M >= 0 && G >= 1, "group_quantize_shapes: rows_total=", M, ", G=", G,
                 " must be >= 0 and >= 1");
+  // Past these every size below would overflow int64 (and any memory): refused, not wrapped.
+  GROUPMM_CHECK(G <= (int64_t(1) << 24) && K <= (int64_t(1) << 32) &&
+                    M <= (int64_t(1) << 56) / std::max<int64_t>(K, 1),
+                "group_quantize_shapes: rows_total=", M, ", K=", K, ", G=", G,
+                " are too large (G <= 2^24, K <= 2^32, rows_total * K <= 2^56)");
   QuantizedShapes s;
   const DType dt = c.data_dtype(), st = c.scale_dtype();
   const bool swz = c.scale_layout == ScaleLayout::swizzled;
@@ -262,12 +269,16 @@ static void check_out(const char* op, const char* arg, const TensorView& v, cons
   GROUPMM_CHECK(v.data != nullptr || s.numel() == 0, op, ": ", arg, ".data is null");
   GROUPMM_CHECK(!aligned16 || reinterpret_cast<uintptr_t>(v.data) % 16 == 0, op, ": ", arg,
                 ".data must be 16-byte aligned");
+  const uintptr_t elem = static_cast<uintptr_t>(std::max(1, dtype_bits(v.dtype) / 8));
+  GROUPMM_CHECK(reinterpret_cast<uintptr_t>(v.data) % elem == 0, op, ": ", arg,
+                ".data must be aligned to its ", elem, "-byte elements");
 }
 
 QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs& a, const char* op,
                                     const char* iname, const char* qname) {
   const TensorView& x = a.input;
   GROUPMM_CHECK(x.present(), op, ": ", iname, " is required");
+  (void)x.numel();  // the rank, dims and size of a hand-written view
   GROUPMM_CHECK(x.dtype == DType::bf16 || x.dtype == DType::fp16 || x.dtype == DType::fp32, op,
                 ": ", iname, ".dtype=", dtype_name(x.dtype), " must be bf16, fp16 or fp32");
   GROUPMM_CHECK(x.device == ctx.device(), op, ": ", iname, " is on ", device_name(x.device),
@@ -314,6 +325,8 @@ QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs&
 }
 
 size_t group_quantize_workspace_size(const Context&, const GroupQuantizeArgs& a, bool with_dbias) {
+  // Bounds under which the products below fit (the arguments are not validated yet).
+  (void)a.input.numel();
   int64_t G = 1, M = 0, K = 0;
   if (a.splits.present()) {
     G = a.splits.dim(0);
@@ -324,6 +337,9 @@ size_t group_quantize_workspace_size(const Context&, const GroupQuantizeArgs& a,
     M = a.input.dim(0) * a.input.dim(1);
     K = a.input.dim(2);
   }
+  GROUPMM_CHECK(G >= 1 && G <= (int64_t(1) << 24) && K <= (int64_t(1) << 32),
+                "group_quantize_workspace_size: G=", G, ", K=", K,
+                " must be in [1, 2^24] and at most 2^32");
   return cuda::group_quantize_workspace_size(M, K, G, a.config.recipe, with_dbias);
 }
 
@@ -340,6 +356,9 @@ static GroupedTensor run(Context& ctx, const GroupQuantizeArgs& a, const TensorV
     GROUPMM_CHECK(dbias.device == ctx.device(), op, ": dbias is on ", device_name(dbias.device),
                   " but the context is ", device_name(ctx.device()));
     GROUPMM_CHECK(dbias.data != nullptr, op, ": dbias.data is null");
+    GROUPMM_CHECK(
+        reinterpret_cast<uintptr_t>(dbias.data) % uintptr_t(dtype_bits(dbias.dtype) / 8) == 0, op,
+        ": dbias.data must be aligned to its elements");
   }
   if (ctx.device() == Device::CPU) {
     cpu::group_quantize(ctx, a, p, dbias);

@@ -105,40 +105,51 @@ GROUPMM_HD int64_t col_scale_index(const Layout& L, const Geom& g, int64_t nb, i
   return col_scale_index_swizzled(L, g, nb, k, j);
 }
 
-// The e2m1 code of element e of packed fp4 data (element 2j in the low nibble of byte j).
-GROUPMM_HD uint8_t fp4_code_at(const uint8_t* data, int64_t e) {
-  const uint8_t b = data[e / 2];
-  return (e & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xFu);
+// Dequantization in two parts, so that a kernel can read a block's scale once for all of its
+// elements and still compute exactly dequant_value: the scale part every element of one scale
+// block shares (value = canon_nan(q * mul), or canon_nan((q * mul) / div) for nvfp4; mxfp4: e2m1
+// codes times 2^(e - 127), exact in fp32 or Inf past it) ...
+struct BlockScale {
+  float mul = 1.0f;
+  float div = 1.0f;  // nvfp4: S_enc of the expert
+};
+// ... of element (lr, k) of expert g (index gi), read from the rowwise or the columnwise copy's
+// scales: the block scales (fp32, e8m0 or e4m3 bytes); per_expert: scale_inv [G] (fp8_current)
+// or S_enc [G] (nvfp4). Every element of one block gives the same BlockScale.
+GROUPMM_HD BlockScale dequant_scale(const Layout& L, const Geom& g, int64_t gi, int64_t lr,
+                                    int64_t k, bool col, const void* scales,
+                                    const float* per_expert) {
+  if (L.recipe == QuantRecipe::fp8_current) return {per_expert[gi], 1.0f};
+  const int64_t si =
+      col ? col_scale_index(L, g, col_blocks(L, g.rows), L.fp8_2d ? k / 128 : k, lr >> L.cb_shift)
+          : row_scale_index(L, g, lr, L.fp8_2d ? k / 128 : k / L.rb);
+  if (L.recipe == QuantRecipe::nvfp4)
+    return {e4m3_to_float(static_cast<const uint8_t*>(scales)[si]), per_expert[gi]};
+  if (L.recipe == QuantRecipe::fp8_block) return {static_cast<const float*>(scales)[si], 1.0f};
+  return {e8m0_to_float(static_cast<const uint8_t*>(scales)[si]), 1.0f};
+}
+// ... and the element part: its code (an fp8 byte, or an e2m1 nibble for nvfp4 and mxfp4) times
+// the scale.
+GROUPMM_HD float dequant_code(const Layout& L, uint8_t code, BlockScale s) {
+  if (L.recipe == QuantRecipe::nvfp4) return canon_nan((e2m1_to_float(code) * s.mul) / s.div);
+  if (L.recipe == QuantRecipe::mxfp4) return canon_nan(e2m1_to_float(code) * s.mul);
+  return canon_nan(fp8_to_float(code, L.e5m2) * s.mul);
 }
 
 // Dequantized value of element (lr, k) of expert g (index gi), read from the rowwise copy or the
-// columnwise copy. scales: the block scales (fp32, e8m0 or e4m3 bytes); per_expert: scale_inv [G]
-// (fp8_current) or S_enc [G] (nvfp4). mxfp4: e2m1 * 2^(e - 127) (exact in fp32; Inf past it).
+// columnwise copy (data: the copy's bytes).
 GROUPMM_HD float dequant_value(const Layout& L, const Geom& g, int64_t gi, int64_t lr, int64_t k,
                                bool col, const uint8_t* data, const void* scales,
                                const float* per_expert) {
   const int64_t e = col ? L.K * g.start + k * g.rows + lr : (g.start + lr) * L.K + k;
-  int64_t si = 0;
-  if (L.recipe != QuantRecipe::fp8_current) {
-    if (col) {
-      si = col_scale_index(L, g, col_blocks(L, g.rows), L.fp8_2d ? k / 128 : k, lr / L.cb);
-    } else {
-      si = row_scale_index(L, g, lr, L.fp8_2d ? k / 128 : k / L.rb);
-    }
+  uint8_t code = 0;
+  if (is_fp4(L.recipe)) {
+    const uint8_t b = data[e / 2];
+    code = (e & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xFu);
+  } else {
+    code = data[e];
   }
-  if (L.recipe == QuantRecipe::nvfp4) {
-    const float sbf = e4m3_to_float(static_cast<const uint8_t*>(scales)[si]);
-    return canon_nan((e2m1_to_float(fp4_code_at(data, e)) * sbf) / per_expert[gi]);
-  }
-  if (L.recipe == QuantRecipe::mxfp4) {
-    const float s = e8m0_to_float(static_cast<const uint8_t*>(scales)[si]);
-    return canon_nan(e2m1_to_float(fp4_code_at(data, e)) * s);
-  }
-  const float q = fp8_to_float(data[e], L.e5m2);
-  if (L.recipe == QuantRecipe::fp8_current) return canon_nan(q * per_expert[gi]);
-  if (L.recipe == QuantRecipe::fp8_block)
-    return canon_nan(q * static_cast<const float*>(scales)[si]);
-  return canon_nan(q * e8m0_to_float(static_cast<const uint8_t*>(scales)[si]));
+  return dequant_code(L, code, dequant_scale(L, g, gi, lr, k, col, scales, per_expert));
 }
 
 }  // namespace groupmm::qnum

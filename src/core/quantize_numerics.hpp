@@ -1,4 +1,4 @@
-// Scalar rules of grouped quantization (DESIGN.md section 5), one source for the CPU reference
+// Scalar rules of grouped quantization (docs/numerics.md), one source for the CPU reference
 // and the CUDA kernels (host + device). The plain functions are the rules; the CPU reference
 // calls them. Where a kernel needs a faster form, it sits in "Fast twins" below, next to the
 // rule it reproduces, and is tested against it: on the host by tests/cpu/
@@ -112,7 +112,7 @@ GROUPMM_HD float nvfp4_s_enc(float amax) {
 GROUPMM_HD uint8_t nvfp4_block_scale(float amax_block, float s_enc_div6) {
   return float_to_e4m3(amax_block * s_enc_div6);
 }
-// The multiplier of a block's elements. DESIGN's formula q = e2m1(x * S_enc / fp32(s_b)) is
+// The multiplier of a block's elements. The formula q = e2m1(x * S_enc / fp32(s_b)) is
 // evaluated as x * (S_enc / s_b), as TransformerEngine does; one division per block. A quotient
 // past the fp32 range (only when amax_g is below ~1e-32) saturates to FLT_MAX, so that x = 0 still
 // encodes as 0 and not as NaN (0 * Inf); a NaN s_b keeps a NaN multiplier.

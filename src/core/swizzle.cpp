@@ -11,16 +11,29 @@ std::string SwizzleScalesArgs::to_string() const {
                      ", swizzled=", swizzled.to_string(), ")");
 }
 
+// Sizes past these bounds are refused (their products would overflow int64 below).
+static void check_scales_dims(const char* fn, int64_t M, int64_t cols, int64_t G, bool columnwise,
+                              int block) {
+  GROUPMM_CHECK(M >= 0 && M <= (int64_t(1) << 40) && cols >= 1 && cols <= (int64_t(1) << 20) &&
+                    G >= 1 && G <= 65535 && (!columnwise || block >= 1),
+                fn, ": rows_total=", M, ", cols=", cols, ", G=", G, ", block=", block,
+                " must be in [0, 2^40], [1, 2^20], [1, 65535], >= 1 (columnwise)");
+}
+
 int64_t swizzled_scales_numel(int64_t M, int64_t cols, int64_t G, bool columnwise, int block) {
+  check_scales_dims("swizzled_scales_numel", M, cols, G, columnwise, block);
   if (columnwise) return (M / block + 4 * G) * qnum::round_up(cols, 128);
   return (M + 127 * G) * qnum::round_up(cols, 4);
 }
 
 int64_t plain_scales_numel(int64_t M, int64_t cols, int64_t G, bool columnwise, int block) {
+  check_scales_dims("plain_scales_numel", M, cols, G, columnwise, block);
   return columnwise ? (M / block + G) * cols : M * cols;
 }
 
 size_t swizzle_scales_workspace_size(int64_t G) {
+  GROUPMM_CHECK(G >= 1 && G <= (int64_t(1) << 40), "swizzle_scales_workspace_size: G=", G,
+                " must be in [1, 2^40]");
   return cuda::quant_plan_workspace_size(G);
 }
 
@@ -49,8 +62,10 @@ void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t w
                   " must be a multiple of groups=", G, " when splits is absent (weights)");
   }
   GROUPMM_CHECK(G <= 65535, op, ": the number of groups G=", G, " must be <= 65535");
-  GROUPMM_CHECK(a.rows_total >= 0, op, ": rows_total=", a.rows_total, " must be >= 0");
-  GROUPMM_CHECK(a.cols >= 1, op, ": cols=", a.cols, " must be >= 1");
+  GROUPMM_CHECK(a.rows_total >= 0 && a.rows_total <= (int64_t(1) << 40), op,
+                ": rows_total=", a.rows_total, " must be in [0, 2^40]");
+  GROUPMM_CHECK(a.cols >= 1 && a.cols <= (int64_t(1) << 20), op, ": cols=", a.cols,
+                " must be in [1, 2^20]");
   GROUPMM_CHECK(!a.columnwise || a.block == 16 || a.block == 32, op, ": block=", a.block,
                 " must be 16 or 32");
   check_scales("plain", a.plain, plain_scales_numel(a.rows_total, a.cols, G, a.columnwise, a.block),

@@ -16,19 +16,31 @@ TensorView::TensorView(void* p, DType t, Device d, std::initializer_list<int64_t
     GROUPMM_CHECK(v >= 0, "TensorView: shape[", i, "]=", v, " must be >= 0");
     shape[i++] = v;
   }
+  (void)numel();  // the element count must fit (see numel)
 }
 
+// The fields are public, so a view may have been written by hand: numel() refuses a rank outside
+// 0..3, negative dims and more than 2^56 elements (far past any memory; byte counts stay in int64),
+// so that no op computes a size from a malformed view.
 int64_t TensorView::numel() const {
+  GROUPMM_CHECK(rank >= 0 && rank <= 3, "TensorView: rank=", rank, " must be 0..3");
   if (rank == 0) return 0;
+  constexpr int64_t kMaxNumel = int64_t(1) << 56;
   int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= shape[static_cast<size_t>(i)];
+  for (int i = 0; i < rank; ++i) {
+    const int64_t d = shape[static_cast<size_t>(i)];
+    GROUPMM_CHECK(d >= 0, "TensorView: shape[", i, "]=", d, " must be >= 0");
+    GROUPMM_CHECK(d == 0 || n <= kMaxNumel / d, "TensorView: shape ", shape_string(),
+                  " has more than 2^56 elements");
+    n *= d;
+  }
   return n;
 }
 
 std::string TensorView::shape_string() const {
   std::ostringstream os;
   os << "[";
-  for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << shape[static_cast<size_t>(i)];
+  for (int i = 0; i < rank && i < 3; ++i) os << (i ? ", " : "") << shape[static_cast<size_t>(i)];
   os << "]";
   return os.str();
 }
@@ -103,6 +115,8 @@ void copy(const TensorView& dst, const TensorView& src, cudaStream_t stream) {
                 src.to_string(), " differ in size");
   const size_t bytes = static_cast<size_t>(src.nbytes());
   if (bytes == 0) return;
+  GROUPMM_CHECK(dst.data != nullptr && src.data != nullptr,
+                "copy: ", dst.data == nullptr ? "dst" : "src", ".data is null");
   if (dst.device == Device::CPU && src.device == Device::CPU) {
     std::memcpy(dst.data, src.data, bytes);
     return;
@@ -120,6 +134,7 @@ Tensor clone_to(const TensorView& src, Device d, cudaStream_t stream) {
 void fill_bytes(const TensorView& v, uint8_t byte, cudaStream_t stream) {
   const size_t bytes = static_cast<size_t>(v.nbytes());
   if (bytes == 0) return;
+  GROUPMM_CHECK(v.data != nullptr, "fill_bytes: v.data is null");
   if (v.device == Device::CPU) {
     std::memset(v.data, byte, bytes);
   } else {
@@ -146,9 +161,21 @@ std::string GroupedTensor::to_string() const {
 }
 
 // ---- validation --------------------------------------------------------------------------------
+// data aligned to the dtype's element size: the CPU backend reads elements through typed pointers.
+static void check_element_aligned(const char* op, const char* arg, const TensorView& v) {
+  const int64_t bytes = dtype_bits(v.dtype) / 8;
+  GROUPMM_CHECK(bytes <= 1 || reinterpret_cast<uintptr_t>(v.data) % uintptr_t(bytes) == 0, op, ": ",
+                arg, ".data=", v.data, " must be aligned to its ", bytes, "-byte elements");
+}
+
 void check_view(const char* op, const char* arg, const TensorView& v, DType dtype, int rank,
                 Device device) {
   GROUPMM_CHECK(v.present(), op, ": ", arg, " is required");
+  // A hand-written view: its rank and dims, then its size (numel).
+  GROUPMM_CHECK(v.rank <= 3, op, ": ", arg, ".rank=", v.rank, " must be ", rank);
+  for (int i = 0; i < v.rank; ++i)
+    GROUPMM_CHECK(v.dim(i) >= 0, op, ": ", arg, ".shape[", i, "]=", v.dim(i), " must be >= 0");
+  (void)v.numel();
   GROUPMM_CHECK(v.dtype == dtype, op, ": ", arg, ".dtype=", dtype_name(v.dtype), " must be ",
                 dtype_name(dtype));
   GROUPMM_CHECK(v.rank == rank, op, ": ", arg, ".rank=", v.rank, " must be ", rank, " (shape ",
@@ -156,6 +183,7 @@ void check_view(const char* op, const char* arg, const TensorView& v, DType dtyp
   GROUPMM_CHECK(v.device == device, op, ": ", arg, " is on ", device_name(v.device),
                 " but the context is ", device_name(device));
   GROUPMM_CHECK(v.data != nullptr || v.numel() == 0, op, ": ", arg, ".data is null");
+  check_element_aligned(op, arg, v);
 }
 
 void check_dim(const char* op, const char* arg, const TensorView& v, int i, int64_t expected) {
@@ -165,6 +193,7 @@ void check_dim(const char* op, const char* arg, const TensorView& v, int i, int6
 
 void check_splits(const char* op, const TensorView& splits, int64_t groups, Device device) {
   GROUPMM_CHECK(splits.present(), op, ": splits is required");
+  (void)splits.numel();
   GROUPMM_CHECK(splits.dtype == DType::int32 || splits.dtype == DType::int64, op,
                 ": splits.dtype=", dtype_name(splits.dtype), " must be int32 or int64");
   GROUPMM_CHECK(splits.rank == 1, op, ": splits.rank=", splits.rank, " must be 1");
@@ -173,6 +202,7 @@ void check_splits(const char* op, const TensorView& splits, int64_t groups, Devi
   GROUPMM_CHECK(splits.device == device, op, ": splits is on ", device_name(splits.device),
                 " but the context is ", device_name(device));
   GROUPMM_CHECK(splits.data != nullptr || splits.numel() == 0, op, ": splits.data is null");
+  check_element_aligned(op, "splits", splits);
 }
 
 bool views_overlap(const TensorView& a, const TensorView& b) {

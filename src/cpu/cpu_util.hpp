@@ -54,7 +54,7 @@ inline void store_f(const TensorView& v, int64_t i, float x) {
 // Whole view as fp32 (tests and references).
 inline std::vector<float> to_floats(const TensorView& v) {
   std::vector<float> out(static_cast<size_t>(v.numel()));
-  for (int64_t i = 0; i < v.numel(); ++i) out[static_cast<size_t>(i)] = load_f(v, i);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = load_f(v, static_cast<int64_t>(i));
   return out;
 }
 
@@ -79,12 +79,12 @@ inline std::vector<RowRange> expert_rows(Context& ctx, const TensorView& splits,
     }
     const int64_t start = std::min(run, row_bound);
     int64_t rows = m;
-    if (rows > row_bound - start) {
+    if (rows > row_bound - start) {  // not start + rows: a split near INT64_MAX would overflow
       report_fault_host(ctx.status(), kFaultSplitsOverflow, op, static_cast<int32_t>(g), m);
       rows = row_bound - start;
     }
     r[static_cast<size_t>(g)] = {start, rows};
-    run += m;
+    run = m > INT64_MAX - run ? INT64_MAX : run + m;  // the sum is only reported: saturate
   }
   if (expected_total >= 0 && run != expected_total)
     report_fault_host(ctx.status(), kFaultSplitsTotalMismatch, op, -1, run);

@@ -21,6 +21,15 @@ static void store(const TensorView& v, int64_t i, int64_t value, StatusBlock* st
   v.ptr<int32_t>()[i] = static_cast<int32_t>(value);
 }
 
+// Sums and products of absurd splits (near INT64_MAX) wrap modulo 2^64, as the device's int64
+// arithmetic does (signed overflow would be undefined here); the results are then only reported.
+static int64_t wrap_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+static int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+
 void group_offsets(Context& ctx, const OffsetsArgs& a) {
   const int64_t G = a.splits.dim(0);
   StatusBlock* st = ctx.status();
@@ -33,9 +42,10 @@ void group_offsets(Context& ctx, const OffsetsArgs& a) {
     store(a.scale_row_start, g, padded, st, g);
     if (a.element_start.present())
       for (int64_t s = 0; s < a.element_start.dim(0); ++s)
-        a.element_start.ptr<int64_t>()[s * G + g] = r.start * a.row_strides[static_cast<size_t>(s)];
-    end = r.start + r.rows;
-    padded += (r.rows + a.pad_rows - 1) / a.pad_rows * a.pad_rows;
+        a.element_start.ptr<int64_t>()[s * G + g] =
+            wrap_mul(r.start, a.row_strides[static_cast<size_t>(s)]);
+    end = r.start + r.rows;  // <= INT64_MAX: expert_rows clamps the ranges to the bound
+    padded = wrap_add(padded, wrap_mul(wrap_add(r.rows, a.pad_rows - 1) / a.pad_rows, a.pad_rows));
     store(a.end, g, end, st, g);
   }
   store(a.total, 0, end, st, G - 1);

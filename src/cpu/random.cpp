@@ -12,11 +12,15 @@ void fill_uniform(Context& ctx, const TensorView& v, float lo, float hi, uint64_
                 "fill_uniform: v.dtype=", dtype_name(v.dtype), " must be bf16, fp16 or fp32");
   GROUPMM_CHECK(v.device == ctx.device(), "fill_uniform: v is on ", device_name(v.device),
                 " but the context is ", device_name(ctx.device()));
+  const int64_t n = v.numel();
+  GROUPMM_CHECK(v.data != nullptr || n == 0, "fill_uniform: v.data is null");
+  GROUPMM_CHECK(reinterpret_cast<uintptr_t>(v.data) % uintptr_t(dtype_bits(v.dtype) / 8) == 0,
+                "fill_uniform: v.data must be aligned to its elements");
   if (v.device == Device::CUDA) {
     cuda::fill_uniform(ctx, v, lo, hi, seed);
     return;
   }
-  for (int64_t i = 0; i < v.numel(); ++i)
+  for (int64_t i = 0; i < n; ++i)
     cpu::store_f(v, i, lo + (hi - lo) * uniform01(seed, static_cast<uint64_t>(i)));
 }
 

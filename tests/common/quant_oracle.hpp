@@ -1,6 +1,6 @@
-// An independent model of grouped quantization, written from the format definitions (DESIGN.md
-// section 5) and the layouts documented in include/groupmm/quantize.hpp. It shares no code with
-// the library: no convert.hpp encoder or decoder, no qnum rule, no index function. A format is
+// An independent model of grouped quantization, written from the format definitions
+// (docs/numerics.md) and the layouts documented in include/groupmm/quantize.hpp. It shares no code
+// with the library: no convert.hpp encoder or decoder, no qnum rule, no index function. A format is
 // the list of its values, derived from the bit fields; rounding is a search for the nearest value
 // with ties to the even code; scale rules are the spelled-out fp32 expressions; every index is
 // recomputed here from the documented formulas. The CPU tests hold the reference backend to it,
@@ -106,7 +106,7 @@ inline float amax_of(float acc, float x) {
   return std::max(acc, std::fabs(x));
 }
 
-// ---- scale rules, DESIGN.md section 5
+// ---- scale rules, docs/numerics.md
 // --------------------------------------------------------------
 inline float fp8_max(bool is_e5m2) {
   return is_e5m2 ? 57344.0f : 448.0f;
@@ -198,7 +198,7 @@ inline uint8_t nvfp4_elem(float x, const BlockScale& b) {
   return (b.code & 0x7F) == 0 ? 0 : e2m1_code(x * b.mul);
 }
 
-// ---- the swizzled 128x4 index, DESIGN.md section 5
+// ---- the swizzled 128x4 index, docs/numerics.md
 // ------------------------------------------------
 inline int64_t swizzle(int64_t r, int64_t c, int64_t Kp) {
   const int64_t tile = r / 128, col4 = c / 4, r32 = r % 32, rq = (r % 128) / 32, c4 = c % 4;
@@ -289,7 +289,7 @@ inline Outputs quantize(const Problem& p, const QuantizeConfig& cfg,
   const bool mxr = R == QuantRecipe::mxfp8 || R == QuantRecipe::mxfp4;  // 1x32 / 32x1, E8M0
   const bool two_d = cfg.block_2d;
   const int64_t K = p.K, G = static_cast<int64_t>(p.splits.size());
-  // Rowwise block length along K and columnwise block length along M (DESIGN.md section 5).
+  // Rowwise block length along K and columnwise block length along M (docs/numerics.md).
   const int64_t rb = R == QuantRecipe::fp8_block ? 128 : mxr ? 32 : 16;
   const int64_t cb = mxr ? 32 : nv ? 16 : 128;
   const int64_t bs2 = R == QuantRecipe::fp8_block ? 128 : 16;  // 2D block edge

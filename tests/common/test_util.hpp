@@ -120,7 +120,7 @@ inline const bool kSeedListenerInstalled = [] {
   return true;
 }();
 
-// ---- split patterns (DESIGN section 7) ---------------------------------------------------------
+// ---- split patterns (docs/testing.md) -----------------------------------------------------------
 enum class Pattern {
   balanced,
   zipf,

@@ -1,4 +1,4 @@
-// Hand-computed vectors pinning the format rules of DESIGN section 5, independent of our code:
+// Hand-computed vectors pinning the format rules of docs/numerics.md, independent of our code:
 // E8M0 exponents at the edges, E2M1 codes and nibble order, FP8 current/blockwise scaling (E4M3
 // and E5M2), NaN and Inf in every recipe, 2D weight blocks, an NVFP4 expert with amax 0, partial
 // blocks, off-grid values whose rounding is not their truncation, the swizzle index formula.
@@ -144,7 +144,7 @@ TEST(QuantFormats, Fp8BlockE5m2) {
   }
 }
 
-// NaN and Inf through every recipe (DESIGN section 5): a NaN amax or a non-finite quotient gives
+// NaN and Inf through every recipe (docs/numerics.md): a NaN amax or a non-finite quotient gives
 // the fallback scale; NaN elements encode as NaN (e2m1: +6), Inf saturates.
 TEST(QuantFormats, NanAndInfInEveryRecipe) {
   const float n = kNaN, i = kInf;

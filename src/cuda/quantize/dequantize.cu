@@ -1,5 +1,12 @@
-// CUDA group_dequantize: one thread per 16-element row segment of the output; the expert of a row
-// comes from a binary search over the device plan. Correctness-first (not a bandwidth target).
+// CUDA group_dequantize. Two kernels, both exact by construction: every element goes through
+// qnum::dequant_scale + qnum::dequant_code, the two halves of the CPU reference's dequant_value.
+//  - rowwise copy: one thread per 16-element segment of an output row (one scale block holds the
+//    whole segment: rowwise blocks are 16, 32 or 128 wide), 16-byte loads and stores where the
+//    pointers allow;
+//  - columnwise copy (per expert [K, m_g], the transpose of the output's rows): one block per
+//    (128-row expert tile, 64 columns), read along m into shared memory, written along K, so that
+//    both sides are coalesced.
+// The mxfp8 GEMM path dequantizes both operands with it on every call: bandwidth matters.
 #include <cuda_fp16.h>
 
 #include "core/quantize_impl.hpp"
@@ -11,24 +18,46 @@ namespace {
 
 struct DequantConfig {
   static constexpr int kThreads = 256;
-  static constexpr int kSeg = 16;
+  static constexpr int kSeg = 16;        // rowwise: elements per thread
+  static constexpr int kTileRows = 128;  // columnwise: the plan's expert-local row tiles
+  static constexpr int kTileCols = 64;
   static_assert(kThreads % 32 == 0, "warps");
+  static_assert(kTileRows == qnum::kTileRows, "a columnwise tile is one tile of the plan");
+  static_assert((kTileRows * kTileCols) % kThreads == 0, "the columnwise tile splits evenly");
+  static_assert(kSeg == 16, "one segment is one 16-byte fp8 load and within one scale block");
 };
 
 struct DequantParams {
   QuantPlan plan;
   qnum::Layout L;
   int64_t M, K;
-  bool col;
   const uint8_t* data;
   const void* scales;
   const float* per_expert;
   void* out;
+  bool vector_in, vector_out;  // 16-byte aligned data (8 for fp4) / out
 };
 
-// E: the output element type.
+template <class E>
+__device__ __forceinline__ void store16(typename E::Storage* dst, const float (&v)[16],
+                                        bool vector) {
+  alignas(16) typename E::Storage o[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) o[j] = E::from_float(v[j]);
+  if (vector) {
+    constexpr int kVecs = int(sizeof(o) / sizeof(uint4));
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j)
+      reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(o)[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) dst[j] = o[j];
+  }
+}
+
+// ---- rowwise copy ----------------------------------------------------------------------------
 template <class E, class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(DequantParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads) dequant_rows_kernel(DequantParams p) {
   const int64_t segs_per_row = p.K / Cfg::kSeg;
   const int64_t i = int64_t(blockIdx.x) * Cfg::kThreads + threadIdx.x;
   if (i >= p.M * segs_per_row) return;
@@ -39,11 +68,61 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(DequantParams p)
   const qnum::Geom g = p.plan.geom(gi);
   const int64_t lr = row - g.start;
   if (lr >= g.rows) return;
-  if (p.col && qnum::is_fp4(p.L.recipe) && (g.rows & 1)) return;  // never quantized
-  for (int j = 0; j < Cfg::kSeg; ++j) {
-    const float v =
-        qnum::dequant_value(p.L, g, gi, lr, k0 + j, p.col, p.data, p.scales, p.per_expert);
-    static_cast<typename E::Storage*>(p.out)[row * p.K + k0 + j] = E::from_float(v);
+  const qnum::BlockScale s = qnum::dequant_scale(p.L, g, gi, lr, k0, false, p.scales, p.per_expert);
+  const int64_t e0 = row * p.K + k0;
+  alignas(16) uint8_t codes[16];
+  if (qnum::is_fp4(p.L.recipe)) {  // 8 bytes, element 2j in the low nibble
+    alignas(8) uint8_t b[8];
+    if (p.vector_in) {
+      *reinterpret_cast<uint2*>(b) = *reinterpret_cast<const uint2*>(p.data + e0 / 2);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) b[j] = p.data[e0 / 2 + j];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      codes[2 * j] = b[j] & 0xFu;
+      codes[2 * j + 1] = b[j] >> 4;
+    }
+  } else if (p.vector_in) {
+    *reinterpret_cast<uint4*>(codes) = *reinterpret_cast<const uint4*>(p.data + e0);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) codes[j] = p.data[e0 + j];
+  }
+  float v[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) v[j] = qnum::dequant_code(p.L, codes[j], s);
+  store16<E>(static_cast<typename E::Storage*>(p.out) + e0, v, p.vector_out);
+}
+
+// ---- columnwise copy -------------------------------------------------------------------------
+// Block (t, c): the plan's row tile t (of some expert), output columns [64 c, 64 c + 64).
+template <class E, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) dequant_cols_kernel(DequantParams p) {
+  __shared__ float tile[Cfg::kTileCols][Cfg::kTileRows + 1];  // [k][row], +1: no bank conflicts
+  const int64_t G = p.plan.G, t = blockIdx.x;
+  if (t >= p.plan.tile_start[G]) return;  // the grid is the host's bound on the tiles
+  const int64_t gi = find_expert(p.plan.tile_start, G, t);
+  const qnum::Geom g = p.plan.geom(gi);
+  if (qnum::is_fp4(p.L.recipe) && (g.rows & 1)) return;  // never quantized
+  const int64_t r0 = (t - g.tile_start) * Cfg::kTileRows, k0 = int64_t(blockIdx.y) * Cfg::kTileCols;
+  const int rows = g.rows - r0 < Cfg::kTileRows ? int(g.rows - r0) : Cfg::kTileRows;
+  const int cols = p.K - k0 < Cfg::kTileCols ? int(p.K - k0) : Cfg::kTileCols;
+  // Read: for each column k, the tile's rows are contiguous in the copy ([K, m_g] per expert).
+  for (int idx = threadIdx.x; idx < Cfg::kTileCols * Cfg::kTileRows; idx += Cfg::kThreads) {
+    const int c = idx / Cfg::kTileRows, r = idx % Cfg::kTileRows;  // r fastest: coalesced
+    if (c >= cols || r >= rows) continue;
+    const int64_t lr = r0 + r, k = k0 + c;
+    tile[c][r] = qnum::dequant_value(p.L, g, gi, lr, k, true, p.data, p.scales, p.per_expert);
+  }
+  __syncthreads();
+  // Write: output row lr, columns [k0, k0 + cols): consecutive threads take consecutive columns.
+  auto* out = static_cast<typename E::Storage*>(p.out);
+  for (int idx = threadIdx.x; idx < Cfg::kTileRows * Cfg::kTileCols; idx += Cfg::kThreads) {
+    const int r = idx / Cfg::kTileCols, c = idx % Cfg::kTileCols;
+    if (r >= rows || c >= cols) continue;
+    out[(g.start + r0 + r) * p.K + k0 + c] = E::from_float(tile[c][r]);
   }
 }
 
@@ -58,25 +137,39 @@ void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantPro
   pa.col_block = p.L.cb;
   pa.op = OpId::group_dequantize;
   launch_quant_plan(ctx, plan, pa);
+  const bool col = a.from_columnwise;
   DequantParams d{};
   d.plan = plan;
   d.L = p.L;
   d.M = p.M;
   d.K = p.K;
-  d.col = a.from_columnwise;
-  d.data = static_cast<const uint8_t*>(d.col ? a.in.columnwise_data.data : a.in.data.data);
-  d.scales = d.col ? a.in.columnwise_scale_inv.data : a.in.scale_inv.data;
+  d.data = static_cast<const uint8_t*>(col ? a.in.columnwise_data.data : a.in.data.data);
+  d.scales = col ? a.in.columnwise_scale_inv.data : a.in.scale_inv.data;
   d.per_expert =
       p.L.recipe == QuantRecipe::fp8_current ? static_cast<const float*>(a.in.scale_inv.data)
       : p.L.recipe == QuantRecipe::nvfp4     ? static_cast<const float*>(a.in.global_scale.data)
                                              : nullptr;
   d.out = a.out.data;
-  const int64_t n = p.M * (p.K / DequantConfig::kSeg);
-  if (n == 0) return;
-  const auto blocks = static_cast<unsigned>(qnum::ceil_div(n, DequantConfig::kThreads));
+  const auto aligned = [](const void* q, uintptr_t to) {
+    return reinterpret_cast<uintptr_t>(q) % to == 0;
+  };
+  d.vector_in = aligned(d.data, qnum::is_fp4(p.L.recipe) ? 8 : 16);
+  d.vector_out = aligned(d.out, 16);
+  using Cfg = DequantConfig;
+  if (p.M == 0 || p.K == 0) return;
   dispatch_element(a.out.dtype, "group_dequantize: out.dtype", [&](auto e) {
-    dequant_kernel<decltype(e), DequantConfig>
-        <<<blocks, DequantConfig::kThreads, 0, ctx.stream()>>>(d);
+    using E = decltype(e);
+    if (!col) {
+      const int64_t n = p.M * (p.K / Cfg::kSeg);
+      const auto blocks = static_cast<unsigned>(qnum::ceil_div(n, Cfg::kThreads));
+      dequant_rows_kernel<E, Cfg><<<blocks, Cfg::kThreads, 0, ctx.stream()>>>(d);
+    } else {
+      GROUPMM_CHECK(qnum::ceil_div(p.K, Cfg::kTileCols) <= 65535, "group_dequantize: K=", p.K,
+                    " must be at most ", 65535 * Cfg::kTileCols, " to read a columnwise copy");
+      const dim3 grid(static_cast<unsigned>(qnum::tile_bound(p.M, p.G)),
+                      static_cast<unsigned>(qnum::ceil_div(p.K, Cfg::kTileCols)));
+      dequant_cols_kernel<E, Cfg><<<grid, Cfg::kThreads, 0, ctx.stream()>>>(d);
+    }
   });
   GROUPMM_CHECK_LAUNCH();
 }

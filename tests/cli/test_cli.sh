@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# CTest cli.command_line: the `groupmm` tool's contract, one check per defect of issue 21.
+#   exit 0 success and --help/--version, 1 a failed run, 2 a usage error naming the option;
+#   errors as "groupmm: error: ..." without source locations; --help of every command without a GPU.
+# Usage: test_cli.sh path/to/groupmm
+set -uo pipefail
+bin=$1
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/groupmm_cli.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+pass=0 failed=0
+
+# expect RC NEEDLE -- ARGS...: runs `groupmm ARGS` (60 s at most), checks the exit status and that
+# the output contains NEEDLE (an extended regex; "" for any), and that no message has a location.
+expect() {
+  local want=$1 needle=$2; shift 3
+  local out rc
+  out=$(timeout 60 "$bin" "$@" 2>&1); rc=$?
+  local why=""
+  [ "$rc" = "$want" ] || why="exit $rc, expected $want"
+  [ -z "$needle" ] || grep -Eq -- "$needle" <<<"$out" || why="${why:+$why; }output lacks /$needle/"
+  grep -Eq '\[[A-Za-z0-9_]+\.(cpp|cu|hpp|cuh):[0-9]+\]' <<<"$out" && why="${why:+$why; }a source location is printed"
+  if [ "$want" != 0 ] && [ "$rc" != 124 ]; then
+    grep -q "^groupmm: error: " <<<"$out" || why="${why:+$why; }no 'groupmm: error:' prefix"
+  fi
+  if [ -z "$why" ]; then
+    pass=$((pass + 1))
+  else
+    failed=$((failed + 1))
+    printf 'FAIL: groupmm %s: %s\n--- output:\n%s\n---\n' "$*" "$why" "$(head -c 2000 <<<"$out")"
+  fi
+  LAST_OUT=$out
+}
+tiny=(--experts 8 --hidden 64 --width 32 --tokens 64 --topk 2)
+
+# ---- iteration counts: no crash on 0 / -1, no silent truncation or garbage
+expect 2 "--iters: 0 is out of range \(accepted: \[1, 100000\]\)" -- demo --cpu --iters 0
+expect 2 "--iters: -1 is out of range" -- demo --cpu --iters -1
+expect 2 "--iters: 0 is out of range" -- bench layer --cpu --iters 0
+expect 2 "--iters: 'abc' is not an integer" -- demo --cpu --iters abc
+expect 2 "--iters: '2.5' is not an integer" -- demo --cpu --iters 2.5
+expect 2 "--iters: '3x' is not an integer" -- demo --cpu --iters 3x
+expect 2 "--iters" -- demo --cpu --iters
+# ---- unknown flags, commands, suites and values
+expect 2 "not expected: --bogus" -- demo --cpu --bogus
+expect 2 "unknown command 'nope' \(commands: bench, demo, info\)" -- nope
+expect 2 "unknown bench suite 'nope' \(suites: gemm, layer, moe, quantize\)" -- bench nope
+expect 2 "--pattern: 'foo' is not one of balanced, zipf, empty25" -- bench layer --cpu --pattern foo
+expect 2 "--pattern: 'foo' is not one of" -- bench layer --cpu --pattern zipf,foo
+expect 2 "--pass: 'up' is not one of fwd, dgrad, wgrad" -- bench gemm --pass up
+expect 2 "--recipe: 'int4' is not one of" -- bench quantize --recipe int4
+expect 2 "--amax: 'fused:0' is not one of" -- bench quantize --amax fused:0
+expect 2 "--recipe: 'int4' is not one of bf16, fp8_current, fp8_block, mxfp8" -- bench gemm --recipe int4
+expect 2 "--fast-accum needs --recipe fp8_current" -- bench gemm --recipe fp8_block --fast-accum
+expect 2 "--weights: 'int4' is not one of nvfp4, mxfp4" -- bench gemm --weights int4
+expect 2 "--weights nvfp4 does not combine with --recipe fp8_block" -- bench gemm --weights nvfp4 --recipe fp8_block
+expect 2 "--pass does not apply to --weights mxfp4" -- bench gemm --weights mxfp4 --pass fwd
+expect 2 "--case 'llama' matches no --weights case \(cases: decode_" -- bench gemm --weights nvfp4 --case llama
+expect 2 "--recipe: 'nvfp4' is not one of" -- bench layer --recipe nvfp4
+expect 2 "--recipe fp8_current needs a GPU" -- bench layer --cpu --recipe fp8_current
+expect 2 "--case needs a quantized --recipe" -- bench layer --cpu --case qwen3
+expect 2 "--case: 'llama' is not one of qwen3, dsv3, mixtral" -- bench moe --case qwen3,llama
+expect 2 "--topk 5 must be at most --experts 4" -- demo moe --cpu --experts 4 --topk 5
+expect 2 "--hidden: 4 is out of range" -- demo moe --cpu --hidden 4
+# ---- sizes: range checks, and limits that would exhaust memory say so (at once)
+expect 2 "--experts: 99999999999999 is out of range" -- demo --cpu --experts 99999999999999
+expect 2 "--experts: 0 is out of range" -- demo --cpu --experts 0
+expect 2 "--tokens: 0 is out of range" -- demo --cpu --tokens 0
+expect 2 "--topk 5 is more than --experts 4" -- demo --cpu --experts 4 --topk 5
+start=$SECONDS
+expect 2 "needs about .* of host memory, more than the .* available; reduce --tokens" -- demo --cpu --tokens 100000000
+[ $((SECONDS - start)) -le 10 ] || { failed=$((failed + 1)); echo "FAIL: the memory limit took $((SECONDS - start)) s"; }
+expect 2 "of host memory, more than .*; reduce --rows" -- bench layer --cpu --rows 2000000000
+# ---- --json into a folder that does not exist fails before any work
+expect 2 "--json $tmp/missing/l.json: cannot write the file" -- bench layer --cpu --rows 64 --iters 1 --json "$tmp/missing/l.json"
+# ---- help and version: exit 0, no GPU needed, nothing runs
+expect 0 "Usage: groupmm \[OPTIONS\]" -- --help
+expect 0 "^groupmm [0-9]+\.[0-9]+\.[0-9]+$" -- --version
+expect 0 "Usage: groupmm demo" -- demo --help
+grep -q "demo passed" <<<"$LAST_OUT" && { failed=$((failed + 1)); echo "FAIL: demo --help ran the demo"; }
+for c in info "bench gemm" "bench quantize" "bench layer" "bench moe" "demo moe"; do
+  # shellcheck disable=SC2086
+  expect 0 "Usage: groupmm $c" -- $c --help
+done
+expect 0 "--config NAME" -- bench gemm --help
+expect 0 "--list-configs" -- bench gemm --help
+expect 0 "^fwd_bf16_" -- bench gemm --list-configs
+expect 0 "^suites:" -- bench
+grep -Ezq "gemm .*layer .*moe .*quantize " <<<"$LAST_OUT" || { failed=$((failed + 1)); echo "FAIL: groupmm bench does not list its suites"; }
+expect 2 "no command given \(commands: bench, demo, info\)" --
+# ---- commands that need a GPU say so (where none is visible), with the prefix, without location
+if "$bin" info | grep -q "GPUs: none visible"; then
+  expect 1 "groupmm: error: bench gemm: needs an sm_90 GPU \(none visible\)$" -- bench gemm --iters 1
+  expect 1 "groupmm: error: bench gemm: needs an sm_90 GPU \(none visible\)$" -- bench gemm --weights mxfp4
+  expect 1 "groupmm: error: bench quantize: needs an sm_90 GPU \(none visible\)$" -- bench quantize
+  expect 1 "groupmm: error: bench layer: needs an sm_90 GPU" -- bench layer
+  expect 1 "groupmm: error: bench moe: needs an sm_90 GPU" -- bench moe --iters 1
+fi
+# ---- the CPU runs: the demo is checked against naive loops (not the backend against itself)
+expect 0 "demo passed" -- demo --cpu "${tiny[@]}"
+grep -q "against naive double-precision loops" <<<"$LAST_OUT" || { failed=$((failed + 1)); echo "FAIL: demo check is not the naive one"; }
+grep -Eq "rows  worst rel err [1-9]\.[0-9]+e-0[3-9]" <<<"$LAST_OUT" ||
+  { failed=$((failed + 1)); echo "FAIL: no sampled expert shows a rounding-size error (a self-comparison?)"; echo "$LAST_OUT"; }
+expect 0 "demo moe passed" -- demo moe --cpu --experts 8 --hidden 64 --width 32 --tokens 64 --topk 2
+grep -q "routing differs on 0 of 8 tokens" <<<"$LAST_OUT" || { failed=$((failed + 1)); echo "FAIL: demo moe routing check"; }
+expect 0 "case +pattern .* GFLOP/s" -- bench layer --cpu --rows 64 --iters 1 --json "$tmp/layer.json"
+grep -q "TFLOP/s" <<<"$LAST_OUT" && { failed=$((failed + 1)); echo "FAIL: bench layer --cpu prints TFLOP/s"; }
+if python3 - "$tmp/layer.json" <<'PY'; then pass=$((pass + 1)); else failed=$((failed + 1)); echo "FAIL: bench layer --json"; fi
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["suite"] == "layer" and len(d["cases"]) == 6, d
+assert all(c["layer_us"] > 0 and c["fwd_us"] > 0 for c in d["cases"])
+PY
+
+echo "cli: $pass checks passed, $failed failed"
+[ "$failed" = 0 ]
