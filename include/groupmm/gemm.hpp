@@ -155,8 +155,7 @@ std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
 // 4-bit expert weights x bf16 activations (inference): NVFP4 and MXFP4 weights
 // ================================================================================================
 //
-//   y_g = alpha * x_g dequant(W_g)^T + bias_g        x [M, K] bf16, W [G, N, K] 4-bit, y [M, N]
-//   bf16
+//   y_g = alpha * x_g dequant(W_g)^T + bias_g      x [M, K] bf16, W [G, N, K] 4-bit, y [M, N] bf16
 //
 // W is the rowwise copy of [G, N, K] weights from group_quantize (recipe nvfp4: 1x16 blocks, E4M3
 // block scales and the fp32 per-expert S_enc in global_scale; recipe mxfp4: 1x32 blocks, E8M0
@@ -171,14 +170,16 @@ std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
 //            and along K when a balanced routing would not fill the GPU twice, the K ranges'
 //            partial sums added in a fixed order (deterministic, no atomics);
 //   prefill  many rows per expert: the active experts' weights are dequantized to bf16 in the
-//            workspace, then the bf16 grouped GEMM (cutlass_sm90) runs on them.
+//            workspace (G * N * K * 2 bytes of it), then the bf16 grouped GEMM (cutlass_sm90)
+//            runs on them.
 // path automatic chooses from host-known values only: decode when M <= kW4DecodeMaxAvgRows * G,
 // else prefill (W4GemmArgs::path forces one). Both are exact up to fp32 summation order.
 // Experts with no rows never read their weights (both paths). Rows past sum(splits) are left
 // unwritten; splits faults as grouped_gemm.
 // Shapes and alignment: x and out bf16 (fp16 activations are not served: MXFP4 scales span
 // 2^+-127, past fp16's range), K a multiple of 32 (both formats), N a multiple of 8, M, N, K
-// below 2^31; 16-byte aligned pointers. bias [G, N] bf16, optional.
+// below 2^31; 16-byte aligned x, out, w.data and bias (nvfp4 scales: 2-byte aligned). bias [G, N]
+// bf16, optional.
 // Graph safe: a setup kernel reads splits on the device; grids and workspace are sized from M, N,
 // K, G and the SM count; no host sync, no allocation when a workspace of
 // grouped_gemm_workspace_size() bytes is passed (or reserved on the Context before capture); the
