@@ -6,8 +6,8 @@
 #      split pattern, G = 1..256, odd N / K, poisoned outputs), graph replay vs eager, faults, the
 #      layer recipes, the quantizer bit-exact with the CPU and with the independent oracle,
 #      the device numerics of the weight form
-#   3. compute-sanitizer memcheck on a subset (decode + split-K reduce, dequant + CUTLASS, quantize)
-#   4. groupmm bench gemm --weights nvfp4, then mxfp4 (decode and prefill vs our bf16 engine)
+#   3. groupmm bench gemm --weights nvfp4, then mxfp4 (decode and prefill vs our bf16 engine)
+#   4. compute-sanitizer memcheck on a subset (decode + split-K reduce, dequant + CUTLASS, quantize)
 #   5. if time is left: GPU tests of the code this issue touched (quantizer, quantized GEMMs)
 # The stages share one time budget; a stage that no longer fits is skipped and says so.
 # Run from the repository root with the device tool, e.g.
@@ -78,7 +78,15 @@ run_stage tests 30 150 "$TLOG" ./$B/groupmm_tests_gpu --gtest_brief=1 --gtest_fi
 say "  w4 tests: $(gtest_counts "$TLOG")"
 grep -E '^\[  FAILED  \]|Failure$|error:' -A4 "$TLOG" | head -40 | tee -a "$SUMMARY"
 
-# 3. memcheck on a small subset (every kernel: decode + split-K reduce, dequant + CUTLASS, quantize)
+# 3. the benchmark, both formats (decode and prefill cases; each validated before it is timed)
+BENCH="$OUT/w4_bench.txt"
+for w in nvfp4 mxfp4; do
+  run_stage "bench_$w" 40 110 "$BENCH" ./$B/groupmm bench gemm --weights $w --iters "${ITERS:-20}" \
+    --json "$OUT/w4_bench_$w.json"
+done
+grep -E '^groupmm bench|^(decode|prefill)_|^    w4_|FAIL|^ok' "$BENCH" | tee -a "$SUMMARY"
+
+# 4. memcheck on a small subset (every kernel: decode + split-K reduce, dequant + CUTLASS, quantize)
 MLOG="$OUT/w4_memcheck.log"
 MEM_FILTER='*W4GemmGpu.MatchesCpuReference/*G256*:*W4GemmGpu.MatchesCpuReference/*splitk*'
 MEM_FILTER+=':*W4GemmGpu.MatchesCpuReference/*odd_shape*:*W4GemmGpuFaults*'
@@ -86,14 +94,6 @@ MEM_FILTER+=':*Mxfp4QuantizeGpu.BitExactWithCpu/odd_and_empty*:*Mxfp4QuantizeGpu
 run_stage memcheck 40 110 "$MLOG" compute-sanitizer --tool memcheck --error-exitcode 9 \
   ./$B/groupmm_tests_gpu --gtest_filter="$MEM_FILTER"
 say "  memcheck: $(grep -c 'OK \]' "$MLOG") tests ok; $(grep -E 'ERROR SUMMARY' "$MLOG" | tail -1)"
-
-# 4. the benchmark, both formats (decode and prefill cases; each validated before it is timed)
-BENCH="$OUT/w4_bench.txt"
-for w in nvfp4 mxfp4; do
-  run_stage "bench_$w" 40 110 "$BENCH" ./$B/groupmm bench gemm --weights $w --iters "${ITERS:-20}" \
-    --json "$OUT/w4_bench_$w.json"
-done
-grep -E '^groupmm bench|^(decode|prefill)_|^    w4_|FAIL|^ok' "$BENCH" | tee -a "$SUMMARY"
 
 # 5. regressions in the code this issue touched (quantizer recipes, quantized GEMMs), if time is left
 run_stage regressions 60 200 "$TLOG" ./$B/groupmm_tests_gpu --gtest_brief=1 \
