@@ -1,8 +1,8 @@
 // CUDA group_dequantize. Two kernels, both exact by construction: every element goes through
 // qnum::dequant_scale + qnum::dequant_code, the two halves of the CPU reference's dequant_value.
 //  - rowwise copy: one thread per 16-element segment of an output row (one scale block holds the
-//    whole segment: rowwise blocks are 16, 32 or 128 wide), 16-byte loads and stores where the
-//    pointers allow;
+//    whole segment: rowwise blocks are 16, 32 or 128 wide), one 16-byte load (8 for nvfp4) and
+//    16-byte stores (validation requires 16-byte aligned rowwise data and output, K % 16 == 0);
 //  - columnwise copy (per expert [K, m_g], the transpose of the output's rows): one block per
 //    (128-row expert tile, 64 columns), read along m into shared memory, written along K, so that
 //    both sides are coalesced.
@@ -35,24 +35,18 @@ struct DequantParams {
   const void* scales;
   const float* per_expert;
   void* out;
-  bool vector_in, vector_out;  // 16-byte aligned data (8 for nvfp4) / out
 };
 
+// 16 outputs of a 16-byte aligned segment as 16-byte stores.
 template <class E>
-__device__ __forceinline__ void store16(typename E::Storage* dst, const float (&v)[16],
-                                        bool vector) {
+__device__ __forceinline__ void store16(typename E::Storage* dst, const float (&v)[16]) {
   alignas(16) typename E::Storage o[16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) o[j] = E::from_float(v[j]);
-  if (vector) {
-    constexpr int kVecs = int(sizeof(o) / sizeof(uint4));
+  constexpr int kVecs = int(sizeof(o) / sizeof(uint4));
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j)
-      reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(o)[j];
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) dst[j] = o[j];
-  }
+  for (int j = 0; j < kVecs; ++j)
+    reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(o)[j];
 }
 
 // ---- rowwise copy ----------------------------------------------------------------------------
@@ -74,27 +68,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_rows_kernel(DequantPara
   alignas(16) uint8_t codes[16];
   if (p.L.recipe == QuantRecipe::nvfp4) {  // 8 bytes, element 2j in the low nibble
     alignas(8) uint8_t b[8];
-    if (p.vector_in) {
-      *reinterpret_cast<uint2*>(b) = *reinterpret_cast<const uint2*>(p.data + e0 / 2);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) b[j] = p.data[e0 / 2 + j];
-    }
+    *reinterpret_cast<uint2*>(b) = *reinterpret_cast<const uint2*>(p.data + e0 / 2);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       codes[2 * j] = b[j] & 0xFu;
       codes[2 * j + 1] = b[j] >> 4;
     }
-  } else if (p.vector_in) {
-    *reinterpret_cast<uint4*>(codes) = *reinterpret_cast<const uint4*>(p.data + e0);
   } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) codes[j] = p.data[e0 + j];
+    *reinterpret_cast<uint4*>(codes) = *reinterpret_cast<const uint4*>(p.data + e0);
   }
   float v[16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) v[j] = qnum::dequant_code(p.L, codes[j], s);
-  store16<E>(static_cast<typename E::Storage*>(p.out) + e0, v, p.vector_out);
+  store16<E>(static_cast<typename E::Storage*>(p.out) + e0, v);
 }
 
 // ---- columnwise copy -------------------------------------------------------------------------
@@ -152,11 +138,6 @@ void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantPro
       : p.L.recipe == QuantRecipe::nvfp4     ? static_cast<const float*>(a.in.global_scale.data)
                                              : nullptr;
   d.out = a.out.data;
-  const auto aligned = [](const void* q, uintptr_t to) {
-    return reinterpret_cast<uintptr_t>(q) % to == 0;
-  };
-  d.vector_in = aligned(d.data, p.L.recipe == QuantRecipe::nvfp4 ? 8 : 16);
-  d.vector_out = aligned(d.out, 16);
   using Cfg = DequantConfig;
   if (p.M == 0 || p.K == 0) return;
   dispatch_element(a.out.dtype, "group_dequantize: out.dtype", [&](auto e) {
