@@ -1,6 +1,6 @@
-// An independent model of grouped quantization, written from the format definitions (docs/numerics.md)
-// and the layouts documented in include/groupmm/quantize.hpp. It shares no code with
-// the library: no convert.hpp encoder or decoder, no qnum rule, no index function. A format is
+// An independent model of grouped quantization, written from the format definitions
+// (docs/numerics.md) and the layouts documented in include/groupmm/quantize.hpp. It shares no code
+// with the library: no convert.hpp encoder or decoder, no qnum rule, no index function. A format is
 // the list of its values, derived from the bit fields; rounding is a search for the nearest value
 // with ties to the even code; scale rules are the spelled-out fp32 expressions; every index is
 // recomputed here from the documented formulas. The CPU tests hold the reference backend to it,

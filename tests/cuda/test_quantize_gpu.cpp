@@ -157,8 +157,8 @@ TEST(DequantizeGpu, EveryOutputDtypeAndAnOddColumnwiseAddressMatchCpu) {
   GROUPMM_REQUIRE_GPU();
   const int64_t G = 5, M = 390, K = 96;
   std::vector<int64_t> s = {100, 0, 150, 60, 80};
-  for (QuantRecipe r : {QuantRecipe::fp8_current, QuantRecipe::fp8_block, QuantRecipe::mxfp8,
-                        QuantRecipe::nvfp4}) {
+  for (QuantRecipe r :
+       {QuantRecipe::fp8_current, QuantRecipe::fp8_block, QuantRecipe::mxfp8, QuantRecipe::nvfp4}) {
     const QuantizeConfig cfg = qcfg(r, QuantDirection::both);
     const int64_t Kr = r == QuantRecipe::fp8_block ? 128 : K;
     const std::vector<float> v = input_values(M * Kr, false);

@@ -87,8 +87,8 @@ void case_quantized_gemm(Gen& g, Arena& a, Context& ctx) {
 // The MoE ops in the order a block calls them, each on mostly valid outputs of the one before.
 void case_moe_ops(Gen& g, Arena& a, Context& ctx) {
   const int64_t T = g.pick(0, 64), E = g.chance(0.9) ? g.pick(1, 40) : g.pick(-2, 2000);
-  const int64_t k = g.chance(0.9) ? g.pick(1, std::max<int64_t>(1, std::min<int64_t>(E, 8)))
-                                  : g.pick(-1, 40);
+  const int64_t k =
+      g.chance(0.9) ? g.pick(1, std::max<int64_t>(1, std::min<int64_t>(E, 8))) : g.pick(-1, 40);
   const int64_t H = g.pick(1, 8) * 8, F = g.pick(1, 4) * 8;
   const DType t = g.chance(0.5) ? DType::bf16 : DType::fp16;
   RouterConfig rc;

@@ -94,7 +94,7 @@ template <int kPer>
 __global__ void __launch_bounds__(Cfg::kThreads) router_fwd_kernel(RouterFwdParams p) {
   extern __shared__ float router_smem[];
   __shared__ float z_terms[Cfg::kWarps];
-  float* terms = router_smem;                                            // [kWarps][E]
+  float* terms = router_smem;                                                   // [kWarps][E]
   uint8_t* hits = reinterpret_cast<uint8_t*>(router_smem + Cfg::kWarps * p.E);  // [kWarps][E]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t c = blockIdx.x, t0 = c * kRouterChunkTokens, t = t0 + warp;

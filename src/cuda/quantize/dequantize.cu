@@ -18,7 +18,7 @@ namespace {
 
 struct DequantConfig {
   static constexpr int kThreads = 256;
-  static constexpr int kSeg = 16;       // rowwise: elements per thread
+  static constexpr int kSeg = 16;        // rowwise: elements per thread
   static constexpr int kTileRows = 128;  // columnwise: the plan's expert-local row tiles
   static constexpr int kTileCols = 64;
   static_assert(kThreads % 32 == 0, "warps");
@@ -62,8 +62,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_rows_kernel(DequantPara
   const qnum::Geom g = p.plan.geom(gi);
   const int64_t lr = row - g.start;
   if (lr >= g.rows) return;
-  const qnum::BlockScale s =
-      qnum::dequant_scale(p.L, g, gi, lr, k0, false, p.scales, p.per_expert);
+  const qnum::BlockScale s = qnum::dequant_scale(p.L, g, gi, lr, k0, false, p.scales, p.per_expert);
   const int64_t e0 = row * p.K + k0;
   alignas(16) uint8_t codes[16];
   if (p.L.recipe == QuantRecipe::nvfp4) {  // 8 bytes, element 2j in the low nibble
@@ -101,8 +100,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_cols_kernel(DequantPara
     const int c = idx / Cfg::kTileRows, r = idx % Cfg::kTileRows;  // r fastest: coalesced
     if (c >= cols || r >= rows) continue;
     const int64_t lr = r0 + r, k = k0 + c;
-    tile[c][r] =
-        qnum::dequant_value(p.L, g, gi, lr, k, true, p.data, p.scales, p.per_expert);
+    tile[c][r] = qnum::dequant_value(p.L, g, gi, lr, k, true, p.data, p.scales, p.per_expert);
   }
   __syncthreads();
   // Write: output row lr, columns [k0, k0 + cols): consecutive threads take consecutive columns.
