@@ -23,7 +23,7 @@ struct DequantConfig {
   static constexpr int kTileCols = 64;
   static_assert(kThreads % 32 == 0, "warps");
   static_assert(kTileRows == qnum::kTileRows, "a columnwise tile is one tile of the plan");
-  static_assert((kTileRows * kTileCols) % kThreads == 0, "the columnwise tile splits evenly");
+  static_assert(kTileRows % 16 == 0, "a 4-row run of a tile stays in one scale block");
   static_assert(kSeg == 16, "one segment is one 16-byte fp8 load and within one scale block");
 };
 
@@ -96,11 +96,23 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_cols_kernel(DequantPara
   const int rows = g.rows - r0 < Cfg::kTileRows ? int(g.rows - r0) : Cfg::kTileRows;
   const int cols = p.K - k0 < Cfg::kTileCols ? int(p.K - k0) : Cfg::kTileCols;
   // Read: for each column k, the tile's rows are contiguous in the copy ([K, m_g] per expert).
-  for (int idx = threadIdx.x; idx < Cfg::kTileCols * Cfg::kTileRows; idx += Cfg::kThreads) {
-    const int c = idx / Cfg::kTileRows, r = idx % Cfg::kTileRows;  // r fastest: coalesced
+  // A thread takes kRun consecutive rows: they share one scale (blocks along m are 16, 32 or 128
+  // rows and start at multiples of 16 of the expert's rows), so the index rule runs once per run.
+  constexpr int kRun = 4, kRuns = Cfg::kTileRows / kRun;
+  const bool fp4 = p.L.recipe == QuantRecipe::nvfp4;
+  for (int idx = threadIdx.x; idx < Cfg::kTileCols * kRuns; idx += Cfg::kThreads) {
+    const int c = idx / kRuns, r = (idx % kRuns) * kRun;  // r fastest: coalesced
     if (c >= cols || r >= rows) continue;
     const int64_t lr = r0 + r, k = k0 + c;
-    tile[c][r] = qnum::dequant_value(p.L, g, gi, lr, k, true, p.data, p.scales, p.per_expert);
+    const qnum::BlockScale s = qnum::dequant_scale(p.L, g, gi, lr, k, true, p.scales, p.per_expert);
+    const int64_t e = p.L.K * g.start + k * g.rows + lr;  // element index in the copy
+#pragma unroll
+    for (int j = 0; j < kRun; ++j) {
+      if (r + j >= rows) break;
+      const uint8_t b = p.data[fp4 ? (e + j) / 2 : e + j];
+      const uint8_t code = !fp4 ? b : ((e + j) & 1) ? uint8_t(b >> 4) : uint8_t(b & 0xFu);
+      tile[c][r + j] = qnum::dequant_code(p.L, code, s);
+    }
   }
   __syncthreads();
   // Write: output row lr, columns [k0, k0 + cols): consecutive threads take consecutive columns.
