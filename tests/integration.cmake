@@ -4,7 +4,7 @@
 
 # ---- fuzzing the public API on the CPU backend (a few seconds; scripts/sanitize_cpu.sh runs it
 # under AddressSanitizer + UndefinedBehaviorSanitizer)
-add_executable(groupmm_fuzz tests/fuzz/fuzz_api.cpp)
+add_executable(groupmm_fuzz tests/fuzz/fuzz_api.cpp tests/fuzz/fuzz_moe_qgemm.cpp)
 target_link_libraries(groupmm_fuzz PRIVATE groupmm_lib)
 target_include_directories(groupmm_fuzz PRIVATE ${PROJECT_SOURCE_DIR}/tests/fuzz)
 add_test(NAME fuzz.public_api_cpu COMMAND groupmm_fuzz --seconds 3 --seed 1)

@@ -64,10 +64,9 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// ---- typed, range-checked options
-// ---------------------------------------------------------------- Integers are decimal only
-// ("2.5", "3x", "abc", "010" are rejected, not truncated or read as octal); the error names the
-// option and the accepted range.
+// ---- typed, range-checked options ------------------------------------------------------------
+// Integers are decimal only ("2.5", "3x", "abc", "010" are rejected, not truncated or read as
+// octal); the error names the option and the accepted range.
 CLI::Option* add_int(CLI::App& app, const std::string& name, int64_t& value, int64_t lo, int64_t hi,
                      const std::string& help);
 CLI::Option* add_int(CLI::App& app, const std::string& name, int& value, int lo, int hi,
@@ -89,9 +88,8 @@ std::ofstream open_json(const std::string& path);
 // Throws groupmm::Error when a file written with open_json() failed (disk full, ...).
 void close_json(std::ofstream& f, const std::string& path);
 
-// ---- limits
-// -------------------------------------------------------------------------------------- Bytes the
-// system can still give (host: MemAvailable; CUDA: free device memory).
+// ---- limits ------------------------------------------------------------------------------------
+// Bytes the system can still give (host: MemAvailable; CUDA: free device memory).
 double available_bytes(Device d);
 // Throws UsageError when `bytes` (what the command will allocate on `d`) would not fit, naming
 // `what` and the options that size it: "... needs about 400.0 GiB of host memory, more than the

@@ -1,4 +1,5 @@
-// groupmm: the command line (info, demo [moe], bench <suite>), built on CLI11 from the command registry.
+// groupmm: the command line (info, demo [moe], bench <suite>), built on CLI11 from the command
+// registry.
 //
 // Exit status: 0 success (and --help / --version), 1 a failed run (an error of the library or the
 // device, a failed validation), 2 a usage error (unknown command or option, bad value, a size that

@@ -14,9 +14,9 @@
 // of the activation), moe_permute_backward (a k-way sum and the d weight gather),
 // moe_router_backward (d logits), moe_router_logits_backward (dx, dW_r).
 //
-// Conventions (docs/conventions.md): sizes are host-known (R from moe_permuted_rows), splits and maps live
-// on the device; results are bit-identical run to run (fixed-order sums, no floating-point
-// atomics); router ties break toward the lower expert id on both backends.
+// Conventions (docs/conventions.md): sizes are host-known (R from moe_permuted_rows), splits and
+// maps live on the device; results are bit-identical run to run (fixed-order sums, no
+// floating-point atomics); router ties break toward the lower expert id on both backends.
 //
 // Every op below is graph safe on CUDA (no host read of device data, no sync, no allocation once
 // the Context workspace is reserved for the ops that use it) unless it says otherwise. Minimum SM:

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_cases.hpp"
 #include "fuzz_gen.hpp"
 #include "groupmm/dbias.hpp"
 #include "groupmm/gemm.hpp"
@@ -409,7 +410,10 @@ int run(int argc, char** argv) {
       {"dbias", case_dbias},
       {"swiglu", case_swiglu},
       {"fill", case_fill},
-      {"layer", case_layer}};
+      {"layer", case_layer},
+      {"quantized_gemm", case_quantized_gemm},
+      {"moe_ops", case_moe_ops},
+      {"moe_block", case_moe_block}};
   struct Stat {
     long ok = 0, rejected = 0;
     double seconds = 0;

@@ -47,11 +47,11 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// ---- kernel attributes
-// --------------------------------------------------------------------------- Raises the kernel's
-// dynamic shared-memory limit to max_bytes on the Context's device, once per Context
-// (Context::first_use). The attribute is per (function, device) and is not a stream operation, so
-// the first call on a Context should come before a stream capture that launches the kernel.
+// ---- kernel attributes --------------------------------------------------------------------------
+// Raises the kernel's dynamic shared-memory limit to max_bytes on the Context's device, once per
+// Context (Context::first_use). The attribute is per (function, device) and is not a stream
+// operation, so the first call on a Context should come before a stream capture that launches the
+// kernel.
 template <class... KArgs>
 void allow_dynamic_smem(Context& ctx, void (*kernel)(KArgs...), int max_bytes) {
   if (!ctx.first_use(reinterpret_cast<const void*>(kernel))) return;

@@ -1,4 +1,4 @@
-// CUDA moe_router_backward: one warp per chunk of tokens, a token at a time. Scores are
+// CUDA moe_router_backward: one warp per token. Scores are
 // recomputed from the logits (as the forward did), d scores gathered from d weights (through the
 // renormalization), plus the aux loss's and z-loss's terms, then through softmax / sigmoid. Every
 // operation mirrors the CPU reference (src/cpu/moe_router.cpp) in order and rounding.
@@ -18,7 +18,7 @@ struct RouterBwdParams {
   const float* d_weights;
   float* d_logits;
   StatusBlock* status;
-  int64_t T, NC;
+  int64_t T;
   int E, k;
   bool softmax_score, renorm, z;
   float scale;
@@ -29,16 +29,15 @@ struct RouterBwdParams {
 template <int kPer>
 __global__ void __launch_bounds__(Cfg::kThreads) router_bwd_kernel(RouterBwdParams p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t c = int64_t(blockIdx.x) * Cfg::kWarps + warp;
-  if (c >= p.NC) return;
+  const int64_t t = int64_t(blockIdx.x) * Cfg::kWarps + warp;
+  if (t >= p.T) return;
   float a[kPer];  // aux-loss gradient of each owned expert's P
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
     a[i] = p.counts != nullptr && e < p.E ? rn::mul(p.aux_scale, float(p.counts[e])) : 0.0f;
   }
-  const int64_t t_end = min(p.T, (c + 1) * kRouterChunkTokens);
-  for (int64_t t = c * kRouterChunkTokens; t < t_end; ++t) {
+  {
     TokenScores<kPer> ts;
     ts.load(p.logits + t * p.E, lane, p.E);
     ts.scores(p.softmax_score, p.z, lane, p.E);
@@ -119,8 +118,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) router_bwd_kernel(RouterBwdPara
 }  // namespace
 
 void moe_router_backward(Context& ctx, const RouterConfig& cfg, const RouterBackwardArgs& a) {
-  const int64_t T = a.logits.dim(0), E = cfg.experts, NC = qnum::ceil_div(T, kRouterChunkTokens);
-  if (NC == 0) return;
+  const int64_t T = a.logits.dim(0), E = cfg.experts;
+  if (T == 0) return;
   RouterBwdParams p{};
   p.logits = a.logits.ptr<float>();
   p.ids = a.expert_ids.ptr<int32_t>();
@@ -129,7 +128,6 @@ void moe_router_backward(Context& ctx, const RouterConfig& cfg, const RouterBack
   p.d_logits = a.d_logits.ptr<float>();
   p.status = ctx.status();
   p.T = T;
-  p.NC = NC;
   p.E = int(E);
   p.k = int(cfg.topk);
   p.softmax_score = cfg.score == RouterScore::softmax;
@@ -140,7 +138,7 @@ void moe_router_backward(Context& ctx, const RouterConfig& cfg, const RouterBack
   const double Td = double(T);
   p.aux_scale = float(double(cfg.aux_loss_coeff) * double(E) / (double(cfg.topk) * Td * Td));
   p.z_scale = float(2.0 * double(cfg.z_loss_coeff) / Td);
-  const unsigned blocks = grid_size(qnum::ceil_div(NC, Cfg::kWarps));
+  const unsigned blocks = grid_size(qnum::ceil_div(T, Cfg::kWarps));
   dispatch_per_lane(E, [&](auto per) {
     router_bwd_kernel<decltype(per)::value><<<blocks, Cfg::kThreads, 0, ctx.stream()>>>(p);
   });

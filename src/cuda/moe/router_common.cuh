@@ -14,7 +14,7 @@ namespace groupmm::cuda::moe {
 namespace rn = groupmm::router;
 
 struct RouterKernelConfig {
-  static constexpr int kWarps = 4;  // tokens chunks per CTA, one warp each
+  static constexpr int kWarps = 8;  // tokens per CTA, one warp each
   static constexpr int kThreads = kWarps * 32;
   static_assert(kThreads <= 1024, "block size");
 };

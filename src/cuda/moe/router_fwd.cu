@@ -1,4 +1,4 @@
-// CUDA moe_router_forward: one warp per chunk of kRouterChunkTokens tokens (a token at a time, its
+// CUDA moe_router_forward: one CTA per chunk of kRouterChunkTokens tokens, one warp per token (its
 // scores in registers), then one CTA per expert reduces the chunks' partial counts and aux-loss
 // sums in a fixed order; the CTA that finishes last adds up the losses. Integer tickets only: no
 // floating-point atomics, deterministic.
@@ -85,45 +85,46 @@ __device__ unsigned keep_groups(const RouterFwdParams& p, const float* sel, int 
   return keep;
 }
 
+// One CTA per chunk of kRouterChunkTokens tokens, one warp per token (enough warps in flight to
+// hide the shuffle chains of the top-k rounds). Shared memory: per warp [E] floats (the selection
+// keys of group-limited routing, then the token's aux-loss terms) and [E] count bytes. The
+// chunk's partials are then summed over the warps in token order: the same order, and so the
+// same bits, as one warp adding its tokens in turn.
 template <int kPer>
 __global__ void __launch_bounds__(Cfg::kThreads) router_fwd_kernel(RouterFwdParams p) {
-  extern __shared__ float sel_smem[];  // [kWarps][E], group-limited routing only
+  extern __shared__ float router_smem[];
+  __shared__ float z_terms[Cfg::kWarps];
+  float* terms = router_smem;                                                   // [kWarps][E]
+  uint8_t* hits = reinterpret_cast<uint8_t*>(router_smem + Cfg::kWarps * p.E);  // [kWarps][E]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t c = int64_t(blockIdx.x) * Cfg::kWarps + warp;
-  if (c >= p.NC) return;
-  float* sel_sh = sel_smem + warp * p.E;
+  const int64_t c = blockIdx.x, t0 = c * kRouterChunkTokens, t = t0 + warp;
+  float* mine = terms + warp * p.E;
   const int Eg = p.E / p.n_group;
-  float bias[kPer], psum[kPer];
-  int cnt[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    bias[i] = p.bias != nullptr && e < p.E ? p.bias[e] : 0.0f;
-    psum[i] = 0.0f;
-    cnt[i] = 0;
-  }
-  float zacc = 0.0f;
-  const int64_t t_end = min(p.T, (c + 1) * kRouterChunkTokens);
-  for (int64_t t = c * kRouterChunkTokens; t < t_end; ++t) {
+  if (t < p.T) {
     TokenScores<kPer> ts;
     ts.load(p.logits + t * p.E, lane, p.E);
     ts.scores(p.softmax_score, p.z, lane, p.E);
     float sel[kPer];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) sel[i] = p.bias != nullptr ? rn::add(ts.s[i], bias[i]) : ts.s[i];
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane + 32 * i;
+      const float b = p.bias != nullptr && e < p.E ? p.bias[e] : 0.0f;
+      sel[i] = p.bias != nullptr ? rn::add(ts.s[i], b) : ts.s[i];
+    }
     unsigned keep = ~0u;
     if (p.n_group > 1) {
 #pragma unroll
       for (int i = 0; i < kPer; ++i)
-        if (lane + 32 * i < p.E) sel_sh[lane + 32 * i] = sel[i];
+        if (lane + 32 * i < p.E) mine[lane + 32 * i] = sel[i];
       __syncwarp();
-      keep = keep_groups(p, sel_sh, lane);
-      __syncwarp();  // sel_sh is rewritten by the next token
+      keep = keep_groups(p, mine, lane);
+      __syncwarp();  // `mine` is rewritten with the aux-loss terms below
     }
     // top-k rounds: the best selectable item ranking after the previous round's winner
     Cand prev = no_cand();
     float wsum = 0.0f, my_w = 0.0f;
     int my_id = -1;
+    uint8_t hit[kPer] = {};
     for (int j = 0; j < p.k; ++j) {
       Cand best = no_cand();
 #pragma unroll
@@ -137,7 +138,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) router_fwd_kernel(RouterFwdPara
       if (lane == j) my_id = best.id, my_w = best.s;
       wsum = rn::add(wsum, best.s);
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) cnt[i] += lane + 32 * i == best.id ? 1 : 0;
+      for (int i = 0; i < kPer; ++i) hit[i] |= lane + 32 * i == best.id ? 1 : 0;
       prev = best;
     }
     wsum = rn::add(wsum, rn::kRenormEps);
@@ -146,25 +147,40 @@ __global__ void __launch_bounds__(Cfg::kThreads) router_fwd_kernel(RouterFwdPara
       p.ids[t * p.k + lane] = my_id;
       p.weights[t * p.k + lane] = rn::mul(w, p.scale);
     }
-    if (p.aux) {  // P = softmax, or the sigmoid scores over their sum
-      const float z =
-          p.softmax_score ? 1.0f : rn::add(warp_lane_sum<kPer>(ts.s, lane, p.E), rn::kRenormEps);
+    // P = softmax, or the sigmoid scores over their sum
+    const float z = p.aux && !p.softmax_score
+                        ? rn::add(warp_lane_sum<kPer>(ts.s, lane, p.E), rn::kRenormEps)
+                        : 1.0f;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) psum[i] += rn::div(ts.s[i], z);
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane + 32 * i;
+      if (e >= p.E) continue;
+      hits[warp * p.E + e] = hit[i];
+      if (p.aux) mine[e] = rn::div(ts.s[i], z);
     }
     if (p.z && lane == 0) {
       const float lse = ts.lse();
-      zacc += lse * lse;
+      z_terms[warp] = lse * lse;
     }
   }
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    if (e >= p.E) continue;
-    p.ws.part_counts[e * p.NC + c] = cnt[i];
-    if (p.aux) p.ws.part_psum[e * p.NC + c] = psum[i];
+  __syncthreads();
+  // The chunk's partials, in token order.
+  const int nt = p.T - t0 < Cfg::kWarps ? int(p.T - t0) : Cfg::kWarps;
+  for (int e = threadIdx.x; e < p.E; e += Cfg::kThreads) {
+    int cnt = 0;
+    float psum = 0.0f;
+    for (int w = 0; w < nt; ++w) {
+      cnt += hits[w * p.E + e];
+      if (p.aux) psum += terms[w * p.E + e];
+    }
+    p.ws.part_counts[e * p.NC + c] = cnt;
+    if (p.aux) p.ws.part_psum[e * p.NC + c] = psum;
   }
-  if (p.z && lane == 0) p.ws.part_z[c] = zacc;
+  if (p.z && threadIdx.x == 0) {
+    float zacc = 0.0f;
+    for (int w = 0; w < nt; ++w) zacc += z_terms[w];
+    p.ws.part_z[c] = zacc;
+  }
 }
 
 struct FinalizeParams {
@@ -253,10 +269,11 @@ void moe_router_forward(Context& ctx, const RouterConfig& cfg, const RouterArgs&
   p.z = cfg.z_loss_coeff != 0;
   p.scale = cfg.scaling_factor;
   if (NC > 0) {
-    const size_t smem = cfg.n_group > 1 ? size_t(Cfg::kWarps * E) * sizeof(float) : 0;
-    const unsigned blocks = grid_size(qnum::ceil_div(NC, Cfg::kWarps));
+    static_assert(Cfg::kWarps == kRouterChunkTokens, "one warp per token of a chunk");
+    const size_t smem = size_t(Cfg::kWarps * E) * (sizeof(float) + 1);  // <= 40 KiB (E <= 1024)
     dispatch_per_lane(E, [&](auto per) {
-      router_fwd_kernel<decltype(per)::value><<<blocks, Cfg::kThreads, smem, ctx.stream()>>>(p);
+      router_fwd_kernel<decltype(per)::value>
+          <<<grid_size(NC), Cfg::kThreads, smem, ctx.stream()>>>(p);
     });
     GROUPMM_CHECK_LAUNCH();
   }

@@ -1,8 +1,8 @@
 // CUDA group_dequantize. Two kernels, both exact by construction: every element goes through
 // qnum::dequant_scale + qnum::dequant_code, the two halves of the CPU reference's dequant_value.
 //  - rowwise copy: one thread per 16-element segment of an output row (one scale block holds the
-//    whole segment: rowwise blocks are 16, 32 or 128 wide), 16-byte loads and stores where the
-//    pointers allow;
+//    whole segment: rowwise blocks are 16, 32 or 128 wide), one 16-byte load (8 for fp4) and
+//    16-byte stores (validation requires 16-byte aligned rowwise data and output, K % 16 == 0);
 //  - columnwise copy (per expert [K, m_g], the transpose of the output's rows): one block per
 //    (128-row expert tile, 64 columns), read along m into shared memory, written along K, so that
 //    both sides are coalesced.
@@ -23,7 +23,7 @@ struct DequantConfig {
   static constexpr int kTileCols = 64;
   static_assert(kThreads % 32 == 0, "warps");
   static_assert(kTileRows == qnum::kTileRows, "a columnwise tile is one tile of the plan");
-  static_assert((kTileRows * kTileCols) % kThreads == 0, "the columnwise tile splits evenly");
+  static_assert(kTileRows % 16 == 0, "a 4-row run of a tile stays in one scale block");
   static_assert(kSeg == 16, "one segment is one 16-byte fp8 load and within one scale block");
 };
 
@@ -35,24 +35,18 @@ struct DequantParams {
   const void* scales;
   const float* per_expert;
   void* out;
-  bool vector_in, vector_out;  // 16-byte aligned data (8 for fp4) / out
 };
 
+// 16 outputs of a 16-byte aligned segment as 16-byte stores.
 template <class E>
-__device__ __forceinline__ void store16(typename E::Storage* dst, const float (&v)[16],
-                                        bool vector) {
+__device__ __forceinline__ void store16(typename E::Storage* dst, const float (&v)[16]) {
   alignas(16) typename E::Storage o[16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) o[j] = E::from_float(v[j]);
-  if (vector) {
-    constexpr int kVecs = int(sizeof(o) / sizeof(uint4));
+  constexpr int kVecs = int(sizeof(o) / sizeof(uint4));
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j)
-      reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(o)[j];
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) dst[j] = o[j];
-  }
+  for (int j = 0; j < kVecs; ++j)
+    reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(o)[j];
 }
 
 // ---- rowwise copy ----------------------------------------------------------------------------
@@ -73,27 +67,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_rows_kernel(DequantPara
   alignas(16) uint8_t codes[16];
   if (qnum::is_fp4(p.L.recipe)) {  // 8 bytes, element 2j in the low nibble
     alignas(8) uint8_t b[8];
-    if (p.vector_in) {
-      *reinterpret_cast<uint2*>(b) = *reinterpret_cast<const uint2*>(p.data + e0 / 2);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) b[j] = p.data[e0 / 2 + j];
-    }
+    *reinterpret_cast<uint2*>(b) = *reinterpret_cast<const uint2*>(p.data + e0 / 2);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       codes[2 * j] = b[j] & 0xFu;
       codes[2 * j + 1] = b[j] >> 4;
     }
-  } else if (p.vector_in) {
-    *reinterpret_cast<uint4*>(codes) = *reinterpret_cast<const uint4*>(p.data + e0);
   } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) codes[j] = p.data[e0 + j];
+    *reinterpret_cast<uint4*>(codes) = *reinterpret_cast<const uint4*>(p.data + e0);
   }
   float v[16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) v[j] = qnum::dequant_code(p.L, codes[j], s);
-  store16<E>(static_cast<typename E::Storage*>(p.out) + e0, v, p.vector_out);
+  store16<E>(static_cast<typename E::Storage*>(p.out) + e0, v);
 }
 
 // ---- columnwise copy -------------------------------------------------------------------------
@@ -110,11 +96,23 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_cols_kernel(DequantPara
   const int rows = g.rows - r0 < Cfg::kTileRows ? int(g.rows - r0) : Cfg::kTileRows;
   const int cols = p.K - k0 < Cfg::kTileCols ? int(p.K - k0) : Cfg::kTileCols;
   // Read: for each column k, the tile's rows are contiguous in the copy ([K, m_g] per expert).
-  for (int idx = threadIdx.x; idx < Cfg::kTileCols * Cfg::kTileRows; idx += Cfg::kThreads) {
-    const int c = idx / Cfg::kTileRows, r = idx % Cfg::kTileRows;  // r fastest: coalesced
+  // A thread takes kRun consecutive rows: they share one scale (blocks along m are 16, 32 or 128
+  // rows and start at multiples of 16 of the expert's rows), so the index rule runs once per run.
+  constexpr int kRun = 4, kRuns = Cfg::kTileRows / kRun;
+  const bool fp4 = qnum::is_fp4(p.L.recipe);
+  for (int idx = threadIdx.x; idx < Cfg::kTileCols * kRuns; idx += Cfg::kThreads) {
+    const int c = idx / kRuns, r = (idx % kRuns) * kRun;  // r fastest: coalesced
     if (c >= cols || r >= rows) continue;
     const int64_t lr = r0 + r, k = k0 + c;
-    tile[c][r] = qnum::dequant_value(p.L, g, gi, lr, k, true, p.data, p.scales, p.per_expert);
+    const qnum::BlockScale s = qnum::dequant_scale(p.L, g, gi, lr, k, true, p.scales, p.per_expert);
+    const int64_t e = p.L.K * g.start + k * g.rows + lr;  // element index in the copy
+#pragma unroll
+    for (int j = 0; j < kRun; ++j) {
+      if (r + j >= rows) break;
+      const uint8_t b = p.data[fp4 ? (e + j) / 2 : e + j];
+      const uint8_t code = !fp4 ? b : ((e + j) & 1) ? uint8_t(b >> 4) : uint8_t(b & 0xFu);
+      tile[c][r + j] = qnum::dequant_code(p.L, code, s);
+    }
   }
   __syncthreads();
   // Write: output row lr, columns [k0, k0 + cols): consecutive threads take consecutive columns.
@@ -150,11 +148,6 @@ void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantPro
       : p.L.recipe == QuantRecipe::nvfp4     ? static_cast<const float*>(a.in.global_scale.data)
                                              : nullptr;
   d.out = a.out.data;
-  const auto aligned = [](const void* q, uintptr_t to) {
-    return reinterpret_cast<uintptr_t>(q) % to == 0;
-  };
-  d.vector_in = aligned(d.data, qnum::is_fp4(p.L.recipe) ? 8 : 16);
-  d.vector_out = aligned(d.out, 16);
   using Cfg = DequantConfig;
   if (p.M == 0 || p.K == 0) return;
   dispatch_element(a.out.dtype, "group_dequantize: out.dtype", [&](auto e) {

@@ -8,15 +8,14 @@
 
 namespace groupmm::cuda::tile {
 
-// ---- columnwise run store
-// ------------------------------------------------------------------------ One column's codes for
-// the tile's rows, len bytes at `run` in the expert's [K, m_g] block, held by the lanes col_pair +
-// 4 rg (rg = 0..7, 4N bytes each; col_pair: the lane's column pair). The run starts wherever col *
-// m_g lands, unaligned for any m_g that is not a multiple of 16 (8 for fp4), i.e. for nearly every
-// real routing: the warp then realigns each run across its 8 lanes (qnum::store_col_run_*: vector
-// stores of whole chunks, byte stores spread over the lanes at the edges). A warp whose runs are
-// all aligned skips the realignment. Every lane calls this (shuffles); `ok`: this lane's column is
-// inside the tile.
+// ---- columnwise run store -----------------------------------------------------------------------
+// One column's codes for the tile's rows, len bytes at `run` in the expert's [K, m_g] block, held
+// by the lanes col_pair + 4 rg (rg = 0..7, 4N bytes each; col_pair: the lane's column pair). The
+// run starts wherever col * m_g lands, unaligned for any m_g that is not a multiple of 16 (8 for
+// fp4), i.e. for nearly every real routing: the warp then realigns each run across its 8 lanes
+// (qnum::store_col_run_*: vector stores of whole chunks, byte stores spread over the lanes at the
+// edges). A warp whose runs are all aligned skips the realignment. Every lane calls this
+// (shuffles); `ok`: this lane's column is inside the tile.
 template <int N>
 __device__ __forceinline__ void store_col_run(uint8_t* run, int len, bool ok, int col_pair, int rg,
                                               const uint32_t (&w)[N]) {
