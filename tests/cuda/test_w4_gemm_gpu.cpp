@@ -67,7 +67,7 @@ TEST_P(W4GemmGpu, MatchesCpuReference) {
 // Top-1 routing of M tokens over G experts with a skewed (Zipf) choice: many experts empty.
 std::vector<int64_t> top1(int64_t G, int64_t M) {
   std::vector<int64_t> s(size_t(G), 0);
-  std::vector<double> w(size_t(G));
+  std::vector<double> w(static_cast<size_t>(G));
   for (int64_t i = 0; i < G; ++i) w[size_t(i)] = 1.0 / std::pow(double(i + 1), 1.2);
   std::shuffle(w.begin(), w.end(), rng());
   std::discrete_distribution<int64_t> d(w.begin(), w.end());
