@@ -73,6 +73,10 @@ GemmDims validate(const Context& ctx, const W4GemmArgs& a) {
     GROUPMM_CHECK(v.device == dev, kOp, ": ", arg, " is on ", device_name(v.device),
                   " but the context is ", device_name(dev));
     GROUPMM_CHECK(v.data != nullptr, kOp, ": ", arg, ".data is null");
+    // Both backends read the elements through typed pointers.
+    const int64_t eb = dtype_bits(v.dtype) / 8;
+    GROUPMM_CHECK(eb <= 1 || reinterpret_cast<uintptr_t>(v.data) % uintptr_t(eb) == 0, kOp, ": ",
+                  arg, ".data=", v.data, " must be aligned to its ", eb, "-byte elements");
   };
   check("w.data", w.data, s.data);
   check("w.scale_inv", w.scale_inv, s.scale_inv);

@@ -103,6 +103,10 @@ TEST(W4GemmCpu, ErrorsNameOpArgumentAndValue) {
   a.w.global_scale = TensorView();
   EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: w.global_scale is required");
   a = ok;
+  a.w.global_scale.data = static_cast<char*>(a.w.global_scale.data) + 2;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: w.global_scale.data=");
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "must be aligned to its 4-byte elements");
+  a = ok;
   a.w.block_2d = true;
   EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: w must be quantized in 1x16 blocks");
   a = ok;
