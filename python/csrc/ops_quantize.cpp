@@ -60,10 +60,13 @@ groupmm::QuantizeConfig config_of(c10::string_view recipe, std::optional<at::Sca
   return c;
 }
 
-at::Tensor alloc(Call& call, const groupmm::TensorSpec& s) {
+// Scale buffers are zeroed: the core leaves their slack (the host-known bound past the last
+// expert's blocks) unwritten, and results should not depend on what the allocator hands out.
+at::Tensor alloc(Call& call, const groupmm::TensorSpec& s, bool zeroed = false) {
   if (!s.present()) return call.empty({0}, at::kFloat);
   std::vector<int64_t> shape(s.shape.begin(), s.shape.begin() + s.rank);
-  return call.empty(shape, torch_dtype(s.dtype));
+  at::Tensor t = call.empty(shape, torch_dtype(s.dtype));
+  return zeroed ? t.view(at::kByte).zero_().view(t.scalar_type()) : t;
 }
 
 groupmm::TensorView maybe_view(Call& call, const at::Tensor& t, const char* arg) {
@@ -87,8 +90,9 @@ Quantized group_quantize(const at::Tensor& input, const std::optional<at::Tensor
   const int64_t G = splits ? splits->size(0) : input.size(0);
   const int64_t K = input.size(-1), rows = input.numel() / std::max<int64_t>(K, 1);
   const auto s = groupmm::group_quantize_shapes(rows, K, G, a.config);
-  Quantized q{alloc(call, s.data), alloc(call, s.scale_inv), alloc(call, s.columnwise_data),
-              alloc(call, s.columnwise_scale_inv), alloc(call, s.amax)};
+  Quantized q{alloc(call, s.data), alloc(call, s.scale_inv, true),
+              alloc(call, s.columnwise_data), alloc(call, s.columnwise_scale_inv, true),
+              alloc(call, s.amax)};
   a.out.data = maybe_view(call, std::get<0>(q), "data");
   a.out.scale_inv = maybe_view(call, std::get<1>(q), "scale_inv");
   a.out.columnwise_data = maybe_view(call, std::get<2>(q), "columnwise_data");

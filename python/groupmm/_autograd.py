@@ -73,3 +73,29 @@ def _unpermute_backward(ctx, dy):
 
 
 register_autograd("groupmm::unpermute", _unpermute_backward, setup_context=_map_setup)
+
+
+def _router_setup(ctx, inputs, output):
+    logits, _bias, _topk, *cfg = inputs
+    ids, _w, counts, _aux, _z = output
+    ctx.save_for_backward(logits, ids, counts)
+    ctx.cfg = cfg  # score, n_group, topk_group, renormalize, scaling_factor, aux, z coefficients
+
+
+def _router_backward(ctx, _d_ids, d_weights, _d_counts, d_aux, d_z):
+    # The core differentiates sum(d_weights * weights) + aux_loss + z_loss, the losses with
+    # gradient 1; each loss term is taken on its own here and scaled by its upstream gradient.
+    logits, ids, counts = ctx.saved_tensors
+    *head, aux_c, z_c = ctx.cfg
+    if d_weights is None:
+        d_weights = logits.new_zeros(ids.shape)
+    d_logits = ops.router_backward(logits, ids, counts, d_weights, *head, 0.0, 0.0)
+    zero = torch.zeros_like(d_weights)
+    if aux_c != 0.0 and d_aux is not None:
+        d_logits = d_logits + d_aux * ops.router_backward(logits, ids, counts, zero, *head, aux_c, 0.0)
+    if z_c != 0.0 and d_z is not None:
+        d_logits = d_logits + d_z * ops.router_backward(logits, ids, counts, zero, *head, 0.0, z_c)
+    return (d_logits,) + (None,) * 9
+
+
+register_autograd("groupmm::router", _router_backward, setup_context=_router_setup)

@@ -8,7 +8,7 @@ from conftest import make_splits
 
 ops = torch.ops.groupmm
 COUNTS = [32, 0, 64, 32]
-K = 64
+K = 128
 
 
 def activations(device):
@@ -40,10 +40,12 @@ def test_round_trip(device, recipe, layout, from_columnwise):
     x = activations(device)
     splits = make_splits(COUNTS, device)
     q = ops.group_quantize(x, splits, recipe, scale_layout=layout)
+    before = [t.view(torch.uint8).clone() for t in q]
     y = ops.group_dequantize(*q, splits, list(x.shape), recipe, scale_layout=layout,
                              from_columnwise=from_columnwise, out_dtype=torch.float32)
     # e4m3 keeps 3 mantissa bits: relative error <= 2^-4, plus the subnormal floor of a block.
     torch.testing.assert_close(y, x.float(), rtol=0.0625, atol=0.02)
+    assert all(torch.equal(a.view(torch.uint8), b) for a, b in zip(q, before))  # inputs unchanged
 
 
 def test_weights_are_quantized_per_expert(device):
