@@ -16,15 +16,24 @@ namespace groupmm_torch {
 
 groupmm::DType to_groupmm(at::ScalarType t, const char* op, const char* arg) {
   switch (t) {
-    case at::kBFloat16: return groupmm::DType::bf16;
-    case at::kHalf: return groupmm::DType::fp16;
-    case at::kFloat: return groupmm::DType::fp32;
-    case at::kInt: return groupmm::DType::int32;
-    case at::kLong: return groupmm::DType::int64;
-    case at::kFloat8_e4m3fn: return groupmm::DType::fp8e4m3;
-    case at::kFloat8_e5m2: return groupmm::DType::fp8e5m2;
-    case at::kFloat8_e8m0fnu: return groupmm::DType::e8m0;
-    default: break;
+    case at::kBFloat16:
+      return groupmm::DType::bf16;
+    case at::kHalf:
+      return groupmm::DType::fp16;
+    case at::kFloat:
+      return groupmm::DType::fp32;
+    case at::kInt:
+      return groupmm::DType::int32;
+    case at::kLong:
+      return groupmm::DType::int64;
+    case at::kFloat8_e4m3fn:
+      return groupmm::DType::fp8e4m3;
+    case at::kFloat8_e5m2:
+      return groupmm::DType::fp8e5m2;
+    case at::kFloat8_e8m0fnu:
+      return groupmm::DType::e8m0;
+    default:
+      break;
   }
   TORCH_CHECK_TYPE(false, "groupmm.", op, ": ", arg, " has dtype ", t,
                    ", which groupmm does not take (bfloat16, float16, float32, int32, int64, "

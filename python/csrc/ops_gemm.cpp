@@ -82,7 +82,8 @@ at::Tensor group_dbias(const at::Tensor& dy, const at::Tensor& splits,
   TORCH_CHECK_VALUE(dy.dim() == 2, "groupmm.group_dbias: dy must be [M, N]; got ", dy.sizes());
   at::Tensor db = call.empty({splits.size(0), dy.size(1)}, out_dtype.value_or(dy.scalar_type()));
   auto& ctx = call.ctx();
-  const size_t ws = groupmm::group_dbias_workspace_size(ctx, dy.size(0), dy.size(1), splits.size(0));
+  const size_t ws =
+      groupmm::group_dbias_workspace_size(ctx, dy.size(0), dy.size(1), splits.size(0));
   groupmm::group_dbias(ctx, dyv, sv, call.out(db, "db"), false, call.workspace(ws), ws);
   call.finish();
   return db;

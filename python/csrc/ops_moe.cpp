@@ -213,9 +213,8 @@ std::tuple<at::Tensor, at::Tensor> permute_backward(
 
 // y [T, H] = sum over the k rows of each token in y_perm [R, H] (+ add [T, H]).
 at::Tensor unpermute(const at::Tensor& y_perm, const at::Tensor& dest_row,
-                     const at::Tensor& row_start, const at::Tensor& kept,
-                     const at::Tensor& splits, int64_t align, int64_t capacity,
-                     const std::optional<at::Tensor>& add) {
+                     const at::Tensor& row_start, const at::Tensor& kept, const at::Tensor& splits,
+                     int64_t align, int64_t capacity, const std::optional<at::Tensor>& add) {
   Call call("unpermute", y_perm);
   const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
   const auto yp = call.in(y_perm, "y_perm");

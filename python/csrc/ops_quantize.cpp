@@ -39,11 +39,16 @@ groupmm::QuantDirection direction_of(c10::string_view d) {
 
 at::ScalarType torch_dtype(groupmm::DType t) {
   switch (t) {
-    case groupmm::DType::fp32: return at::kFloat;
-    case groupmm::DType::fp8e4m3: return at::kFloat8_e4m3fn;
-    case groupmm::DType::fp8e5m2: return at::kFloat8_e5m2;
-    case groupmm::DType::e8m0: return at::kFloat8_e8m0fnu;
-    default: TORCH_CHECK(false, "groupmm: no torch dtype for ", groupmm::dtype_name(t));
+    case groupmm::DType::fp32:
+      return at::kFloat;
+    case groupmm::DType::fp8e4m3:
+      return at::kFloat8_e4m3fn;
+    case groupmm::DType::fp8e5m2:
+      return at::kFloat8_e5m2;
+    case groupmm::DType::e8m0:
+      return at::kFloat8_e8m0fnu;
+    default:
+      TORCH_CHECK(false, "groupmm: no torch dtype for ", groupmm::dtype_name(t));
   }
 }
 
@@ -90,9 +95,8 @@ Quantized group_quantize(const at::Tensor& input, const std::optional<at::Tensor
   const int64_t G = splits ? splits->size(0) : input.size(0);
   const int64_t K = input.size(-1), rows = input.numel() / std::max<int64_t>(K, 1);
   const auto s = groupmm::group_quantize_shapes(rows, K, G, a.config);
-  Quantized q{alloc(call, s.data), alloc(call, s.scale_inv, true),
-              alloc(call, s.columnwise_data), alloc(call, s.columnwise_scale_inv, true),
-              alloc(call, s.amax)};
+  Quantized q{alloc(call, s.data), alloc(call, s.scale_inv, true), alloc(call, s.columnwise_data),
+              alloc(call, s.columnwise_scale_inv, true), alloc(call, s.amax)};
   a.out.data = maybe_view(call, std::get<0>(q), "data");
   a.out.scale_inv = maybe_view(call, std::get<1>(q), "scale_inv");
   a.out.columnwise_data = maybe_view(call, std::get<2>(q), "columnwise_data");

@@ -7,9 +7,11 @@ TORCH_LIBRARY(groupmm, m) {
   // grouped GEMM (gemm.hpp): forward TN, dgrad NN, wgrad NT; weights [G, N, K]
   m.def("grouped_mm(Tensor x, Tensor w, Tensor splits, Tensor? bias=None) -> Tensor");
   m.def("grouped_mm_dgrad(Tensor dy, Tensor w, Tensor splits) -> Tensor");
-  m.def("grouped_mm_wgrad(Tensor dy, Tensor x, Tensor splits, ScalarType? out_dtype=None) -> Tensor");
   m.def(
-      "grouped_mm_wgrad_accumulate(Tensor dy, Tensor x, Tensor splits, Tensor(a!) main_grad) -> ()");
+      "grouped_mm_wgrad(Tensor dy, Tensor x, Tensor splits, ScalarType? out_dtype=None) -> Tensor");
+  m.def(
+      "grouped_mm_wgrad_accumulate(Tensor dy, Tensor x, Tensor splits, Tensor(a!) main_grad) -> "
+      "()");
   m.def("group_dbias(Tensor dy, Tensor splits, ScalarType? out_dtype=None) -> Tensor");
   m.def("group_offsets(Tensor splits) -> (Tensor start, Tensor end)");
   // Context::check() on torch's current stream of device_like's device (a sync; eager only)
