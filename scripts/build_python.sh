@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=$(command -v "${PYTHON:-python3}")
+case "$PY" in /*) ;; *) PY="$PWD/$PY" ;; esac
 B=${GROUPMM_BUILD_DIR:-build}
 export PATH="/usr/local/cuda/bin:$PATH"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR=1
@@ -14,8 +15,8 @@ gen=(); command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 jobs=${GROUPMM_JOBS:-$(nproc)}
 [ -f "$B/CMakeCache.txt" ] || cmake -S . -B "$B" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$B" --target groupmm_lib -j "$jobs"
-if [ ! -f "$B/python/CMakeCache.txt" ]; then
-  cmake -S python -B "$B/python" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -Dgroupmm_DIR="$PWD/$B" \
-    -DPython3_EXECUTABLE="$PY" -DGROUPMM_TORCH_OUTPUT_DIR="$PWD/python/groupmm"
-fi
+# Configured every time (seconds): another Python or torch is picked up.
+[ -f "$B/python/CMakeCache.txt" ] && gen=()
+cmake -S python -B "$B/python" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -Dgroupmm_DIR="$PWD/$B" \
+  -DPython3_EXECUTABLE="$PY" -DGROUPMM_TORCH_OUTPUT_DIR="$PWD/python/groupmm" >/dev/null
 cmake --build "$B/python" -j "$jobs"

@@ -14,7 +14,7 @@ mkdir -p build
 report() { echo "$1 $2 $3" >"$counts"; }
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch, pytest" >/dev/null 2>&1; then
-  PY=build/venv/bin/python
+  PY=$PWD/build/venv/bin/python
   if ! "$PY" -c "import torch, pytest" >/dev/null 2>&1; then
     echo "python tests: installing ${GROUPMM_TORCH:-torch==2.11.0} and pytest into build/venv (PyPI)"
     if ! { python3 -m venv build/venv &&
