@@ -31,12 +31,12 @@ static QuantProblem validate_dequantize(const Context& ctx, const GroupDequantiz
   return validate_quantize_args(ctx, q, op, "out", "in");
 }
 
-size_t group_dequantize_workspace_size(const Context&, const GroupDequantizeArgs& a) {
+size_t group_dequantize_workspace_size(const Context& ctx, const GroupDequantizeArgs& a) {
   const int64_t G =
       a.in.splits.present() ? a.in.splits.dim(0) : (a.out.rank == 3 ? a.out.dim(0) : 1);
   GROUPMM_CHECK(G >= 1 && G <= (int64_t(1) << 40), "group_dequantize_workspace_size: G=", G,
                 " must be in [1, 2^40]");
-  return cuda::quant_plan_workspace_size(G);
+  return ctx.device() == Device::CUDA ? cuda::quant_plan_workspace_size(G) : 0;
 }
 
 void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, void* ws, size_t ws_bytes) {

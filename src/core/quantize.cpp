@@ -324,7 +324,8 @@ QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs&
   return p;
 }
 
-size_t group_quantize_workspace_size(const Context&, const GroupQuantizeArgs& a, bool with_dbias) {
+size_t group_quantize_workspace_size(const Context& ctx, const GroupQuantizeArgs& a,
+                                     bool with_dbias) {
   // Bounds under which the products below fit (the arguments are not validated yet).
   (void)a.input.numel();
   int64_t G = 1, M = 0, K = 0;
@@ -340,7 +341,10 @@ size_t group_quantize_workspace_size(const Context&, const GroupQuantizeArgs& a,
   GROUPMM_CHECK(G >= 1 && G <= (int64_t(1) << 24) && K <= (int64_t(1) << 32),
                 "group_quantize_workspace_size: G=", G, ", K=", K,
                 " must be in [1, 2^24] and at most 2^32");
-  return cuda::group_quantize_workspace_size(M, K, G, a.config.recipe, with_dbias);
+  // The CPU backend needs none (and a CPU-only build has no CUDA side to ask).
+  return ctx.device() == Device::CUDA
+             ? cuda::group_quantize_workspace_size(M, K, G, a.config.recipe, with_dbias)
+             : 0;
 }
 
 static GroupedTensor run(Context& ctx, const GroupQuantizeArgs& a, const TensorView& dbias,

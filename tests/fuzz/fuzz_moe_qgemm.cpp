@@ -34,13 +34,22 @@ GroupedTensor quantize(Context& ctx, Arena& a, const TensorView& x, const Tensor
   return group_quantize(ctx, q);
 }
 
+// [G] int32 splits of M rows in whole 16-row units (M % 16 == 0): what wgrad's TMA needs.
+TensorView splits16(Gen& g, Arena& a, int64_t G, int64_t M) {
+  TensorView v = a.view(DType::int32, {G});
+  auto* s = static_cast<int32_t*>(v.data);
+  std::fill(s, s + G, 0);
+  for (int64_t u = 0; u < M / 16; ++u) s[g.pick(0, G - 1)] += 16;
+  return v;
+}
+
 }  // namespace
 
 // Operands quantized with a random recipe (the GEMM's scale layouts, mostly valid shapes), then
 // one pass with random options; sometimes a recipe, layout, dtype or view is broken.
 void case_quantized_gemm(Gen& g, Arena& a, Context& ctx) {
   const QuantRecipe r = static_cast<QuantRecipe>(g.chance(0.95) ? g.pick(1, 3) : g.pick(0, 4));
-  const int64_t unit = r == QuantRecipe::fp8_block ? 128 : 16;
+  const int64_t unit = r == QuantRecipe::fp8_block ? 128 : r == QuantRecipe::mxfp8 ? 32 : 16;
   const int64_t G = g.groups(), N = g.pick(1, 3) * unit, K = g.pick(1, 3) * unit;
   const int64_t M = g.chance(0.8) ? g.pick(0, 8) * 16 : g.pick(0, 200);
   QuantizeConfig c;
@@ -52,7 +61,7 @@ void case_quantized_gemm(Gen& g, Arena& a, Context& ctx) {
   if (g.chance(0.05)) c.scale_layout = static_cast<ScaleLayout>(g.pick(0, 2));
   QuantizedGemmArgs x;
   x.pass = static_cast<GemmPass>(g.pick(0, 2));
-  x.splits = a.splits(g, G, M);
+  x.splits = M % 16 == 0 && g.chance(0.7) ? splits16(g, a, G, M) : a.splits(g, G, M);
   const TensorView act = a.view(DType::bf16, {M, x.pass == GemmPass::forward ? K : N});
   QuantizeConfig cw = c;
   cw.block_2d = r == QuantRecipe::fp8_block;
@@ -84,17 +93,25 @@ void case_quantized_gemm(Gen& g, Arena& a, Context& ctx) {
   grouped_gemm(ctx, x, g.chance(0.2) ? a.bytes(64) : nullptr, g.chance(0.2) ? 64 : ws);
 }
 
-// The MoE ops in the order a block calls them, each on mostly valid outputs of the one before.
+// The MoE ops in the order a block calls them, each on the outputs of the one before; at most one
+// stage gets a malformed view (so that most cases reach the later ops).
 void case_moe_ops(Gen& g, Arena& a, Context& ctx) {
-  const int64_t T = g.pick(0, 64), E = g.chance(0.9) ? g.pick(1, 40) : g.pick(-2, 2000);
+  const int broken = g.chance(0.5) ? int(g.pick(0, 9)) : -1;
+  auto maybe_break = [&](int stage, std::initializer_list<TensorView*> views) {
+    if (stage == broken) g.mutate_one_of(views, a);
+  };
+  const int64_t T = g.pick(0, 64), E = g.chance(0.97) ? g.pick(1, 40) : g.pick(-2, 2000);
   const int64_t k =
-      g.chance(0.9) ? g.pick(1, std::max<int64_t>(1, std::min<int64_t>(E, 8))) : g.pick(-1, 40);
+      g.chance(0.97) ? g.pick(1, std::max<int64_t>(1, std::min<int64_t>(E, 8))) : g.pick(-1, 40);
   const int64_t H = g.pick(1, 8) * 8, F = g.pick(1, 4) * 8;
   const DType t = g.chance(0.5) ? DType::bf16 : DType::fp16;
   RouterConfig rc;
   rc.experts = E, rc.topk = k;
   rc.score = g.chance(0.5) ? RouterScore::softmax : RouterScore::sigmoid;
-  if (g.chance(0.2)) rc.n_group = g.pick(1, 4), rc.topk_group = g.pick(1, 3);
+  if (g.chance(0.2)) {  // group-limited: mostly a valid grouping
+    rc.n_group = E % 4 == 0 && g.chance(0.8) ? 4 : g.pick(1, 5);
+    rc.topk_group = std::min<int64_t>(g.pick(1, 3), std::max<int64_t>(k, 1));
+  }
   rc.renormalize = g.chance(0.5);
   rc.aux_loss_coeff = g.chance(0.5) ? 0.01f : 0.0f;
   rc.z_loss_coeff = g.chance(0.3) ? 0.001f : 0.0f;
@@ -102,7 +119,7 @@ void case_moe_ops(Gen& g, Arena& a, Context& ctx) {
   (void)rc.to_string();
   const int64_t Ev = std::max<int64_t>(E, 1), kv = std::max<int64_t>(k, 1);
   TensorView x = a.view(t, {T, H}), w = a.view(t, {Ev, H}), logits = a.view(DType::fp32, {T, Ev});
-  g.mutate_one_of({&x, &w, &logits}, a);
+  maybe_break(0, {&x, &w, &logits});
   moe_router_logits(ctx, x, w, logits);
   RouterArgs ra;
   ra.logits = logits;
@@ -112,43 +129,46 @@ void case_moe_ops(Gen& g, Arena& a, Context& ctx) {
   ra.aux_loss = a.view(DType::fp32, {1});
   ra.z_loss = a.view(DType::fp32, {1});
   if (g.chance(0.2)) ra.expert_bias = a.view(DType::fp32, {Ev});
-  g.mutate_one_of({&ra.expert_ids, &ra.weights, &ra.counts, &ra.aux_loss, &ra.expert_bias}, a);
+  maybe_break(1, {&ra.expert_ids, &ra.weights, &ra.counts, &ra.aux_loss, &ra.expert_bias});
   moe_router_forward(ctx, rc, ra);
   PermuteMap m;
   m.tokens = T, m.topk = k, m.experts = E;
-  m.align = g.chance(0.7) ? 1 : g.chance(0.5) ? 16 : g.pick(-1, 3);
-  m.capacity = g.chance(0.8) ? 0 : g.pick(-1, 10);
-  m.rows = g.chance(0.95) ? moe_permuted_rows(T, kv, Ev, std::max<int64_t>(m.align, 1),
+  m.align = g.chance(0.7) ? 1 : g.chance(0.9) ? 16 : g.pick(-1, 3);
+  m.capacity = g.chance(0.8) ? 0 : g.pick(g.chance(0.9) ? 1 : -1, 10);
+  m.rows = g.chance(0.97) ? moe_permuted_rows(T, kv, Ev, std::max<int64_t>(m.align, 1),
                                               std::max<int64_t>(m.capacity, 0))
                           : g.pick(-1, 50);
   m.dest_row = a.view(DType::int32, {T, kv});
   m.row_start = a.view(DType::int32, {Ev});
   m.kept = a.view(DType::int32, {Ev});
   m.splits = a.view(DType::int32, {Ev});
-  g.mutate_one_of({&m.dest_row, &m.row_start, &m.kept, &m.splits}, a);
+  maybe_break(2, {&m.dest_row, &m.row_start, &m.kept, &m.splits});
   (void)m.to_string();
+  // ids from the router, or arbitrary ints (out of range: skipped and reported)
   moe_permute_plan(ctx, g.chance(0.9) ? ra.expert_ids : a.view(DType::int32, {T, kv}), m);
   const int64_t R = std::max<int64_t>(m.rows, 0);
   TensorView xp = a.view(t, {R, H}), probs = a.view(DType::fp32, {R});
-  g.mutate_one_of({&xp, &probs}, a);
+  maybe_break(3, {&xp, &probs});
   moe_permute(ctx, x, m, xp, ra.weights, probs);
   TensorView gu = a.view(t, {R, 2 * F}), act = a.view(t, {R, F});
-  g.mutate_one_of({&gu, &act}, a);
+  maybe_break(4, {&gu, &act});
   weighted_swiglu_forward(ctx, gu, probs, act);
   TensorView yp = a.view(t, {R, H}), y = a.view(t, {T, H});
+  maybe_break(5, {&yp, &y});
   moe_unpermute(ctx, yp, m, y, g.chance(0.3) ? a.view(t, {T, H}) : TensorView());
   // backward
   TensorView dyp = a.view(t, {R, H});
   moe_unpermute_backward(ctx, y, m, dyp);
   TensorView dgu = a.view(t, {R, 2 * F}), dprob = a.view(DType::fp32, {R});
-  g.mutate_one_of({&dgu, &dprob}, a);
+  maybe_break(6, {&dgu, &dprob});
   weighted_swiglu_backward(ctx, act, gu, probs, dgu, dprob);
   TensorView dx = a.view(t, {T, H}), dw = a.view(DType::fp32, {T, kv});
+  maybe_break(7, {&dx, &dw});
   moe_permute_backward(ctx, xp, m, dx, dprob, dw);
   RouterBackwardArgs rb;
   rb.logits = logits, rb.expert_ids = ra.expert_ids, rb.counts = ra.counts, rb.d_weights = dw;
   rb.d_logits = a.view(DType::fp32, {T, Ev});
-  g.mutate_one_of({&rb.d_weights, &rb.d_logits, &rb.expert_ids}, a);
+  maybe_break(8, {&rb.d_weights, &rb.d_logits, &rb.expert_ids});
   moe_router_backward(ctx, rc, rb);
   moe_router_logits_backward(ctx, rb.d_logits, x, w, g.chance(0.8) ? dx : TensorView(),
                              g.chance(0.8) ? a.view(DType::fp32, {Ev, H}) : TensorView(),

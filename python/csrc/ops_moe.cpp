@@ -1,0 +1,262 @@
+// ops_moe.cpp: SwiGLU (plain and router-weighted), router, permute plan, permute / unpermute.
+//
+// A permute map travels as its four tensors (dest_row, row_start, kept, splits) plus align and
+// capacity; the host-known sizes (tokens, top-k, experts, rows) follow from their shapes.
+#include <torch/library.h>
+
+#include "binding.hpp"
+#include "groupmm/moe.hpp"
+
+namespace groupmm_torch {
+namespace {
+
+at::Tensor swiglu(const at::Tensor& gate_up) {
+  Call call("swiglu", gate_up);
+  const auto g = call.in(gate_up, "gate_up");
+  TORCH_CHECK_VALUE(gate_up.dim() == 2, "groupmm.swiglu: gate_up must be [M, 2I]; got ",
+                    gate_up.sizes());
+  at::Tensor out = call.empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.scalar_type());
+  groupmm::swiglu_forward(call.ctx(), g, call.out(out, "out"));
+  call.finish();
+  return out;
+}
+
+at::Tensor swiglu_backward(const at::Tensor& dout, const at::Tensor& gate_up) {
+  Call call("swiglu_backward", gate_up);
+  const auto d = call.in(dout, "dout");
+  const auto g = call.in(gate_up, "gate_up");
+  at::Tensor dgu = call.empty(gate_up.sizes(), gate_up.scalar_type());
+  groupmm::swiglu_backward(call.ctx(), d, g, call.out(dgu, "dgate_up"));
+  call.finish();
+  return dgu;
+}
+
+at::Tensor weighted_swiglu(const at::Tensor& gate_up, const at::Tensor& prob) {
+  Call call("weighted_swiglu", gate_up);
+  const auto g = call.in(gate_up, "gate_up");
+  const auto p = call.in(prob, "prob");
+  TORCH_CHECK_VALUE(gate_up.dim() == 2, "groupmm.weighted_swiglu: gate_up must be [M, 2I]; got ",
+                    gate_up.sizes());
+  at::Tensor out = call.empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.scalar_type());
+  groupmm::weighted_swiglu_forward(call.ctx(), g, p, call.out(out, "out"));
+  call.finish();
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> weighted_swiglu_backward(const at::Tensor& dout,
+                                                            const at::Tensor& gate_up,
+                                                            const at::Tensor& prob) {
+  Call call("weighted_swiglu_backward", gate_up);
+  const auto d = call.in(dout, "dout");
+  const auto g = call.in(gate_up, "gate_up");
+  const auto p = call.in(prob, "prob");
+  at::Tensor dgu = call.empty(gate_up.sizes(), gate_up.scalar_type());
+  at::Tensor dprob = call.empty(prob.sizes(), at::kFloat);
+  groupmm::weighted_swiglu_backward(call.ctx(), d, g, p, call.out(dgu, "dgate_up"),
+                                    call.out(dprob, "dprob"));
+  call.finish();
+  return {dgu, dprob};
+}
+
+groupmm::RouterConfig router_config(int64_t experts, int64_t topk, c10::string_view score,
+                                    int64_t n_group, int64_t topk_group, bool renormalize,
+                                    double scaling_factor, double aux_loss_coeff,
+                                    double z_loss_coeff) {
+  groupmm::RouterConfig c;
+  c.experts = experts;
+  c.topk = topk;
+  TORCH_CHECK_VALUE(score == "softmax" || score == "sigmoid", "groupmm.router: score='",
+                    std::string(score), "' must be 'softmax' or 'sigmoid'");
+  c.score = score == "softmax" ? groupmm::RouterScore::softmax : groupmm::RouterScore::sigmoid;
+  c.n_group = n_group;
+  c.topk_group = topk_group;
+  c.renormalize = renormalize;
+  c.scaling_factor = static_cast<float>(scaling_factor);
+  c.aux_loss_coeff = static_cast<float>(aux_loss_coeff);
+  c.z_loss_coeff = static_cast<float>(z_loss_coeff);
+  return c;
+}
+
+// logits [T, E] fp32 -> expert_ids [T, k] int32, weights [T, k] fp32, counts [E] int32,
+// aux_loss [1], z_loss [1] (zeros when their coefficient is 0).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> router(
+    const at::Tensor& logits, const std::optional<at::Tensor>& expert_bias, int64_t topk,
+    c10::string_view score, int64_t n_group, int64_t topk_group, bool renormalize,
+    double scaling_factor, double aux_loss_coeff, double z_loss_coeff) {
+  Call call("router", logits);
+  TORCH_CHECK_VALUE(logits.dim() == 2, "groupmm.router: logits must be [T, E]; got ",
+                    logits.sizes());
+  const int64_t T = logits.size(0), E = logits.size(1);
+  const auto cfg = router_config(E, topk, score, n_group, topk_group, renormalize, scaling_factor,
+                                 aux_loss_coeff, z_loss_coeff);
+  groupmm::RouterArgs a;
+  a.logits = call.in(logits, "logits");
+  a.expert_bias = call.in(expert_bias, "expert_bias");
+  at::Tensor ids = call.empty({T, topk}, at::kInt), w = call.empty({T, topk}, at::kFloat);
+  at::Tensor counts = call.empty({E}, at::kInt);
+  at::Tensor aux = at::zeros({1}, call.options().dtype(at::kFloat));
+  at::Tensor z = at::zeros({1}, call.options().dtype(at::kFloat));
+  a.expert_ids = call.out(ids, "expert_ids");
+  a.weights = call.out(w, "weights");
+  a.counts = call.out(counts, "counts");
+  a.aux_loss = call.out(aux, "aux_loss");
+  a.z_loss = call.out(z, "z_loss");
+  auto& ctx = call.ctx();
+  const size_t ws = groupmm::moe_router_workspace_size(ctx, cfg, T);
+  groupmm::moe_router_forward(ctx, cfg, a, call.workspace(ws), ws);
+  call.finish();
+  return {ids, w, counts, aux, z};
+}
+
+// d_logits of sum(d_weights * weights) + aux_loss + z_loss (the losses with gradient 1).
+at::Tensor router_backward(const at::Tensor& logits, const at::Tensor& expert_ids,
+                           const at::Tensor& counts, const at::Tensor& d_weights,
+                           c10::string_view score, int64_t n_group, int64_t topk_group,
+                           bool renormalize, double scaling_factor, double aux_loss_coeff,
+                           double z_loss_coeff) {
+  Call call("router_backward", logits);
+  TORCH_CHECK_VALUE(logits.dim() == 2 && expert_ids.dim() == 2,
+                    "groupmm.router_backward: logits must be [T, E] and expert_ids [T, k]");
+  const auto cfg = router_config(logits.size(1), expert_ids.size(1), score, n_group, topk_group,
+                                 renormalize, scaling_factor, aux_loss_coeff, z_loss_coeff);
+  groupmm::RouterBackwardArgs a;
+  a.logits = call.in(logits, "logits");
+  a.expert_ids = call.in(expert_ids, "expert_ids");
+  a.counts = call.in(counts, "counts");
+  a.d_weights = call.in(d_weights, "d_weights");
+  at::Tensor dl = call.empty(logits.sizes(), at::kFloat);
+  a.d_logits = call.out(dl, "d_logits");
+  groupmm::moe_router_backward(call.ctx(), cfg, a);
+  call.finish();
+  return dl;
+}
+
+// The map's views over its four tensors (validated by the core where it is used).
+groupmm::PermuteMap map_of(Call& call, const at::Tensor& dest_row, const at::Tensor& row_start,
+                           const at::Tensor& kept, const at::Tensor& splits, int64_t align,
+                           int64_t capacity) {
+  TORCH_CHECK_VALUE(dest_row.dim() == 2, "groupmm: dest_row must be [T, k]; got ",
+                    dest_row.sizes());
+  groupmm::PermuteMap m;
+  m.tokens = dest_row.size(0);
+  m.topk = dest_row.size(1);
+  m.experts = splits.size(0);
+  m.align = align;
+  m.capacity = capacity;
+  m.rows = groupmm::moe_permuted_rows(m.tokens, m.topk, m.experts, align, capacity);
+  m.dest_row = call.in(dest_row, "dest_row");
+  m.row_start = call.in(row_start, "row_start");
+  m.kept = call.in(kept, "kept");
+  m.splits = call.in(splits, "splits");
+  return m;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_plan(
+    const at::Tensor& expert_ids, int64_t experts, int64_t align, int64_t capacity) {
+  Call call("permute_plan", expert_ids);
+  const auto ids = call.in(expert_ids, "expert_ids");
+  TORCH_CHECK_VALUE(expert_ids.dim() == 2, "groupmm.permute_plan: expert_ids must be [T, k]; got ",
+                    expert_ids.sizes());
+  const int64_t T = expert_ids.size(0), k = expert_ids.size(1);
+  groupmm::PermuteMap m;
+  m.tokens = T;
+  m.topk = k;
+  m.experts = experts;
+  m.align = align;
+  m.capacity = capacity;
+  m.rows = groupmm::moe_permuted_rows(T, k, experts, align, capacity);
+  at::Tensor dest = call.empty({T, k}, at::kInt), start = call.empty({experts}, at::kInt);
+  at::Tensor kept = call.empty({experts}, at::kInt), splits = call.empty({experts}, at::kInt);
+  m.dest_row = call.out(dest, "dest_row");
+  m.row_start = call.out(start, "row_start");
+  m.kept = call.out(kept, "kept");
+  m.splits = call.out(splits, "splits");
+  auto& ctx = call.ctx();
+  const size_t ws = groupmm::moe_permute_plan_workspace_size(ctx, T, k, experts);
+  groupmm::moe_permute_plan(ctx, ids, m, call.workspace(ws), ws);
+  call.finish();
+  return {dest, start, kept, splits};
+}
+
+// x [T, H] -> x_perm [R, H] (and probs [R] fp32 from weights [T, k] when given; else empty).
+std::tuple<at::Tensor, at::Tensor> permute(const at::Tensor& x, const at::Tensor& dest_row,
+                                           const at::Tensor& row_start, const at::Tensor& kept,
+                                           const at::Tensor& splits, int64_t align,
+                                           int64_t capacity,
+                                           const std::optional<at::Tensor>& weights) {
+  Call call("permute", x);
+  const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
+  const auto xv = call.in(x, "x");
+  at::Tensor xp = call.empty({m.rows, x.size(1)}, x.scalar_type());
+  at::Tensor probs = call.empty({weights ? m.rows : 0}, at::kFloat);
+  groupmm::moe_permute(call.ctx(), xv, m, call.out(xp, "x_perm"), call.in(weights, "weights"),
+                       weights ? call.out(probs, "probs") : groupmm::TensorView());
+  call.finish();
+  return {xp, probs};
+}
+
+// dx [T, H] = k-way sum of d_x_perm rows; d_weights [T, k] from d_probs [R] when given.
+std::tuple<at::Tensor, at::Tensor> permute_backward(
+    const at::Tensor& d_x_perm, const at::Tensor& dest_row, const at::Tensor& row_start,
+    const at::Tensor& kept, const at::Tensor& splits, int64_t align, int64_t capacity,
+    const std::optional<at::Tensor>& d_probs) {
+  Call call("permute_backward", d_x_perm);
+  const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
+  const auto dxp = call.in(d_x_perm, "d_x_perm");
+  at::Tensor dx = call.empty({m.tokens, d_x_perm.size(1)}, d_x_perm.scalar_type());
+  at::Tensor dw = call.empty({d_probs ? m.tokens : 0, d_probs ? m.topk : 0}, at::kFloat);
+  groupmm::moe_permute_backward(call.ctx(), dxp, m, call.out(dx, "dx"), call.in(d_probs, "d_probs"),
+                                d_probs ? call.out(dw, "d_weights") : groupmm::TensorView());
+  call.finish();
+  return {dx, dw};
+}
+
+// y [T, H] = sum over the k rows of each token in y_perm [R, H] (+ add [T, H]).
+at::Tensor unpermute(const at::Tensor& y_perm, const at::Tensor& dest_row,
+                     const at::Tensor& row_start, const at::Tensor& kept, const at::Tensor& splits,
+                     int64_t align, int64_t capacity, const std::optional<at::Tensor>& add) {
+  Call call("unpermute", y_perm);
+  const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
+  const auto yp = call.in(y_perm, "y_perm");
+  at::Tensor y = call.empty({m.tokens, y_perm.size(1)}, y_perm.scalar_type());
+  groupmm::moe_unpermute(call.ctx(), yp, m, call.out(y, "y"), call.in(add, "add"));
+  call.finish();
+  return y;
+}
+
+at::Tensor unpermute_backward(const at::Tensor& dy, const at::Tensor& dest_row,
+                              const at::Tensor& row_start, const at::Tensor& kept,
+                              const at::Tensor& splits, int64_t align, int64_t capacity) {
+  Call call("unpermute_backward", dy);
+  const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
+  const auto dyv = call.in(dy, "dy");
+  at::Tensor dyp = call.empty({m.rows, dy.size(1)}, dy.scalar_type());
+  groupmm::moe_unpermute_backward(call.ctx(), dyv, m, call.out(dyp, "dy_perm"));
+  call.finish();
+  return dyp;
+}
+
+void register_impls(torch::Library& m) {
+  m.impl("swiglu", &swiglu);
+  m.impl("swiglu_backward", &swiglu_backward);
+  m.impl("weighted_swiglu", &weighted_swiglu);
+  m.impl("weighted_swiglu_backward", &weighted_swiglu_backward);
+  m.impl("router", &router);
+  m.impl("router_backward", &router_backward);
+  m.impl("permute_plan", &permute_plan);
+  m.impl("permute", &permute);
+  m.impl("permute_backward", &permute_backward);
+  m.impl("unpermute", &unpermute);
+  m.impl("unpermute_backward", &unpermute_backward);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(groupmm, CPU, m) {
+  register_impls(m);
+}
+TORCH_LIBRARY_IMPL(groupmm, CUDA, m) {
+  register_impls(m);
+}
+
+}  // namespace groupmm_torch

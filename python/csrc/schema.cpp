@@ -1,0 +1,64 @@
+// schema.cpp: every op of the torch.ops.groupmm namespace, in one place. CPU and CUDA kernels are
+// in ops_*.cpp; fake (meta) kernels and autograd formulas in python/groupmm/_meta.py and
+// _autograd.py. Splits are [G] int32/int64 on the op's device; sizes never depend on their values.
+#include <torch/library.h>
+
+TORCH_LIBRARY(groupmm, m) {
+  // grouped GEMM (gemm.hpp): forward TN, dgrad NN, wgrad NT; weights [G, N, K]
+  m.def("grouped_mm(Tensor x, Tensor w, Tensor splits, Tensor? bias=None) -> Tensor");
+  m.def("grouped_mm_dgrad(Tensor dy, Tensor w, Tensor splits) -> Tensor");
+  m.def(
+      "grouped_mm_wgrad(Tensor dy, Tensor x, Tensor splits, ScalarType? out_dtype=None) -> Tensor");
+  m.def(
+      "grouped_mm_wgrad_accumulate(Tensor dy, Tensor x, Tensor splits, Tensor(a!) main_grad) -> "
+      "()");
+  m.def("group_dbias(Tensor dy, Tensor splits, ScalarType? out_dtype=None) -> Tensor");
+  m.def("group_offsets(Tensor splits) -> (Tensor start, Tensor end)");
+  // Context::check() on torch's current stream of device_like's device (a sync; eager only)
+  m.def("check_status(Tensor device_like) -> ()");
+
+  // MoE ops (moe.hpp)
+  m.def("swiglu(Tensor gate_up) -> Tensor");
+  m.def("swiglu_backward(Tensor dout, Tensor gate_up) -> Tensor");
+  m.def("weighted_swiglu(Tensor gate_up, Tensor prob) -> Tensor");
+  m.def(
+      "weighted_swiglu_backward(Tensor dout, Tensor gate_up, Tensor prob) -> "
+      "(Tensor dgate_up, Tensor dprob)");
+  m.def(
+      "router(Tensor logits, Tensor? expert_bias, int topk, str score='softmax', int n_group=1, "
+      "int topk_group=1, bool renormalize=False, float scaling_factor=1.0, "
+      "float aux_loss_coeff=0.0, float z_loss_coeff=0.0) -> "
+      "(Tensor expert_ids, Tensor weights, Tensor counts, Tensor aux_loss, Tensor z_loss)");
+  m.def(
+      "router_backward(Tensor logits, Tensor expert_ids, Tensor counts, Tensor d_weights, "
+      "str score='softmax', int n_group=1, int topk_group=1, bool renormalize=False, "
+      "float scaling_factor=1.0, float aux_loss_coeff=0.0, float z_loss_coeff=0.0) -> Tensor");
+  m.def(
+      "permute_plan(Tensor expert_ids, int experts, int align=1, int capacity=0) -> "
+      "(Tensor dest_row, Tensor row_start, Tensor kept, Tensor splits)");
+  m.def(
+      "permute(Tensor x, Tensor dest_row, Tensor row_start, Tensor kept, Tensor splits, int align, "
+      "int capacity, Tensor? weights=None) -> (Tensor x_perm, Tensor probs)");
+  m.def(
+      "permute_backward(Tensor d_x_perm, Tensor dest_row, Tensor row_start, Tensor kept, "
+      "Tensor splits, int align, int capacity, Tensor? d_probs=None) -> "
+      "(Tensor dx, Tensor d_weights)");
+  m.def(
+      "unpermute(Tensor y_perm, Tensor dest_row, Tensor row_start, Tensor kept, Tensor splits, "
+      "int align, int capacity, Tensor? add=None) -> Tensor");
+  m.def(
+      "unpermute_backward(Tensor dy, Tensor dest_row, Tensor row_start, Tensor kept, "
+      "Tensor splits, int align, int capacity) -> Tensor");
+
+  // grouped quantization (quantize.hpp)
+  m.def(
+      "group_quantize(Tensor input, Tensor? splits, str recipe, ScalarType? fp8_dtype=None, "
+      "str direction='both', str scale_layout='plain', bool pow2_scales=False, "
+      "bool block_2d=False) -> (Tensor data, Tensor scale_inv, Tensor columnwise_data, "
+      "Tensor columnwise_scale_inv, Tensor amax)");
+  m.def(
+      "group_dequantize(Tensor data, Tensor scale_inv, Tensor columnwise_data, "
+      "Tensor columnwise_scale_inv, Tensor amax, Tensor? splits, int[] shape, str recipe, "
+      "ScalarType? fp8_dtype=None, str scale_layout='plain', bool block_2d=False, "
+      "bool from_columnwise=False, ScalarType? out_dtype=None) -> Tensor");
+}

@@ -1,0 +1,49 @@
+"""groupmm for PyTorch: grouped GEMM, quantization and MoE ops as torch.ops.groupmm.*, and the
+autograd modules groupmm.nn.GroupedLinear / groupmm.nn.MoE.
+
+Every op has a CPU kernel (the core's reference backend) and a CUDA kernel (the sm_90a backend,
+on torch's current stream, outputs and workspace from torch's allocator), a fake kernel for
+torch.compile, and, where differentiable, an autograd formula. Per-expert row counts (`splits`,
+int32/int64 [G]) stay on the tensors' device and are never read on the host.
+
+Bad split values cannot be seen on the host without a sync: on the CPU each op raises them at
+once; on CUDA the kernels clamp, record the fault, and `groupmm.check(device)` raises it.
+"""
+
+import os
+
+import torch
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_lib = os.path.join(_here, "libgroupmm_torch.so")
+if not os.path.exists(_lib):
+    raise ImportError(
+        f"groupmm: the extension {_lib} is not built. From the repository root: "
+        "`pip install --no-build-isolation .`, or `bash scripts/build_python.sh` and "
+        "PYTHONPATH=python (both after scripts/setup.sh).")
+
+from ._build_info import TORCH_VERSION as _BUILT_FOR  # noqa: E402
+
+if _BUILT_FOR != torch.__version__:
+    # torch's C++ ABI changes between releases: a mismatch fails later in obscure ways.
+    raise ImportError(f"groupmm: the extension was built against torch {_BUILT_FOR}, but torch "
+                      f"{torch.__version__} is imported; rebuild it with this torch.")
+
+torch.ops.load_library(_lib)
+
+from . import _meta, _autograd  # noqa: E402,F401  (registrations)
+from ._meta import permuted_rows  # noqa: E402,F401
+from . import nn  # noqa: E402,F401
+
+ops = torch.ops.groupmm
+
+
+def check(device=None):
+    """Raises the first device fault (bad splits, bad expert ids) recorded by groupmm's kernels on
+    `device` (default: the current CUDA device) and torch's current stream there; synchronizes
+    that stream. Outside captured or compiled regions."""
+    device = torch.device(device if device is not None else "cuda")
+    ops.check_status(torch.empty(0, device=device))
+
+
+__all__ = ["ops", "nn", "check", "permuted_rows"]

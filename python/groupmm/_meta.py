@@ -1,0 +1,170 @@
+"""Fake (meta) kernels: output shapes and dtypes only, so torch.compile traces the ops.
+
+Sizes follow the core's rule that they are host-known and never depend on split values; the shape
+formulas of permute and quantize mirror moe_permuted_rows and group_quantize_shapes (opcheck
+compares these against the real kernels).
+"""
+
+import torch
+from torch.library import register_fake
+
+
+def _empty(like, shape, dtype):
+    return like.new_empty(shape, dtype=dtype)
+
+
+@register_fake("groupmm::grouped_mm")
+def _(x, w, splits, bias=None):
+    return _empty(x, (x.shape[0], w.shape[1]), x.dtype)
+
+
+@register_fake("groupmm::grouped_mm_dgrad")
+def _(dy, w, splits):
+    return _empty(dy, (dy.shape[0], w.shape[2]), dy.dtype)
+
+
+@register_fake("groupmm::grouped_mm_wgrad")
+def _(dy, x, splits, out_dtype=None):
+    return _empty(dy, (splits.shape[0], dy.shape[1], x.shape[1]), out_dtype or dy.dtype)
+
+
+@register_fake("groupmm::grouped_mm_wgrad_accumulate")
+def _(dy, x, splits, main_grad):
+    return None
+
+
+@register_fake("groupmm::group_dbias")
+def _(dy, splits, out_dtype=None):
+    return _empty(dy, (splits.shape[0], dy.shape[1]), out_dtype or dy.dtype)
+
+
+@register_fake("groupmm::group_offsets")
+def _(splits):
+    return torch.empty_like(splits), torch.empty_like(splits)
+
+
+@register_fake("groupmm::swiglu")
+def _(gate_up):
+    return _empty(gate_up, (gate_up.shape[0], gate_up.shape[1] // 2), gate_up.dtype)
+
+
+@register_fake("groupmm::swiglu_backward")
+def _(dout, gate_up):
+    return torch.empty_like(gate_up)
+
+
+@register_fake("groupmm::weighted_swiglu")
+def _(gate_up, prob):
+    return _empty(gate_up, (gate_up.shape[0], gate_up.shape[1] // 2), gate_up.dtype)
+
+
+@register_fake("groupmm::weighted_swiglu_backward")
+def _(dout, gate_up, prob):
+    return torch.empty_like(gate_up), _empty(prob, prob.shape, torch.float32)
+
+
+@register_fake("groupmm::router")
+def _(logits, expert_bias, topk, score="softmax", n_group=1, topk_group=1, renormalize=False,
+      scaling_factor=1.0, aux_loss_coeff=0.0, z_loss_coeff=0.0):
+    T, E = logits.shape
+    return (_empty(logits, (T, topk), torch.int32), _empty(logits, (T, topk), torch.float32),
+            _empty(logits, (E,), torch.int32), _empty(logits, (1,), torch.float32),
+            _empty(logits, (1,), torch.float32))
+
+
+@register_fake("groupmm::router_backward")
+def _(logits, expert_ids, counts, d_weights, *args):
+    return torch.empty_like(logits, dtype=torch.float32)
+
+
+def permuted_rows(tokens, topk, experts, align=1, capacity=0):
+    """Rows of the permuted buffer (the core's moe_permuted_rows)."""
+    kept_max = tokens * topk if capacity <= 0 else min(tokens * topk, experts * capacity)
+    return -(-(kept_max + experts * (align - 1)) // align) * align
+
+
+@register_fake("groupmm::permute_plan")
+def _(expert_ids, experts, align=1, capacity=0):
+    i32 = torch.int32
+    return (torch.empty_like(expert_ids, dtype=i32), _empty(expert_ids, (experts,), i32),
+            _empty(expert_ids, (experts,), i32), _empty(expert_ids, (experts,), i32))
+
+
+def _rows(dest_row, splits, align, capacity):
+    return permuted_rows(dest_row.shape[0], dest_row.shape[1], splits.shape[0], align, capacity)
+
+
+@register_fake("groupmm::permute")
+def _(x, dest_row, row_start, kept, splits, align, capacity, weights=None):
+    R = _rows(dest_row, splits, align, capacity)
+    return _empty(x, (R, x.shape[1]), x.dtype), _empty(x, (R if weights is not None else 0,),
+                                                        torch.float32)
+
+
+@register_fake("groupmm::permute_backward")
+def _(d_x_perm, dest_row, row_start, kept, splits, align, capacity, d_probs=None):
+    T, k = dest_row.shape
+    dw = (T, k) if d_probs is not None else (0, 0)
+    return (_empty(d_x_perm, (T, d_x_perm.shape[1]), d_x_perm.dtype),
+            _empty(d_x_perm, dw, torch.float32))
+
+
+@register_fake("groupmm::unpermute")
+def _(y_perm, dest_row, row_start, kept, splits, align, capacity, add=None):
+    return _empty(y_perm, (dest_row.shape[0], y_perm.shape[1]), y_perm.dtype)
+
+
+@register_fake("groupmm::unpermute_backward")
+def _(dy, dest_row, row_start, kept, splits, align, capacity):
+    return _empty(dy, (_rows(dest_row, splits, align, capacity), dy.shape[1]), dy.dtype)
+
+
+def quantized_shapes(rows, K, G, recipe, fp8_dtype=None, direction="both", scale_layout="plain",
+                     block_2d=False):
+    """(shape, dtype) of data, scale_inv, columnwise_data, columnwise_scale_inv, amax
+    (the core's group_quantize_shapes for fp8_current, fp8_block and mxfp8; (0,) = absent)."""
+    dt = fp8_dtype or torch.float8_e4m3fn
+    st = torch.float8_e8m0fnu if recipe == "mxfp8" else torch.float32
+    absent = ((0,), torch.float32)
+    data = scale = cdata = cscale = amax = absent
+    fp8_2d = recipe == "fp8_block" and block_2d
+    tiles = rows // 128 + G
+    if direction in ("rowwise", "both"):
+        data = ((rows, K), dt)
+        if recipe == "fp8_block" and scale_layout == "mn_major":
+            scale = ((K // 128, -(-(tiles if fp8_2d else rows) // 4) * 4), st)
+        elif recipe == "fp8_block":
+            scale = ((tiles, K // 128) if fp8_2d else (rows, K // 128), st)
+        elif recipe == "mxfp8":
+            swz = scale_layout == "swizzled"
+            scale = ((rows + 127 * G, -(-(K // 32) // 4) * 4) if swz else (rows, K // 32), st)
+    if direction in ("columnwise", "both"):
+        cdata = ((K, rows), dt)
+        cb = 32 if recipe == "mxfp8" else 128
+        if fp8_2d:
+            cscale = ((tiles, K // 128), st)
+        elif recipe != "fp8_current":
+            swz = scale_layout == "swizzled"
+            cscale = ((rows // cb + 4 * G, -(-K // 128) * 128) if swz else (rows // cb + G, K), st)
+    if recipe == "fp8_current":
+        scale = ((G,), torch.float32)
+        amax = ((G,), torch.float32)
+    return data, scale, cdata, cscale, amax
+
+
+@register_fake("groupmm::group_quantize")
+def _(input, splits, recipe, fp8_dtype=None, direction="both", scale_layout="plain",
+      pow2_scales=False, block_2d=False):
+    G = splits.shape[0] if splits is not None else input.shape[0]
+    K = input.shape[-1]
+    rows = input.numel() // K
+    specs = quantized_shapes(rows, K, G, recipe, fp8_dtype, direction, scale_layout, block_2d)
+    return tuple(_empty(input, shape, dtype) for shape, dtype in specs)
+
+
+@register_fake("groupmm::group_dequantize")
+def _(data, scale_inv, columnwise_data, columnwise_scale_inv, amax, splits, shape, recipe,
+      fp8_dtype=None, scale_layout="plain", block_2d=False, from_columnwise=False,
+      out_dtype=None):
+    like = columnwise_data if from_columnwise else data
+    return _empty(like, tuple(shape), out_dtype or torch.bfloat16)
