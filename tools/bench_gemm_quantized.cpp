@@ -68,6 +68,8 @@ class DenseFp8 {
   size_t ws_bytes_ = 0;
 };
 
+}  // namespace
+
 double calc_diff_device(const TensorView& x, const TensorView& y) {
   std::vector<uint16_t> hx(size_t(x.numel())), hy(hx.size());
   copy(TensorView(hx.data(), DType::bf16, Device::CPU, {x.numel()}), x);
@@ -82,6 +84,8 @@ double calc_diff_device(const TensorView& x, const TensorView& y) {
   }
   return xx + yy == 0 ? 0 : 1 - 2 * xy / (xx + yy);
 }
+
+namespace {
 
 // The FP8 wgrad rule: every split a multiple of 16 (remainders moved to the first non-empty one).
 std::vector<int64_t> align16(std::vector<int64_t> s) {

@@ -24,6 +24,9 @@ struct QuantBenchOptions {
   std::string config;       // a kernel name instead of the heuristic's choice
 };
 
+// DeepGEMM's difference 1 - 2 sum(xy) / sum(x^2 + y^2) of two bf16 views (any device).
+double calc_diff_device(const TensorView& x, const TensorView& y);
+
 // Runs the suite on a fresh Context of `stream`; returns 1 if a case failed validation.
 int bench_gemm_quantized(const QuantBenchOptions& options, cudaStream_t stream);
 

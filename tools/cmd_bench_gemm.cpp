@@ -12,6 +12,7 @@
 
 #include "bench_common.hpp"
 #include "bench_gemm_quantized.hpp"
+#include "bench_gemm_w4.hpp"
 #include "cli.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/random.hpp"
@@ -59,6 +60,7 @@ double rel_err_device(const TensorView& a, const TensorView& b) {
 struct GemmOptions {
   std::string case_filter, pass, pattern, json_path, config;
   std::string recipe = "bf16";  // bf16: the 16-bit engine; else quantized operands
+  std::string weights;          // nvfp4 | mxfp4: the 4-bit weight suite (bench_gemm_w4.cpp)
   int iters = 10;
   bool list_configs = false;
   bool fast_accum = false;
@@ -83,6 +85,40 @@ int run_quantized(const GemmOptions& o, cudaStream_t stream) {
   return bench_gemm_quantized(q, stream);
 }
 
+// --weights nvfp4|mxfp4: the 4-bit weight suite, its own cases (bf16 activations, forward).
+int run_w4(const GemmOptions& o) {
+  if (o.recipe != "bf16")
+    throw UsageError("--weights " + o.weights + " does not combine with --recipe " + o.recipe +
+                     " (4-bit weights take bf16 activations)");
+  for (const auto& [set, name] : {std::pair{!o.pass.empty(), "--pass"},
+                                  {!o.pattern.empty(), "--pattern"},
+                                  {!o.config.empty(), "--config"},
+                                  {o.fast_accum, "--fast-accum"}})
+    if (set)
+      throw UsageError(std::string(name) + " does not apply to --weights " + o.weights +
+                       " (its cases are forward passes with their own routings)");
+  const std::vector<std::string> names = w4_bench_case_names();
+  if (!o.case_filter.empty() && std::none_of(names.begin(), names.end(), [&](const std::string& n) {
+        return n.find(o.case_filter) != std::string::npos;
+      })) {
+    std::string all;
+    for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
+    throw UsageError("--case '" + o.case_filter + "' matches no --weights case (cases: " + all +
+                     ")");
+  }
+  W4BenchOptions w;
+  w.recipe = o.weights == "nvfp4" ? QuantRecipe::nvfp4 : QuantRecipe::mxfp4;
+  w.filter = o.case_filter;
+  w.iters = o.iters;
+  w.json_path = o.json_path;
+  GROUPMM_CHECK(cuda_available(), "bench gemm: needs an sm_90 GPU (none visible)");
+  cudaStream_t stream;
+  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int rc = bench_gemm_w4(w, stream);  // its Context and buffers are gone before the stream
+  GROUPMM_CHECK_CUDA(cudaStreamDestroy(stream));
+  return rc;
+}
+
 int bench_gemm(const GemmOptions& o, cudaStream_t stream);
 
 int run_bench_gemm(const GemmOptions& o) {
@@ -90,6 +126,7 @@ int run_bench_gemm(const GemmOptions& o) {
     for (const std::string& n : gemm_config_names()) std::printf("%s\n", n.c_str());
     return 0;
   }
+  if (!o.weights.empty()) return run_w4(o);
   if (!o.case_filter.empty()) {
     bool any = false;
     for (const Shape& s : kSuite)
@@ -328,6 +365,10 @@ void add_gemm_options(CLI::App& app, GemmOptions& o) {
       ->capture_default_str();
   app.add_flag("--fast-accum", o.fast_accum,
                "fp8_current forward with FP8 fast accumulation (no promotion every 4 k-blocks)");
+  add_choice(app, "--weights", o.weights, {"nvfp4", "mxfp4"},
+             "4-bit expert weights x bf16 activations instead: decode and prefill cases vs our "
+             "bf16 engine on the same shapes and splits (time, ratio, GB/s of the bytes read vs "
+             "the copy bandwidth of the same run)");
 }
 
 Register reg(command<GemmOptions>(

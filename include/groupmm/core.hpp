@@ -160,10 +160,11 @@ void fill_bytes(const TensorView& v, uint8_t byte, cudaStream_t stream = nullptr
 // ================================================================================================
 
 // What a grouped tensor was quantized with (quantize.hpp documents each recipe).
-enum class QuantRecipe : uint8_t { none, fp8_current, fp8_block, mxfp8, nvfp4 };
+enum class QuantRecipe : uint8_t { none, fp8_current, fp8_block, mxfp8, nvfp4, mxfp4 };
 const char* recipe_name(QuantRecipe r);
 // How its block scales are laid out (quantize.hpp, "Layouts"): plain row-major, swizzled 128x4
-// with per-expert 128-row padding (mxfp8, nvfp4), or mn_major, tokens contiguous (fp8_block).
+// with per-expert 128-row padding (mxfp8, nvfp4, mxfp4), or mn_major, tokens contiguous
+// (fp8_block).
 enum class ScaleLayout : uint8_t { plain, swizzled, mn_major };
 const char* scale_layout_name(ScaleLayout l);
 

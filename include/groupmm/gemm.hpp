@@ -151,4 +151,63 @@ void grouped_gemm(Context& ctx, const QuantizedGemmArgs& args, void* workspace =
                   size_t workspace_bytes = 0);
 std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
 
+// ================================================================================================
+// 4-bit expert weights x bf16 activations (inference): NVFP4 and MXFP4 weights
+// ================================================================================================
+//
+//   y_g = alpha * x_g dequant(W_g)^T + bias_g      x [M, K] bf16, W [G, N, K] 4-bit, y [M, N] bf16
+//
+// W is the rowwise copy of [G, N, K] weights from group_quantize (recipe nvfp4: 1x16 blocks, E4M3
+// block scales and the fp32 per-expert S_enc in global_scale; recipe mxfp4: 1x32 blocks, E8M0
+// scales), or imported from a checkpoint (import_mxfp4_weights). Scales plain or swizzled; nvfp4
+// weights in 1x16 blocks (block_2d false). Hopper has no FP4 arithmetic: the weights are
+// dequantized exactly (every E2M1 value times its block scale is a bf16 value; NVFP4's 1/S_enc is
+// applied to the fp32 accumulator) and multiplied in bf16 with fp32 accumulation:
+//   decode   few rows per expert: one persistent kernel streams each active expert's 4-bit
+//            weights once (the bytes that bound serving; an expert with more rows than a pass of
+//            8/16/32 tokens is read again by adjacent CTAs, from L2), dequantizes them in
+//            registers and multiplies with mma.sync; experts are split into 128-row tiles of N,
+//            and along K when a balanced routing would not fill the GPU twice, the K ranges'
+//            partial sums added in a fixed order (deterministic, no atomics);
+//   prefill  many rows per expert: the active experts' weights are dequantized to bf16 in the
+//            workspace (G * N * K * 2 bytes of it), then the bf16 grouped GEMM (cutlass_sm90)
+//            runs on them.
+// path automatic chooses from host-known values only: decode when M <= kW4DecodeMaxAvgRows * G,
+// else prefill (W4GemmArgs::path forces one). Both are exact up to fp32 summation order.
+// Experts with no rows never read their weights (both paths). Rows past sum(splits) are left
+// unwritten; splits faults as grouped_gemm.
+// Shapes and alignment: x and out bf16 (fp16 activations are not served: MXFP4 scales span
+// 2^+-127, past fp16's range), K a multiple of 32 (both formats), N a multiple of 8, M, N, K
+// below 2^31; 16-byte aligned x, out, w.data and bias (nvfp4 scales: 2-byte aligned). bias [G, N]
+// bf16, optional.
+// Graph safe: a setup kernel reads splits on the device; grids and workspace are sized from M, N,
+// K, G and the SM count; no host sync, no allocation when a workspace of
+// grouped_gemm_workspace_size() bytes is passed (or reserved on the Context before capture); the
+// first call on a Context sets a kernel attribute (warm up eagerly before capturing).
+// Minimum SM: sm_90 (CUDA).
+enum class W4Path : uint8_t { automatic, decode, prefill };
+const char* w4_path_name(W4Path p);
+constexpr int64_t kW4DecodeMaxAvgRows = 64;
+
+struct W4GemmArgs {
+  TensorView x;        // [M, K] bf16, rows sorted by expert
+  GroupedTensor w;     // [G, N, K] nvfp4 or mxfp4 weights (rowwise copy; splits absent)
+  TensorView out;      // [M, N] bf16
+  TensorView splits;   // [G] int32|int64 row counts, device (host on a CPU context)
+  TensorView bias;     // optional [G, N] bf16
+  float alpha = 1.0f;  // multiplies the dequantized product
+  W4Path path = W4Path::automatic;            // CUDA only: force decode or prefill
+  GemmEngine engine = GemmEngine::automatic;  // automatic, or reference (CPU context)
+  std::string to_string() const;
+};
+
+GemmDims validate_gemm_args(const Context& ctx, const W4GemmArgs& args);
+size_t grouped_gemm_workspace_size(const Context& ctx, const W4GemmArgs& args);
+void grouped_gemm(Context& ctx, const W4GemmArgs& args, void* workspace = nullptr,
+                  size_t workspace_bytes = 0);
+// The path these args run (automatic resolved), and a printable description of the kernels, e.g.
+// "w4_decode(nvfp4, 8 tokens, split-K 1)" or "w4_prefill(mxfp4)+fwd_bf16_128x256_coop_c12".
+W4Path w4_gemm_path(const Context& ctx, const W4GemmArgs& args);
+std::string gemm_config_name(const Context& ctx, const W4GemmArgs& args);
+
 }  // namespace groupmm

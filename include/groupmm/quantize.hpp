@@ -21,6 +21,11 @@
 //                with scale_b = S_enc / fp32(s_b): the textbook formula is evaluated as
 //                x * (S_enc / s_b), as TransformerEngine does; one division per block (a quotient
 //                past FLT_MAX saturates to FLT_MAX; s_b = 0 encodes every element as 0).
+//   mxfp4        OCP MX with E2M1 data packed as nvfp4's (element 2j in the low nibble), 1x32
+//                rowwise / 32x1 columnwise blocks, E8M0 scales by the mxfp8 rule with fmax = 6:
+//                e = float_to_e8m0_roundup(amax_block * (1/6)), q = e2m1(x * 2^(127-e)) (a NaN
+//                block, e = 255, encodes every element as 6); dequant q * 2^(e-127). For weights:
+//                the format open-weight MoE checkpoints ship (import_mxfp4_weights below).
 // Block amax: max |x| over the block; a NaN anywhere in the block makes it NaN (exact and
 // order-independent on every backend). Blocks never straddle two experts: a partial block at the
 // end of an expert is quantized over its valid rows only.
@@ -59,16 +64,16 @@
 // last expert's block (the slack of the host-known bound) are left unwritten.
 // fp8_current: scale_inv [G] fp32 serves both copies; amax [G] fp32 is written.
 // nvfp4: amax [G] and global_scale [G] (S_enc) fp32 are written; dequant = q * fp32(s_b) / S_enc,
-// and a GEMM's per-expert alpha is (1/S_enc_a) * (1/S_enc_b).
-// NVFP4 columnwise copies need even m_g (packed nibbles of one byte never belong to two
+// and a GEMM's per-expert alpha is (1/S_enc_a) * (1/S_enc_b). mxfp4 has no per-expert scalars.
+// NVFP4 and MXFP4 columnwise copies need even m_g (packed nibbles of one byte never belong to two
 // rows); an odd split sets kFaultSplitAlignment and that expert's columnwise copy is skipped.
 //
 // ---- Contract ----------------------------------------------------------------------------------
 // Inputs: activations [M, K] (splits [G] int32/int64, device) or weights [G, N, K] (splits
 // absent, every expert has N rows). bf16, fp16 or fp32; 16-byte aligned pointers. K must be a
-// multiple of the rowwise block (128 fp8_block, 32 mxfp8, 16 nvfp4, 16 fp8_current).
-// Swizzled scales: mxfp8 and nvfp4 only; mn_major scales: fp8_block only. block_2d: weights only,
-// fp8_block or nvfp4.
+// multiple of the rowwise block (128 fp8_block, 32 mxfp8 and mxfp4, 16 nvfp4, 16 fp8_current).
+// Swizzled scales: mxfp8, nvfp4 and mxfp4 only; mn_major scales: fp8_block only. block_2d:
+// weights only, fp8_block or nvfp4.
 // Device faults in splits: the splits rule of offsets.hpp with M = rows_total, reported with
 // OpId::group_quantize; rows past sum(splits) are left unwritten. Never writes out of bounds.
 // Graph safe: no host read of splits, no sync, no allocation when a workspace of
@@ -97,8 +102,8 @@ inline bool has_columnwise(QuantDirection d) {
   return (static_cast<int>(d) & 2) != 0;
 }
 
-// ScaleLayout (core.hpp): plain: row-major as listed; swizzled: 128x4 (mxfp8, nvfp4); mn_major:
-// tokens contiguous (fp8_block). See "Layouts".
+// ScaleLayout (core.hpp): plain: row-major as listed; swizzled: 128x4 (mxfp8, nvfp4, mxfp4);
+// mn_major: tokens contiguous (fp8_block). See "Layouts".
 
 // How fp8_current and nvfp4 obtain each expert's amax, which they need before they scale any
 // element. Every choice gives bit-identical results; only speed differs.
@@ -116,7 +121,7 @@ struct QuantizeConfig {
   bool pow2_scales = false;          // fp8_current, fp8_block
   bool block_2d = false;             // weights: fp8_block 128x128, nvfp4 16x16
   QuantDirection direction = QuantDirection::both;
-  ScaleLayout scale_layout = ScaleLayout::plain;  // swizzled: mxfp8, nvfp4; mn_major: fp8_block
+  ScaleLayout scale_layout = ScaleLayout::plain;  // swizzled: mx*, nvfp4; mn_major: fp8_block
   AmaxSchedule amax_schedule = AmaxSchedule::automatic;  // fp8_current, nvfp4 (CUDA backend)
   int amax_lag = 0;  // fused schedule: experts between amax and quantize items; 0 = automatic
   std::string to_string() const;
@@ -208,7 +213,8 @@ size_t group_dequantize_workspace_size(const Context& ctx, const GroupDequantize
 // [M + 127*G, roundup(C,4)]. columnwise=true: per-expert [K, nb_g] (nb_g = ceil(m_g/block)) plain
 // <-> swizzled (C = K). Swizzling writes padding as 0. Graph safe as group_quantize.
 struct SwizzleScalesArgs {
-  TensorView splits;       // [G] device row counts of the quantized tensor
+  TensorView splits;       // [G] device row counts of the quantized tensor, or absent (weights):
+  int64_t groups = 0;      // then G = groups uniform groups of rows_total / G rows
   int64_t rows_total = 0;  // M
   int64_t cols = 0;        // C = K/B (rowwise) or K (columnwise)
   bool columnwise = false;
@@ -224,6 +230,34 @@ int64_t plain_scales_numel(int64_t rows_total, int64_t cols, int64_t G, bool col
 void swizzle_scales(Context& ctx, const SwizzleScalesArgs& args, void* workspace = nullptr,
                     size_t workspace_bytes = 0);
 size_t swizzle_scales_workspace_size(int64_t G);
+
+// ---- MXFP4 checkpoint tensors -------------------------------------------------------------------
+// Open-weight MoE checkpoints ship MXFP4 expert weights [G, N, K] as two uint8 tensors:
+//   blocks [G, N, K/32, 16]  the 32 E2M1 codes of each 1x32 block along K, two per byte, element 2j
+//                            in the low nibble: byte for byte the data layout above ([G*N, K/2]);
+//   scales [G, N, K/32]      each block's E8M0 exponent: the plain rowwise scale layout.
+// import_mxfp4_weights relays them into the rowwise copy that group_quantize writes for weights
+// with config {mxfp4, rowwise, weights.scale_layout} (plain: copies; swizzled: the 128x4 layout
+// with zero padding); export_mxfp4_weights is the inverse. A relayout, never a requantization:
+// import then export returns the checkpoint's bytes, and importing the blocks and scales of values
+// equals quantizing those values. Both backends; stream-ordered copies (graph safe; the swizzled
+// layout needs swizzle_scales_workspace_size(G) bytes of workspace, or the Context's).
+struct Mxfp4CheckpointArgs {
+  int64_t G = 0, N = 0, K = 0;  // the weights' shape; K a multiple of 32
+  // Checkpoint side: any views of the right byte count (a TensorView has rank <= 3; view blocks
+  // as e8m0 bytes, e.g. [G * N, K / 2], or as fp4e2m1x2 [G, N, K]; scales as e8m0).
+  TensorView blocks;  // G*N*K/2 bytes
+  TensorView scales;  // G*N*K/32 bytes
+  // Our side: data fp4e2m1x2 (>= G*N*K elements) and scale_inv e8m0 (group_quantize_shapes'
+  // size for the layout); recipe mxfp4 (import sets it), scale_layout plain or swizzled.
+  GroupedTensor weights;
+  std::string to_string() const;
+};
+// Returns args.weights with num_groups, recipe and splits (absent) filled in.
+GroupedTensor import_mxfp4_weights(Context& ctx, const Mxfp4CheckpointArgs& args,
+                                   void* workspace = nullptr, size_t workspace_bytes = 0);
+void export_mxfp4_weights(Context& ctx, const Mxfp4CheckpointArgs& args, void* workspace = nullptr,
+                          size_t workspace_bytes = 0);
 
 // The swizzled 128x4 index of scale (r, c) in a matrix with Kp (multiple of 4) padded columns.
 inline int64_t swizzle_128x4_index(int64_t r, int64_t c, int64_t Kp) {

@@ -71,6 +71,8 @@ const char* recipe_name(QuantRecipe r) {
       return "mxfp8";
     case QuantRecipe::nvfp4:
       return "nvfp4";
+    case QuantRecipe::mxfp4:
+      return "mxfp4";
   }
   return "?";
 }

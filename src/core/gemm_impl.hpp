@@ -14,7 +14,9 @@ struct GemmLaunch {
   GemmPass pass = GemmPass::forward;
   GemmDims dims;
   DType a_dtype = DType::bf16, b_dtype = DType::bf16, out_dtype = DType::bf16;
-  QuantRecipe recipe = QuantRecipe::none;  // none, fp8_current or fp8_block
+  // none, fp8_current, fp8_block, or nvfp4: bf16 operands (dequantized 4-bit weights) with a
+  // per-expert alpha = alpha * scale_b[g] (scale_a null)
+  QuantRecipe recipe = QuantRecipe::none;
   bool fast_accum = false;
   const void* a = nullptr;
   const void* b = nullptr;
@@ -22,7 +24,7 @@ struct GemmLaunch {
   const void* bias = nullptr;
   TensorView splits;
   float alpha = 1.0f, beta = 0.0f;
-  const float* scale_a = nullptr;  // fp8_current: [G] scale_inv; fp8_block: block scales
+  const float* scale_a = nullptr;  // fp8_current: [G] scale_inv; fp8_block: block scales; null: 1
   const float* scale_b = nullptr;
   std::string config;  // a kernel name, or empty for the heuristic
   std::string to_string() const;

@@ -101,7 +101,8 @@ Resolved resolve(const Context& ctx, const QuantizedGemmArgs& a) {
   GROUPMM_CHECK(
       r == QuantRecipe::fp8_current || r == QuantRecipe::fp8_block || r == QuantRecipe::mxfp8, kOp,
       ": a.recipe=", recipe_name(r),
-      " must be fp8_current, fp8_block or mxfp8 (16-bit operands take GroupedGemmArgs)");
+      " must be fp8_current, fp8_block or mxfp8 (16-bit operands take GroupedGemmArgs, nvfp4 / "
+      "mxfp4 weights W4GemmArgs)");
   GROUPMM_CHECK(a.b.recipe == r, kOp, ": b.recipe=", recipe_name(a.b.recipe),
                 " must equal a.recipe=", recipe_name(r));
   GROUPMM_CHECK(!a.fast_accum || (r == QuantRecipe::fp8_current && a.pass == GemmPass::forward),

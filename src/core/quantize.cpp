@@ -34,6 +34,7 @@ int QuantizeConfig::row_block() const {
     case QuantRecipe::fp8_block:
       return 128;
     case QuantRecipe::mxfp8:
+    case QuantRecipe::mxfp4:
       return 32;
     default:
       return 16;
@@ -43,6 +44,7 @@ int QuantizeConfig::row_block() const {
 int QuantizeConfig::col_block() const {
   switch (recipe) {
     case QuantRecipe::mxfp8:
+    case QuantRecipe::mxfp4:
       return 32;
     case QuantRecipe::nvfp4:
       return 16;
@@ -52,12 +54,13 @@ int QuantizeConfig::col_block() const {
 }
 
 DType QuantizeConfig::data_dtype() const {
-  return recipe == QuantRecipe::nvfp4 ? DType::fp4e2m1x2 : fp8_dtype;
+  return qnum::is_fp4(recipe) ? DType::fp4e2m1x2 : fp8_dtype;
 }
 
 DType QuantizeConfig::scale_dtype() const {
   switch (recipe) {
     case QuantRecipe::mxfp8:
+    case QuantRecipe::mxfp4:
       return DType::e8m0;
     case QuantRecipe::nvfp4:
       return DType::fp8e4m3;
@@ -128,7 +131,7 @@ static TensorSpec spec(DType t, int64_t a, int64_t b = -1) {
 
 static void check_config(const QuantizeConfig& c, int64_t K, const char* op) {
   GROUPMM_CHECK(c.recipe != QuantRecipe::none, op, ": config.recipe=none is not a quantization");
-  if (c.recipe != QuantRecipe::nvfp4)
+  if (!qnum::is_fp4(c.recipe))
     GROUPMM_CHECK(c.fp8_dtype == DType::fp8e4m3 || c.fp8_dtype == DType::fp8e5m2, op,
                   ": config.fp8_dtype=", dtype_name(c.fp8_dtype), " must be fp8e4m3 or fp8e5m2");
   GROUPMM_CHECK(K > 0, op, ": input.shape[-1]=K=", K, " must be > 0");
@@ -138,8 +141,8 @@ static void check_config(const QuantizeConfig& c, int64_t K, const char* op) {
   GROUPMM_CHECK(sl >= 0 && sl <= 2, op, ": config.scale_layout=", sl,
                 " must be plain, swizzled or mn_major");
   GROUPMM_CHECK(c.scale_layout != ScaleLayout::swizzled || c.recipe == QuantRecipe::mxfp8 ||
-                    c.recipe == QuantRecipe::nvfp4,
-                op, ": config.scale_layout=swizzled needs mxfp8 or nvfp4, not ",
+                    qnum::is_fp4(c.recipe),
+                op, ": config.scale_layout=swizzled needs mxfp8, nvfp4 or mxfp4, not ",
                 recipe_name(c.recipe));
   GROUPMM_CHECK(c.scale_layout != ScaleLayout::mn_major || c.recipe == QuantRecipe::fp8_block, op,
                 ": config.scale_layout=mn_major needs fp8_block, not ", recipe_name(c.recipe));
@@ -244,7 +247,7 @@ qnum::Layout make_layout(const QuantizeConfig& c, int64_t M, int64_t K, int64_t 
   L.swizzled = c.scale_layout == ScaleLayout::swizzled;
   L.mn_major = c.scale_layout == ScaleLayout::mn_major;
   L.rs_ld = mn_major_row_ld(M, G, L.fp8_2d);
-  L.e5m2 = c.fp8_dtype == DType::fp8e5m2 && c.recipe != QuantRecipe::nvfp4;
+  L.e5m2 = c.fp8_dtype == DType::fp8e5m2 && !qnum::is_fp4(c.recipe);
   L.pow2 = c.pow2_scales;
   L.block_2d = c.block_2d;
   L.row_ncols = K / L.rb;

@@ -73,6 +73,11 @@ GROUPMM_HD int64_t row_scale_index(const Layout& L, const Geom& g, int64_t lr, i
   if (!L.swizzled) return (g.start + lr) * L.row_ncols + sc;
   return row_scale_index_swizzled(L, g, lr, sc);
 }
+// row_scale_index(L, g, lr, sc) - row_scale_index(L, g, lr, 0) for the plain and swizzled 1-byte
+// layouts (mxfp8, nvfp4, mxfp4): the column part of the index, the same for every row.
+GROUPMM_HD int64_t row_scale_col_offset(const Layout& L, int64_t sc) {
+  return L.swizzled ? (sc >> 2) * 512 + (sc & 3) : sc;
+}
 // row_scale_index of row r (0 <= r < 128) of the expert's row tile lt and scale column sc < 2^16:
 // the tile's part in 64 bits, the in-tile part in 32 (the kernels' per-thread form).
 GROUPMM_HD int64_t row_scale_index_in_tile(const Layout& L, const Geom& g, int64_t lt, int r,
@@ -102,7 +107,8 @@ GROUPMM_HD int64_t col_scale_index(const Layout& L, const Geom& g, int64_t nb, i
 
 // Dequantization in two parts, so that a kernel can read a block's scale once for all of its
 // elements and still compute exactly dequant_value: the scale part every element of one scale
-// block shares (value = canon_nan(q * mul), or canon_nan((q * mul) / div) for nvfp4) ...
+// block shares (value = canon_nan(q * mul), or canon_nan((q * mul) / div) for nvfp4; mxfp4: e2m1
+// codes times 2^(e - 127), exact in fp32 or Inf past it) ...
 struct BlockScale {
   float mul = 1.0f;
   float div = 1.0f;  // nvfp4: S_enc of the expert
@@ -122,9 +128,11 @@ GROUPMM_HD BlockScale dequant_scale(const Layout& L, const Geom& g, int64_t gi, 
   if (L.recipe == QuantRecipe::fp8_block) return {static_cast<const float*>(scales)[si], 1.0f};
   return {e8m0_to_float(static_cast<const uint8_t*>(scales)[si]), 1.0f};
 }
-// ... and the element part: its code (an fp8 byte, or an e2m1 nibble for nvfp4) times the scale.
+// ... and the element part: its code (an fp8 byte, or an e2m1 nibble for nvfp4 and mxfp4) times
+// the scale.
 GROUPMM_HD float dequant_code(const Layout& L, uint8_t code, BlockScale s) {
   if (L.recipe == QuantRecipe::nvfp4) return canon_nan((e2m1_to_float(code) * s.mul) / s.div);
+  if (L.recipe == QuantRecipe::mxfp4) return canon_nan(e2m1_to_float(code) * s.mul);
   return canon_nan(fp8_to_float(code, L.e5m2) * s.mul);
 }
 
@@ -135,7 +143,7 @@ GROUPMM_HD float dequant_value(const Layout& L, const Geom& g, int64_t gi, int64
                                const float* per_expert) {
   const int64_t e = col ? L.K * g.start + k * g.rows + lr : (g.start + lr) * L.K + k;
   uint8_t code = 0;
-  if (L.recipe == QuantRecipe::nvfp4) {
+  if (is_fp4(L.recipe)) {
     const uint8_t b = data[e / 2];
     code = (e & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xFu);
   } else {

@@ -42,6 +42,11 @@ GROUPMM_HD float canon_nan(float f) {
   return (float_bits(f) & 0x7FFFFFFFu) > 0x7F800000u ? bits_float(0x7FC00000u) : f;
 }
 
+// The recipes whose data is E2M1, two codes per byte (element 2j in the low nibble).
+GROUPMM_HD constexpr bool is_fp4(QuantRecipe r) {
+  return r == QuantRecipe::nvfp4 || r == QuantRecipe::mxfp4;
+}
+
 GROUPMM_HD float fp8_max(bool e5m2) {
   return e5m2 ? kE5M2Max : kE4M3Max;
 }
@@ -86,6 +91,10 @@ GROUPMM_HD ScalePair fp8_block_scale(float amax, bool e5m2, bool pow2) {
 GROUPMM_HD uint8_t mx_e8m0(float amax, bool e5m2) {
   return float_to_e8m0_roundup(amax * (e5m2 ? (1.0f / kE5M2Max) : (1.0f / kE4M3Max)));
 }
+// MXFP4: the MXFP8 rule with fmax = 6 (E2M1's largest value).
+GROUPMM_HD uint8_t mxfp4_e8m0(float amax) {
+  return float_to_e8m0_roundup(amax * (1.0f / kE2M1Max));
+}
 GROUPMM_HD float mx_quant_mul(uint8_t e) {
   if (e == 255) return bits_float(0x7FC00000u);
   if (e == 254) return bits_float(0x00400000u);  // 2^-127, subnormal
@@ -115,6 +124,10 @@ GROUPMM_HD float nvfp4_elem_scale(float s_enc, float s_b_f) {
 GROUPMM_HD uint8_t nvfp4_code(float x, uint8_t s_b, float scale) {
   if ((s_b & 0x7Fu) == 0) return 0;
   return float_to_e2m1(x * scale);  // e2m1 ignores the sign of NaN
+}
+// MXFP4 element code; `mul` = mx_quant_mul(e) of the block's exponent (a NaN block: all 6s).
+GROUPMM_HD uint8_t mxfp4_code(float x, float mul) {
+  return float_to_e2m1(x * mul);
 }
 
 // Eight float_to_e2m1 magnitude codes packed in a word (element j in nibble j, sign bits clear),
@@ -155,11 +168,11 @@ GROUPMM_HD uint32_t e2m1x8_nonan(const float (&p)[8]) {
 }
 
 // Everything needed to quantize the elements of one block. fp8 recipes: code = fp8(x * mul);
-// nvfp4: code = nvfp4_code(x, code, mul).
+// nvfp4: code = nvfp4_code(x, code, mul); mxfp4: code = mxfp4_code(x, mul).
 struct BlockQuant {
-  float mul = 1.0f;        // fp8 recipes: the scale; nvfp4: S_enc / fp32(s_b)
+  float mul = 1.0f;        // fp8 recipes, mxfp4: the scale; nvfp4: S_enc / fp32(s_b)
   float scale_inv = 1.0f;  // fp8_current / fp8_block: the stored fp32 scale
-  uint8_t code = 0;        // mxfp8: e8m0 exponent; nvfp4: e4m3 block scale
+  uint8_t code = 0;        // mxfp8, mxfp4: e8m0 exponent; nvfp4: e4m3 block scale
 };
 
 // amax_block: canonical amax bits of the block (ignored by fp8_current); expert_amax: the
@@ -177,6 +190,9 @@ GROUPMM_HD BlockQuant make_block_quant(QuantRecipe recipe, bool e5m2, bool pow2,
     q.scale_inv = s.scale_inv;
   } else if (recipe == QuantRecipe::mxfp8) {
     q.code = mx_e8m0(bits_float(amax_block), e5m2);
+    q.mul = mx_quant_mul(q.code);
+  } else if (recipe == QuantRecipe::mxfp4) {
+    q.code = mxfp4_e8m0(bits_float(amax_block));
     q.mul = mx_quant_mul(q.code);
   } else {
     const float s_enc = nvfp4_s_enc(expert_amax);
@@ -274,29 +290,51 @@ GROUPMM_HD uint32_t fp8x4_encode(float a, float b, float c, float d, float mul) 
   return fp8x2_encode<kE5m2>(a * mul, b * mul) | (fp8x2_encode<kE5m2>(c * mul, d * mul) << 16);
 }
 
-// Eight nvfp4_code(x[j], s_b, mul) in one word (element j in nibble j), for a block whose
-// elements satisfy |x| <= the finite block amax or whose multiplier is NaN (its amax was NaN).
-// A NaN multiplier makes every product NaN, i.e. code 7; otherwise no product can be NaN (the
-// multiplier is finite and positive), so the NaN-free encoder applies. `sign`: the sign bits of
-// the codes (e2m1x8_signs of the products, which are the inputs' own: a positive multiplier).
-GROUPMM_HD uint32_t nvfp4_encode8_signed(const float (&x)[8], float mul, uint8_t s_b,
-                                         uint32_t sign) {
+// Eight float_to_e2m1(x[j] * mul) in one word (element j in nibble j), for a block whose
+// elements satisfy |x| <= the block amax (finite or Inf) and whose multiplier is positive and
+// finite, or NaN (its amax was NaN). A NaN multiplier makes every product NaN, i.e. code 7;
+// otherwise no product can be NaN, so the NaN-free encoder applies. `sign`: the sign bits of the
+// codes (e2m1x8_signs of the products, which are the inputs' own: a positive multiplier).
+GROUPMM_HD uint32_t e2m1_encode8_signed(const float (&x)[8], float mul, uint32_t sign) {
   float p[8];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int j = 0; j < 8; ++j) p[j] = x[j] * mul;
-  const uint32_t w = mul != mul ? 0x77777777u : (e2m1x8_magnitudes(p) | sign);
+  return mul != mul ? 0x77777777u : (e2m1x8_magnitudes(p) | sign);
+}
+GROUPMM_HD uint32_t e2m1_encode8(const float (&x)[8], float mul) {
+  float p[8];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < 8; ++j) p[j] = x[j] * mul;
+  return mul != mul ? 0x77777777u : e2m1x8_nonan(p);
+}
+// Eight nvfp4_code(x[j], s_b, mul) (the e2m1 encoder; a zero block scale encodes 0) and eight
+// mxfp4_code(x[j], mul), for blocks as above.
+GROUPMM_HD uint32_t nvfp4_encode8_signed(const float (&x)[8], float mul, uint8_t s_b,
+                                         uint32_t sign) {
+  const uint32_t w = e2m1_encode8_signed(x, mul, sign);
   return (s_b & 0x7Fu) == 0 ? 0u : w;
 }
 GROUPMM_HD uint32_t nvfp4_encode8(const float (&x)[8], float mul, uint8_t s_b) {
-  float p[8];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int j = 0; j < 8; ++j) p[j] = x[j] * mul;
-  const uint32_t w = mul != mul ? 0x77777777u : e2m1x8_nonan(p);
+  const uint32_t w = e2m1_encode8(x, mul);
   return (s_b & 0x7Fu) == 0 ? 0u : w;
+}
+// The encoder of an fp4 recipe (code: its BlockQuant::code).
+template <QuantRecipe kRecipe>
+GROUPMM_HD uint32_t fp4_encode8(const float (&x)[8], float mul, uint8_t code) {
+  static_assert(is_fp4(kRecipe), "an fp4 recipe");
+  if constexpr (kRecipe == QuantRecipe::nvfp4) return nvfp4_encode8(x, mul, code);
+  return e2m1_encode8(x, mul);
+}
+template <QuantRecipe kRecipe>
+GROUPMM_HD uint32_t fp4_encode8_signed(const float (&x)[8], float mul, uint8_t code,
+                                       uint32_t sign) {
+  static_assert(is_fp4(kRecipe), "an fp4 recipe");
+  if constexpr (kRecipe == QuantRecipe::nvfp4) return nvfp4_encode8_signed(x, mul, code, sign);
+  return e2m1_encode8_signed(x, mul, sign);
 }
 
 // The per-expert part of make_block_quant, computed once per expert.
@@ -368,9 +406,12 @@ GROUPMM_HD BlockQuant block_quant_fast(uint32_t amax_block, const ExpertQuant& e
     }
     q.mul = ok ? mul : 1.0f;
     q.scale_inv = ok ? inv : 1.0f;
-  } else if constexpr (kRecipe == QuantRecipe::mxfp8) {
-    // mx_e8m0 (float_to_e8m0_roundup of amax / fmax) and mx_quant_mul.
-    const float v = bits_float(amax_block) * (e5m2 ? (1.0f / kE5M2Max) : (1.0f / kE4M3Max));
+  } else if constexpr (kRecipe == QuantRecipe::mxfp8 || kRecipe == QuantRecipe::mxfp4) {
+    // mx_e8m0 / mxfp4_e8m0 (float_to_e8m0_roundup of amax / fmax) and mx_quant_mul.
+    const float rcp = kRecipe == QuantRecipe::mxfp4 ? (1.0f / kE2M1Max)
+                      : e5m2                        ? (1.0f / kE5M2Max)
+                                                    : (1.0f / kE4M3Max);
+    const float v = bits_float(amax_block) * rcp;
     const uint32_t u = float_bits(v) & 0x7FFFFFFFu;
     uint32_t x = (u + 0x7FFFFFu) >> 23;  // exponent, +1 if any mantissa bit
     x = x < 254u ? x : 254u;

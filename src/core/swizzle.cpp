@@ -51,10 +51,17 @@ static void check_scales(const char* arg, const TensorView& v, int64_t need, Dev
 
 void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t ws_bytes) {
   const char* op = "swizzle_scales";
-  check_splits(op, a.splits, -1, ctx.device());
-  const int64_t G = a.splits.dim(0);
-  GROUPMM_CHECK(G >= 1, op, ": splits.shape[0]=", G, " must be >= 1");
-  GROUPMM_CHECK(G <= 65535, op, ": splits.shape[0]=", G, " must be <= 65535");
+  int64_t G = a.groups;
+  if (a.splits.present()) {
+    check_splits(op, a.splits, -1, ctx.device());
+    G = a.splits.dim(0);
+    GROUPMM_CHECK(G >= 1, op, ": splits.shape[0]=", G, " must be >= 1");
+  } else {
+    GROUPMM_CHECK(G >= 1, op, ": groups=", G, " must be >= 1 when splits is absent (weights)");
+    GROUPMM_CHECK(a.rows_total % G == 0, op, ": rows_total=", a.rows_total,
+                  " must be a multiple of groups=", G, " when splits is absent (weights)");
+  }
+  GROUPMM_CHECK(G <= 65535, op, ": the number of groups G=", G, " must be <= 65535");
   GROUPMM_CHECK(a.rows_total >= 0 && a.rows_total <= (int64_t(1) << 40), op,
                 ": rows_total=", a.rows_total, " must be in [0, 2^40]");
   GROUPMM_CHECK(a.cols >= 1 && a.cols <= (int64_t(1) << 20), op, ": cols=", a.cols,

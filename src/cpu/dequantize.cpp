@@ -18,7 +18,7 @@ void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantPro
                                                                  : nullptr;
   for (int64_t gi = 0; gi < p.G; ++gi) {
     const qnum::Geom& g = geo[static_cast<size_t>(gi)];
-    if (col && L.recipe == QuantRecipe::nvfp4 && g.rows % 2 != 0) continue;  // never quantized
+    if (col && qnum::is_fp4(L.recipe) && g.rows % 2 != 0) continue;  // never quantized
     for (int64_t lr = 0; lr < g.rows; ++lr)
       for (int64_t k = 0; k < p.K; ++k)
         store_f(a.out, (g.start + lr) * p.K + k,

@@ -29,6 +29,7 @@ struct Quantizer {
   }
   uint8_t code(const qnum::BlockQuant& q, float v) const {
     if (L.recipe == QuantRecipe::nvfp4) return qnum::nvfp4_code(v, q.code, q.mul);
+    if (L.recipe == QuantRecipe::mxfp4) return qnum::mxfp4_code(v, q.mul);
     return qnum::fp8_encode(qnum::canon_nan(v * q.mul), L.e5m2);
   }
   static void put(const TensorView& t, int64_t i, uint8_t c, bool fp4) {
@@ -57,8 +58,9 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   const Layout& L = p.L;
   const std::vector<Geom> geo = quant_geoms(ctx, a.splits, p.M, p.G, L.cb, OpId::group_quantize);
   Quantizer Q{a, p, L, to_floats(a.input)};
-  const bool fp4 = L.recipe == QuantRecipe::nvfp4;
-  const bool need_expert_amax = L.recipe == QuantRecipe::fp8_current || fp4;
+  const bool fp4 = qnum::is_fp4(L.recipe);
+  const bool need_expert_amax =
+      L.recipe == QuantRecipe::fp8_current || L.recipe == QuantRecipe::nvfp4;
 
   for (int64_t gi = 0; gi < p.G; ++gi) {
     const Geom& g = geo[static_cast<size_t>(gi)];
@@ -67,7 +69,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
     if (need_expert_amax) a.out.amax.ptr<float>()[gi] = ea;
     if (L.recipe == QuantRecipe::fp8_current)
       a.out.scale_inv.ptr<float>()[gi] = qnum::fp8_current_scale(ea, L.e5m2, L.pow2).scale_inv;
-    if (fp4) a.out.global_scale.ptr<float>()[gi] = qnum::nvfp4_s_enc(ea);
+    if (L.recipe == QuantRecipe::nvfp4) a.out.global_scale.ptr<float>()[gi] = qnum::nvfp4_s_enc(ea);
 
     // Block amax of the block holding (lr, k): rowwise blocks are 1 x rb (or 2D), columnwise
     // blocks cb x 1 (or 2D); 2D blocks are the same for both copies.

@@ -5,7 +5,7 @@
 namespace groupmm::cpu {
 
 void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a) {
-  const int64_t G = a.splits.dim(0);
+  const int64_t G = a.splits.present() ? a.splits.dim(0) : a.groups;
   const auto geo = quant_geoms(ctx, a.splits, a.rows_total, G, a.columnwise ? a.block : 128,
                                OpId::swizzle_scales);
   uint8_t* plain = a.plain.ptr<uint8_t>();

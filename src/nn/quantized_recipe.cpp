@@ -158,7 +158,9 @@ class QuantizedRecipe final : public LinearRecipe {
   QuantizedRecipe(QuantRecipe r, const QuantizedRecipeOptions& o) : recipe_(r), opt_(o) {
     GROUPMM_CHECK(
         r == QuantRecipe::fp8_current || r == QuantRecipe::fp8_block || r == QuantRecipe::mxfp8,
-        "quantized_recipe: recipe=", recipe_name(r), " must be fp8_current, fp8_block or mxfp8");
+        "quantized_recipe: recipe=", recipe_name(r),
+        " must be fp8_current, fp8_block or mxfp8 (4-bit weights for inference: "
+        "nvfp4_weight_recipe(), mxfp4_weight_recipe())");
     GROUPMM_CHECK(o.grad_dtype == DType::fp8e4m3 || o.grad_dtype == DType::fp8e5m2,
                   "quantized_recipe: options.grad_dtype=", dtype_name(o.grad_dtype),
                   " must be fp8e4m3 or fp8e5m2");

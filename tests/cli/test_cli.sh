@@ -51,6 +51,10 @@ expect 2 "--recipe: 'int4' is not one of" -- bench quantize --recipe int4
 expect 2 "--amax: 'fused:0' is not one of" -- bench quantize --amax fused:0
 expect 2 "--recipe: 'int4' is not one of bf16, fp8_current, fp8_block, mxfp8" -- bench gemm --recipe int4
 expect 2 "--fast-accum needs --recipe fp8_current" -- bench gemm --recipe fp8_block --fast-accum
+expect 2 "--weights: 'int4' is not one of nvfp4, mxfp4" -- bench gemm --weights int4
+expect 2 "--weights nvfp4 does not combine with --recipe fp8_block" -- bench gemm --weights nvfp4 --recipe fp8_block
+expect 2 "--pass does not apply to --weights mxfp4" -- bench gemm --weights mxfp4 --pass fwd
+expect 2 "--case 'llama' matches no --weights case \(cases: decode_" -- bench gemm --weights nvfp4 --case llama
 expect 2 "--recipe: 'nvfp4' is not one of" -- bench layer --recipe nvfp4
 expect 2 "--recipe fp8_current needs a GPU" -- bench layer --cpu --recipe fp8_current
 expect 2 "--case needs a quantized --recipe" -- bench layer --cpu --case qwen3
@@ -86,6 +90,7 @@ expect 2 "no command given \(commands: bench, demo, info\)" --
 # ---- commands that need a GPU say so (where none is visible), with the prefix, without location
 if "$bin" info | grep -q "GPUs: none visible"; then
   expect 1 "groupmm: error: bench gemm: needs an sm_90 GPU \(none visible\)$" -- bench gemm --iters 1
+  expect 1 "groupmm: error: bench gemm: needs an sm_90 GPU \(none visible\)$" -- bench gemm --weights mxfp4
   expect 1 "groupmm: error: bench quantize: needs an sm_90 GPU \(none visible\)$" -- bench quantize
   expect 1 "groupmm: error: bench layer: needs an sm_90 GPU" -- bench layer
   expect 1 "groupmm: error: bench moe: needs an sm_90 GPU" -- bench moe --iters 1

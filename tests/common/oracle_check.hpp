@@ -160,7 +160,8 @@ inline void expect_round_trip_within_half_step(Context& ctx, const OracleInput& 
   fill_bytes(out, 0xFF, ctx.stream());
   run_dequantize(ctx, q, cfg, col, out);
   const std::vector<float> got = cpu_floats(out);
-  const oracle::Format& f = cfg.recipe == QuantRecipe::nvfp4  ? oracle::e2m1()
+  const bool fp4 = cfg.recipe == QuantRecipe::nvfp4 || cfg.recipe == QuantRecipe::mxfp4;
+  const oracle::Format& f = fp4                               ? oracle::e2m1()
                             : cfg.fp8_dtype == DType::fp8e5m2 ? oracle::e5m2()
                                                               : oracle::e4m3();
   const auto& mul = col ? o.col_mul : o.row_mul;
@@ -215,7 +216,7 @@ inline void PrintTo(const OracleCase& c, std::ostream* os) {
 // with 5+ blocks, padded to 8+), K with 5 MX / 10 NVFP4 scale columns (rowwise swizzle Kp = 8 /
 // 12, K padded to 256 in the columnwise swizzle), 2 fp8 128-column blocks.
 inline OracleInput case_input(const OracleCase& c) {
-  const bool fp4 = c.cfg.recipe == QuantRecipe::nvfp4;
+  const bool fp4 = c.cfg.recipe == QuantRecipe::nvfp4 || c.cfg.recipe == QuantRecipe::mxfp4;
   const int64_t K = c.cfg.recipe == QuantRecipe::fp8_block ? 256 : 160;
   if (c.weights) return oracle_input({144, 144, 144}, K, c.in, true, true);
   const std::vector<int64_t> rows = fp4 ? std::vector<int64_t>{128, 160, 34, 2, 40, 66, 0, 130, 18}
@@ -242,12 +243,15 @@ inline std::vector<OracleCase> oracle_cases() {
       {qcfg(R::mxfp8, B, S, e5), DType::fp32},
       {qcfg(R::nvfp4, B)},
       {qcfg(R::nvfp4, B, S), DType::fp16},
+      {qcfg(R::mxfp4, B)},
+      {qcfg(R::mxfp4, B, S), DType::fp32},
       // weights [G, N, K]: 2D blocks (128x128, 16x16) with partial blocks (N = 144)
       {qcfg(R::fp8_block, B, P, e4, false, true), DType::bf16, true},
       {qcfg(R::fp8_block, B, N, e5, true, true), DType::bf16, true},
       {qcfg(R::nvfp4, B, P, e4, false, true), DType::bf16, true},
       {qcfg(R::nvfp4, B, S, e4, false, true), DType::bf16, true},
       {qcfg(R::mxfp8, B, S), DType::bf16, true},
+      {qcfg(R::mxfp4, B, S), DType::bf16, true},
   };
 }
 

@@ -115,7 +115,7 @@ inline float fp8_max(bool is_e5m2) {
 struct BlockScale {
   float mul = 1;        // what x is multiplied by before rounding
   float scale_inv = 1;  // fp8 recipes: the stored fp32 scale (dequant multiplies by it)
-  uint8_t code = 0;     // mxfp8: the E8M0 exponent; nvfp4: the E4M3 block scale
+  uint8_t code = 0;     // mxfp8, mxfp4: the E8M0 exponent; nvfp4: the E4M3 block scale
 };
 
 // FP8 current scaling: scale = fmax / amax_g (1 when amax is 0 or not finite, or the quotient is
@@ -146,10 +146,11 @@ inline BlockScale fp8_block(float amax, bool is_e5m2, bool pow2) {
   return {fmax / amax, v, 0};
 }
 
-// MXFP8: v = amax * fp32(1/fmax); e = exponent field of v, plus one when its mantissa field is
-// non-zero; 0 -> 0, Inf -> 254, NaN -> 255, at most 254. Multiplier 2^(127 - e).
-inline BlockScale mxfp8(float amax, bool is_e5m2) {
-  const float v = amax * (1.0f / fp8_max(is_e5m2));
+// MX (OCP): v = amax * fp32(1/fmax); e = exponent field of v, plus one when its mantissa field is
+// non-zero; 0 -> 0, Inf -> 254, NaN -> 255, at most 254. Multiplier 2^(127 - e). MXFP8: fmax is
+// the fp8 format's largest value; MXFP4: 6, E2M1's.
+inline BlockScale mx(float amax, float fmax) {
+  const float v = amax * (1.0f / fmax);
   BlockScale b;
   if (std::isnan(v)) {
     b.code = 255;
@@ -168,6 +169,12 @@ inline BlockScale mxfp8(float amax, bool is_e5m2) {
   b.code = static_cast<uint8_t>(e);
   b.mul = std::ldexp(1.0f, 127 - e);
   return b;
+}
+inline BlockScale mxfp8(float amax, bool is_e5m2) {
+  return mx(amax, fp8_max(is_e5m2));
+}
+inline BlockScale mxfp4(float amax) {
+  return mx(amax, 6.0f);
 }
 
 // NVFP4: S_enc = 448 * 6 / amax_g (1 when amax is 0 / not finite / the quotient is not finite).
@@ -276,12 +283,15 @@ inline Outputs quantize(const Problem& p, const QuantizeConfig& cfg,
   o.row_mul = o.row_dq = o.col_mul = o.col_dq =
       std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
   const QuantRecipe R = cfg.recipe;
-  const bool e5 = cfg.fp8_dtype == DType::fp8e5m2, fp4 = R == QuantRecipe::nvfp4;
+  // fp4: packed E2M1 data (nvfp4, mxfp4); nvfp4 alone has per-expert scalars and E4M3 scales.
+  const bool nv = R == QuantRecipe::nvfp4, fp4 = nv || R == QuantRecipe::mxfp4;
+  const bool e5 = cfg.fp8_dtype == DType::fp8e5m2 && !fp4;
+  const bool mxr = R == QuantRecipe::mxfp8 || R == QuantRecipe::mxfp4;  // 1x32 / 32x1, E8M0
   const bool two_d = cfg.block_2d;
   const int64_t K = p.K, G = static_cast<int64_t>(p.splits.size());
   // Rowwise block length along K and columnwise block length along M (docs/numerics.md).
-  const int64_t rb = R == QuantRecipe::fp8_block ? 128 : R == QuantRecipe::mxfp8 ? 32 : 16;
-  const int64_t cb = R == QuantRecipe::mxfp8 ? 32 : R == QuantRecipe::nvfp4 ? 16 : 128;
+  const int64_t rb = R == QuantRecipe::fp8_block ? 128 : mxr ? 32 : 16;
+  const int64_t cb = mxr ? 32 : nv ? 16 : 128;
   const int64_t bs2 = R == QuantRecipe::fp8_block ? 128 : 16;  // 2D block edge
   const bool fp8_2d = two_d && R == QuantRecipe::fp8_block;
   const bool swz = cfg.scale_layout == ScaleLayout::swizzled;
@@ -306,7 +316,7 @@ inline Outputs quantize(const Problem& p, const QuantizeConfig& cfg,
       o.amax.push_back(ea);
       o.expert_scale_inv.push_back(cur.scale_inv);
     }
-    if (fp4) {
+    if (nv) {
       o.amax.push_back(ea);
       o.global_scale.push_back(s_enc);
     }
@@ -323,19 +333,21 @@ inline Outputs quantize(const Problem& p, const QuantizeConfig& cfg,
         for (int64_t k = k0; k < k1; ++k) a = amax_of(a, X(r, k));
       const BlockScale b = R == QuantRecipe::fp8_block ? fp8_block(a, e5, cfg.pow2_scales)
                            : R == QuantRecipe::mxfp8   ? mxfp8(a, e5)
+                           : R == QuantRecipe::mxfp4   ? mxfp4(a)
                                                        : nvfp4(a, s_enc);
       if (two_d) blocks_2d[{r0, k0}] = b;
       return b;
     };
     auto dq = [&](const BlockScale& b) -> float {
-      if (R == QuantRecipe::mxfp8)
+      if (mxr)
         return b.code == 255 ? std::numeric_limits<float>::quiet_NaN()
                              : std::ldexp(1.0f, b.code - 127);
-      if (fp4) return (b.code & 0x7F) == 0 ? 0.0f : e4m3_value(b.code) / s_enc;
+      if (nv) return (b.code & 0x7F) == 0 ? 0.0f : e4m3_value(b.code) / s_enc;
       return b.scale_inv;
     };
     auto code = [&](float x, const BlockScale& b) -> uint8_t {
-      return fp4 ? nvfp4_elem(x, b) : fp8_code(x * b.mul, e5);
+      if (R == QuantRecipe::mxfp4) return e2m1_code(x * b.mul);  // a NaN block: all 6s
+      return nv ? nvfp4_elem(x, b) : fp8_code(x * b.mul, e5);
     };
     auto put_scale = [&](Expected& E, int64_t i, const BlockScale& b, uint64_t t) {
       const bool ok =

@@ -126,7 +126,8 @@ INSTANTIATE_TEST_SUITE_P(Recipes, QuantizedLayerCpu,
 TEST(QuantizedLayerCpuErrors, ClearMessages) {
   Context ctx(Device::CPU);
   EXPECT_THROW_MSG(nn::quantized_recipe(QuantRecipe::nvfp4),
-                   "recipe=nvfp4 must be fp8_current, fp8_block or mxfp8");
+                   "recipe=nvfp4 must be fp8_current, fp8_block or mxfp8 (4-bit weights for "
+                   "inference: nvfp4_weight_recipe()");
   EXPECT_THROW_MSG(nn::quantized_recipe(QuantRecipe::fp8_block, {DType::fp8e5m2, false}),
                    "fp8_block gradients are fp8e4m3");
   GroupedLinearConfig c = layer_cfg(nn::quantized_recipe(QuantRecipe::fp8_block), false);

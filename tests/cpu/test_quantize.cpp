@@ -29,7 +29,7 @@ void make_even(std::vector<int32_t>& s, int64_t M) {
 }
 
 TEST(QuantCpu, SwizzledScalesEqualSwizzleOfPlainAndUnswizzleInverts) {
-  for (QuantRecipe r : {QuantRecipe::mxfp8, QuantRecipe::nvfp4}) {
+  for (QuantRecipe r : {QuantRecipe::mxfp8, QuantRecipe::nvfp4, QuantRecipe::mxfp4}) {
     Context ctx(Device::CPU);
     Problem p = make_problem(Pattern::quarter_empty, 6, 520, 160);
     make_even(p.splits, p.M);
@@ -258,9 +258,9 @@ TEST(QuantCpu, ValidationNamesOpArgumentAndValue) {
   a.out = b.view(2, p.sv, cfg);
   a.config.scale_layout = ScaleLayout::swizzled;
   a.config.recipe = QuantRecipe::fp8_block;
-  EXPECT_THROW_MSG(
-      group_quantize_shapes(64, 128, 2, a.config),
-      "group_quantize_shapes: config.scale_layout=swizzled needs mxfp8 or nvfp4, not fp8_block");
+  EXPECT_THROW_MSG(group_quantize_shapes(64, 128, 2, a.config),
+                   "group_quantize_shapes: config.scale_layout=swizzled needs mxfp8, nvfp4 or "
+                   "mxfp4, not fp8_block");
   a.config = qcfg(QuantRecipe::mxfp8, QuantDirection::both, ScaleLayout::mn_major);
   EXPECT_THROW_MSG(
       group_quantize_shapes(64, 128, 2, a.config),

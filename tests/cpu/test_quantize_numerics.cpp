@@ -150,13 +150,14 @@ TEST(QuantNumericsFastTwins, KeepNanMinimumAndInRangeDivision) {
 // The per-thread scale index form against the plain one, over the layouts that use it.
 TEST(QuantLayoutFastTwins, InTileRowScaleIndexEqualsThePlainOne) {
   std::uniform_int_distribution<int64_t> big(0, 1 << 20);
-  for (const QuantRecipe r : {QuantRecipe::fp8_block, QuantRecipe::mxfp8, QuantRecipe::nvfp4}) {
+  for (const QuantRecipe r :
+       {QuantRecipe::fp8_block, QuantRecipe::mxfp8, QuantRecipe::nvfp4, QuantRecipe::mxfp4}) {
     for (const ScaleLayout sl :
          {ScaleLayout::plain, ScaleLayout::swizzled, ScaleLayout::mn_major}) {
       if (sl == ScaleLayout::swizzled && r == QuantRecipe::fp8_block) continue;
       if (sl == ScaleLayout::mn_major && r != QuantRecipe::fp8_block) continue;
       for (const bool block_2d : {false, true}) {
-        if (block_2d && r == QuantRecipe::mxfp8) continue;
+        if (block_2d && (r == QuantRecipe::mxfp8 || r == QuantRecipe::mxfp4)) continue;
         QuantizeConfig c = qcfg(r, QuantDirection::both, sl, DType::fp8e4m3, false, block_2d);
         for (const int64_t K : {128, 256, 640, 7168}) {
           const qnum::Layout L = make_layout(c, 100000, K, 64);

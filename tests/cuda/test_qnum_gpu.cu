@@ -127,7 +127,7 @@ __global__ void nvfp4_signs_kernel(const uint32_t* pairs, const float* mul, cons
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= blocks) return;
   const uint32_t* u = pairs + 8 * b;  // 8 pair words: row form uses u[0..3], column form u[0..7]
-  out[3 * b] = cuda::tile::nvfp4_row_word<cuda::Bf16>(u, mul[b], s_b[b]);
+  out[3 * b] = cuda::tile::fp4_row_word<cuda::Bf16, QuantRecipe::nvfp4>(u, mul[b], s_b[b]);
   uint32_t lo, hi;
   cuda::tile::column_signs8(u, lo, hi);
   float e0[8], e1[8];

@@ -128,7 +128,7 @@ void case_gemm(Gen& g, Arena& a, Context& ctx) {
 
 QuantizeConfig random_config(Gen& g) {
   QuantizeConfig c;
-  c.recipe = static_cast<QuantRecipe>(g.chance(0.95) ? g.pick(1, 4) : 0);  // 0: none
+  c.recipe = static_cast<QuantRecipe>(g.chance(0.95) ? g.pick(1, 5) : 0);  // 0: none
   c.fp8_dtype = g.chance(0.9) ? (g.chance(0.5) ? DType::fp8e4m3 : DType::fp8e5m2) : g.dtype();
   c.pow2_scales = g.chance(0.3);
   c.block_2d = g.chance(0.1);
@@ -144,15 +144,24 @@ QuantizeConfig random_config(Gen& g) {
   return c;
 }
 
+// A view of exactly what a shape spec of group_quantize_shapes claims (absent when not present).
+TensorView spec_view(Arena& a, const TensorSpec& s) {
+  if (!s.present()) return TensorView();
+  return s.rank == 1   ? a.view(s.dtype, {s.shape[0]})
+         : s.rank == 2 ? a.view(s.dtype, {s.shape[0], s.shape[1]})
+                       : a.view(s.dtype, {s.shape[0], s.shape[1], s.shape[2]});
+}
+
 // A quantize call on random recipes, then a dequantize of its output.
 void case_quantize(Gen& g, Arena& a, Context& ctx, bool with_dbias) {
   GroupQuantizeArgs q;
   q.config = random_config(g);
   const bool weights = g.chance(0.2) && !with_dbias;
   const int64_t G = g.groups();
-  const int64_t block = q.config.recipe == QuantRecipe::fp8_block ? 128
-                        : q.config.recipe == QuantRecipe::mxfp8   ? 32
-                                                                  : 16;
+  const int64_t block =
+      q.config.recipe == QuantRecipe::fp8_block                                        ? 128
+      : q.config.recipe == QuantRecipe::mxfp8 || q.config.recipe == QuantRecipe::mxfp4 ? 32
+                                                                                       : 16;
   const int64_t K = g.chance(0.9) ? g.pick(1, 3) * block : g.pick(1, 300);
   const int64_t M = weights ? G * g.pick(0, 3) * 16 : g.pick(0, 300);
   const DType in_t = g.chance(0.8) ? DType::bf16 : g.chance(0.5) ? DType::fp16 : DType::fp32;
@@ -160,12 +169,7 @@ void case_quantize(Gen& g, Arena& a, Context& ctx, bool with_dbias) {
   if (!weights) q.splits = a.splits(g, G, M);
   QuantizedShapes shapes = group_quantize_shapes(weights ? M : M, K, G, q.config);
   (void)shapes.to_string();
-  auto out = [&](const TensorSpec& s) {
-    if (!s.present()) return TensorView();
-    return s.rank == 1   ? a.view(s.dtype, {s.shape[0]})
-           : s.rank == 2 ? a.view(s.dtype, {s.shape[0], s.shape[1]})
-                         : a.view(s.dtype, {s.shape[0], s.shape[1], s.shape[2]});
-  };
+  auto out = [&](const TensorSpec& s) { return spec_view(a, s); };
   q.out.data = out(shapes.data), q.out.scale_inv = out(shapes.scale_inv);
   q.out.columnwise_data = out(shapes.columnwise_data);
   q.out.columnwise_scale_inv = out(shapes.columnwise_scale_inv);
@@ -192,10 +196,69 @@ void case_quantize(Gen& g, Arena& a, Context& ctx, bool with_dbias) {
   group_dequantize(ctx, d);
 }
 
+// 4-bit weights: quantized here (nvfp4 or mxfp4, sometimes another recipe, 2D blocks or a broken
+// descriptor), then the W4 GEMM on random splits and paths, and the MXFP4 checkpoint relayout.
+void case_w4(Gen& g, Arena& a, Context& ctx) {
+  const int64_t G = g.groups(), N = g.pick(1, 6) * 8, M = g.pick(0, 200);
+  const int64_t K = g.chance(0.9) ? g.pick(1, 3) * 32 : g.pick(1, 6) * 8;
+  GroupQuantizeArgs q;
+  q.config.recipe = g.chance(0.9) ? (g.chance(0.5) ? QuantRecipe::nvfp4 : QuantRecipe::mxfp4)
+                                  : random_config(g).recipe;
+  q.config.direction = QuantDirection::rowwise;
+  q.config.scale_layout = g.chance(0.5) ? ScaleLayout::swizzled : ScaleLayout::plain;
+  q.config.block_2d = g.chance(0.05);
+  q.input = a.view(DType::bf16, {G, N, K});
+  const QuantizedShapes shapes = group_quantize_shapes(G * N, K, G, q.config);
+  q.out.data = spec_view(a, shapes.data), q.out.scale_inv = spec_view(a, shapes.scale_inv);
+  q.out.amax = spec_view(a, shapes.amax), q.out.global_scale = spec_view(a, shapes.global_scale);
+  GroupedTensor w = group_quantize(ctx, q);
+  ctx.check();
+  if (g.chance(0.5)) {
+    W4GemmArgs x;
+    x.x = a.view(g.chance(0.9) ? DType::bf16 : g.dtype(), {M, K});
+    x.w = w;
+    x.out = a.view(g.chance(0.95) ? DType::bf16 : g.dtype(), {M, N});
+    x.splits = a.splits(g, G, M);
+    if (g.chance(0.3)) x.bias = a.view(DType::bf16, {G, N});
+    if (g.chance(0.1)) x.alpha = g.chance(0.5) ? 0.0f : -2.5f;
+    if (g.chance(0.1)) x.path = static_cast<W4Path>(g.pick(0, 3));
+    if (g.chance(0.1)) x.engine = static_cast<GemmEngine>(g.pick(0, 3));
+    if (g.chance(0.05)) x.w.recipe = static_cast<QuantRecipe>(g.pick(0, 6));
+    if (g.chance(0.05)) x.w.scale_layout = static_cast<ScaleLayout>(g.pick(0, 3));
+    if (g.chance(0.05)) x.w.splits = x.splits;
+    g.mutate_one_of(
+        {&x.x, &x.w.data, &x.w.scale_inv, &x.w.global_scale, &x.out, &x.splits, &x.bias}, a);
+    (void)x.to_string();
+    const size_t ws = grouped_gemm_workspace_size(ctx, x);
+    (void)gemm_config_name(ctx, x);
+    (void)w4_gemm_path(ctx, x);
+    grouped_gemm(ctx, x, g.chance(0.2) ? a.bytes(64) : nullptr, g.chance(0.2) ? 64 : ws);
+  } else {
+    Mxfp4CheckpointArgs c;
+    c.G = g.chance(0.95) ? G : g.pick(-1, 3);
+    c.N = N;
+    c.K = K;
+    c.blocks = a.view(DType::e8m0, {std::max<int64_t>(G * N * K / 2, 0)});
+    c.scales = a.view(DType::e8m0, {G, N, std::max<int64_t>(K / 32, 0)});
+    c.weights = w;
+    g.mutate_one_of({&c.blocks, &c.scales, &c.weights.data, &c.weights.scale_inv}, a);
+    (void)c.to_string();
+    if (g.chance(0.5)) {
+      export_mxfp4_weights(ctx, c);
+    } else {
+      (void)import_mxfp4_weights(ctx, c).to_string();
+    }
+  }
+}
+
 void case_swizzle(Gen& g, Arena& a, Context& ctx) {
   SwizzleScalesArgs s;
   const int64_t G = g.groups(), M = g.pick(0, 300);
   s.splits = a.splits(g, G, M);
+  if (g.chance(0.1)) {  // weights: G uniform groups, no splits (sometimes a bad count)
+    s.splits = TensorView();
+    s.groups = g.chance(0.9) ? G : g.pick(-1, 3);
+  }
   s.rows_total = g.chance(0.9) ? M : g.chance(0.8) ? g.pick(-5, 400) : g.huge();
   s.columnwise = g.chance(0.5);
   s.block = g.chance(0.9) ? (g.chance(0.5) ? 16 : 32) : g.pick(-1, 64);
@@ -261,6 +324,10 @@ void case_layer(Gen& g, Arena& a, Context& ctx) {
   c.delay_wgrad = g.chance(0.3);
   c.accumulate_into_main_grad = g.chance(0.3);
   c.seed = g.rng();
+  if (g.chance(0.15)) {  // the inference recipes of 4-bit weights (forward only)
+    c.recipe = g.chance(0.5) ? nn::nvfp4_weight_recipe() : nn::mxfp4_weight_recipe();
+    if (g.chance(0.9)) c.in_features = g.pick(1, 2) * 32;
+  }
   (void)c.to_string();
   nn::GroupedLinear layer(ctx, c);
   const int64_t K = c.in_features, N = c.out_features, G = c.experts;
@@ -339,6 +406,7 @@ int run(int argc, char** argv) {
       {"quantize", [](Gen& g, Arena& a, Context& c) { case_quantize(g, a, c, false); }},
       {"bgrad_quantize", [](Gen& g, Arena& a, Context& c) { case_quantize(g, a, c, true); }},
       {"swizzle", case_swizzle},
+      {"w4", case_w4},
       {"dbias", case_dbias},
       {"swiglu", case_swiglu},
       {"fill", case_fill},

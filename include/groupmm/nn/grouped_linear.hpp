@@ -138,6 +138,17 @@ struct QuantizedRecipeOptions {
 std::shared_ptr<const LinearRecipe> quantized_recipe(QuantRecipe recipe,
                                                      QuantizedRecipeOptions options = {});
 
+// Inference recipes with 4-bit expert weights (gemm.hpp, W4GemmArgs): the layer's weights are
+// quantized once (rowwise, plain scales: nvfp4 in 1x16 blocks with E4M3 scales and a per-expert
+// S_enc, mxfp4 in 1x32 blocks with E8M0 scales) and kept until weights_changed(); forward runs
+// the 4-bit weight GEMM (decode or prefill by the average rows per expert). Forward only:
+// backward throws groupmm::Error naming the recipe. Layers must be bf16 with in_features a
+// multiple of 32 and out_features a multiple of 8. Graph safe like the other recipes (capture
+// after the first forward, or with the weights valid, so that their quantization stays out of the
+// graph).
+std::shared_ptr<const LinearRecipe> nvfp4_weight_recipe();
+std::shared_ptr<const LinearRecipe> mxfp4_weight_recipe();
+
 // ---- The layer
 // -----------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 // Thin wrappers over the PTX instructions the kernels use that CUDA C++ does not spell: async
-// copies into shared memory, L2 prefetch, relaxed (flag-and-data) global accesses, byte permutes
-// and packed 16-bit maxima. Each wrapper is one instruction; what it guarantees is the PTX ISA's.
+// copies into shared memory, L2 prefetch, relaxed (flag-and-data) global accesses, streaming
+// loads, warp-level mma, byte permutes and packed 16-bit maxima. Each wrapper is one instruction;
+// what it guarantees is the PTX ISA's.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,35 @@ __device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* a) {
 }
 __device__ __forceinline__ void st_relaxed_gpu(uint32_t* a, uint32_t v) {
   asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
+}
+
+// ---- streaming loads ---------------------------------------------------------------------------
+// 16 bytes from global memory that is read once (weights): not kept in L1. Zeros when !pred (no
+// access then: src may be out of range).
+__device__ __forceinline__ uint4 ldg_stream16(const void* src, bool pred) {
+  uint4 v;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+      " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+      " @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(src), "r"(static_cast<int>(pred)));
+  return v;
+}
+
+// ---- warp-level tensor core multiply-accumulate ------------------------------------------------
+// d += a b for a 16x16 bf16 tile a (row-major), a 16x8 bf16 tile b (column-major), fp32 d (the
+// PTX ISA's fragment layout for mma.m16n8k16: lane (g, t) = (lane / 4, lane % 4) holds a0 = (row g,
+// columns 2t, 2t + 1), a1 = (row g + 8, same), a2 = (row g, columns 2t + 8, 2t + 9), a3 = (row
+// g + 8, same), b0 = (rows 2t, 2t + 1, column g), b1 = (rows 2t + 8, 2t + 9, column g), d0 d1 =
+// (row g, columns 2t, 2t + 1), d2 d3 = (row g + 8, same); the lower-numbered element in the low
+// half of a register).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // ---- integer bit manipulation ------------------------------------------------------------------

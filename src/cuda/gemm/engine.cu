@@ -89,7 +89,7 @@ std::string heuristic(const GemmLaunch& l) {
     if (serves(e, l) && (std::string(e.name).rfind("fwdswap", 0) == 0) == decode) return e.name;
   for (const auto& e : kTable)
     if (serves(e, l)) return e.name;
-  GROUPMM_CHECK(false, "grouped_gemm: no FP8 kernel computes ",
+  GROUPMM_CHECK(false, "grouped_gemm: no scaled kernel computes ",
                 describe(l.pass, l.a_dtype, l.b_dtype, l.out_dtype, l.recipe),
                 l.fast_accum ? " with fast accumulation" : "");
   return "";

@@ -22,8 +22,9 @@ struct KernelEntry;
   X(wgrad_bf16_bf16_128x256_coop_c21, wgrad, bf16, bf16) \
   X(wgrad_fp16_fp16_128x256_coop_c21, wgrad, fp16, fp16)
 
-// FP8 operands. recipe: fp8_current (per-expert scales in the epilogue) or fp8_block (block scales
-// in the mainloop); fast: no periodic fp32 promotion (inference).
+// Scaled operands. recipe: fp8_current (per-expert scales in the epilogue) or fp8_block (block
+// scales in the mainloop); fast: no periodic fp32 promotion (inference). nvfp4: bf16 operands
+// (the dequantized 4-bit weights) with a per-expert alpha in the epilogue.
 //      name                                       pass     a        b        out   recipe    fast
 #define GROUPMM_FOR_EACH_SM90_FP8_KERNEL(X)                                                   \
   X(fwd_e4m3_bf16_128x128_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
@@ -39,7 +40,8 @@ struct KernelEntry;
   X(fwdswap_e4m3_bf16_block_128x32_pp_c11, forward, fp8e4m3, fp8e4m3, bf16, fp8_block, false) \
   X(dgrad_e4m3_bf16_block_128x128_coop_c12, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
   X(wgrad_e4m3_f32_block_128x128_coop_c12, wgrad, fp8e4m3, fp8e4m3, fp32, fp8_block, false)   \
-  X(wgrad_e4m3_bf16_block_128x128_coop_c12, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)
+  X(wgrad_e4m3_bf16_block_128x128_coop_c12, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
+  X(fwd_bf16_alpha_128x256_coop_c12, forward, bf16, bf16, bf16, nvfp4, false)
 
 #define GROUPMM_DECLARE_KERNEL(name, ...) KernelEntry name();
 GROUPMM_FOR_EACH_SM90_KERNEL(GROUPMM_DECLARE_KERNEL)

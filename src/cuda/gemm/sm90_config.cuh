@@ -41,7 +41,8 @@ enum class Schedule : uint8_t { cooperative, pingpong };
 // How quantized operands are scaled back:
 //  - none:       16-bit operands, scalar alpha;
 //  - per_expert: FP8 with one fp32 scale per expert and operand, alpha_g = alpha * sa_g * sb_g
-//                applied in the epilogue (per-group alpha pointers);
+//                applied in the epilogue (per-group alpha pointers); also 16-bit forward operands
+//                with a per-expert factor sb_g (the dequantized NVFP4 weights, gemm_w4.cpp);
 //  - blockwise:  FP8 with fp32 block scales applied in the mainloop at every 128-deep K block
 //                (1x128 activations, 128x128 weights; 1x1x128 for wgrad), scalar alpha.
 enum class Scaling : uint8_t { none, per_expert, blockwise };
@@ -81,7 +82,10 @@ struct Sm90GroupedConfig {
                          (std::is_same_v<ElementA, cutlass::bfloat16_t> ||
                           std::is_same_v<ElementA, cutlass::half_t>)),
                 "16-bit operands are both bf16 or both fp16");
-  static_assert(kFp8 == (kScaling != Scaling::none), "FP8 operands carry scales, 16-bit do not");
+  static_assert(!kFp8 || kScaling != Scaling::none, "FP8 operands carry scales");
+  static_assert(kFp8 || kScaling != Scaling::blockwise, "block scales are FP8's");
+  static_assert(kFp8 || kScaling == Scaling::none || kRole == Role::forward,
+                "16-bit operands take a per-expert alpha in the forward pass only (4-bit weights)");
   static_assert(!kFp8 || kRole != Role::forward_swap || std::is_same_v<ElementA, ElementB>,
                 "a swapped FP8 forward has one operand type (the weight becomes A)");
   static_assert(!kFastAccum || kScaling == Scaling::per_expert,

@@ -178,8 +178,8 @@ __device__ void setup_expert(const SetupParams<Cfg>& p, int g, int64_t start, in
     sa = N * block_start;  // dy columnwise 128x1: expert g's [N, ceil(m_g/128)]
     sb = K * block_start;  // x columnwise 128x1: expert g's [K, ceil(m_g/128)]
   }
-  if constexpr (Cfg::kScaling == Scaling::per_expert) {
-    A.alpha[g] = p.alpha * p.scale_a[g] * p.scale_b[g];
+  if constexpr (Cfg::kScaling == Scaling::per_expert) {  // a null scale array counts as ones
+    A.alpha[g] = p.alpha * (p.scale_a ? p.scale_a[g] : 1.0f) * (p.scale_b ? p.scale_b[g] : 1.0f);
     A.ptr_alpha[g] = &A.alpha[g];
   }
   if constexpr (Cfg::kScaling == Scaling::blockwise) {

@@ -1,7 +1,7 @@
 // CUDA group_dequantize. Two kernels, both exact by construction: every element goes through
 // qnum::dequant_scale + qnum::dequant_code, the two halves of the CPU reference's dequant_value.
 //  - rowwise copy: one thread per 16-element segment of an output row (one scale block holds the
-//    whole segment: rowwise blocks are 16, 32 or 128 wide), one 16-byte load (8 for nvfp4) and
+//    whole segment: rowwise blocks are 16, 32 or 128 wide), one 16-byte load (8 for fp4) and
 //    16-byte stores (validation requires 16-byte aligned rowwise data and output, K % 16 == 0);
 //  - columnwise copy (per expert [K, m_g], the transpose of the output's rows): one block per
 //    (128-row expert tile, 64 columns), read along m into shared memory, written along K, so that
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_rows_kernel(DequantPara
   const qnum::BlockScale s = qnum::dequant_scale(p.L, g, gi, lr, k0, false, p.scales, p.per_expert);
   const int64_t e0 = row * p.K + k0;
   alignas(16) uint8_t codes[16];
-  if (p.L.recipe == QuantRecipe::nvfp4) {  // 8 bytes, element 2j in the low nibble
+  if (qnum::is_fp4(p.L.recipe)) {  // 8 bytes, element 2j in the low nibble
     alignas(8) uint8_t b[8];
     *reinterpret_cast<uint2*>(b) = *reinterpret_cast<const uint2*>(p.data + e0 / 2);
 #pragma unroll
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_cols_kernel(DequantPara
   if (t >= p.plan.tile_start[G]) return;  // the grid is the host's bound on the tiles
   const int64_t gi = find_expert(p.plan.tile_start, G, t);
   const qnum::Geom g = p.plan.geom(gi);
-  if (p.L.recipe == QuantRecipe::nvfp4 && (g.rows & 1)) return;  // never quantized
+  if (qnum::is_fp4(p.L.recipe) && (g.rows & 1)) return;  // never quantized
   const int64_t r0 = (t - g.tile_start) * Cfg::kTileRows, k0 = int64_t(blockIdx.y) * Cfg::kTileCols;
   const int rows = g.rows - r0 < Cfg::kTileRows ? int(g.rows - r0) : Cfg::kTileRows;
   const int cols = p.K - k0 < Cfg::kTileCols ? int(p.K - k0) : Cfg::kTileCols;
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_cols_kernel(DequantPara
   // A thread takes kRun consecutive rows: they share one scale (blocks along m are 16, 32 or 128
   // rows and start at multiples of 16 of the expert's rows), so the index rule runs once per run.
   constexpr int kRun = 4, kRuns = Cfg::kTileRows / kRun;
-  const bool fp4 = p.L.recipe == QuantRecipe::nvfp4;
+  const bool fp4 = qnum::is_fp4(p.L.recipe);
   for (int idx = threadIdx.x; idx < Cfg::kTileCols * kRuns; idx += Cfg::kThreads) {
     const int c = idx / kRuns, r = (idx % kRuns) * kRun;  // r fastest: coalesced
     if (c >= cols || r >= rows) continue;

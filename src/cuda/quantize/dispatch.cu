@@ -72,8 +72,9 @@ TileSchedule choose_schedule(const QuantizeConfig& c, const QuantProblem& p, int
 }
 
 TileLaunch find_tile_kernel(const TileKernelKey& key) {
-  for (const TileKernelList list : {fp8_current_tile_kernels(), fp8_block_tile_kernels(),
-                                    mxfp8_tile_kernels(), nvfp4_tile_kernels()})
+  for (const TileKernelList list :
+       {fp8_current_tile_kernels(), fp8_block_tile_kernels(), mxfp8_tile_kernels(),
+        nvfp4_tile_kernels(), mxfp4_tile_kernels()})
     for (int i = 0; i < list.count; ++i)
       if (list.rows[i].key == key) return list.rows[i].launch;
   GROUPMM_CHECK(false, "group_quantize: no ", key.to_string());

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) swizzle_cols_kernel(SwizzlePara
 }  // namespace
 
 void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t) {
-  const int64_t G = a.splits.dim(0);
+  const int64_t G = a.splits.present() ? a.splits.dim(0) : a.groups;
   const QuantPlan plan = plan_view(ws, G);
   QuantPlanArgs pa;
   pa.splits = a.splits;

@@ -191,11 +191,11 @@ struct EarlyAmax {
 // ---- 2D block amax (weights): 16x16 (nvfp4) or the whole 128x128 tile (fp8_block) -----------
 // Writes block_amax_2d ([8][8] nvfp4 16x16 blocks, or one entry per warp for fp8_block); ends
 // with a CTA barrier.
-template <class E, bool kFp4>
+template <class E, bool k16x16>
 __device__ __forceinline__ void reduce_block_amax_2d(const uint8_t* buf, uint32_t* block_amax,
                                                      int seg, int cp, int lane, int warp) {
   uint32_t a0 = column_pair_amax<E>(buf, seg, cp);
-  if constexpr (kFp4) {  // the 8 lanes of a 16-column block: lanes 8m .. 8m+7
+  if constexpr (k16x16) {  // the 8 lanes of a 16-column block: lanes 8m .. 8m+7
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) a0 = max(a0, __shfl_xor_sync(0xFFFFFFFFu, a0, o));
     if (lane % 8 == 0) block_amax[seg * 8 + cp / 8] = a0;

@@ -73,7 +73,8 @@ __device__ __forceinline__ void quantize_columns(const TileParams& p, const uint
       Pair mc = E::pair_zero();
 #pragma unroll
       for (int j = 0; j < TileConfig::kColSeg; ++j) mc = E::pair_abs_max(mc, v[j]);
-      if constexpr (kRecipe == QuantRecipe::mxfp8) {  // 32x1: row groups 2b, 2b + 1
+      if constexpr (kRecipe == QuantRecipe::mxfp8 || kRecipe == QuantRecipe::mxfp4) {
+        // 32x1: row groups 2b, 2b + 1
         mc = E::pair_max(mc, shfl_xor_pair(mc, 4));
       } else if constexpr (kRecipe == QuantRecipe::fp8_block) {  // 128x1: all 8 row groups
         mc = E::pair_max(mc, shfl_xor_pair(mc, 4));
@@ -82,7 +83,7 @@ __device__ __forceinline__ void quantize_columns(const TileParams& p, const uint
       }
       am[0] = E::pair_lo_abs(mc);
       am[1] = E::pair_hi_abs(mc);
-    } else if constexpr (kFp4) {  // 16x16: row block rg, column block warp / 2
+    } else if constexpr (V::kNvfp4) {  // 16x16: row block rg, column block warp / 2
       am[0] = am[1] = block_amax[rg * 8 + warp / 2];
     } else {
       am[0] = am[1] = tile_amax_2d(block_amax);
@@ -106,13 +107,13 @@ __device__ __forceinline__ void quantize_columns(const TileParams& p, const uint
         e1[j] = x2.y;
       }
       if constexpr (V::kInBytes == 4) {
-        w[0][h] = qnum::nvfp4_encode8(e0, qk[0].mul, qk[0].code);
-        w[1][h] = qnum::nvfp4_encode8(e1, qk[1].mul, qk[1].code);
+        w[0][h] = qnum::fp4_encode8<kRecipe>(e0, qk[0].mul, qk[0].code);
+        w[1][h] = qnum::fp4_encode8<kRecipe>(e1, qk[1].mul, qk[1].code);
       } else {  // rows 8h + j; the signs of column cc / cc + 1
         uint32_t sign_lo, sign_hi;
         column_signs8(v + 8 * h, sign_lo, sign_hi);
-        w[0][h] = qnum::nvfp4_encode8_signed(e0, qk[0].mul, qk[0].code, sign_lo);
-        w[1][h] = qnum::nvfp4_encode8_signed(e1, qk[1].mul, qk[1].code, sign_hi);
+        w[0][h] = qnum::fp4_encode8_signed<kRecipe>(e0, qk[0].mul, qk[0].code, sign_lo);
+        w[1][h] = qnum::fp4_encode8_signed<kRecipe>(e1, qk[1].mul, qk[1].code, sign_hi);
       }
     }
 #pragma unroll
@@ -145,12 +146,13 @@ __device__ __forceinline__ void quantize_columns(const TileParams& p, const uint
         sc[qnum::col_scale_index(L, g, cur.nb, c.col0 + col, c.lt)] = qk[k].scale_inv;
       if (L.fp8_2d && tid == 0 && k == 0)
         sc[qnum::col_scale_index(L, g, cur.nb, c.col0 / 128, c.lt)] = qk[0].scale_inv;
-    } else if constexpr (kRecipe == QuantRecipe::mxfp8) {  // block j = 4 lt + rg / 2
+    } else if constexpr (kRecipe == QuantRecipe::mxfp8 || kRecipe == QuantRecipe::mxfp4) {
+      // block j = 4 lt + rg / 2
       const int64_t j = c.lt * 4 + rg / 2;
       if ((rg & 1) == 0 && j < cur.nb)
         static_cast<uint8_t*>(p.s_col)[qnum::col_scale_index(L, g, cur.nb, c.col0 + col, j)] =
             qk[k].code;
-    } else if constexpr (kFp4) {  // block j = 8 lt + rg
+    } else if constexpr (V::kNvfp4) {  // block j = 8 lt + rg
       const int64_t j = c.lt * 8 + rg;
       if (j < cur.nb)
         static_cast<uint8_t*>(p.s_col)[qnum::col_scale_index(L, g, cur.nb, c.col0 + col, j)] =

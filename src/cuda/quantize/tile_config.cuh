@@ -95,7 +95,8 @@ struct TileVariant {
   static constexpr QuantRecipe kRecipe = kRecipe_;
   static constexpr bool kE5m2 = kE5m2_;
   static constexpr TileSchedule kSchedule = kSchedule_;
-  static constexpr bool kFp4 = kRecipe == QuantRecipe::nvfp4;
+  static constexpr bool kFp4 = qnum::is_fp4(kRecipe);  // nvfp4, mxfp4: packed e2m1 data
+  static constexpr bool kNvfp4 = kRecipe == QuantRecipe::nvfp4;
   static constexpr bool kExpertAmax =
       kRecipe == QuantRecipe::fp8_current || kRecipe == QuantRecipe::nvfp4;
   static constexpr bool kFused = kSchedule != TileSchedule::tiles;
@@ -107,7 +108,7 @@ struct TileVariant {
   static constexpr int kMinBlocks = kInBytes == 4 ? 1 : TileConfig::kMinBlocks;
   static_assert(kRecipe != QuantRecipe::none, "a quantization recipe");
   static_assert(kExpertAmax || !kFused, "only fp8_current and nvfp4 have an expert amax");
-  static_assert(!(kFp4 && kE5m2), "nvfp4 has no fp8 data format");
+  static_assert(!(kFp4 && kE5m2), "nvfp4 and mxfp4 have no fp8 data format");
   static constexpr TileKernelKey key() { return {kRecipe, E::kDType, kE5m2, kSchedule}; }
 };
 
@@ -153,5 +154,6 @@ TileKernelList fp8_current_tile_kernels();
 TileKernelList fp8_block_tile_kernels();
 TileKernelList mxfp8_tile_kernels();
 TileKernelList nvfp4_tile_kernels();
+TileKernelList mxfp4_tile_kernels();
 
 }  // namespace groupmm::cuda

@@ -35,7 +35,7 @@ __device__ __forceinline__ qnum::BlockQuant block_quant(uint32_t amax_bits,
   return qnum::block_quant_fast<kRecipe>(amax_bits, expert.quant, L.e5m2, L.pow2);
 }
 
-// ---- nvfp4 with 16-bit inputs: the e2m1 sign bits straight from the input words ----------------
+// ---- fp4 with 16-bit inputs: the e2m1 sign bits straight from the input words ------------------
 // The multiplier is positive (finite, at most FLT_MAX) or NaN, and a NaN multiplier overrides the
 // word with all 7s; otherwise sign(x * mul) = sign(x) for every x (zeros and underflows included:
 // an IEEE product's sign is the XOR of its operands' signs), so nibble j's bit 3 is the sign bit
@@ -62,10 +62,11 @@ __device__ __forceinline__ void column_signs8(const uint32_t* u, uint32_t& lo, u
   hi = sign_nibbles(prmt(a, b, 0x7632u), prmt(c, d, 0x7632u));
 }
 
-// Eight consecutive elements of a row (4 pairs) -> one word of e2m1 codes.
-template <class E>
-__device__ __forceinline__ uint32_t nvfp4_row_word(const typename E::Pair* v, float mul,
-                                                   uint8_t s_b) {
+// Eight consecutive elements of a row (4 pairs) -> one word of e2m1 codes (nvfp4, mxfp4; code:
+// the block's BlockQuant::code).
+template <class E, QuantRecipe kRecipe>
+__device__ __forceinline__ uint32_t fp4_row_word(const typename E::Pair* v, float mul,
+                                                 uint8_t code) {
   float f[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -74,9 +75,9 @@ __device__ __forceinline__ uint32_t nvfp4_row_word(const typename E::Pair* v, fl
     f[2 * i + 1] = x2.y;
   }
   if constexpr (sizeof(typename E::Storage) == 4) {
-    return qnum::nvfp4_encode8(f, mul, s_b);
+    return qnum::fp4_encode8<kRecipe>(f, mul, code);
   } else {
-    return qnum::nvfp4_encode8_signed(f, mul, s_b, row_signs8(v[0], v[1], v[2], v[3]));
+    return qnum::fp4_encode8_signed<kRecipe>(f, mul, code, row_signs8(v[0], v[1], v[2], v[3]));
   }
 }
 

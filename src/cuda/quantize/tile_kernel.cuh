@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads, V::kMinBlocks)
 
     const TileCoords c{
         it.t, it.ct, it.lt, int64_t(it.lt) * Cfg::kRows, it.vr, int64_t(it.ct) * Cfg::kCols, it.vc};
-    if (p.L.block_2d) reduce_block_amax_2d<E, V::kFp4>(buf, block_amax_2d, seg, cp, lane, warp);
+    if (p.L.block_2d) reduce_block_amax_2d<E, V::kNvfp4>(buf, block_amax_2d, seg, cp, lane, warp);
     if (p.rowwise)
       quantize_rows<V>(p, buf, it, c, expert, block_amax_2d, tid, lane, warp, row_elems);
     quantize_columns<V>(p, buf, it, c, expert, block_amax_2d, tid, lane, warp);
@@ -211,13 +211,13 @@ constexpr void add_schedules(TileKernel* rows, int& n) {
 template <QuantRecipe kRecipe, class E>
 constexpr void add_formats(TileKernel* rows, int& n) {
   add_schedules<kRecipe, E, false>(rows, n);
-  if constexpr (kRecipe != QuantRecipe::nvfp4) add_schedules<kRecipe, E, true>(rows, n);
+  if constexpr (!qnum::is_fp4(kRecipe)) add_schedules<kRecipe, E, true>(rows, n);
 }
 template <QuantRecipe kRecipe>
 constexpr int variant_count() {
   const int schedules =
       kRecipe == QuantRecipe::fp8_current || kRecipe == QuantRecipe::nvfp4 ? 3 : 1;
-  const int formats = kRecipe == QuantRecipe::nvfp4 ? 1 : 2;
+  const int formats = qnum::is_fp4(kRecipe) ? 1 : 2;
   return 3 * formats * schedules;  // bf16, fp16, fp32 inputs
 }
 template <QuantRecipe kRecipe>

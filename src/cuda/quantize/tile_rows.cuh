@@ -1,10 +1,10 @@
 // The rowwise copy of one tile: one 1x32 slab per thread, 4 lanes per row.
 //
-// Lane s of a row reads two 16-element runs: fp4 [32s, 32s + 32) (its two 1x16 blocks, one
-// 16-byte store of codes); fp8 [16s, 16s + 16) and [64 + 16s, 80 + 16s), so that each of the two
-// 16-byte stores of a warp writes 64 contiguous bytes of each of 8 rows (whole sectors). mxfp8
-// blocks (1x32) then span two lanes: s / 2 and 2 + s / 2 (one shuffle); fp8_block's 1x128 block
-// spans the row's 4 lanes (two shuffles).
+// Lane s of a row reads two 16-element runs: fp4 [32s, 32s + 32) (nvfp4: its two 1x16 blocks;
+// mxfp4: its 1x32 block; one 16-byte store of codes); fp8 [16s, 16s + 16) and [64 + 16s, 80 + 16s),
+// so that each of the two 16-byte stores of a warp writes 64 contiguous bytes of each of 8 rows
+// (whole sectors). mxfp8 blocks (1x32) then span two lanes: s / 2 and 2 + s / 2 (one shuffle);
+// fp8_block's 1x128 block spans the row's 4 lanes (two shuffles).
 #pragma once
 
 #include "cuda/quantize/tile_amax.cuh"
@@ -46,15 +46,17 @@ __device__ __forceinline__ void quantize_rows(const TileParams& p, const uint8_t
         } else if constexpr (kRecipe == QuantRecipe::mxfp8) {  // 1x32: lanes s, s ^ 1
           am0 = max(am0, __shfl_xor_sync(0xFFFFFFFFu, am0, 1));
           am1 = max(am1, __shfl_xor_sync(0xFFFFFFFFu, am1, 1));
+        } else if constexpr (kRecipe == QuantRecipe::mxfp4) {  // 1x32: the lane's two runs
+          am0 = am1 = max(am0, am1);
         }
-      } else if constexpr (kFp4) {
+      } else if constexpr (V::kNvfp4) {
         am0 = block_amax[(r / 16) * 8 + 2 * s];
         am1 = block_amax[(r / 16) * 8 + 2 * s + 1];
       } else {
         am0 = tile_amax_2d(block_amax);
       }
     }
-    constexpr bool kTwoBlocks = kFp4 || kRecipe == QuantRecipe::mxfp8;
+    constexpr bool kTwoBlocks = V::kNvfp4 || kRecipe == QuantRecipe::mxfp8;
     const qnum::BlockQuant q0 = block_quant<kRecipe>(am0, cur, L);
     const qnum::BlockQuant q1 = kTwoBlocks ? block_quant<kRecipe>(am1, cur, L) : q0;
     const bool row_ok = r < c.valid_rows;
@@ -65,7 +67,7 @@ __device__ __forceinline__ void quantize_rows(const TileParams& p, const uint8_t
 #pragma unroll
       for (int h = 0; h < 4; ++h) {
         const qnum::BlockQuant& q = h < 2 ? q0 : q1;
-        w[h] = nvfp4_row_word<E>(v + 4 * h, q.mul, q.code);
+        w[h] = fp4_row_word<E, kRecipe>(v + 4 * h, q.mul, q.code);
       }
       uint8_t* const dst = p.q_row + (e + e_run0) / 2;
       // K % 32 == 0: every row's 16-byte pieces are 16-byte aligned.
@@ -76,17 +78,23 @@ __device__ __forceinline__ void quantize_rows(const TileParams& p, const uint8_t
         if (ok0) __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
         if (ok1) __stcs(reinterpret_cast<uint2*>(dst + 8), make_uint2(w[2], w[3]));
       }
-      const int64_t sc = (c.col0 + e_run0) / 16;  // even
       uint8_t* sr = static_cast<uint8_t*>(p.s_row);
-      const int64_t si = qnum::row_scale_index_in_tile(L, g, c.lt, r, static_cast<int>(sc));
-      // Scales sc, sc + 1 are adjacent in both layouts (sc even; plain: K / 16 even).
-      if (ok1 && ((reinterpret_cast<uintptr_t>(sr) | uintptr_t(si)) & 1) == 0) {
-        *reinterpret_cast<uint16_t*>(sr + si) =
-            static_cast<uint16_t>(q0.code | (uint32_t(q1.code) << 8));
+      if constexpr (kRecipe == QuantRecipe::mxfp4) {  // one 1x32 block per lane
+        if (ok0)
+          sr[qnum::row_scale_index_in_tile(L, g, c.lt, r,
+                                           static_cast<int>((c.col0 + e_run0) / 32))] = q0.code;
       } else {
-        if (ok0) sr[si] = q0.code;
-        if (ok1)
-          sr[qnum::row_scale_index_in_tile(L, g, c.lt, r, static_cast<int>(sc) + 1)] = q1.code;
+        const int64_t sc = (c.col0 + e_run0) / 16;  // even
+        const int64_t si = qnum::row_scale_index_in_tile(L, g, c.lt, r, static_cast<int>(sc));
+        // Scales sc, sc + 1 are adjacent in both layouts (sc even; plain: K / 16 even).
+        if (ok1 && ((reinterpret_cast<uintptr_t>(sr) | uintptr_t(si)) & 1) == 0) {
+          *reinterpret_cast<uint16_t*>(sr + si) =
+              static_cast<uint16_t>(q0.code | (uint32_t(q1.code) << 8));
+        } else {
+          if (ok0) sr[si] = q0.code;
+          if (ok1)
+            sr[qnum::row_scale_index_in_tile(L, g, c.lt, r, static_cast<int>(sc) + 1)] = q1.code;
+        }
       }
     } else {
       uint32_t w[8];

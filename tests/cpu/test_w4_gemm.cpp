@@ -1,0 +1,207 @@
+// The 4-bit weight GEMM (W4GemmArgs) on the CPU backend: the reference against a direct fp64
+// computation from the quantized bytes, its argument checks (messages name op, argument, value),
+// and the GroupedLinear inference recipes nvfp4_weight / mxfp4_weight.
+#include <cmath>
+
+#include "common/w4_case.hpp"
+#include "core/quantize_layout.hpp"
+
+namespace groupmm::test {
+namespace {
+
+// y from the quantized bytes by the format rule, summed in fp64.
+std::vector<float> direct(const W4Spec& s, const W4Inputs& in, const Quantized& w) {
+  const int64_t M = w4_rows(s), N = s.N, K = s.K;
+  const auto data = quant_bytes(w.buf.data), sc = quant_bytes(w.buf.scale_inv);
+  const bool nv = s.recipe == QuantRecipe::nvfp4;
+  const int64_t blk = nv ? 16 : 32;
+  std::vector<float> y(size_t(M * N), NAN);
+  int64_t row = 0;
+  for (int64_t g = 0; g < s.G; ++g) {
+    for (int64_t m = 0; m < s.splits[size_t(g)]; ++m, ++row)
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t e = (g * N + n) * K + k;
+          const uint8_t c =
+              (e & 1) ? uint8_t(data[size_t(e / 2)] >> 4) : uint8_t(data[size_t(e / 2)] & 15);
+          const uint8_t sb = sc[size_t((g * N + n) * (K / blk) + k / blk)];
+          const double wv =
+              nv ? double(e2m1_to_float(c)) * e4m3_to_float(sb) / w.buf.global_scale.ptr<float>()[g]
+                 : double(e2m1_to_float(c)) * std::ldexp(1.0, int(sb) - 127);
+          acc += double(in.x[size_t(row * K + k)]) * wv;
+        }
+        float v = float(double(s.alpha) * acc);
+        if (s.bias) v += in.bias[size_t(g * N + n)];
+        y[size_t(row * N + n)] = bf16_bits_to_float(float_to_bf16_bits(v));
+      }
+  }
+  return y;
+}
+
+TEST(W4GemmCpu, ReferenceMatchesTheFormatRule) {
+  for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4}) {
+    W4Spec s;
+    s.recipe = r;
+    s.G = 4;
+    s.N = 40;
+    s.K = 96;
+    s.splits = {3, 0, 5, 1};
+    s.bias = true;
+    s.alpha = 0.75f;
+    const W4Inputs in = make_w4_inputs(s);
+    Context ctx(Device::CPU);
+    W4Device d(ctx, s, in);
+    grouped_gemm(ctx, d.args(s));
+    ctx.check();
+    const std::vector<float> got = d.result(), want = direct(s, in, d.w);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-2 * std::abs(want[i]) + 1e-6)
+          << recipe_name(r) << " element " << i;
+    EXPECT_EQ(gemm_config_name(ctx, d.args(s)), "reference");
+  }
+}
+
+TEST(W4GemmCpu, RowsPastTheSplitsStayUnwritten) {
+  W4Spec s;
+  s.recipe = QuantRecipe::mxfp4;
+  s.G = 2;
+  s.N = 8;
+  s.K = 32;
+  s.splits = {2, 1};
+  const W4Inputs in = make_w4_inputs(s);
+  Context ctx(Device::CPU);
+  W4Device d(ctx, s, in);
+  std::vector<int64_t> fewer = {1, 1};  // sums to 2 of the 3 rows: a fault, row 2 untouched
+  copy(d.splits, TensorView(fewer.data(), DType::int64, Device::CPU, {2}));
+  grouped_gemm(ctx, d.args(s));
+  EXPECT_THROW_MSG(ctx.check(), "grouped_gemm");
+  const auto y = d.result();
+  for (int64_t n = 0; n < s.N; ++n) EXPECT_TRUE(std::isnan(y[size_t(2 * s.N + n)]));
+}
+
+TEST(W4GemmCpu, ErrorsNameOpArgumentAndValue) {
+  W4Spec s;
+  s.G = 2;
+  s.N = 64;
+  s.K = 64;
+  s.splits = {3, 5};
+  Context ctx(Device::CPU);
+  const W4Inputs in = make_w4_inputs(s);
+  W4Device d(ctx, s, in);
+  const W4GemmArgs ok = d.args(s);
+  EXPECT_NO_THROW(grouped_gemm(ctx, ok));
+
+  W4GemmArgs a = ok;
+  Tensor x16 = Tensor::empty({8, 64}, DType::fp16, Device::CPU);
+  a.x = x16;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: x.dtype=fp16 must be bf16");
+  a = ok;
+  a.w.recipe = QuantRecipe::mxfp8;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: w.recipe=mxfp8 must be nvfp4 or mxfp4");
+  a = ok;
+  a.w.global_scale = TensorView();
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: w.global_scale is required");
+  a = ok;
+  a.w.global_scale.data = static_cast<char*>(a.w.global_scale.data) + 2;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: w.global_scale.data=");
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "must be aligned to its 4-byte elements");
+  a = ok;
+  a.w.block_2d = true;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: w must be quantized in 1x16 blocks");
+  a = ok;
+  Tensor x48 = Tensor::empty({8, 48}, DType::bf16, Device::CPU);
+  a.x = x48;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a),
+                   "grouped_gemm: K=x.shape[1]=48 must be a positive multiple of 32");
+  a = ok;
+  Tensor y60 = Tensor::empty({8, 60}, DType::bf16, Device::CPU);
+  a.out = y60;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a),
+                   "grouped_gemm: N=out.shape[1]=60 must be a positive multiple of 8");
+  a = ok;
+  Tensor y128 = Tensor::empty({8, 128}, DType::bf16, Device::CPU);
+  a.out = y128;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: w.data.numel=8192");
+  a = ok;
+  a.engine = GemmEngine::cublas_loop;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: engine cublas_loop does not run 4-bit");
+  a = ok;
+  std::vector<int32_t> s3 = {1, 2, 5};
+  a.splits = host_view(s3, DType::int32, {3});
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: splits.shape[0]=3 must equal");
+  a = ok;
+  a.w.splits = d.splits;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: w must be weights");
+}
+
+// ---- GroupedLinear inference recipes ------------------------------------------------------------
+
+nn::GroupedLinearConfig w4_layer(QuantRecipe r, bool bias) {
+  return w4_layer_config(r, 3, 64, 40, 32, bias);
+}
+
+TEST(W4GroupedLinearCpu, ForwardIsTheW4GemmOfTheQuantizedWeights) {
+  for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4}) {
+    Context ctx(Device::CPU);
+    const nn::GroupedLinearConfig c = w4_layer(r, true);
+    nn::GroupedLinear layer(ctx, c);
+    EXPECT_EQ(layer.recipe().name(), r == QuantRecipe::nvfp4 ? "nvfp4_weight" : "mxfp4_weight");
+    std::vector<int64_t> sp = {4, 0, 7};
+    Tensor splits = clone_to(TensorView(sp.data(), DType::int64, Device::CPU, {3}), Device::CPU);
+    Tensor x = make_input(randn(11 * 64), DType::bf16, {11, 64}, Device::CPU);
+    auto reference = [&]() {
+      Quantized w =
+          run_quantize(ctx, layer.weight(), TensorView(), qcfg(r, QuantDirection::rowwise));
+      Tensor y = Tensor::empty({11, 40}, DType::bf16, Device::CPU);
+      W4GemmArgs a;
+      a.x = x;
+      a.w = w.gt;
+      a.out = y;
+      a.splits = splits;
+      a.bias = layer.bias();
+      grouped_gemm(ctx, a);
+      return cpu_floats(y);
+    };
+    EXPECT_EQ(cpu_floats(layer.forward(ctx, x, splits)), reference());
+    // New weights: the cached quantization is dropped and redone.
+    std::vector<std::vector<float>> wv(3);
+    std::vector<Tensor> wt;
+    std::vector<TensorView> views;
+    for (int g = 0; g < 3; ++g) {
+      wt.push_back(make_input(randn(40 * 64, 0.1f), DType::bf16, {40, 64}, Device::CPU));
+      views.push_back(wt.back());
+    }
+    layer.import_weights(ctx, views);
+    EXPECT_EQ(cpu_floats(layer.forward(ctx, x, splits)), reference()) << "after import_weights";
+  }
+}
+
+TEST(W4GroupedLinearCpu, BackwardRefusesNamingTheRecipe) {
+  for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4}) {
+    Context ctx(Device::CPU);
+    nn::GroupedLinear layer(ctx, w4_layer(r, false));
+    std::vector<int64_t> sp = {2, 2, 2};
+    Tensor splits = clone_to(TensorView(sp.data(), DType::int64, Device::CPU, {3}), Device::CPU);
+    Tensor x = make_input(randn(6 * 64), DType::bf16, {6, 64}, Device::CPU);
+    Tensor dy = make_input(randn(6 * 40), DType::bf16, {6, 40}, Device::CPU);
+    layer.forward(ctx, x, splits);
+    EXPECT_THROW_MSG(layer.backward(ctx, dy),
+                     std::string(r == QuantRecipe::nvfp4 ? "nvfp4_weight" : "mxfp4_weight") +
+                         ": backward is not supported");
+  }
+}
+
+TEST(W4GroupedLinearCpu, ConfigErrors) {
+  Context ctx(Device::CPU);
+  nn::GroupedLinearConfig c = w4_layer(QuantRecipe::mxfp4, false);
+  c.in_features = 48;
+  EXPECT_THROW_MSG(nn::GroupedLinear(ctx, c),
+                   "mxfp4_weight: in_features=48 must be a multiple of 32");
+  c = w4_layer(QuantRecipe::nvfp4, false);
+  c.dtype = DType::fp16;
+  EXPECT_THROW_MSG(nn::GroupedLinear(ctx, c), "nvfp4_weight: dtype=fp16 must be bf16");
+}
+
+}  // namespace
+}  // namespace groupmm::test

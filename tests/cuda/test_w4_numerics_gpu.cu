@@ -1,0 +1,50 @@
+// The GEMM form of 4-bit weights (core/w4_numerics.hpp) on the device, where it runs bf16x2
+// multiplies (mul.rn.bf16x2: bf16 subnormal raw codes must survive) and cvt.rn.bf16x2.f32:
+// every (code, scale byte) pair of both formats, both mxfp4 multiplier forms, against the host
+// rule.
+#include "common/test_util.hpp"
+#include "core/w4_numerics.hpp"
+
+namespace groupmm::test {
+namespace {
+
+// out[s][i] for scale byte s: the 4 weight words of codes 0..7 (i < 4) and 8..15 (i >= 4);
+// kind 0: nvfp4, 1: mxfp4 one factor, 2: mxfp4 two factors.
+__global__ void w4_weights_kernel(int kind, uint32_t* out) {
+  const int s = blockIdx.x, half = threadIdx.x;  // 256 x 2
+  const uint32_t q = half ? 0xFEDCBA98u : 0x76543210u;
+  uint32_t w[4];
+  const uint8_t b = static_cast<uint8_t>(s);
+  if (kind == 0) qnum::w4_weights8(q, qnum::w4_nvfp4_multiplier(b), w);
+  if (kind == 1) qnum::w4_weights8(q, qnum::w4_mxfp4_multiplier1(b), w);
+  if (kind == 2)
+    qnum::w4_weights8(q, qnum::w4_mxfp4_multiplier1(b), qnum::w4_mxfp4_multiplier2(b), w);
+  for (int i = 0; i < 4; ++i) out[s * 8 + half * 4 + i] = w[i];
+}
+
+TEST(W4NumericsGpu, WeightsEqualTheRuleForEveryCodeAndScale) {
+  GROUPMM_REQUIRE_GPU();
+  Tensor d = Tensor::empty({256 * 8}, DType::int32, Device::CUDA);
+  for (int kind = 0; kind < 3; ++kind) {
+    w4_weights_kernel<<<256, 2>>>(kind, d.ptr<uint32_t>());
+    GROUPMM_CHECK_LAUNCH();
+    std::vector<uint32_t> got(256 * 8);
+    copy(TensorView(got.data(), DType::int32, Device::CPU, {256 * 8}), d);
+    const QuantRecipe r = kind == 0 ? QuantRecipe::nvfp4 : QuantRecipe::mxfp4;
+    for (int s = 0; s < 256; ++s) {
+      if (kind == 1 && qnum::w4_mxfp4_needs_two(uint8_t(s))) continue;  // one factor: e <= 128
+      for (int half = 0; half < 2; ++half)
+        for (int i = 0; i < 4; ++i)
+          for (int h = 0; h < 2; ++h) {
+            const uint8_t c = uint8_t(8 * half + (h ? 7 : 3) - i);
+            const uint32_t w = got[size_t(s * 8 + half * 4 + i)];
+            const uint16_t g = uint16_t(h ? w >> 16 : w & 0xFFFF);
+            const uint16_t want = float_to_bf16_bits(qnum::w4_weight_value(r, c, uint8_t(s)));
+            ASSERT_EQ(g, want) << "kind " << kind << " code " << int(c) << " scale " << s;
+          }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace groupmm::test
