@@ -118,8 +118,7 @@ MUTATIONS = [
     # ---- offsets, dbias order -------------------------------------------------------------------
     ("offsets_scale_rows_overpadded", "group_offsets pads 128-row multiples one tile more",
      "src/cpu/offsets.cpp",
-     [("padded += (r.rows + a.pad_rows - 1) / a.pad_rows * a.pad_rows;",
-       "padded += (r.rows + a.pad_rows) / a.pad_rows * a.pad_rows;")]),
+     [("wrap_add(r.rows, a.pad_rows - 1) / a.pad_rows", "wrap_add(r.rows, a.pad_rows) / a.pad_rows")]),
     ("bgrad_dbias_order", "bgrad dbias sums 16-row segments straight into the expert sum "
      "(not per 128-row tile)", CPU_UTIL,
      [("tile[static_cast<size_t>(n)] += segment[static_cast<size_t>(n)];",
