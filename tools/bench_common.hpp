@@ -13,6 +13,21 @@
 
 namespace groupmm::tool {
 
+// The public GEMM suite (docs/testing.md): MoE expert shapes from the models' published
+// configurations, M = rows routed to all G experts. `bench gemm` runs them all; `bench layer
+// --recipe` the training layers among them.
+struct SuiteShape {
+  const char* name;
+  int64_t G, M, N, K;
+};
+inline constexpr SuiteShape kGemmSuite[] = {
+    {"dsv3_gate_up", 32, 32768, 4096, 7168},         {"dsv3_down", 32, 32768, 7168, 2048},
+    {"contiguous_4x8192", 4, 32768, 4096, 7168},     {"mixtral_gate_up", 8, 16384, 28672, 4096},
+    {"mixtral_down", 8, 16384, 4096, 14336},         {"qwen3_gate_up", 128, 65536, 1536, 2048},
+    {"qwen3_down", 128, 65536, 2048, 768},           {"qwen3_decode", 128, 1024, 1536, 2048},
+    {"llama4_scout_gate_up", 16, 8192, 16384, 5120},
+};
+
 // The benchmark split patterns (docs/testing.md): balanced, Zipf (exponent 1.1, shuffled), 25% of
 // experts empty.
 inline const std::vector<std::string> kSplitPatterns = {"balanced", "zipf", "empty25"};

@@ -20,18 +20,6 @@
 namespace groupmm::tool {
 namespace {
 
-struct Shape {
-  const char* name;
-  int64_t G, M, N, K;
-};
-const Shape kSuite[] = {
-    {"dsv3_gate_up", 32, 32768, 4096, 7168},         {"dsv3_down", 32, 32768, 7168, 2048},
-    {"contiguous_4x8192", 4, 32768, 4096, 7168},     {"mixtral_gate_up", 8, 16384, 28672, 4096},
-    {"mixtral_down", 8, 16384, 4096, 14336},         {"qwen3_gate_up", 128, 65536, 1536, 2048},
-    {"qwen3_down", 128, 65536, 2048, 768},           {"qwen3_decode", 128, 1024, 1536, 2048},
-    {"llama4_scout_gate_up", 16, 8192, 16384, 5120},
-};
-
 double rel_err_device(const TensorView& a, const TensorView& b) {
   std::vector<uint16_t> ha(size_t(a.numel())), hb(ha.size());
   std::vector<float> fa, fb;
@@ -72,7 +60,7 @@ int run_quantized(const GemmOptions& o, cudaStream_t stream) {
   q.recipe = o.recipe == "fp8_current" ? QuantRecipe::fp8_current
              : o.recipe == "fp8_block" ? QuantRecipe::fp8_block
                                        : QuantRecipe::mxfp8;
-  for (const Shape& s : kSuite)
+  for (const SuiteShape& s : kGemmSuite)
     if (o.case_filter.empty() || std::string(s.name).find(o.case_filter) != std::string::npos)
       q.shapes.push_back(
           {s.name, s.G, s.M, s.N, s.K, std::string(s.name).find("decode") != std::string::npos});
@@ -129,11 +117,12 @@ int run_bench_gemm(const GemmOptions& o) {
   if (!o.weights.empty()) return run_w4(o);
   if (!o.case_filter.empty()) {
     bool any = false;
-    for (const Shape& s : kSuite)
+    for (const SuiteShape& s : kGemmSuite)
       any = any || std::string(s.name).find(o.case_filter) != std::string::npos;
     if (!any) {
       std::string names;
-      for (const Shape& s : kSuite) names += std::string(names.empty() ? "" : ", ") + s.name;
+      for (const SuiteShape& s : kGemmSuite)
+        names += std::string(names.empty() ? "" : ", ") + s.name;
       throw UsageError("--case '" + o.case_filter + "' matches no case (cases: " + names + ")");
     }
   }
@@ -184,7 +173,7 @@ int bench_gemm(const GemmOptions& o, cudaStream_t stream) {
   bool first = true;
   int failures = 0;
   uint64_t seed = 1;
-  for (const Shape& s : kSuite) {
+  for (const SuiteShape& s : kGemmSuite) {
     if (!filter.empty() && std::string(s.name).find(filter) == std::string::npos) continue;
     const int64_t G = s.G, M = s.M, N = s.N, K = s.K;
     for (const char* pass_name : {"fwd", "dgrad", "wgrad"}) {
