@@ -38,6 +38,7 @@ def time_case(c):
     dev = "cuda"
     offs = torch.tensor(c["splits"], dtype=torch.int64, device=dev).cumsum(0).to(torch.int32)
     bf = torch.bfloat16
+    out_dtype = torch.float32 if c.get("out") == "fp32" else bf  # bench gemm --out
     if c["pass"] == "fwd":
         nbytes = (M * K + G * N * K) * 2
         R = rotation(nbytes)
@@ -63,7 +64,7 @@ def time_case(c):
     def run():
         a, b = args[state["i"] % R]
         state["i"] += 1
-        return torch._grouped_mm(a, b, offs=offs, out_dtype=bf)
+        return torch._grouped_mm(a, b, offs=offs, out_dtype=out_dtype)
 
     try:
         run()

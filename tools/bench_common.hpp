@@ -28,6 +28,21 @@ inline constexpr SuiteShape kGemmSuite[] = {
     {"llama4_scout_gate_up", 16, 8192, 16384, 5120},
 };
 
+// Round-2 cases of the 16-bit engine (`bench gemm --suite ragged|fine`), bf16 only.
+// Ragged widths: expert and hidden sizes that are not multiples of the 128x256 tile (DeepSeek-V2-
+// Lite / Qwen1.5-MoE experts 1408 wide, experts 1920 wide on a 5120 + 64 hidden size), 2048 rows
+// per expert so the width, not the reduction, is what is measured.
+inline constexpr SuiteShape kRaggedSuite[] = {
+    {"ragged_1408_gate_up", 16, 32768, 2816, 2048},
+    {"ragged_1408_down", 16, 32768, 2048, 1408},
+    {"ragged_1920_down", 16, 32768, 5184, 1920},
+};
+// Fine-grained experts: many small groups (torch._grouped_mm refuses 1024 groups or more).
+inline constexpr SuiteShape kFineSuite[] = {
+    {"fine_g512_r64", 512, 32768, 1024, 2048},
+    {"fine_g2048_r16", 2048, 32768, 1024, 2048},
+};
+
 // The benchmark split patterns (docs/testing.md): balanced, Zipf (exponent 1.1, shuffled), 25% of
 // experts empty.
 inline const std::vector<std::string> kSplitPatterns = {"balanced", "zipf", "empty25"};

@@ -271,5 +271,90 @@ TEST(GemmGpuErrors, AlignmentAndShapes) {
   EXPECT_THROW_MSG(gemm_forward(ctx, xo, wv, s, yv), "must be 16-byte aligned");
 }
 
+// ---- every instantiated 16-bit configuration, by name ------------------------------------------
+// The heuristic picks among these by shape; each one must be right on its own, on the shapes the
+// issue-22 heuristic sends to it: ragged widths (not multiples of the tile), thousands of experts
+// with 0-64 rows, and row counts on both sides of the split configurations' class bounds (129,
+// 1024), accumulating and not. Two runs are bit-identical (no run-to-run reduction order).
+struct ConfigCase {
+  std::string config;
+  std::string shape;  // ragged | many_small | class_bounds | class_bounds_accum
+};
+
+struct ConfigInfo {
+  GemmPass pass;
+  DType dtype, out;
+};
+
+ConfigInfo config_info(const std::string& name) {
+  const auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  ConfigInfo c;
+  c.pass = name.rfind("fwd", 0) == 0     ? GemmPass::forward
+           : name.rfind("dgrad", 0) == 0 ? GemmPass::dgrad
+                                         : GemmPass::wgrad;
+  c.dtype = has("fp16") ? DType::fp16 : DType::bf16;
+  c.out = has("_f32") ? DType::fp32 : c.dtype;
+  return c;
+}
+
+std::vector<ConfigCase> config_cases() {
+  std::vector<ConfigCase> v;
+  for (const std::string& n : gemm_config_names()) {
+    // 16-bit operands only (the FP8 and 4-bit configurations have their own suites)
+    if (n.find("e4m3") != std::string::npos || n.find("e5m2") != std::string::npos ||
+        n.find("alpha") != std::string::npos)
+      continue;
+    v.push_back({n, "ragged"});
+    v.push_back({n, "many_small"});
+    const ConfigInfo info = config_info(n);
+    if (info.pass == GemmPass::wgrad) {
+      v.push_back({n, "class_bounds"});
+      if (info.out == DType::fp32) v.push_back({n, "class_bounds_accum"});  // main_grad += dW
+    }
+  }
+  return v;
+}
+
+class GemmGpuConfigs : public ::testing::TestWithParam<ConfigCase> {};
+
+TEST_P(GemmGpuConfigs, MatchesCpuReferenceAndRepeatsBitExact) {
+  GROUPMM_REQUIRE_GPU();
+  const ConfigCase c = GetParam();
+  const ConfigInfo info = config_info(c.config);
+  std::vector<int64_t> splits;
+  int64_t N = 0, K = 0;
+  if (c.shape == "ragged") {  // N' 1408 = 5.5 256-wide tiles; K 704: dgrad/wgrad N' 2.75 tiles
+    splits = make_splits(Pattern::random_odd, 6, 1500);
+    N = 1408, K = 704;
+  } else if (c.shape == "many_small") {  // 4096 experts of 0-64 rows
+    std::uniform_int_distribution<int64_t> rows(0, 64);
+    for (int g = 0; g < 4096; ++g) splits.push_back(rows(rng()));
+    N = 64, K = 128;
+  } else {  // both sides of 129 and 1024, empty experts first, middle and last
+    splits = {0, 1, 64, 128, 129, 500, 0, 1024, 1025, 2000, 300, 7, 0};
+    N = 256, K = 384;
+  }
+  const float beta = c.shape == "class_bounds_accum" ? 1.0f : 0.0f;
+  GemmProblem p = GemmProblem::make(info.pass, info.dtype, int64_t(splits.size()), splits, N, K,
+                                    false, beta, info.out);
+  DeviceProblem d(p);
+  Context ctx(Device::CUDA);
+  GroupedGemmArgs args = d.args(p);
+  args.config = c.config;
+  grouped_gemm(ctx, args);
+  ctx.check();
+  const std::vector<uint8_t> first = d.out_bytes();
+  expect_matches_reference(p, first);
+  d.reset_out(p);
+  grouped_gemm(ctx, args);
+  ctx.check();
+  ASSERT_TRUE(first == d.out_bytes()) << c.config << ": a second run differs";
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GemmGpuConfigs, ::testing::ValuesIn(config_cases()),
+                         [](const ::testing::TestParamInfo<ConfigCase>& i) {
+                           return i.param.config + "_" + i.param.shape;
+                         });
+
 }  // namespace
 }  // namespace groupmm::test

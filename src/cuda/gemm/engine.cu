@@ -2,9 +2,10 @@
 // dims) and runs it.
 //
 // Heuristic (host-known inputs only, so the choice is the same for every routing a graph sees):
-//  - 16-bit forward with few rows per expert (avg M/G <= 64, the decode case): operands swapped so
+//  - 16-bit forward with few rows per expert (avg M/G <= 32, the decode case): operands swapped so
 //    the weight rows fill the 128-wide M tile and the handful of tokens sit in a 32-wide N tile;
-//    the problem is bound by streaming the weights.
+//    the problem is bound by streaming the weights. At 64 rows the swapped tile runs twice per
+//    expert and is 1.5x slower than the regular one (fine-grained experts, bench/RESULTS.md).
 //  - otherwise a 128x256 cooperative tile (K 64 for 16-bit, 128 for FP8). The cluster pairs CTAs
 //    along the dimension that is an even number of tiles for MoE shapes, so multicast never leaves
 //    a CTA idle: forward pairs along N (1x2, sharing the activation tile), wgrad along M' = N
@@ -15,7 +16,16 @@
 //    anyway. Clusters as measured on the DeepSeek-V3 shapes: forward 2x1, per-expert dgrad 1x1,
 //    blockwise dgrad and wgrad 1x2, per-expert wgrad 2x1. Fast accumulation (inference) has no
 //    second accumulator set and runs the 128x256 tile.
-//  - wgrad reduces over each expert's tokens (K' = m_g); fp32 or 16-bit output.
+//  - bf16 forward with an odd number of 256-wide N tiles (ragged widths such as 2816 or 5184) or
+//    experts' weights far larger than L2 (N*K >= 64M): the cluster pairs along M (2x1) instead.
+//  - wgrad reduces over each expert's tokens (K' = m_g); fp32 or 16-bit output. bf16: a 128x128
+//    ping-pong tile (2x1 cluster), whose two warpgroups overlap one's epilogue (the dW write) with
+//    the other's mainloop, for the experts with 129-1024 rows and the 128x256 cooperative tile
+//    for the rest: two launches, the experts sorted into them on the device (kSplits), used when
+//    the average is 65-1024 rows. An output width K that is not a multiple of 256 runs the
+//    ping-pong tile for every expert. fp16 keeps the base tiles (one kernel less each to
+//    compile; fp16 MoE training is rare).
+//  - fp32 output for forward/dgrad: the base cooperative tiles (no swapped decode variant).
 #include <algorithm>
 
 #include "cuda/gemm/kernels.hpp"
@@ -44,11 +54,42 @@ const TableEntry kTable[] = {
 #undef GROUPMM_TABLE_ROW
 };
 
-const TableEntry& by_name(const std::string& name) {
+// Split configurations: two launches of instantiated kernels over complementary classes of
+// experts by row count (sm90::RowClass), decided on the device from the splits. wgrad tiles differ
+// by the reduction length m_g: the 128x128 ping-pong tile overlaps the dW write of short
+// reductions with the next tile's mainloop, the 128x256 cooperative tile is faster on long ones
+// and on very short ones (one k-block: tile count is the cost). Under skewed routing one GEMM has
+// experts of both kinds, which no host-side choice can serve.
+struct SplitEntry {
+  const char* name;
+  const char* inside;   // experts with lo <= m_g <= hi
+  const char* outside;  // every other expert (empty ones included)
+  int64_t lo, hi;
+};
+
+const SplitEntry kSplits[] = {
+    {"wgrad_bf16_bf16_split_pp128x128_coop128x256", "wgrad_bf16_bf16_128x128_pp_c21",
+     "wgrad_bf16_bf16_128x256_coop_c21", 129, 1024},
+    {"wgrad_bf16_f32_split_pp128x128_coop128x256", "wgrad_bf16_f32_128x128_pp_c21",
+     "wgrad_bf16_f32_128x256_coop_c21", 129, 1024},
+};
+
+const TableEntry* find(const std::string& name) {
   for (const auto& e : kTable)
-    if (name == e.name) return e;
-  GROUPMM_CHECK(false, "grouped_gemm: config '", name, "' is not an instantiated kernel");
-  return kTable[0];
+    if (name == e.name) return &e;
+  return nullptr;
+}
+
+const SplitEntry* find_split(const std::string& name) {
+  for (const auto& e : kSplits)
+    if (name == e.name) return &e;
+  return nullptr;
+}
+
+const TableEntry& by_name(const std::string& name) {
+  const TableEntry* e = find(name);
+  GROUPMM_CHECK(e != nullptr, "grouped_gemm: config '", name, "' is not an instantiated kernel");
+  return *e;
 }
 
 bool serves(const TableEntry& e, const GemmLaunch& l) {
@@ -63,19 +104,46 @@ std::string describe(GemmPass pass, DType a, DType b, DType out, QuantRecipe r) 
                      r == QuantRecipe::none ? "" : detail::cat(" (", recipe_name(r), ")"));
 }
 
+// Tiles along a dimension of `n` for a tile `t` wide.
+constexpr int64_t tiles(int64_t n, int64_t t) {
+  return (n + t - 1) / t;
+}
+
 std::string heuristic_16bit(const GemmLaunch& l) {
   const bool bf = l.a_dtype == DType::bf16;
+  const bool f32 = l.out_dtype == DType::fp32;
   const GemmDims& d = l.dims;
+  // Average rows per expert: host-known (M and G are shapes), unlike the split values.
+  const int64_t rows = d.G > 0 ? d.M / d.G : 0;
   switch (l.pass) {
     case GemmPass::forward:
-      if (d.M <= 64 * d.G) return bf ? "fwdswap_bf16_128x32_pp_c11" : "fwdswap_fp16_128x32_pp_c11";
+      if (f32) return bf ? "fwd_bf16_f32_128x256_coop_c12" : "fwd_fp16_f32_128x256_coop_c12";
+      if (rows <= 32) return bf ? "fwdswap_bf16_128x32_pp_c11" : "fwdswap_fp16_128x32_pp_c11";
+      // 2x1 cluster (the pair shares the weight tile) instead of 1x2 (sharing the activation
+      // tile): when the N tiles are odd in number (a 1x2 pair would idle a CTA), and when an
+      // expert's weight (>= 64M elements, Mixtral and Llama 4 gate_up) is far larger than L2, so
+      // each weight tile read for one pair of M tiles is read half as often.
+      if (bf && (tiles(d.N, 256) % 2 == 1 || d.N * d.K >= (int64_t(64) << 20)))
+        return "fwd_bf16_128x256_coop_c21";
       return bf ? "fwd_bf16_128x256_coop_c12" : "fwd_fp16_128x256_coop_c12";
     case GemmPass::dgrad:
+      if (f32) return bf ? "dgrad_bf16_f32_128x256_coop_c11" : "dgrad_fp16_f32_128x256_coop_c11";
       return bf ? "dgrad_bf16_128x256_coop_c11" : "dgrad_fp16_128x256_coop_c11";
-    case GemmPass::wgrad:
-      if (l.out_dtype == DType::fp32)
-        return bf ? "wgrad_bf16_f32_128x256_coop_c21" : "wgrad_fp16_f32_128x256_coop_c21";
-      return bf ? "wgrad_bf16_bf16_128x256_coop_c21" : "wgrad_fp16_fp16_128x256_coop_c21";
+    case GemmPass::wgrad: {
+      // Ping-pong overlaps one warpgroup's epilogue with the other's mainloop: it wins where the
+      // reduction per expert is short (the output write is a large share of each tile) and where
+      // 128-wide tiles cover an output width K that 256-wide ones do not.
+      if (!bf) return f32 ? "wgrad_fp16_f32_128x256_coop_c21" : "wgrad_fp16_fp16_128x256_coop_c21";
+      if (d.K % 256 != 0)  // 128-wide tiles cover the output width; 256-wide ones waste a share
+        return f32 ? "wgrad_bf16_f32_128x128_pp_c21" : "wgrad_bf16_bf16_128x128_pp_c21";
+      // Per-expert tiles (kSplits) where experts of both kinds are likely: an average of 65 to
+      // 1024 rows (at 2048, Mixtral, the split measured even with the cooperative tile alone, and
+      // 10% slower on a Zipf routing of 16 experts: few experts land in the ping-pong class).
+      if (rows > 64 && rows <= 1024)
+        return f32 ? "wgrad_bf16_f32_split_pp128x128_coop128x256"
+                   : "wgrad_bf16_bf16_split_pp128x128_coop128x256";
+      return f32 ? "wgrad_bf16_f32_128x256_coop_c21" : "wgrad_bf16_bf16_128x256_coop_c21";
+    }
   }
   return "";
 }
@@ -95,8 +163,14 @@ std::string heuristic(const GemmLaunch& l) {
   return "";
 }
 
-sm90::KernelEntry pick(const GemmLaunch& l) {
-  const std::string name = l.config.empty() ? heuristic(l) : l.config;
+// What one grouped GEMM runs: one kernel over every expert, or two over complementary classes.
+struct Plan {
+  sm90::KernelEntry first, second;
+  sm90::RowClass first_class;
+  bool split = false;
+};
+
+sm90::KernelEntry checked(const std::string& name, const GemmLaunch& l) {
   const TableEntry& e = by_name(name);
   GROUPMM_CHECK(serves(e, l), "grouped_gemm: config '", name, "' computes ",
                 describe(e.pass, e.a, e.b, e.out, e.recipe), ", not ",
@@ -104,15 +178,47 @@ sm90::KernelEntry pick(const GemmLaunch& l) {
   return e.make();
 }
 
+Plan pick(const GemmLaunch& l) {
+  const std::string name = l.config.empty() ? heuristic(l) : l.config;
+  Plan p;
+  if (const SplitEntry* s = find_split(name)) {
+    p.first = checked(s->inside, l);
+    p.second = checked(s->outside, l);
+    p.first_class = {s->lo, s->hi, false};
+    p.split = true;
+  } else {
+    p.first = checked(name, l);
+  }
+  return p;
+}
+
+size_t aligned(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
 }  // namespace
 
 size_t cutlass_gemm_workspace_size(const GemmLaunch& l, int sms) {
-  return pick(l).workspace_size(l.dims, sms);
+  const Plan p = pick(l);
+  const size_t first = p.first.workspace_size(l.dims, sms);
+  return p.split ? aligned(first) + p.second.workspace_size(l.dims, sms) : first;
 }
 
 void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
                           size_t workspace_bytes) {
-  pick(l).run(ctx, l, workspace, workspace_bytes);
+  const Plan p = pick(l);
+  if (!p.split) {
+    p.first.run(ctx, l, workspace, workspace_bytes, sm90::RowClass{});
+    return;
+  }
+  // Two launches in stream order, each over its class of experts (its own workspace part).
+  const size_t first = aligned(p.first.workspace_size(l.dims, ctx.sm_count()));
+  GROUPMM_CHECK(first <= workspace_bytes, "grouped_gemm: workspace too small (", workspace_bytes,
+                " < ", first, ")");
+  sm90::RowClass other = p.first_class;
+  other.outside = !other.outside;
+  p.first.run(ctx, l, workspace, first, p.first_class);
+  p.second.run(ctx, l, static_cast<char*>(workspace) + first, workspace_bytes - first, other);
 }
 
 std::string cutlass_config_name(const GemmLaunch& l) {
@@ -122,6 +228,7 @@ std::string cutlass_config_name(const GemmLaunch& l) {
 std::vector<std::string> cutlass_config_names() {
   std::vector<std::string> v;
   for (const auto& e : kTable) v.push_back(e.name);
+  for (const auto& e : kSplits) v.push_back(e.name);
   return v;
 }
 

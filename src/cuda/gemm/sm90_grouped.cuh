@@ -63,7 +63,7 @@ size_t workspace_size(const GemmDims& d, int sms) {
 }
 
 template <class Cfg>
-void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes) {
+void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes, RowClass row_class) {
   const GemmDims& d = a.dims;
   void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<uintptr_t>(ws), 256));
   DeviceArrays<Cfg> arr = carve<Cfg>(base, d.G, d.N, d.K);
@@ -85,6 +85,7 @@ void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes) {
   sp.scale_b = a.scale_b;
   sp.arr = arr;
   sp.status = ctx.status();
+  sp.row_class = row_class;
   setup_kernel<Cfg, 256><<<1, 256, 0, ctx.stream()>>>(sp);
   GROUPMM_CHECK_LAUNCH();
 
@@ -110,7 +111,7 @@ void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes) {
 struct KernelEntry {
   std::string (*name)();
   size_t (*workspace_size)(const GemmDims&, int);
-  void (*run)(Context&, const GemmLaunch&, void*, size_t);
+  void (*run)(Context&, const GemmLaunch&, void*, size_t, RowClass);
 };
 
 template <class Cfg>

@@ -99,6 +99,16 @@ __device__ __forceinline__ S stride_ld(int64_t ld) {
   return s;
 }
 
+// The experts one launch computes, by their row count (device-side): rows in [lo, hi], or outside
+// it when `outside`. Two launches with complementary classes split one grouped GEMM between two
+// tile configurations by each expert's size (engine.cu, "split" configurations); an expert of the
+// other class gets no tiles (M' = 0). The default class is every expert.
+struct RowClass {
+  int64_t lo = 0, hi = INT64_MAX;
+  bool outside = false;
+  __host__ __device__ bool has(int64_t rows) const { return (rows >= lo && rows <= hi) != outside; }
+};
+
 template <class Cfg>
 struct SetupParams {
   const void* splits;
@@ -115,6 +125,7 @@ struct SetupParams {
   const float* scale_b;
   DeviceArrays<Cfg> arr;
   StatusBlock* status;
+  RowClass row_class;
 };
 
 // Expert g's entries (see the mapping in sm90_config.cuh): `start` and `rows` are its clamped row
@@ -218,6 +229,10 @@ __global__ void __launch_bounds__(kThreads) setup_kernel(SetupParams<Cfg> p) {
     p.arr.ptr_bias[g] = p.bias ? p.bias + g * p.N : nullptr;
     p.arr.ptr_c[g] = nullptr;
     setup_expert(p, g, e.start, static_cast<int>(e.rows), e.before.v[0]);
+    if (!p.row_class.has(e.rows)) {  // the other launch's expert: no tiles here
+      auto& pr = p.arr.problems[g];
+      pr = make_shape(0, get<1>(pr), get<2>(pr));
+    }
   });
 }
 
