@@ -4,7 +4,9 @@
 // Heuristic (host-known inputs only, so the choice is the same for every routing a graph sees):
 //  - 16-bit forward with few rows per expert (avg M/G <= 64, the decode case): operands swapped so
 //    the weight rows fill the 128-wide M tile and the handful of tokens sit in a 32-wide N tile;
-//    the problem is bound by streaming the weights.
+//    the problem is bound by streaming the weights. Only with a 16-bit out: the swapped kernel is
+//    instantiated for 16-bit D only (one more TU for a rare case), so a decode-sized forward into
+//    fp32 runs the cooperative kernel below (correct, with idle rows of its 128-row M tile).
 //  - otherwise a 128x256 cooperative tile (K 64 for 16-bit, 128 for FP8). The cluster pairs CTAs
 //    along the dimension that is an even number of tiles for MoE shapes, so multicast never leaves
 //    a CTA idle: forward pairs along N (1x2, sharing the activation tile), wgrad along M' = N
@@ -15,6 +17,8 @@
 //    anyway. Clusters as measured on the DeepSeek-V3 shapes: forward 2x1, per-expert dgrad 1x1,
 //    blockwise dgrad and wgrad 1x2, per-expert wgrad 2x1. Fast accumulation (inference) has no
 //    second accumulator set and runs the 128x256 tile.
+//  - forward/dgrad with an fp32 out: the tiles and clusters of their 16-bit-out kernels, not tuned
+//    separately (the fp32 epilogue's larger shared memory is carved out of the mainloop stages).
 //  - wgrad reduces over each expert's tokens (K' = m_g); fp32 or 16-bit output.
 #include <algorithm>
 
@@ -65,16 +69,18 @@ std::string describe(GemmPass pass, DType a, DType b, DType out, QuantRecipe r) 
 
 std::string heuristic_16bit(const GemmLaunch& l) {
   const bool bf = l.a_dtype == DType::bf16;
+  const bool f32 = l.out_dtype == DType::fp32;
   const GemmDims& d = l.dims;
   switch (l.pass) {
     case GemmPass::forward:
+      if (f32) return bf ? "fwd_bf16_f32_128x256_coop_c12" : "fwd_fp16_f32_128x256_coop_c12";
       if (d.M <= 64 * d.G) return bf ? "fwdswap_bf16_128x32_pp_c11" : "fwdswap_fp16_128x32_pp_c11";
       return bf ? "fwd_bf16_128x256_coop_c12" : "fwd_fp16_128x256_coop_c12";
     case GemmPass::dgrad:
+      if (f32) return bf ? "dgrad_bf16_f32_128x256_coop_c11" : "dgrad_fp16_f32_128x256_coop_c11";
       return bf ? "dgrad_bf16_128x256_coop_c11" : "dgrad_fp16_128x256_coop_c11";
     case GemmPass::wgrad:
-      if (l.out_dtype == DType::fp32)
-        return bf ? "wgrad_bf16_f32_128x256_coop_c21" : "wgrad_fp16_f32_128x256_coop_c21";
+      if (f32) return bf ? "wgrad_bf16_f32_128x256_coop_c21" : "wgrad_fp16_f32_128x256_coop_c21";
       return bf ? "wgrad_bf16_bf16_128x256_coop_c21" : "wgrad_fp16_fp16_128x256_coop_c21";
   }
   return "";
