@@ -11,10 +11,12 @@
 // clang-format on
 //
 // dtypes: a and b are both bf16 or both fp16 (or both fp32 on a CPU context: the reference
-// backend, for gradient checks); fp32 accumulation. forward/dgrad write out in a's
-// dtype; wgrad writes fp32 (main_grad, beta 0 or 1) or a's dtype (beta 0). bias is [G, N] in a's
-// dtype (forward only). A zero-row expert gets y/dx rows of nothing, dW_g = 0 (beta = 0) or an
-// unchanged dW_g (beta = 1), which is what delayed/accumulated wgrad needs.
+// backend, for gradient checks); fp32 accumulation. forward/dgrad write out in a's dtype or in
+// fp32 (the accumulator without the 16-bit rounding); wgrad writes fp32 (main_grad, beta 0 or 1)
+// or a's dtype (beta 0). bias is [G, N] in out's dtype (forward only: 16-bit with a 16-bit out,
+// fp32 with an fp32 out), added in fp32 before the output conversion. A zero-row expert gets y/dx
+// rows of nothing, dW_g = 0 (beta = 0) or an unchanged dW_g (beta = 1), which is what
+// delayed/accumulated wgrad needs.
 //
 // Alignment (CUDA engines): N and K multiples of 8 (16-byte rows for TMA); every pointer 16-byte
 // aligned. Violations throw groupmm::Error naming the argument. Splits need no alignment.
@@ -53,7 +55,7 @@ struct GroupedGemmArgs {
   TensorView b;
   TensorView out;
   TensorView splits;  // [G] int32|int64, device (host on a CPU context)
-  TensorView bias;    // optional, forward only: [G, N] in a's dtype
+  TensorView bias;    // optional, forward only: [G, N] in out's dtype
   float alpha = 1.0f;
   float beta = 0.0f;  // wgrad only: 0 or 1 (1 = accumulate into out)
   GemmEngine engine = GemmEngine::automatic;

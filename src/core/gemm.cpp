@@ -80,7 +80,13 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
     const bool fwd = a.pass == GemmPass::forward;
     check_view(op, fwd ? "a (x)" : "a (dy)", a.a, t, 2, dev);
     check_view(op, "b (W)", a.b, t, 3, dev);
-    check_view(op, fwd ? "out (y)" : "out (dx)", a.out, t, 2, dev);
+    // An fp32 out is the accumulator without the 16-bit rounding, for callers that keep fp32
+    // (twice the store bytes).
+    const DType o = a.out.dtype;
+    GROUPMM_CHECK(o == t || o == DType::fp32, op, ": out.dtype=", dtype_name(o), " must be ",
+                  dtype_name(t), t == DType::fp32 ? "" : " or fp32", " for ",
+                  gemm_pass_name(a.pass));
+    check_view(op, fwd ? "out (y)" : "out (dx)", a.out, o, 2, dev);
     d.M = a.a.dim(0);
     d.G = a.b.dim(0);
     d.N = a.b.dim(1);
@@ -91,7 +97,10 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
     GROUPMM_CHECK(a.beta == 0.0f, op, ": beta=", a.beta, " must be 0 for ", gemm_pass_name(a.pass));
     if (a.bias.present()) {
       GROUPMM_CHECK(fwd, op, ": bias is only valid for the forward pass");
-      check_view(op, "bias", a.bias, t, 2, dev);
+      // The epilogue reads bias in the type it writes (one broadcast per output dtype).
+      GROUPMM_CHECK(a.bias.dtype == o, op, ": bias.dtype=", dtype_name(a.bias.dtype),
+                    " must equal out.dtype=", dtype_name(o));
+      check_view(op, "bias", a.bias, o, 2, dev);
       check_dim(op, "bias", a.bias, 0, d.G);
       check_dim(op, "bias", a.bias, 1, d.N);
     }

@@ -1,6 +1,8 @@
 // CPU reference of grouped_gemm: plain loops over fp32 copies of the operands. 16-bit operands
 // accumulate in fp32 (what the tensor cores do); dequantized FP8/MXFP8 operands in fp64 (the
-// exact product the quantized GEMMs approximate).
+// exact product the quantized GEMMs approximate). Every pass adds alpha, bias (forward, in out's
+// dtype) and beta * out in fp32, then converts once to out's dtype: a 16-bit out is rounded there,
+// an fp32 out (any pass) stores the fp32 value as is, as the GPU epilogues do.
 #include <vector>
 
 #include "core/gemm_impl.hpp"

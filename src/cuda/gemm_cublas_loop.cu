@@ -1,6 +1,7 @@
 // cuBLAS per-expert loop baseline: reads splits on the host (synchronizes: NOT graph safe), then
 // one cublasGemmEx per non-empty expert. Row-major operands are handled as transposed
-// column-major ones: row-major C = A B is column-major C^T = B^T A^T.
+// column-major ones: row-major C = A B is column-major C^T = B^T A^T. C takes out's dtype (a's
+// 16-bit dtype or fp32, any pass) with fp32 compute; no bias (refused: the baseline has none).
 #include <cublas_v2.h>
 
 #include <vector>

@@ -38,7 +38,8 @@ struct GemmProblem {
   bool bias = false;
   float beta = 0;
   std::vector<int64_t> splits;
-  std::vector<uint16_t> a, b, biasv;
+  std::vector<uint16_t> a, b;
+  std::vector<uint8_t> biasv;     // bias bytes [G, N] in out's dtype (forward)
   std::vector<uint8_t> out_init;  // initial out bytes (random for beta=1, NaN poison otherwise)
 
   int64_t a_rows() const { return M; }
@@ -57,7 +58,17 @@ struct GemmProblem {
     p.a = encode16(randn(static_cast<size_t>(p.M * p.a_cols())), t);
     const size_t nb = pass == GemmPass::wgrad ? size_t(p.M * K) : size_t(G * N * K);
     p.b = encode16(randn(nb, 0.05f), t);
-    if (bias) p.biasv = encode16(randn(static_cast<size_t>(G * N)), t);
+    if (bias) {  // in out's dtype, as grouped_gemm requires (fp32 bias with an fp32 out)
+      const auto v = randn(static_cast<size_t>(G * N));
+      if (out_t == DType::fp32) {
+        p.biasv.resize(v.size() * 4);
+        std::memcpy(p.biasv.data(), v.data(), p.biasv.size());
+      } else {
+        const auto h = encode16(v, out_t);
+        p.biasv.resize(h.size() * 2);
+        std::memcpy(p.biasv.data(), h.data(), p.biasv.size());
+      }
+    }
     p.out_init.assign(p.out_bytes(), 0xFF);
     if (beta != 0) {
       auto init = randn(static_cast<size_t>(p.out_elems()));
@@ -77,7 +88,7 @@ struct GemmProblem {
             : pass == GemmPass::forward ? TensorView(out_ptr, out_dtype, d, {M, N})
                                         : TensorView(out_ptr, out_dtype, d, {M, K});
     x.splits = TensorView(splits_ptr, DType::int64, d, {G});
-    if (bias) x.bias = TensorView(bias_ptr, dtype, d, {G, N});
+    if (bias) x.bias = TensorView(bias_ptr, out_dtype, d, {G, N});
     x.beta = beta;
     return x;
   }

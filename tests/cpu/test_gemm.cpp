@@ -16,7 +16,7 @@ std::vector<double> dense_ref(const GemmProblem& p) {
                                 reinterpret_cast<const uint8_t*>(v.data() + v.size()));
   };
   const auto A = decode(as_bytes(p.a), p.dtype), B = decode(as_bytes(p.b), p.dtype);
-  const auto bias = p.bias ? decode(as_bytes(p.biasv), p.dtype) : std::vector<float>{};
+  const auto bias = p.bias ? decode(p.biasv, p.out_dtype) : std::vector<float>{};
   const auto init = p.beta != 0 ? decode(p.out_init, p.out_dtype) : std::vector<float>{};
   const int64_t N = p.N, K = p.K;
   std::vector<double> out(static_cast<size_t>(p.out_elems()), 0.0);
@@ -106,6 +106,11 @@ std::vector<GemmCase> gemm_cases() {
       {F, bf, bf, Pattern::zero_middle, 5, 77, 24, 40, true},
       {D, bf, bf, Pattern::random_odd, 6, 150, 2048, 24},  // sums over N
       {D, hf, hf, Pattern::zero_first, 3, 90, 1001, 16},
+      {F, bf, f32, Pattern::zipf, 4, 160, 48, 2048},              // fp32 out: no output rounding
+      {F, hf, f32, Pattern::zero_middle, 5, 77, 24, 1003, true},  // fp32 bias
+      {F, bf, f32, Pattern::zero_first, 3, 90, 40, 512, true},
+      {D, bf, f32, Pattern::random_odd, 6, 150, 2048, 24},
+      {D, hf, f32, Pattern::zero_last, 3, 90, 1001, 16},
       {W, bf, f32, Pattern::quarter_empty, 5, 3000, 24, 16},       // sums over M, fp32 main_grad
       {W, hf, f32, Pattern::balanced, 1, 2001, 16, 24, false, 1},  // G = 1, accumulate
       {W, bf, bf, Pattern::zero_last, 4, 1200, 16, 24},
@@ -167,9 +172,7 @@ TEST(GemmCpu, BiasAndAccumulate) {
   const auto with_bias = decode(p.run_cpu(), DType::fp16);
   p.bias = false;
   const auto no_bias = decode(p.run_cpu(), DType::fp16);
-  const auto b = decode(
-      std::vector<uint8_t>((uint8_t*)p.biasv.data(), (uint8_t*)(p.biasv.data() + p.biasv.size())),
-      DType::fp16);
+  const auto b = decode(p.biasv, DType::fp16);
   // row 0 belongs to expert 0, row 5 to expert 2
   EXPECT_NEAR(with_bias[3] - no_bias[3], b[3], 2e-2);
   EXPECT_NEAR(with_bias[5 * 16 + 3] - no_bias[5 * 16 + 3], b[2 * 16 + 3], 2e-2);
@@ -185,6 +188,37 @@ TEST(GemmCpu, BiasAndAccumulate) {
   for (int64_t i = 0; i < 16 * 8; ++i)
     ASSERT_NEAR(acc[size_t(i)], fresh[size_t(i)] + init[size_t(i)], 1e-4);
   for (int64_t i = 16 * 8; i < 2 * 16 * 8; ++i) ASSERT_EQ(fresh[size_t(i)], 0.0f);
+}
+
+// An fp32 out is the 16-bit out before its one rounding: the same sums (and the same bias values,
+// stored in fp32) converted to bf16/fp16 give the 16-bit out bit for bit, in forward with bias and
+// in dgrad.
+TEST(GemmCpu, Fp32OutIsThe16BitOutUnrounded) {
+  for (GemmPass pass : {GemmPass::forward, GemmPass::dgrad}) {
+    for (DType t : {DType::bf16, DType::fp16}) {
+      const bool bias = pass == GemmPass::forward;
+      GemmProblem p16 = GemmProblem::make(pass, t, 4, make_splits(Pattern::zero_middle, 4, 300), 40,
+                                          56, bias, 0, t);
+      GemmProblem p32 = p16;
+      p32.out_dtype = DType::fp32;
+      p32.out_init.assign(p32.out_bytes(), 0xFF);
+      if (bias) {
+        const auto b = decode(p16.biasv, t);  // the same values, exact in fp32
+        p32.biasv.resize(b.size() * 4);
+        std::memcpy(p32.biasv.data(), b.data(), p32.biasv.size());
+      }
+      const auto y16 = decode(p16.run_cpu(), t), y32 = decode(p32.run_cpu(), DType::fp32);
+      ASSERT_EQ(y16.size(), y32.size());
+      size_t inexact = 0;  // values fp32 holds and the 16-bit format does not: the rounding seen
+      for (size_t i = 0; i < y16.size(); ++i) {
+        const float r = t == DType::bf16 ? bf16_bits_to_float(float_to_bf16_bits(y32[i]))
+                                         : fp16_bits_to_float(float_to_fp16_bits(y32[i]));
+        ASSERT_EQ(y16[i], r) << gemm_pass_name(pass) << " " << dtype_name(t) << " element " << i;
+        inexact += r != y32[i];
+      }
+      EXPECT_GT(inexact, y16.size() / 2) << "fp32 out looks rounded to " << dtype_name(t);
+    }
+  }
 }
 
 TEST(GemmCpu, BadInputMessages) {
@@ -207,6 +241,31 @@ TEST(GemmCpu, BadInputMessages) {
   bad = a;
   bad.a.dtype = bad.b.dtype = bad.out.dtype = DType::int32;  // (fp32 is valid on a CPU context)
   EXPECT_THROW_MSG(grouped_gemm(ctx, bad), "grouped_gemm: a.dtype=int32 must be bf16 or fp16");
+  bad = a;
+  bad.out.dtype = DType::fp16;  // neither a's dtype nor fp32
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: out.dtype=fp16 must be bf16 or fp32 for forward");
+  bad.pass = GemmPass::dgrad;
+  bad.a.shape[1] = 16, bad.out.shape[1] = 8;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: out.dtype=fp16 must be bf16 or fp32 for dgrad");
+  bad = a;
+  bad.a.dtype = bad.b.dtype = DType::fp32;  // fp32 operands (CPU) write fp32 only
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad), "grouped_gemm: out.dtype=bf16 must be fp32 for forward");
+  // bias follows out's dtype, both ways
+  std::vector<float> bias32(2 * 16), out32(8 * 16);
+  std::vector<uint16_t> bias16(2 * 16);
+  bad = a;
+  bad.bias = TensorView(bias16.data(), DType::bf16, Device::CPU, {2, 16});
+  bad.out = TensorView(out32.data(), DType::fp32, Device::CPU, {8, 16});
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: bias.dtype=bf16 must equal out.dtype=fp32");
+  bad = a;
+  bad.bias = TensorView(bias32.data(), DType::fp32, Device::CPU, {2, 16});
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: bias.dtype=fp32 must equal out.dtype=bf16");
+  bad.out = TensorView(out32.data(), DType::fp32, Device::CPU, {8, 16});
+  EXPECT_NO_THROW(grouped_gemm(ctx, bad));  // fp32 out with fp32 bias
   bad = a;
   bad.beta = 1;
   EXPECT_THROW_MSG(grouped_gemm(ctx, bad), "grouped_gemm: beta=1 must be 0 for forward");

@@ -1,6 +1,6 @@
 // grouped_gemm on the GPU (cutlass_sm90 engine) against the CPU reference: every pass, both
-// dtypes, split patterns with empty experts, odd shapes, bias, beta; CUDA-graph replay with new
-// routings; device faults; alignment errors; the cuBLAS-loop baseline.
+// dtypes, 16-bit and fp32 outputs, split patterns with empty experts, odd shapes, bias, beta;
+// CUDA-graph replay with new routings; device faults; alignment errors; the cuBLAS-loop baseline.
 #include "common/gemm_case.hpp"
 #include "common/tolerance.hpp"
 
@@ -19,7 +19,7 @@ struct DeviceProblem {
                       Device::CUDA);
     if (p.bias)
       bias = clone_to(
-          TensorView((void*)p.biasv.data(), p.dtype, Device::CPU, {int64_t(p.biasv.size())}),
+          TensorView((void*)p.biasv.data(), DType::e8m0, Device::CPU, {int64_t(p.biasv.size())}),
           Device::CUDA);
     reset_out(p);
   }
@@ -72,7 +72,7 @@ struct Case {
   Pattern pattern;
   bool bias;
   float beta;
-  DType out;  // wgrad output dtype (fwd/dgrad: same as dtype)
+  DType out;  // output dtype: the operand dtype or fp32 (any pass)
 };
 
 std::string case_name(const Case& c) {
@@ -81,7 +81,7 @@ std::string case_name(const Case& c) {
                   std::to_string(c.N) + "_K" + std::to_string(c.K) + "_" + pattern_name(c.pattern);
   if (c.bias) s += "_bias";
   if (c.beta != 0) s += "_accum";
-  if (c.pass == GemmPass::wgrad) s += std::string("_out") + dtype_name(c.out);
+  if (c.out != c.dtype) s += std::string("_out") + dtype_name(c.out);
   return s;
 }
 
@@ -94,9 +94,8 @@ class GemmGpu : public ::testing::TestWithParam<Case> {};
 TEST_P(GemmGpu, MatchesCpuReference) {
   GROUPMM_REQUIRE_GPU();
   const Case c = GetParam();
-  const DType out_t = c.pass == GemmPass::wgrad ? c.out : c.dtype;
   GemmProblem p = GemmProblem::make(c.pass, c.dtype, c.G, make_splits(c.pattern, c.G, c.total), c.N,
-                                    c.K, c.bias, c.beta, out_t);
+                                    c.K, c.bias, c.beta, c.out);
   DeviceProblem d(p);
   Context ctx(Device::CUDA);
   grouped_gemm(ctx, d.args(p));
@@ -109,7 +108,8 @@ std::vector<Case> gemm_cases() {
   const DType bf = DType::bf16, hf = DType::fp16;
   for (GemmPass pass : {GemmPass::forward, GemmPass::dgrad, GemmPass::wgrad}) {
     for (DType t : {bf, hf}) {
-      const DType o32 = DType::fp32;
+      // wgrad into fp32 here; forward/dgrad keep a's dtype (their fp32-out cases are below)
+      const DType o32 = pass == GemmPass::wgrad ? DType::fp32 : t;
       v.push_back({pass, t, 4, 1000, 512, 256, Pattern::random_odd, false, 0, t});
       v.push_back({pass, t, 32, 3001, 768, 2880, Pattern::zipf, false, 0, o32});
       v.push_back({pass, t, 1, 777, 1536, 768, Pattern::balanced, false, 0, o32});
@@ -129,6 +129,21 @@ std::vector<Case> gemm_cases() {
         {GemmPass::wgrad, t, 16, 1500, 512, 768, Pattern::quarter_empty, false, 1, DType::fp32});
     v.push_back({GemmPass::wgrad, t, 5, 0, 64, 64, Pattern::zero_all, false, 1, DType::fp32});
   }
+  // forward and dgrad into fp32 (kernels *_f32_*): an odd MoE shape, zero-row experts, a
+  // decode-sized forward (which runs the cooperative kernel: the swapped one writes 16-bit only)
+  // and fp32 bias
+  const DType f32 = DType::fp32;
+  for (DType t : {bf, hf}) {
+    for (GemmPass pass : {GemmPass::forward, GemmPass::dgrad}) {
+      v.push_back({pass, t, 32, 3001, 768, 2880, Pattern::zipf, false, 0, f32});
+      v.push_back({pass, t, 8, 901, 256, 384, Pattern::zero_middle, false, 0, f32});
+      v.push_back({pass, t, 128, 2048, 264, 136, Pattern::quarter_empty, false, 0, f32});
+      v.push_back({pass, t, 6, 0, 256, 128, Pattern::zero_all, false, 0, f32});
+    }
+    v.push_back({GemmPass::forward, t, 16, 128, 1536, 2048, Pattern::balanced, false, 0, f32});
+    v.push_back({GemmPass::forward, t, 16, 2500, 1024, 512, Pattern::zero_middle, true, 0, f32});
+    v.push_back({GemmPass::forward, t, 32, 100, 2880, 768, Pattern::random_odd, true, 0, f32});
+  }
   return v;
 }
 
@@ -139,15 +154,17 @@ INSTANTIATE_TEST_SUITE_P(Cases, GemmGpu, ::testing::ValuesIn(gemm_cases()),
 TEST(GemmGpuCublasLoop, MatchesCpuReference) {
   GROUPMM_REQUIRE_GPU();
   for (GemmPass pass : {GemmPass::forward, GemmPass::dgrad, GemmPass::wgrad}) {
-    GemmProblem p =
-        GemmProblem::make(pass, DType::bf16, 8, make_splits(Pattern::zero_middle, 8, 999), 384, 256,
-                          false, 0, pass == GemmPass::wgrad ? DType::fp32 : DType::bf16);
-    DeviceProblem d(p);
-    Context ctx(Device::CUDA);
-    GroupedGemmArgs a = d.args(p);
-    a.engine = GemmEngine::cublas_loop;
-    grouped_gemm(ctx, a);
-    expect_matches_reference(p, d.out_bytes());
+    for (DType out : {DType::bf16, DType::fp32}) {
+      if (pass == GemmPass::wgrad && out == DType::bf16) continue;
+      GemmProblem p = GemmProblem::make(
+          pass, DType::bf16, 8, make_splits(Pattern::zero_middle, 8, 999), 384, 256, false, 0, out);
+      DeviceProblem d(p);
+      Context ctx(Device::CUDA);
+      GroupedGemmArgs a = d.args(p);
+      a.engine = GemmEngine::cublas_loop;
+      grouped_gemm(ctx, a);
+      expect_matches_reference(p, d.out_bytes());
+    }
   }
 }
 
@@ -171,6 +188,31 @@ TEST(GemmGpuConfig, ExplicitConfigRunsAndBadOnesAreRefused) {
   a.config = "wgrad_bf16_f32_128x256_coop_c21";
   EXPECT_THROW_MSG(grouped_gemm(ctx, a), "computes wgrad bf16->fp32, not forward bf16->bf16");
   EXPECT_FALSE(gemm_config_names().empty());
+}
+
+// fp32 out runs the *_f32_* kernels, a decode-sized forward included (the swapped decode kernel
+// writes 16-bit only, so it is neither chosen nor accepted as an override).
+TEST(GemmGpuConfig, Fp32OutPicksTheFp32Kernels) {
+  GROUPMM_REQUIRE_GPU();
+  Context ctx(Device::CUDA);
+  for (DType t : {DType::bf16, DType::fp16}) {
+    const std::string n = dtype_name(t);
+    for (GemmPass pass : {GemmPass::forward, GemmPass::dgrad}) {
+      const int64_t M = pass == GemmPass::forward ? 128 : 2000;  // forward: decode-sized
+      GemmProblem p = GemmProblem::make(pass, t, 16, make_splits(Pattern::balanced, 16, M), 256,
+                                        128, false, 0, DType::fp32);
+      DeviceProblem d(p);
+      GroupedGemmArgs a = d.args(p);
+      EXPECT_EQ(gemm_config_name(ctx, a), pass == GemmPass::forward
+                                              ? "fwd_" + n + "_f32_128x256_coop_c12"
+                                              : "dgrad_" + n + "_f32_128x256_coop_c11");
+      if (pass == GemmPass::forward) {
+        a.config = "fwdswap_" + n + "_128x32_pp_c11";
+        EXPECT_THROW_MSG(grouped_gemm(ctx, a),
+                         "computes forward " + n + "->" + n + ", not forward " + n + "->fp32");
+      }
+    }
+  }
 }
 
 // ---- CUDA graph: forward + dgrad + wgrad captured once, replayed with new routings ------------

@@ -102,11 +102,12 @@ void case_gemm(Gen& g, Arena& a, Context& ctx) {
   GroupedGemmArgs x;
   x.pass = static_cast<GemmPass>(g.pick(0, 2));
   const DType t = g.chance(0.5) ? DType::bf16 : DType::fp16;
+  const DType o = g.chance(0.3) ? DType::fp32 : t;  // forward/dgrad out: a's dtype or fp32
   if (x.pass == GemmPass::forward) {
-    x.a = a.view(t, {M, K}), x.b = a.view(t, {G, N, K}), x.out = a.view(t, {M, N});
-    if (g.chance(0.3)) x.bias = a.view(t, {G, N});
+    x.a = a.view(t, {M, K}), x.b = a.view(t, {G, N, K}), x.out = a.view(o, {M, N});
+    if (g.chance(0.3)) x.bias = a.view(g.chance(0.9) ? o : t, {G, N});
   } else if (x.pass == GemmPass::dgrad) {
-    x.a = a.view(t, {M, N}), x.b = a.view(t, {G, N, K}), x.out = a.view(t, {M, K});
+    x.a = a.view(t, {M, N}), x.b = a.view(t, {G, N, K}), x.out = a.view(o, {M, K});
   } else {
     const bool fp32 = g.chance(0.5);
     x.a = a.view(t, {M, N}), x.b = a.view(t, {M, K});

@@ -6,6 +6,8 @@
 //    the weight rows fill the 128-wide M tile and the handful of tokens sit in a 32-wide N tile;
 //    the problem is bound by streaming the weights. At 64 rows the swapped tile runs twice per
 //    expert and is 1.5x slower than the regular one (fine-grained experts, bench/RESULTS.md).
+//    A decode-sized forward into fp32 runs the cooperative kernel (the swapped kernel is
+//    instantiated for a 16-bit D only).
 //  - otherwise a 128x256 cooperative tile (K 64 for 16-bit, 128 for FP8). The cluster pairs CTAs
 //    along the dimension that is an even number of tiles for MoE shapes, so multicast never leaves
 //    a CTA idle: forward pairs along N (1x2, sharing the activation tile), wgrad along M' = N
@@ -25,7 +27,8 @@
 //    the average is 65-1024 rows. An output width K that is not a multiple of 256 runs the
 //    ping-pong tile for every expert. fp16 keeps the base tiles (one kernel less each to
 //    compile; fp16 MoE training is rare).
-//  - fp32 output for forward/dgrad: the base cooperative tiles (no swapped decode variant).
+//  - forward/dgrad with an fp32 out: the tiles and clusters of their 16-bit-out kernels, not tuned
+//    separately (the fp32 epilogue's larger shared memory is carved out of the mainloop stages).
 #include <algorithm>
 
 #include "cuda/gemm/kernels.hpp"

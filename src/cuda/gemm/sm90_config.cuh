@@ -91,8 +91,9 @@ struct Sm90GroupedConfig {
   static_assert(!kFastAccum || kScaling == Scaling::per_expert,
                 "fast accumulation is an option of per-expert FP8");
   static_assert(kRole == Role::wgrad || std::is_same_v<ElementD, ElementA> ||
-                    (kFp8 && !std::is_same_v<ElementD, float>),
-                "forward/dgrad write the operand dtype (FP8: a 16-bit dtype)");
+                    (kFp8 && !std::is_same_v<ElementD, float>) ||
+                    (!kFp8 && kScaling == Scaling::none && std::is_same_v<ElementD, float>),
+                "forward/dgrad write the operand dtype or fp32 (FP8: a 16-bit dtype)");
   static_assert(kSched == Schedule::pingpong || size<0>(Tile{}) >= 128,
                 "cooperative schedules split M over two warpgroups");
   static_assert(kScaling != Scaling::blockwise || size<2>(Tile{}) == 128,
@@ -107,7 +108,9 @@ struct Sm90GroupedConfig {
                                      cutlass::layout::RowMajor>;
   // The wgrad epilogue reads C (= D) for beta = 1; the others have no source.
   using ElementC = std::conditional_t<kRole == Role::wgrad, ElementD, void>;
-  using ElementBias = std::conditional_t<kFp8, ElementD, ElementA>;
+  // Bias is read in the output's type: the operand dtype for 16-bit outputs, fp32 with an fp32
+  // out (unused by wgrad, which has no bias).
+  using ElementBias = ElementD;
   static constexpr int kAlignA = 16 / sizeof(ElementA);
   static constexpr int kAlignB = 16 / sizeof(ElementB);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
