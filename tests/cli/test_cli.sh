@@ -55,6 +55,14 @@ expect 2 "--weights: 'int4' is not one of nvfp4, mxfp4" -- bench gemm --weights 
 expect 2 "--weights nvfp4 does not combine with --recipe fp8_block" -- bench gemm --weights nvfp4 --recipe fp8_block
 expect 2 "--pass does not apply to --weights mxfp4" -- bench gemm --weights mxfp4 --pass fwd
 expect 2 "--case 'llama' matches no --weights case \(cases: decode_" -- bench gemm --weights nvfp4 --case llama
+expect 2 "--suite: 'big' is not one of moe, ragged, fine, all" -- bench gemm --suite big
+expect 2 "--suite ragged is a bf16 suite \(--recipe fp8_block runs the MoE cases\)" -- bench gemm --recipe fp8_block --suite ragged
+expect 2 "--case 'ragged' matches no case \(cases: dsv3_gate_up, " -- bench gemm --suite moe --case ragged
+expect 2 "--config 'fwd_x' is not a kernel configuration" -- bench gemm --config auto,fwd_x
+expect 2 "--config wgrad_bf16_bf16_128x256_coop_c21 is not a configuration of --pass fwd" -- bench gemm --pass fwd --config auto,wgrad_bf16_bf16_128x256_coop_c21
+expect 2 "--config with several names is a bf16 sweep" -- bench gemm --recipe fp8_current --config a,b
+expect 2 "--out fp32 applies to the bf16 suite" -- bench gemm --recipe mxfp8 --out fp32
+expect 2 "--quick applies to the bf16 suite" -- bench gemm --recipe fp8_current --quick
 expect 2 "--recipe: 'nvfp4' is not one of" -- bench layer --recipe nvfp4
 expect 2 "--recipe fp8_current needs a GPU" -- bench layer --cpu --recipe fp8_current
 expect 2 "--case needs a quantized --recipe" -- bench layer --cpu --case qwen3
