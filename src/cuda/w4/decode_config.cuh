@@ -41,7 +41,11 @@ struct DecodeConfig {
   static constexpr int kSubs = 2;                   // sub-blocks per step
   static constexpr int kStepK = kSubs * kSubK;      // K per step
   static constexpr int kWords = kThreadK / 8;       // 32-bit code words per load
-  static constexpr int kMinBlocks = 2;              // CTAs per SM: at most 128 registers
+  // CTAs per SM: at most 85 registers (80 used, a few spill slots in some variants). The kernel
+  // is bound by the loads in flight; a third CTA per SM measured 2-14% faster than two (100-128
+  // registers, no spills) and than four (64 registers, more spills); doubling kSubs with two
+  // CTAs did not help (bench/logs/w4_occupancy_2026-11-24_h100.txt).
+  static constexpr int kMinBlocks = 3;
   static constexpr int kPieceK = 8;                 // activations per 16-byte staging piece
   static constexpr int kPiecesPerToken = kStepK / kPieceK;
   static_assert(kWarpRows == 16, "one m16n8k16 A tile (16 rows) per warp");
