@@ -44,7 +44,8 @@ struct DecodeConfig {
   // CTAs per SM: at most 85 registers (80 used, a few spill slots in some variants). The kernel
   // is bound by the loads in flight; a third CTA per SM measured 2-14% faster than two (100-128
   // registers, no spills) and than four (64 registers, more spills); doubling kSubs with two
-  // CTAs did not help (bench/logs/w4_occupancy_2026-11-24_h100.txt).
+  // CTAs did not help (bench/logs/w4_occupancy_2026-11-24_h100.txt), nor did bulk L2 prefetches
+  // of the weights 1, 2 or 4 steps ahead: 13-18% slower (w4_l2prefetch_2026-11-24_h100.txt).
   static constexpr int kMinBlocks = 3;
   static constexpr int kPieceK = 8;                 // activations per 16-byte staging piece
   static constexpr int kPiecesPerToken = kStepK / kPieceK;
