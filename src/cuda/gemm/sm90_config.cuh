@@ -106,8 +106,11 @@ struct Sm90GroupedConfig {
                                      cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
   using LayoutD = std::conditional_t<kRole == Role::forward_swap, cutlass::layout::ColumnMajor,
                                      cutlass::layout::RowMajor>;
-  // The wgrad epilogue reads C (= D) for beta = 1; the others have no source.
-  using ElementC = std::conditional_t<kRole == Role::wgrad, ElementD, void>;
+  // The wgrad epilogue reads C (= D) for beta = 1, which only an fp32 main_grad takes (the
+  // validation refuses beta = 1 for a 16-bit out); the others have no source. A source costs a
+  // second tensormap update per expert change in the ptr-array epilogue.
+  static constexpr bool kHasSource = kRole == Role::wgrad && std::is_same_v<ElementD, float>;
+  using ElementC = std::conditional_t<kHasSource, ElementD, void>;
   // Bias is read in the output's type: the operand dtype for 16-bit outputs, fp32 with an fp32
   // out (unused by wgrad, which has no bias).
   using ElementBias = ElementD;
