@@ -25,8 +25,8 @@
 //    the other's mainloop, for the experts with 129-1024 rows and the 128x256 cooperative tile
 //    for the rest: two launches, the experts sorted into them on the device (kSplits), used when
 //    the average is 65-1024 rows. An output width K that is not a multiple of 256 runs the
-//    ping-pong tile for every expert. fp16 keeps the base tiles (one kernel less each to
-//    compile; fp16 MoE training is rare).
+//    ping-pong tile for every expert (from an average of 129 rows). fp16 keeps the base tiles (one
+//    kernel less each to compile; fp16 MoE training is rare).
 //  - forward/dgrad with an fp32 out: the tiles and clusters of their 16-bit-out kernels, not tuned
 //    separately (the fp32 epilogue's larger shared memory is carved out of the mainloop stages).
 #include <algorithm>
@@ -137,7 +137,9 @@ std::string heuristic_16bit(const GemmLaunch& l) {
       // reduction per expert is short (the output write is a large share of each tile) and where
       // 128-wide tiles cover an output width K that 256-wide ones do not.
       if (!bf) return f32 ? "wgrad_fp16_f32_128x256_coop_c21" : "wgrad_fp16_fp16_128x256_coop_c21";
-      if (d.K % 256 != 0)  // 128-wide tiles cover the output width; 256-wide ones waste a share
+      // 128-wide tiles cover the output width; 256-wide ones waste a share. Not below 129 rows
+      // per expert, where the ping-pong tile's count is the cost (fine_g512: 1.33x the time).
+      if (d.K % 256 != 0 && rows > 128)
         return f32 ? "wgrad_bf16_f32_128x128_pp_c21" : "wgrad_bf16_bf16_128x128_pp_c21";
       // Per-expert tiles (kSplits) where experts of both kinds are likely: an average of 65 to
       // 1024 rows (at 2048, Mixtral, the split measured even with the cooperative tile alone, and
