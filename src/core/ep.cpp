@@ -1,4 +1,6 @@
 // Expert-parallel dispatch / combine: validation and backend dispatch (groupmm/ep.hpp).
+#include <algorithm>
+
 #include "core/ep_impl.hpp"
 
 namespace groupmm::ep {
