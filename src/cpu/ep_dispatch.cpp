@@ -18,6 +18,23 @@ int64_t expert_id(const TensorView& ids, int64_t i) {
   return ids.dtype == DType::int32 ? ids.ptr<int32_t>()[i] : ids.ptr<int64_t>()[i];
 }
 
+// All-to-all of whole rows: per peer q, rows send_rows[q] from row send_offsets[q] of `send`, and
+// recv_rows[q] into row recv_offsets[q] of `recv`, each row `row_bytes` long.
+void all_to_all_rows(ep::Transport& tr, const void* send, const std::vector<int64_t>& send_rows,
+                     const std::vector<int64_t>& send_offsets, void* recv,
+                     const std::vector<int64_t>& recv_rows,
+                     const std::vector<int64_t>& recv_offsets, int64_t row_bytes) {
+  const size_t R = send_rows.size();
+  std::vector<int64_t> sc(R), so(R), rc(R), ro(R);
+  for (size_t q = 0; q < R; ++q) {
+    sc[q] = send_rows[q] * row_bytes;
+    so[q] = send_offsets[q] * row_bytes;
+    rc[q] = recv_rows[q] * row_bytes;
+    ro[q] = recv_offsets[q] * row_bytes;
+  }
+  tr.all_to_all_v(send, sc.data(), so.data(), recv, rc.data(), ro.data());
+}
+
 }  // namespace
 
 ep::EpPlan ep_dispatch_plan(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg,
@@ -64,15 +81,8 @@ ep::EpPlan ep_dispatch_plan(Context& ctx, ep::Transport& tr, const ep::EpConfig&
   std::vector<int32_t> meta_send, meta_recv(size_t(p.rows_received * k));
   for (int q = 0; q < R; ++q)
     meta_send.insert(meta_send.end(), meta_to[size_t(q)].begin(), meta_to[size_t(q)].end());
-  std::vector<int64_t> sc(static_cast<size_t>(R)), so(static_cast<size_t>(R)),
-      rc(static_cast<size_t>(R)), ro(static_cast<size_t>(R));
-  for (int q = 0; q < R; ++q) {
-    sc[size_t(q)] = p.send_rows[size_t(q)] * meta_row;
-    so[size_t(q)] = p.send_offsets[size_t(q)] * meta_row;
-    rc[size_t(q)] = p.recv_rows[size_t(q)] * meta_row;
-    ro[size_t(q)] = p.recv_offsets[size_t(q)] * meta_row;
-  }
-  tr.all_to_all_v(meta_send.data(), sc.data(), so.data(), meta_recv.data(), rc.data(), ro.data());
+  all_to_all_rows(tr, meta_send.data(), p.send_rows, p.send_offsets, meta_recv.data(), p.recv_rows,
+                  p.recv_offsets, meta_row);
 
   // ---- receiver side: entries (received row r, slot j) for local experts, in (r, j) order, which
   // is (source rank, source token, j); a stable grouping by local expert gives the grouped rows.
@@ -116,7 +126,6 @@ ep::EpPlan ep_dispatch_plan(Context& ctx, ep::Transport& tr, const ep::EpConfig&
 
 void ep_dispatch(Context&, ep::Transport& tr, const ep::EpPlan& p, const TensorView& x,
                  const TensorView& x_grouped) {
-  const int R = tr.size();
   const int64_t row_bytes = dtype_storage_bytes(x.dtype, p.cfg.hidden);
   const char* xs = static_cast<const char*>(x.data);
   // Rows move as bytes (any 16-bit or fp32 dtype); each token row once per destination rank.
@@ -125,15 +134,8 @@ void ep_dispatch(Context&, ep::Transport& tr, const ep::EpPlan& p, const TensorV
     std::memcpy(send.data() + int64_t(i) * row_bytes, xs + p.send_token[i] * row_bytes,
                 size_t(row_bytes));
   std::vector<char> recv(size_t(p.rows_received * row_bytes));
-  std::vector<int64_t> sc(static_cast<size_t>(R)), so(static_cast<size_t>(R)),
-      rc(static_cast<size_t>(R)), ro(static_cast<size_t>(R));
-  for (int q = 0; q < R; ++q) {
-    sc[size_t(q)] = p.send_rows[size_t(q)] * row_bytes;
-    so[size_t(q)] = p.send_offsets[size_t(q)] * row_bytes;
-    rc[size_t(q)] = p.recv_rows[size_t(q)] * row_bytes;
-    ro[size_t(q)] = p.recv_offsets[size_t(q)] * row_bytes;
-  }
-  tr.all_to_all_v(send.data(), sc.data(), so.data(), recv.data(), rc.data(), ro.data());
+  all_to_all_rows(tr, send.data(), p.send_rows, p.send_offsets, recv.data(), p.recv_rows,
+                  p.recv_offsets, row_bytes);
   // A row two local experts need was received once; it is copied into both groups here.
   char* out = static_cast<char*>(x_grouped.data);
   for (int64_t g = 0; g < p.rows; ++g)
