@@ -33,9 +33,10 @@ void check_device(const char* op, const Context& ctx) {
                 device_name(ctx.device()), "; use a CPU Context)");
 }
 
-bool is_row_dtype(DType t) {
-  return t == DType::bf16 || t == DType::fp16 || t == DType::fp32;
-}
+// The common checks of a collective that moves rows: CPU Context, this rank's plan, and the
+// row tensor whose dtype the others must share (bf16, fp16 or fp32: moved as bytes).
+void check_collective(const char* op, const Context& ctx, const EpPlan& plan, const Transport& tr,
+                      const char* arg, const TensorView& rows);
 
 void check_rows(const char* op, const char* arg, const TensorView& v, int64_t rows, int64_t H,
                 DType t) {
@@ -53,6 +54,16 @@ void check_plan(const char* op, const EpPlan& p, const Transport& tr) {
                     int64_t(p.back_grouped.size()) == p.rows &&
                     int64_t(p.back_slot.size()) <= p.tokens * p.cfg.topk,
                 op, ": plan is inconsistent (", p.to_string(), "); build it with ep_dispatch_plan");
+}
+
+void check_collective(const char* op, const Context& ctx, const EpPlan& plan, const Transport& tr,
+                      const char* arg, const TensorView& rows) {
+  check_device(op, ctx);
+  check_plan(op, plan, tr);
+  const DType t = rows.dtype;
+  GROUPMM_CHECK(rows.present() && (t == DType::bf16 || t == DType::fp16 || t == DType::fp32), op,
+                ": ", arg, ".dtype=", rows.present() ? dtype_name(t) : "absent",
+                " must be bf16, fp16 or fp32");
 }
 
 }  // namespace
@@ -83,11 +94,7 @@ EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
 void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& x,
                  const TensorView& x_grouped) {
   const char* op = "ep_dispatch";
-  check_device(op, ctx);
-  check_plan(op, plan, tr);
-  GROUPMM_CHECK(x.present() && is_row_dtype(x.dtype), op,
-                ": x.dtype=", x.present() ? dtype_name(x.dtype) : "absent",
-                " must be bf16, fp16 or fp32");
+  check_collective(op, ctx, plan, tr, "x", x);
   check_rows(op, "x", x, plan.tokens, plan.cfg.hidden, x.dtype);
   check_rows(op, "x_grouped", x_grouped, plan.rows, plan.cfg.hidden, x.dtype);
   GROUPMM_CHECK(!views_overlap(x, x_grouped), op, ": x_grouped may not alias x");
@@ -98,11 +105,7 @@ void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& plan, const TensorVi
 void ep_combine(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& y_grouped,
                 const TensorView& weights, const TensorView& out) {
   const char* op = "ep_combine";
-  check_device(op, ctx);
-  check_plan(op, plan, tr);
-  GROUPMM_CHECK(y_grouped.present() && is_row_dtype(y_grouped.dtype), op,
-                ": y_grouped.dtype=", y_grouped.present() ? dtype_name(y_grouped.dtype) : "absent",
-                " must be bf16, fp16 or fp32");
+  check_collective(op, ctx, plan, tr, "y_grouped", y_grouped);
   check_rows(op, "y_grouped", y_grouped, plan.rows, plan.cfg.hidden, y_grouped.dtype);
   check_view(op, "weights", weights, DType::fp32, 2, Device::CPU);
   check_dim(op, "weights", weights, 0, plan.tokens);
