@@ -47,7 +47,7 @@ struct DecodeConfig {
   // CTAs did not help (bench/logs/w4_occupancy_2026-11-24_h100.txt), nor did bulk L2 prefetches
   // of the weights 1, 2 or 4 steps ahead: 13-18% slower (w4_l2prefetch_2026-11-24_h100.txt).
   static constexpr int kMinBlocks = 3;
-  static constexpr int kPieceK = 8;                 // activations per 16-byte staging piece
+  static constexpr int kPieceK = 8;  // activations per 16-byte staging piece
   static constexpr int kPiecesPerToken = kStepK / kPieceK;
   static_assert(kWarpRows == 16, "one m16n8k16 A tile (16 rows) per warp");
   static_assert(kSubK == 128 && kWords == 4, "4 lanes x 32 codes per row and sub-block");
