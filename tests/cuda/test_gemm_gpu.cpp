@@ -215,6 +215,58 @@ TEST(GemmGpuConfig, Fp32OutPicksTheFp32Kernels) {
   }
 }
 
+// ---- launch parameters kept between calls
+// -------------------------------------------------------- The engine keeps each configuration's
+// last CUTLASS parameters per thread and rebuilds them when the workspace, the shape, alpha, beta
+// or the bias change; operands and splits reach the kernel through device arrays. Calls that
+// alternate all of these must each match the reference.
+TEST(GemmGpuConfig, KeptLaunchParametersFollowEveryCall) {
+  GROUPMM_REQUIRE_GPU();
+  Context ctx(Device::CUDA);
+  const std::vector<int64_t> bounds = {0, 1, 64, 128, 129, 500, 0, 1024, 1025, 300, 7, 0};
+  Tensor ws[2];
+  for (const char* config :
+       {"fwd_bf16_128x256_coop_c12", "wgrad_bf16_f32_split_pp128x128_coop128x256"}) {
+    const bool fwd = config[0] == 'f';
+    const GemmPass pass = fwd ? GemmPass::forward : GemmPass::wgrad;
+    const DType out_t = fwd ? DType::bf16 : DType::fp32;
+    for (int step = 0; step < 6; ++step) {
+      SCOPED_TRACE(std::string(config) + " step " + std::to_string(step));
+      // Steps: new data on the same shape (kept parameters), another workspace, another shape,
+      // bias or beta on, alpha 0.5, and back to the first workspace.
+      const bool other_shape = step == 2;
+      const std::vector<int64_t> splits =
+          other_shape ? make_splits(Pattern::random_odd, 5, 2200) : bounds;
+      const bool bias = fwd && step == 3;
+      const float beta = !fwd && step == 3 ? 1.0f : 0.0f;
+      GemmProblem p = GemmProblem::make(pass, DType::bf16, int64_t(splits.size()), splits, 256,
+                                        other_shape ? 512 : 384, bias, beta, out_t);
+      DeviceProblem d(p);
+      GroupedGemmArgs a = d.args(p);
+      a.config = config;
+      const float alpha = step == 4 ? 0.5f : 1.0f;  // a power of two: exact against alpha 1
+      a.alpha = alpha;
+      const size_t need = grouped_gemm_workspace_size(ctx, a);
+      Tensor& w = ws[step == 1 ? 1 : 0];
+      if (w.nbytes() < int64_t(need)) w = Tensor::empty({int64_t(need)}, DType::e8m0, Device::CUDA);
+      grouped_gemm(ctx, a, w.data(), size_t(w.nbytes()));
+      ctx.check();
+      std::vector<uint8_t> got = d.out_bytes();
+      if (alpha != 1.0f) {  // undo the exact scaling: out = 0.5 * acc (no bias, beta 0)
+        std::vector<float> v = decode(got, out_t);
+        for (float& x : v) x /= alpha;
+        if (fwd) {
+          const std::vector<uint16_t> h = encode16(v, out_t);
+          std::memcpy(got.data(), h.data(), got.size());
+        } else {
+          std::memcpy(got.data(), v.data(), got.size());
+        }
+      }
+      expect_matches_reference(p, got);
+    }
+  }
+}
+
 // ---- CUDA graph: forward + dgrad + wgrad captured once, replayed with new routings ------------
 TEST(GemmGpuGraph, ReplayWithNewRoutingsEqualsEager) {
   GROUPMM_REQUIRE_GPU();

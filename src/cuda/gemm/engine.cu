@@ -189,6 +189,8 @@ Plan pick(const GemmLaunch& l) {
   if (const SplitEntry* s = find_split(name)) {
     p.first = checked(s->inside, l);
     p.second = checked(s->outside, l);
+    GROUPMM_CHECK(p.first.layout_id() == p.second.layout_id(), "grouped_gemm: split config '", name,
+                  "' pairs kernels whose argument arrays differ");
     p.first_class = {s->lo, s->hi, false};
     p.split = true;
   } else {
@@ -213,17 +215,23 @@ void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
                           size_t workspace_bytes) {
   const Plan p = pick(l);
   if (!p.split) {
-    p.first.run(ctx, l, workspace, workspace_bytes, sm90::RowClass{});
+    p.first.run(ctx, l, workspace, workspace_bytes, sm90::LaunchPart{});
     return;
   }
-  // Two launches in stream order, each over its class of experts (its own workspace part).
+  // Two launches in stream order, each over its class of experts; one setup kernel (the first
+  // launch's) writes the arrays of both, and each has its own CUTLASS workspace.
   const size_t first = aligned(p.first.workspace_size(l.dims, ctx.sm_count()));
   GROUPMM_CHECK(first <= workspace_bytes, "grouped_gemm: workspace too small (", workspace_bytes,
                 " < ", first, ")");
-  sm90::RowClass other = p.first_class;
-  other.outside = !other.outside;
-  p.first.run(ctx, l, workspace, first, p.first_class);
-  p.second.run(ctx, l, static_cast<char*>(workspace) + first, workspace_bytes - first, other);
+  sm90::LaunchPart one;
+  one.row_class = p.first_class;
+  one.write_other = true;
+  sm90::LaunchPart two;
+  two.row_class = p.first_class;
+  two.row_class.outside = !two.row_class.outside;
+  two.shared = reinterpret_cast<void*>(sm90::align_up(reinterpret_cast<uintptr_t>(workspace), 256));
+  p.first.run(ctx, l, workspace, first, one);
+  p.second.run(ctx, l, static_cast<char*>(workspace) + first, workspace_bytes - first, two);
 }
 
 std::string cutlass_config_name(const GemmLaunch& l) {

@@ -4,6 +4,8 @@
 // pair is graph safe: no host read of splits, no allocation.
 #pragma once
 
+#include <typeinfo>
+
 #include "cuda/gemm/sm90_setup.cuh"
 
 namespace groupmm::cuda::sm90 {
@@ -62,12 +64,34 @@ size_t workspace_size(const GemmDims& d, int sms) {
   return arr.bytes + Cfg::Gemm::get_workspace_size(args) + 256;
 }
 
-template <class Cfg>
-void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes, RowClass row_class) {
-  const GemmDims& d = a.dims;
-  void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<uintptr_t>(ws), 256));
-  DeviceArrays<Cfg> arr = carve<Cfg>(base, d.G, d.N, d.K);
+// What the CUTLASS kernel parameters of one launch depend on (run() below).
+struct ParamsKey {
+  const void* problems;  // the argument arrays (problem sizes first)
+  const void* cutlass_ws;
+  int64_t G, N, K;  // the arrays' layout
+  float alpha, beta;
+  bool bias;
+  int device, sms;
+  bool operator==(const ParamsKey& o) const {
+    return problems == o.problems && cutlass_ws == o.cutlass_ws && G == o.G && N == o.N &&
+           K == o.K && alpha == o.alpha && beta == o.beta && bias == o.bias && device == o.device &&
+           sms == o.sms;
+  }
+};
 
+template <class Cfg>
+struct ParamsCache {
+  ParamsKey key{};
+  typename Cfg::Gemm::Params params{};
+  size_t need = 0;  // workspace bytes the launch uses
+  bool valid = false;
+};
+
+// The setup kernel of one launch: the per-expert arrays from the device splits.
+template <class Cfg>
+void launch_setup(Context& ctx, const GemmLaunch& a, const DeviceArrays<Cfg>& arr,
+                  const LaunchPart& part) {
+  const GemmDims& d = a.dims;
   SetupParams<Cfg> sp{};
   sp.splits = a.splits.data;
   sp.splits64 = a.splits.dtype == DType::int64;
@@ -85,23 +109,70 @@ void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes, RowClass 
   sp.scale_b = a.scale_b;
   sp.arr = arr;
   sp.status = ctx.status();
-  sp.row_class = row_class;
+  sp.row_class = part.row_class;
+  sp.write_other = part.write_other;
   setup_kernel<Cfg, 256><<<1, 256, 0, ctx.stream()>>>(sp);
   GROUPMM_CHECK_LAUNCH();
+}
 
-  auto args = make_arguments<Cfg>(arr, sp.G, a.alpha, a.beta, sp.bias != nullptr,
-                                  ctx.device_index(), ctx.sm_count());
-  typename Cfg::Gemm gemm;
-  const size_t cws = Cfg::Gemm::get_workspace_size(args);
-  GROUPMM_CHECK(arr.bytes + cws + 256 <= ws_bytes, "grouped_gemm: workspace too small (", ws_bytes,
-                " < ", arr.bytes + cws + 256, ")");
-  cutlass::Status st = gemm.can_implement(args);
-  GROUPMM_CHECK(st == cutlass::Status::kSuccess, "grouped_gemm: CUTLASS cannot implement ",
-                Cfg::name(), ": ", cutlassGetStatusString(st));
-  st = gemm.initialize(args, arr.cutlass_ws, ctx.stream());
-  GROUPMM_CHECK(st == cutlass::Status::kSuccess, "grouped_gemm: CUTLASS initialize failed for ",
-                Cfg::name(), ": ", cutlassGetStatusString(st));
-  st = gemm.run(ctx.stream());
+// The arrays' layout, the same for the two configurations of a split (engine.cu checks).
+template <class Cfg>
+size_t arrays_layout_id() {
+  using C = Cfg;  // a function type names every type of the arrays (ElementC may be void)
+  using Signature =
+      void(typename C::Problem*, typename C::ElementA*, typename C::ElementB*,
+           typename C::ElementC*, typename C::ElementD*, typename C::ElementBias*,
+           typename C::StrideA*, typename C::StrideB*, typename C::StrideC*, typename C::StrideD*);
+  return typeid(Signature).hash_code();
+}
+
+template <class Cfg>
+void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes, const LaunchPart& part) {
+  const GemmDims& d = a.dims;
+  void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<uintptr_t>(ws), 256));
+  DeviceArrays<Cfg> arr = carve<Cfg>(base, d.G, d.N, d.K);
+  if (part.shared == nullptr) {
+    launch_setup<Cfg>(ctx, a, arr, part);
+  } else {
+    // Second launch of a split: the first launch's arrays with the complementary problem sizes,
+    // and a CUTLASS workspace of its own.
+    void* own_ws = arr.cutlass_ws;
+    arr = carve<Cfg>(const_cast<void*>(part.shared), d.G, d.N, d.K);
+    arr.problems = arr.problems_other;
+    arr.cutlass_ws = own_ws;
+  }
+  const size_t arrays_bytes = carve<Cfg>(nullptr, d.G, d.N, d.K).bytes;
+
+  // The kernel parameters depend only on the key below: problem sizes, operand pointers and TMA
+  // descriptors are per-expert device arrays that the setup kernel writes and the kernel reads.
+  // Building them (TMA descriptor encoding, the shared-memory attribute) costs microseconds of
+  // host time per launch, so each thread keeps the last ones per configuration.
+  const ParamsKey key{
+      arr.problems,      arr.cutlass_ws,     d.G,           d.N, d.K, a.alpha, a.beta,
+      a.bias != nullptr, ctx.device_index(), ctx.sm_count()};
+  thread_local ParamsCache<Cfg> cache;
+  if (!cache.valid || !(cache.key == key)) {
+    cache.valid = false;
+    auto args = make_arguments<Cfg>(arr, static_cast<int>(d.G), a.alpha, a.beta, key.bias,
+                                    key.device, key.sms);
+    typename Cfg::Gemm gemm;
+    const size_t cws = Cfg::Gemm::get_workspace_size(args);
+    GROUPMM_CHECK(arrays_bytes + cws + 256 <= ws_bytes, "grouped_gemm: workspace too small (",
+                  ws_bytes, " < ", arrays_bytes + cws + 256, ")");
+    cutlass::Status st = gemm.can_implement(args);
+    GROUPMM_CHECK(st == cutlass::Status::kSuccess, "grouped_gemm: CUTLASS cannot implement ",
+                  Cfg::name(), ": ", cutlassGetStatusString(st));
+    st = gemm.initialize(args, arr.cutlass_ws, ctx.stream());
+    GROUPMM_CHECK(st == cutlass::Status::kSuccess, "grouped_gemm: CUTLASS initialize failed for ",
+                  Cfg::name(), ": ", cutlassGetStatusString(st));
+    cache.params = gemm.params();
+    cache.need = arrays_bytes + cws + 256;
+    cache.key = key;
+    cache.valid = true;
+  }
+  GROUPMM_CHECK(cache.need <= ws_bytes, "grouped_gemm: workspace too small (", ws_bytes, " < ",
+                cache.need, ")");
+  const cutlass::Status st = Cfg::Gemm::run(cache.params, ctx.stream());
   GROUPMM_CHECK(st == cutlass::Status::kSuccess, "grouped_gemm: CUTLASS run failed for ",
                 Cfg::name(), ": ", cutlassGetStatusString(st));
   GROUPMM_CHECK_LAUNCH();
@@ -111,12 +182,13 @@ void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes, RowClass 
 struct KernelEntry {
   std::string (*name)();
   size_t (*workspace_size)(const GemmDims&, int);
-  void (*run)(Context&, const GemmLaunch&, void*, size_t, RowClass);
+  void (*run)(Context&, const GemmLaunch&, void*, size_t, const LaunchPart&);
+  size_t (*layout_id)();
 };
 
 template <class Cfg>
 KernelEntry entry() {
-  return {&Cfg::name, &workspace_size<Cfg>, &run<Cfg>};
+  return {&Cfg::name, &workspace_size<Cfg>, &run<Cfg>, &arrays_layout_id<Cfg>};
 }
 
 }  // namespace groupmm::cuda::sm90

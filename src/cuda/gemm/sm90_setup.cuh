@@ -12,6 +12,9 @@ namespace groupmm::cuda::sm90 {
 template <class Cfg>
 struct DeviceArrays {
   typename Cfg::Problem* problems;
+  // Split plans: the problem sizes of the complementary class of experts (RowClass), written by
+  // the first launch's setup kernel and read by the second launch, which shares every other array.
+  typename Cfg::Problem* problems_other;
   const typename Cfg::ElementA** ptr_a;
   const typename Cfg::ElementB** ptr_b;
   const typename Cfg::ElementC** ptr_c;  // void** when the epilogue has no source
@@ -60,6 +63,7 @@ DeviceArrays<Cfg> carve(void* base, int64_t G, int64_t N, int64_t K) {
   };
   const size_t g = static_cast<size_t>(G);
   take(d.problems, sizeof(typename Cfg::Problem) * g);
+  take(d.problems_other, sizeof(typename Cfg::Problem) * g);
   take(d.ptr_a, sizeof(void*) * g);
   take(d.ptr_b, sizeof(void*) * g);
   take(d.ptr_c, sizeof(void*) * g);
@@ -109,6 +113,17 @@ struct RowClass {
   __host__ __device__ bool has(int64_t rows) const { return (rows >= lo && rows <= hi) != outside; }
 };
 
+// One launch of a plan. A split plan's first launch runs the setup kernel, which also writes the
+// complementary class's problem sizes (problems_other); its second launch runs no setup and reads
+// the first one's arrays (`shared`, the first launch's aligned workspace base), so the pair costs
+// one setup launch. Both configurations of a split have the same operand, output and stride
+// types, so their arrays have one layout (engine.cu checks KernelEntry::layout_id).
+struct LaunchPart {
+  RowClass row_class;
+  bool write_other = false;      // first of a split: also fill problems_other
+  const void* shared = nullptr;  // second of a split: the first launch's arrays
+};
+
 template <class Cfg>
 struct SetupParams {
   const void* splits;
@@ -126,6 +141,7 @@ struct SetupParams {
   DeviceArrays<Cfg> arr;
   StatusBlock* status;
   RowClass row_class;
+  bool write_other;  // also fill arr.problems_other with the complementary class
 };
 
 // Expert g's entries (see the mapping in sm90_config.cuh): `start` and `rows` are its clamped row
@@ -229,10 +245,13 @@ __global__ void __launch_bounds__(kThreads) setup_kernel(SetupParams<Cfg> p) {
     p.arr.ptr_bias[g] = p.bias ? p.bias + g * p.N : nullptr;
     p.arr.ptr_c[g] = nullptr;
     setup_expert(p, g, e.start, static_cast<int>(e.rows), e.before.v[0]);
-    if (!p.row_class.has(e.rows)) {  // the other launch's expert: no tiles here
-      auto& pr = p.arr.problems[g];
-      pr = make_shape(0, get<1>(pr), get<2>(pr));
-    }
+    // The other launch's experts get no tiles (M' = 0) in this one.
+    auto& pr = p.arr.problems[g];
+    const auto all = pr;
+    const auto none = make_shape(0, get<1>(all), get<2>(all));
+    const bool here = p.row_class.has(e.rows);
+    pr = here ? all : none;
+    if (p.write_other) p.arr.problems_other[g] = here ? none : all;
   });
 }
 
