@@ -5,6 +5,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/splits_scan.cuh"
+#include "cuda/common/warp_search.cuh"
 #include "cuda/w4/decode.cuh"
 
 namespace groupmm::cuda::w4 {
@@ -21,10 +22,12 @@ struct Item {
 };
 
 template <class V>
-__device__ __forceinline__ Item decode_item(const DecodeParams& p, int id, int warp, int gid) {
+__device__ __forceinline__ Item decode_item(const DecodeParams& p, int id, int warp, int lane) {
   const DecodePlan& pl = p.plan;
+  const int gid = lane >> 2;
   Item it;
-  it.g = static_cast<int>(find_expert(pl.item_start, p.G, id));
+  // On the critical path: the next item's weight loads wait for it (warp-parallel search).
+  it.g = static_cast<int>(find_expert_warp(pl.item_start, p.G, id, lane));
   const int rows = static_cast<int>(pl.rows[it.g]);
   const int passes = (rows + V::kTokens - 1) / V::kTokens;
   const int local = static_cast<int>(id - pl.item_start[it.g]);
@@ -195,7 +198,7 @@ struct DecodeLoop {
     if (ns == it.nsteps) {
       nid = id + static_cast<int>(gridDim.x);
       ns = 0;
-      if (nid < total) nit = decode_item<V>(p, nid, warp, gid);
+      if (nid < total) nit = decode_item<V>(p, nid, warp, lane);
     }
     const bool more = nid < total;
     if (more) {
@@ -240,7 +243,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) w4_decode_kern
                   lane >> 2, lane & 3};
   L.id = static_cast<int>(blockIdx.x);
   if (L.id >= L.total) return;
-  L.it = decode_item<V>(p, L.id, L.warp, L.gid);
+  L.it = decode_item<V>(p, L.id, L.warp, lane);
   StepRegs ra, rb;
   load_weights<V>(p, L.it, 0, L.warp, L.gid, L.t, ra);
   copy_x_async<V>(p, L.it, 0, tid, stage + 2 * L.kStage16);
