@@ -56,7 +56,8 @@ expect 2 "--weights nvfp4 does not combine with --recipe fp8_block" -- bench gem
 expect 2 "--pass does not apply to --weights mxfp4" -- bench gemm --weights mxfp4 --pass fwd
 expect 2 "--case 'llama' matches no --weights case \(cases: decode_" -- bench gemm --weights nvfp4 --case llama
 expect 2 "--suite: 'big' is not one of moe, ragged, fine, all" -- bench gemm --suite big
-expect 2 "--suite ragged is a bf16 suite \(--recipe fp8_block runs the MoE cases\)" -- bench gemm --recipe fp8_block --suite ragged
+expect 2 "--case 'nope' matches no case \(cases: fine_g512_r64, fine_g2048_r16\)" -- bench gemm --recipe fp8_block --suite fine --case nope
+expect 2 "--case 'fine' matches no case \(cases: dsv3_gate_up, " -- bench gemm --recipe fp8_current --case fine
 expect 2 "--case 'ragged' matches no case \(cases: dsv3_gate_up, " -- bench gemm --suite moe --case ragged
 expect 2 "--config 'fwd_x' is not a kernel configuration" -- bench gemm --config auto,fwd_x
 expect 2 "--config wgrad_bf16_bf16_128x256_coop_c21 is not a configuration of --pass fwd" -- bench gemm --pass fwd --config auto,wgrad_bf16_bf16_128x256_coop_c21
