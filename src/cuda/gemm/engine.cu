@@ -156,7 +156,9 @@ std::string heuristic_16bit(const GemmLaunch& l) {
 std::string heuristic(const GemmLaunch& l) {
   if (l.recipe == QuantRecipe::none) return heuristic_16bit(l);
   // FP8: one kernel per (pass, dtypes, recipe), plus the swapped forward for decode (few rows per
-  // expert, as for 16-bit operands); the first that serves the launch.
+  // expert, as for 16-bit operands); the first that serves the launch. The swap stays up to 64
+  // rows per expert: at 64 the two tiles measure even (each wins on some routings), below it the
+  // swapped one is 1.4-1.8x faster (bench/RESULTS.md, "FP8 decode threshold").
   const bool decode = l.pass == GemmPass::forward && l.dims.M <= 64 * l.dims.G;
   for (const auto& e : kTable)
     if (serves(e, l) && (std::string(e.name).rfind("fwdswap", 0) == 0) == decode) return e.name;
