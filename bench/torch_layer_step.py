@@ -50,7 +50,7 @@ def bench_splits(pattern, G, total, seed=7):
     return s
 
 
-def time_case(name, G, K, N, rows, pattern, recipe, device, iters):
+def time_case(name, G, K, N, rows, pattern, recipe, device, iters, warmup):
     align = {"fp8_block": 128, "fp8_current": 16, "mxfp8": 16}.get(recipe, 1)
     counts = bench_splits(pattern, G, rows // align)
     splits = torch.tensor([c * align for c in counts], dtype=torch.int32, device=device)
@@ -63,9 +63,9 @@ def time_case(name, G, K, N, rows, pattern, recipe, device, iters):
         layer(x, splits).backward(dy)
         x.grad = layer.weight.grad = None  # no grad accumulation kernels (the core writes dW)
 
-    ours = common.median_us(step, device, iters=iters)
+    ours = common.median_us(step, device, warmup, iters)
     core = ops._core_layer_step_us(x.detach(), splits, layer.weight.detach(), None, dy, recipe,
-                                   iters=iters)
+                                   iters=iters, warmup=warmup)
     flops = 6.0 * rows * N * K
     return dict(case=name, pattern=pattern, G=G, M=rows, N=N, K=K, recipe=recipe, package_us=ours,
                 core_us=core, ratio=ours / core, tflops=flops / ours / 1e6, met=ours / core <= 1.03)
@@ -80,8 +80,9 @@ def main():
     args = p.parse_args()
     device = common.device_of(args)
     small = args.cpu or args.quick  # the CLI's --cpu smoke scaling: G / 8, dims / 16
-    rows = args.rows or (512 if small else 65536)
-    iters = args.iters or (2 if small else 20)
+    rows = args.rows or (256 if args.quick else 512 if small else 65536)
+    iters = args.iters or (1 if args.quick else 2 if small else 20)
+    warmup = 1 if small else 3
     patterns = args.pattern.split(",") if not args.quick else ["balanced"]
     result = dict(common.header(device), bench="torch_layer_step", iters=iters, cases=[])
     for name, G, K, N in LAYERS:
@@ -91,7 +92,7 @@ def main():
                 K, N = -(-K // 128) * 128, -(-N // 128) * 128
         for pattern in patterns:
             result["cases"].append(time_case(name, G, K, N, rows, pattern, args.recipe, device,
-                                             iters))
+                                             iters, warmup))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(f"GroupedLinear fwd + bwd through the package vs the C++ layer, recipe {args.recipe}, "

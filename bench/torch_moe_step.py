@@ -45,7 +45,7 @@ def make_pair(c, device):
     return ours, theirs
 
 
-def time_case(c, device, iters):
+def time_case(c, device, iters, warmup):
     torch.manual_seed(0)
     ours, theirs = make_pair(c, device)
     x = (torch.rand(c["T"], c["H"], device=device, dtype=torch.bfloat16) * 2 - 1)
@@ -71,9 +71,9 @@ def time_case(c, device, iters):
     rel = ((y_ours - y_theirs).norm() / y_theirs.norm()).item()
     row = dict(case=c["case"], T=c["T"], H=c["H"], F=c["F"], E=c["E"], k=c["k"],
                shared_F=c["shared_F"], rel_err=round(rel, 5))
-    row["groupmm_us"] = common.median_us(step_ours, device, iters=iters)
+    row["groupmm_us"] = common.median_us(step_ours, device, warmup, iters)
     try:
-        row["torch_us"] = common.median_us(step_theirs, device, iters=iters)
+        row["torch_us"] = common.median_us(step_theirs, device, warmup, iters)
         row["speedup"] = round(row["torch_us"] / row["groupmm_us"], 3)
     except RuntimeError as e:  # e.g. out of memory: report, keep the other shapes
         row["torch_error"] = str(e).splitlines()[0][:160]
@@ -88,10 +88,10 @@ def main():
     cases = [c for c in DEFAULT if args.case in c["case"]]
     if args.quick:
         cases = [quick(c) for c in cases]
-    iters = args.iters or (3 if args.quick else 20)
+    iters, warmup = args.iters or (1 if args.quick else 20), 1 if args.quick else 3
     result = dict(common.header(device), bench="torch_moe_step", iters=iters, cases=[])
     for c in cases:
-        result["cases"].append(time_case(c, device, iters))
+        result["cases"].append(time_case(c, device, iters, warmup))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print(f"MoE training step (fwd + bwd), groupmm.nn.MoE vs plain PyTorch, "

@@ -25,10 +25,10 @@ import groupmm
 ops = torch.ops.groupmm
 
 
-def cases(device):
+def cases(device, quick):
     """(name, torch call, hook tensors, hook ints) per op, over tiny tensors."""
     bf = dict(device=device, dtype=torch.bfloat16)
-    G, M, K, N, T, E, k = 8, 256, 128, 128, 128, 8, 2
+    G, M, K, N, T, E, k = (4, 64, 32, 32, 32, 4, 2) if quick else (8, 256, 128, 128, 128, 8, 2)
     splits = torch.full((G,), M // G, dtype=torch.int32, device=device)
     x, w, dy = torch.randn(M, K, **bf), torch.randn(G, N, K, **bf), torch.randn(M, N, **bf)
     logits = torch.randn(T, E, device=device)
@@ -63,11 +63,11 @@ def main():
     p.add_argument("--calls", type=int, default=0, help="calls per timed loop")
     args = p.parse_args()
     device = common.device_of(args)
-    n = args.calls or (20 if args.quick else 200)
-    reps = args.iters or (3 if args.quick else 15)
+    n = args.calls or (5 if args.quick else 200)
+    reps = args.iters or (1 if args.quick else 15)
     result = dict(common.header(device), bench="torch_overhead", calls=n, reps=reps, ops=[])
     with torch.no_grad():  # the autograd recording of the ops is not the binding's cost
-        for name, call, tensors, ints in cases(device):
+        for name, call, tensors, ints in cases(device, args.quick):
             torch_us = statistics.median(host_us_per_call(call, device, n) for _ in range(reps))
             core_us = statistics.median(
                 ops._core_call_us(name, tensors, ints, "mxfp8", n) for _ in range(reps))

@@ -51,5 +51,5 @@ def test_train_tiny_moe_loss_goes_down():
         "train_tiny_moe", os.path.join(ROOT, "examples", "train_tiny_moe.py"))
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    losses = example.main(["--steps", "30", "--tokens", "128", "--device", "cpu"])
-    assert len(losses) == 4 and losses[-1] < 0.7 * losses[0], losses
+    losses = example.main(["--steps", "10", "--tokens", "64", "--device", "cpu"])
+    assert len(losses) == 2 and losses[-1] < 0.7 * losses[0], losses
