@@ -14,53 +14,28 @@
 
 namespace groupmm_torch {
 
+namespace {
+// The dtypes both sides have (packed fp4 pairs travel as uint8: see torch_dtype).
+constexpr std::pair<at::ScalarType, groupmm::DType> kDTypes[] = {
+    {at::kBFloat16, groupmm::DType::bf16},       {at::kHalf, groupmm::DType::fp16},
+    {at::kFloat, groupmm::DType::fp32},          {at::kInt, groupmm::DType::int32},
+    {at::kLong, groupmm::DType::int64},          {at::kFloat8_e4m3fn, groupmm::DType::fp8e4m3},
+    {at::kFloat8_e5m2, groupmm::DType::fp8e5m2}, {at::kFloat8_e8m0fnu, groupmm::DType::e8m0},
+};
+}  // namespace
+
 groupmm::DType to_groupmm(at::ScalarType t, const char* op, const char* arg) {
-  switch (t) {
-    case at::kBFloat16:
-      return groupmm::DType::bf16;
-    case at::kHalf:
-      return groupmm::DType::fp16;
-    case at::kFloat:
-      return groupmm::DType::fp32;
-    case at::kInt:
-      return groupmm::DType::int32;
-    case at::kLong:
-      return groupmm::DType::int64;
-    case at::kFloat8_e4m3fn:
-      return groupmm::DType::fp8e4m3;
-    case at::kFloat8_e5m2:
-      return groupmm::DType::fp8e5m2;
-    case at::kFloat8_e8m0fnu:
-      return groupmm::DType::e8m0;
-    default:
-      break;
-  }
+  for (const auto& [torch_t, ours] : kDTypes)
+    if (torch_t == t) return ours;
   TORCH_CHECK_TYPE(false, "groupmm.", op, ": ", arg, " has dtype ", t,
                    ", which groupmm does not take (bfloat16, float16, float32, int32, int64, "
                    "float8_e4m3fn, float8_e5m2, float8_e8m0fnu)");
 }
 
 at::ScalarType torch_dtype(groupmm::DType t) {
-  switch (t) {
-    case groupmm::DType::bf16:
-      return at::kBFloat16;
-    case groupmm::DType::fp16:
-      return at::kHalf;
-    case groupmm::DType::fp32:
-      return at::kFloat;
-    case groupmm::DType::int32:
-      return at::kInt;
-    case groupmm::DType::int64:
-      return at::kLong;
-    case groupmm::DType::fp8e4m3:
-      return at::kFloat8_e4m3fn;
-    case groupmm::DType::fp8e5m2:
-      return at::kFloat8_e5m2;
-    case groupmm::DType::e8m0:
-      return at::kFloat8_e8m0fnu;
-    case groupmm::DType::fp4e2m1x2:
-      return at::kByte;
-  }
+  if (t == groupmm::DType::fp4e2m1x2) return at::kByte;
+  for (const auto& [torch_t, ours] : kDTypes)
+    if (ours == t) return torch_t;
   TORCH_CHECK(false, "groupmm: no torch dtype for ", groupmm::dtype_name(t));
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <functional>
 #include <optional>
@@ -17,6 +18,16 @@
 #include "groupmm/core.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/quantize.hpp"
+
+// Registers an ops file's kernels (a function of torch::Library&) for both dispatch keys: one
+// kernel serves CPU and CUDA tensors, the core dispatching on the Context's device.
+#define GROUPMM_TORCH_CPU_AND_CUDA(register_fn) \
+  TORCH_LIBRARY_IMPL(groupmm, CPU, m) {         \
+    register_fn(m);                             \
+  }                                             \
+  TORCH_LIBRARY_IMPL(groupmm, CUDA, m) {        \
+    register_fn(m);                             \
+  }
 
 namespace groupmm_torch {
 

@@ -174,11 +174,6 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(groupmm, CPU, m) {
-  register_impls(m);
-}
-TORCH_LIBRARY_IMPL(groupmm, CUDA, m) {
-  register_impls(m);
-}
+GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
 
 }  // namespace groupmm_torch

@@ -215,17 +215,14 @@ double core_layer_step_us(const at::Tensor& x, const at::Tensor& splits, const a
   return us[us.size() / 2];
 }
 
+void register_impls(torch::Library& m) {
+  m.impl("_core_call_us", &core_call_us);
+  m.impl("_core_grouped_linear", &core_grouped_linear);
+  m.impl("_core_layer_step_us", &core_layer_step_us);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(groupmm, CPU, m) {
-  m.impl("_core_call_us", &core_call_us);
-  m.impl("_core_grouped_linear", &core_grouped_linear);
-  m.impl("_core_layer_step_us", &core_layer_step_us);
-}
-TORCH_LIBRARY_IMPL(groupmm, CUDA, m) {
-  m.impl("_core_call_us", &core_call_us);
-  m.impl("_core_grouped_linear", &core_grouped_linear);
-  m.impl("_core_layer_step_us", &core_layer_step_us);
-}
+GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
 
 }  // namespace groupmm_torch

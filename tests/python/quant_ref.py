@@ -4,6 +4,8 @@ split counts: the reference the quantized GEMM tests multiply with."""
 
 import torch
 
+from conftest import ref_grouped_mm
+
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
@@ -87,14 +89,7 @@ def dequantize_w4(w, recipe):
 
 def grouped_mm(a, b, counts, bias=None):
     """y_g = a_g b_g^T (+ bias_g), float64, expert by expert (b: [G, N, K])."""
-    outs, start = [], 0
-    for g, m in enumerate(counts):
-        y = a[start:start + m].double() @ b[g].double().t()
-        if bias is not None:
-            y = y + bias[g].double()
-        outs.append(y)
-        start += m
-    return torch.cat(outs)
+    return ref_grouped_mm(a, b, counts, bias, torch.float64)
 
 
 def grouped_wgrad(dy, x, counts):
