@@ -26,15 +26,15 @@ DEFAULT = [
 
 
 class TorchMoE(torch.nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, device="cuda"):
         super().__init__()
         H, Fd, E = c["H"], c["F"], c["E"]
-        bf = dict(device="cuda", dtype=torch.bfloat16)
+        bf = dict(device=device, dtype=torch.bfloat16)
         self.c = c
         self.router = torch.nn.Parameter(torch.randn(E, H, **bf) * H ** -0.5)
         self.w13 = torch.nn.Parameter(torch.randn(E, 2 * Fd, H, **bf) * H ** -0.5)  # [E, 2F, H]
         self.w2 = torch.nn.Parameter(torch.randn(E, H, Fd, **bf) * Fd ** -0.5)      # [E, H, F]
-        self.bias = torch.zeros(E, device="cuda")  # selection-only (DeepSeek-V3 style)
+        self.bias = torch.zeros(E, device=device)  # selection-only (DeepSeek-V3 style)
         if c["shared_F"]:
             Fs = c["shared_F"]
             self.s13 = torch.nn.Parameter(torch.randn(2 * Fs, H, **bf) * H ** -0.5)

@@ -24,6 +24,6 @@ PY=${PYTHON:-python3}
   GROUPMM_BUILD_DIR=${GROUPMM_BUILD_DIR:-build-dev} PYTHON=$PY timeout 360 bash scripts/build_python.sh \
     >"$OUT/python_build.log" 2>&1 || { tail -40 "$OUT/python_build.log"; echo "BUILD FAILED"; exit 1; }
   echo "build: $(($(date +%s) - t0)) s"
-  PYTHONPATH=python timeout 200 "$PY" -m pytest tests/python -q -rs -p no:cacheprovider
+  PYTHONPATH=python timeout 420 "$PY" -m pytest tests/python -q -rs -p no:cacheprovider
   echo "pytest exit $?"
 } 2>&1 | tee "$log"

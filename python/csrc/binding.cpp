@@ -14,30 +14,64 @@
 
 namespace groupmm_torch {
 
+namespace {
+// The dtypes both sides have (packed fp4 pairs travel as uint8: see torch_dtype).
+constexpr std::pair<at::ScalarType, groupmm::DType> kDTypes[] = {
+    {at::kBFloat16, groupmm::DType::bf16},       {at::kHalf, groupmm::DType::fp16},
+    {at::kFloat, groupmm::DType::fp32},          {at::kInt, groupmm::DType::int32},
+    {at::kLong, groupmm::DType::int64},          {at::kFloat8_e4m3fn, groupmm::DType::fp8e4m3},
+    {at::kFloat8_e5m2, groupmm::DType::fp8e5m2}, {at::kFloat8_e8m0fnu, groupmm::DType::e8m0},
+};
+}  // namespace
+
 groupmm::DType to_groupmm(at::ScalarType t, const char* op, const char* arg) {
-  switch (t) {
-    case at::kBFloat16:
-      return groupmm::DType::bf16;
-    case at::kHalf:
-      return groupmm::DType::fp16;
-    case at::kFloat:
-      return groupmm::DType::fp32;
-    case at::kInt:
-      return groupmm::DType::int32;
-    case at::kLong:
-      return groupmm::DType::int64;
-    case at::kFloat8_e4m3fn:
-      return groupmm::DType::fp8e4m3;
-    case at::kFloat8_e5m2:
-      return groupmm::DType::fp8e5m2;
-    case at::kFloat8_e8m0fnu:
-      return groupmm::DType::e8m0;
-    default:
-      break;
-  }
+  for (const auto& [torch_t, ours] : kDTypes)
+    if (torch_t == t) return ours;
   TORCH_CHECK_TYPE(false, "groupmm.", op, ": ", arg, " has dtype ", t,
                    ", which groupmm does not take (bfloat16, float16, float32, int32, int64, "
                    "float8_e4m3fn, float8_e5m2, float8_e8m0fnu)");
+}
+
+at::ScalarType torch_dtype(groupmm::DType t) {
+  if (t == groupmm::DType::fp4e2m1x2) return at::kByte;
+  for (const auto& [torch_t, ours] : kDTypes)
+    if (ours == t) return torch_t;
+  TORCH_CHECK(false, "groupmm: no torch dtype for ", groupmm::dtype_name(t));
+}
+
+groupmm::QuantRecipe recipe_of(c10::string_view r, const char* op) {
+  using groupmm::QuantRecipe;
+  for (QuantRecipe q : {QuantRecipe::fp8_current, QuantRecipe::fp8_block, QuantRecipe::mxfp8,
+                        QuantRecipe::nvfp4, QuantRecipe::mxfp4})
+    if (r == groupmm::recipe_name(q)) return q;
+  TORCH_CHECK_VALUE(false, "groupmm.", op, ": recipe='", std::string(r),
+                    "' must be 'fp8_current', 'fp8_block', 'mxfp8', 'nvfp4' or 'mxfp4'");
+}
+
+groupmm::ScaleLayout layout_of(c10::string_view l, const char* op) {
+  using groupmm::ScaleLayout;
+  for (ScaleLayout s : {ScaleLayout::plain, ScaleLayout::swizzled, ScaleLayout::mn_major})
+    if (l == groupmm::scale_layout_name(s)) return s;
+  TORCH_CHECK_VALUE(false, "groupmm.", op, ": scale_layout='", std::string(l),
+                    "' must be 'plain', 'swizzled' or 'mn_major'");
+}
+
+void check_spec(const char* op, const std::string& arg, const at::Tensor& t,
+                const groupmm::TensorSpec& spec, const std::string& what) {
+  if (!spec.present()) {
+    TORCH_CHECK_VALUE(absent(t), "groupmm.", op, ": ", arg, " is ", t.sizes(), " but ", what,
+                      " does not write it (pass an empty tensor)");
+    return;
+  }
+  const std::vector<int64_t> shape(spec.shape.begin(), spec.shape.begin() + spec.rank);
+  const at::ScalarType dt = torch_dtype(spec.dtype);
+  // Packed fp4 data is [rows, K/2] bytes where the spec counts [rows, K] elements.
+  std::vector<int64_t> want = shape;
+  if (spec.dtype == groupmm::DType::fp4e2m1x2) want.back() /= 2;
+  TORCH_CHECK_TYPE(t.scalar_type() == dt, "groupmm.", op, ": ", arg, " has dtype ", t.scalar_type(),
+                   " but ", what, " writes ", dt);
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(want), "groupmm.", op, ": ", arg, " has shape ",
+                    t.sizes(), " but ", what, " writes ", at::IntArrayRef(want));
 }
 
 groupmm::TensorView view_of(const at::Tensor& t, groupmm::Device d, const char* op,
@@ -94,12 +128,27 @@ void Call::check_device(const at::Tensor& t, const char* arg) const {
               " but the op runs on ", device_, " (every tensor of one call on one device)");
 }
 
+groupmm::Device Call::core_device() const {
+  return device_.is_cuda() ? groupmm::Device::CUDA : groupmm::Device::CPU;
+}
+
 groupmm::TensorView Call::in(const at::Tensor& t, const char* arg) {
   check_device(t, arg);
-  const groupmm::Device d = device_.is_cuda() ? groupmm::Device::CUDA : groupmm::Device::CPU;
-  if (t.is_contiguous()) return view_of(t, d, op_, arg);
+  if (t.is_contiguous()) return view_of(t, core_device(), op_, arg);
   keep_.push_back(t.contiguous());
-  return view_of(keep_.back(), d, op_, arg);
+  return view_of(keep_.back(), core_device(), op_, arg);
+}
+
+groupmm::TensorView Call::bytes(const at::Tensor& t, const char* arg, groupmm::DType dtype,
+                                std::initializer_list<int64_t> shape) {
+  check_device(t, arg);
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kByte, "groupmm.", op_, ": ", arg, " has dtype ",
+                   t.scalar_type(), "; expected uint8 (", groupmm::dtype_name(dtype), " bytes)");
+  TORCH_CHECK_VALUE(t.is_contiguous(), "groupmm.", op_, ": ", arg, " must be contiguous");
+  groupmm::TensorView v(t.data_ptr(), dtype, core_device(), shape);
+  TORCH_CHECK_VALUE(v.nbytes() == t.numel(), "groupmm.", op_, ": ", arg, " has ", t.numel(),
+                    " bytes (shape ", t.sizes(), "), expected ", v.nbytes());
+  return v;
 }
 
 groupmm::TensorView Call::in(const std::optional<at::Tensor>& t, const char* arg) {
@@ -110,11 +159,19 @@ groupmm::TensorView Call::out(const at::Tensor& t, const char* arg) {
   check_device(t, arg);
   TORCH_CHECK_VALUE(t.is_contiguous(), "groupmm.", op_, ": ", arg,
                     " is written in place and must be contiguous");
-  return view_of(t, device_.is_cuda() ? groupmm::Device::CUDA : groupmm::Device::CPU, op_, arg);
+  return view_of(t, core_device(), op_, arg);
 }
 
 at::Tensor Call::empty(at::IntArrayRef shape, at::ScalarType dtype) {
   return at::empty(shape, opts_.dtype(dtype));
+}
+
+at::Tensor Call::empty(const groupmm::TensorSpec& s, bool zeroed) {
+  if (!s.present()) return empty({0}, at::kFloat);
+  std::vector<int64_t> shape(s.shape.begin(), s.shape.begin() + s.rank);
+  if (s.dtype == groupmm::DType::fp4e2m1x2) shape.back() = (shape.back() + 1) / 2;
+  at::Tensor t = empty(shape, torch_dtype(s.dtype));
+  return zeroed ? t.view(at::kByte).zero_().view(t.scalar_type()) : t;
 }
 
 void* Call::workspace(size_t bytes) {

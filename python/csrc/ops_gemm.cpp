@@ -10,66 +10,115 @@
 namespace groupmm_torch {
 namespace {
 
-at::Tensor run_gemm(const char* op, groupmm::GemmPass pass, const at::Tensor& a,
-                    const at::Tensor& b, const at::Tensor& splits,
-                    const std::optional<at::Tensor>& bias, std::vector<int64_t> out_shape,
-                    at::ScalarType out_dtype) {
-  Call call(op, a);
+const char* gemm_op_name(groupmm::GemmPass pass) {
+  switch (pass) {
+    case groupmm::GemmPass::forward:
+      return "grouped_mm";
+    case groupmm::GemmPass::dgrad:
+      return "grouped_mm_dgrad";
+    case groupmm::GemmPass::wgrad:
+      break;
+  }
+  return "grouped_mm_wgrad";
+}
+
+// The args of one pass without out; the operands' ranks are checked here so that the output shape
+// can be read from them (each pass names its operands in the message).
+groupmm::GroupedGemmArgs gemm_args(Call& call, groupmm::GemmPass pass, const at::Tensor& a,
+                                   const at::Tensor& b, const at::Tensor& splits,
+                                   const std::optional<at::Tensor>& bias) {
+  using groupmm::GemmPass;
+  const bool fwd = pass == GemmPass::forward, wgrad = pass == GemmPass::wgrad;
+  const char* a_name = fwd ? "x" : "dy";
+  const char* b_name = wgrad ? "x" : "w";
+  TORCH_CHECK_VALUE(a.dim() == 2 && b.dim() == (wgrad ? 2 : 3), "groupmm.", gemm_op_name(pass),
+                    ": ", a_name, " must be [M, ", fwd ? "K" : "N", "] and ", b_name, " ",
+                    wgrad ? "[M, K]" : "[G, N, K]", "; got ", a_name, " ", a.sizes(), ", ", b_name,
+                    " ", b.sizes());
   groupmm::GroupedGemmArgs args;
   args.pass = pass;
-  args.a = call.in(a, pass == groupmm::GemmPass::forward ? "x" : "dy");
-  args.b = call.in(b, pass == groupmm::GemmPass::wgrad ? "x" : "w");
+  args.a = call.in(a, a_name);
+  args.b = call.in(b, b_name);
   args.splits = call.in(splits, "splits");
   args.bias = call.in(bias, "bias");
-  at::Tensor out = call.empty(out_shape, out_dtype);
-  args.out = call.out(out, "out");
+  return args;
+}
+
+Bound bind(Call& call, const groupmm::GroupedGemmArgs& args, std::vector<at::Tensor> outputs) {
   auto& ctx = call.ctx();
-  const size_t ws = groupmm::grouped_gemm_workspace_size(ctx, args);
-  groupmm::grouped_gemm(ctx, args, call.workspace(ws), ws);
+  const size_t bytes = groupmm::grouped_gemm_workspace_size(ctx, args);
+  void* ws = call.workspace(bytes);
+  return {[&ctx, args, ws, bytes] { groupmm::grouped_gemm(ctx, args, ws, bytes); },
+          std::move(outputs)};
+}
+
+}  // namespace
+
+Bound bind_gemm(Call& call, groupmm::GemmPass pass, const at::Tensor& a, const at::Tensor& b,
+                const at::Tensor& splits, const std::optional<at::Tensor>& bias,
+                std::optional<at::ScalarType> out_dtype) {
+  groupmm::GroupedGemmArgs args = gemm_args(call, pass, a, b, splits, bias);
+  std::vector<int64_t> shape{a.size(0), b.size(1)};                                      // forward
+  if (pass == groupmm::GemmPass::dgrad) shape = {a.size(0), b.size(2)};                  // dx
+  if (pass == groupmm::GemmPass::wgrad) shape = {splits.size(0), a.size(1), b.size(1)};  // dW
+  at::Tensor out = call.empty(shape, out_dtype.value_or(a.scalar_type()));
+  args.out = call.out(out, "out");
+  return bind(call, args, {out});
+}
+
+namespace {
+
+at::Tensor run_gemm(groupmm::GemmPass pass, const at::Tensor& a, const at::Tensor& b,
+                    const at::Tensor& splits, const std::optional<at::Tensor>& bias,
+                    std::optional<at::ScalarType> out_dtype) {
+  Call call(gemm_op_name(pass), a);
+  Bound op = bind_gemm(call, pass, a, b, splits, bias, out_dtype);
+  op.run();
   call.finish();
-  return out;
+  return op.outputs[0];
 }
 
-// y [M, N] = x_g W_g^T (+ b_g) per expert.
+// y [M, N] = x_g W_g^T (+ b_g) per expert, in out_dtype (x's dtype or float32; bias in it).
 at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& splits,
-                      const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK_VALUE(x.dim() == 2 && w.dim() == 3, "groupmm.grouped_mm: x must be [M, K] and w ",
-                    "[G, N, K]; got x ", x.sizes(), ", w ", w.sizes());
-  return run_gemm("grouped_mm", groupmm::GemmPass::forward, x, w, splits, bias,
-                  {x.size(0), w.size(1)}, x.scalar_type());
+                      const std::optional<at::Tensor>& bias,
+                      std::optional<at::ScalarType> out_dtype) {
+  return run_gemm(groupmm::GemmPass::forward, x, w, splits, bias, out_dtype);
 }
 
-// dx [M, K] = dy_g W_g per expert.
-at::Tensor grouped_mm_dgrad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& splits) {
-  TORCH_CHECK_VALUE(dy.dim() == 2 && w.dim() == 3, "groupmm.grouped_mm_dgrad: dy must be [M, N] ",
-                    "and w [G, N, K]; got dy ", dy.sizes(), ", w ", w.sizes());
-  return run_gemm("grouped_mm_dgrad", groupmm::GemmPass::dgrad, dy, w, splits, std::nullopt,
-                  {dy.size(0), w.size(2)}, dy.scalar_type());
+// dx [M, K] = dy_g W_g per expert, in out_dtype (dy's dtype or float32).
+at::Tensor grouped_mm_dgrad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& splits,
+                            std::optional<at::ScalarType> out_dtype) {
+  return run_gemm(groupmm::GemmPass::dgrad, dy, w, splits, std::nullopt, out_dtype);
 }
 
 // dW [G, N, K] = dy_g^T x_g per expert, in out_dtype (dy's dtype or float32).
 at::Tensor grouped_mm_wgrad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& splits,
                             std::optional<at::ScalarType> out_dtype) {
-  TORCH_CHECK_VALUE(dy.dim() == 2 && x.dim() == 2, "groupmm.grouped_mm_wgrad: dy must be [M, N] ",
-                    "and x [M, K]; got dy ", dy.sizes(), ", x ", x.sizes());
-  return run_gemm("grouped_mm_wgrad", groupmm::GemmPass::wgrad, dy, x, splits, std::nullopt,
-                  {splits.size(0), dy.size(1), x.size(1)}, out_dtype.value_or(dy.scalar_type()));
+  return run_gemm(groupmm::GemmPass::wgrad, dy, x, splits, std::nullopt, out_dtype);
 }
 
 // main_grad [G, N, K] fp32 += dy_g^T x_g (a zero-row expert leaves its slice unchanged).
 void grouped_mm_wgrad_accumulate(const at::Tensor& dy, const at::Tensor& x,
                                  const at::Tensor& splits, const at::Tensor& main_grad) {
   Call call("grouped_mm_wgrad_accumulate", dy);
-  groupmm::GroupedGemmArgs args;
-  args.pass = groupmm::GemmPass::wgrad;
-  args.a = call.in(dy, "dy");
-  args.b = call.in(x, "x");
-  args.splits = call.in(splits, "splits");
+  groupmm::GroupedGemmArgs args =
+      gemm_args(call, groupmm::GemmPass::wgrad, dy, x, splits, std::nullopt);
   args.out = call.out(main_grad, "main_grad");
   args.beta = 1.0f;
+  bind(call, args, {}).run();
+  call.finish();
+}
+
+// db [G, N] (accumulate: += into fp32 db) = sum of expert g's rows of dy.
+void run_dbias(Call& call, const at::Tensor& dy, const at::Tensor& splits, const at::Tensor& db,
+               bool accumulate) {
+  const auto dyv = call.in(dy, "dy");
+  const auto sv = call.in(splits, "splits");
   auto& ctx = call.ctx();
-  const size_t ws = groupmm::grouped_gemm_workspace_size(ctx, args);
-  groupmm::grouped_gemm(ctx, args, call.workspace(ws), ws);
+  const size_t ws =
+      groupmm::group_dbias_workspace_size(ctx, dy.size(0), dy.size(1), splits.size(0));
+  groupmm::group_dbias(ctx, dyv, sv, call.out(db, accumulate ? "main_grad" : "db"), accumulate,
+                       call.workspace(ws), ws);
   call.finish();
 }
 
@@ -77,16 +126,19 @@ void grouped_mm_wgrad_accumulate(const at::Tensor& dy, const at::Tensor& x,
 at::Tensor group_dbias(const at::Tensor& dy, const at::Tensor& splits,
                        std::optional<at::ScalarType> out_dtype) {
   Call call("group_dbias", dy);
-  const auto dyv = call.in(dy, "dy");
-  const auto sv = call.in(splits, "splits");
   TORCH_CHECK_VALUE(dy.dim() == 2, "groupmm.group_dbias: dy must be [M, N]; got ", dy.sizes());
   at::Tensor db = call.empty({splits.size(0), dy.size(1)}, out_dtype.value_or(dy.scalar_type()));
-  auto& ctx = call.ctx();
-  const size_t ws =
-      groupmm::group_dbias_workspace_size(ctx, dy.size(0), dy.size(1), splits.size(0));
-  groupmm::group_dbias(ctx, dyv, sv, call.out(db, "db"), false, call.workspace(ws), ws);
-  call.finish();
+  run_dbias(call, dy, splits, db, false);
   return db;
+}
+
+// main_grad [G, N] fp32 += sum of expert g's rows of dy (a zero-row expert: unchanged).
+void group_dbias_accumulate(const at::Tensor& dy, const at::Tensor& splits,
+                            const at::Tensor& main_grad) {
+  Call call("group_dbias_accumulate", dy);
+  TORCH_CHECK_VALUE(dy.dim() == 2, "groupmm.group_dbias_accumulate: dy must be [M, N]; got ",
+                    dy.sizes());
+  run_dbias(call, dy, splits, main_grad, true);
 }
 
 // (start, end) [G] in splits' dtype: end is torch._grouped_mm's `offs`.
@@ -109,16 +161,12 @@ void register_impls(torch::Library& m) {
   m.impl("grouped_mm_wgrad", &grouped_mm_wgrad);
   m.impl("grouped_mm_wgrad_accumulate", &grouped_mm_wgrad_accumulate);
   m.impl("group_dbias", &group_dbias);
+  m.impl("group_dbias_accumulate", &group_dbias_accumulate);
   m.impl("group_offsets", &group_offsets);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(groupmm, CPU, m) {
-  register_impls(m);
-}
-TORCH_LIBRARY_IMPL(groupmm, CUDA, m) {
-  register_impls(m);
-}
+GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
 
 }  // namespace groupmm_torch

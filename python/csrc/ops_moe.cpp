@@ -77,13 +77,14 @@ groupmm::RouterConfig router_config(int64_t experts, int64_t topk, c10::string_v
   return c;
 }
 
+}  // namespace
+
 // logits [T, E] fp32 -> expert_ids [T, k] int32, weights [T, k] fp32, counts [E] int32,
 // aux_loss [1], z_loss [1] (zeros when their coefficient is 0).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> router(
-    const at::Tensor& logits, const std::optional<at::Tensor>& expert_bias, int64_t topk,
-    c10::string_view score, int64_t n_group, int64_t topk_group, bool renormalize,
-    double scaling_factor, double aux_loss_coeff, double z_loss_coeff) {
-  Call call("router", logits);
+Bound bind_router(Call& call, const at::Tensor& logits,
+                  const std::optional<at::Tensor>& expert_bias, int64_t topk,
+                  c10::string_view score, int64_t n_group, int64_t topk_group, bool renormalize,
+                  double scaling_factor, double aux_loss_coeff, double z_loss_coeff) {
   TORCH_CHECK_VALUE(logits.dim() == 2, "groupmm.router: logits must be [T, E]; got ",
                     logits.sizes());
   const int64_t T = logits.size(0), E = logits.size(1);
@@ -102,10 +103,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> router(
   a.aux_loss = call.out(aux, "aux_loss");
   a.z_loss = call.out(z, "z_loss");
   auto& ctx = call.ctx();
-  const size_t ws = groupmm::moe_router_workspace_size(ctx, cfg, T);
-  groupmm::moe_router_forward(ctx, cfg, a, call.workspace(ws), ws);
+  const size_t bytes = groupmm::moe_router_workspace_size(ctx, cfg, T);
+  void* ws = call.workspace(bytes);
+  return {[&ctx, cfg, a, ws, bytes] { groupmm::moe_router_forward(ctx, cfg, a, ws, bytes); },
+          {ids, w, counts, aux, z}};
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> router(
+    const at::Tensor& logits, const std::optional<at::Tensor>& expert_bias, int64_t topk,
+    c10::string_view score, int64_t n_group, int64_t topk_group, bool renormalize,
+    double scaling_factor, double aux_loss_coeff, double z_loss_coeff) {
+  Call call("router", logits);
+  Bound op = bind_router(call, logits, expert_bias, topk, score, n_group, topk_group, renormalize,
+                         scaling_factor, aux_loss_coeff, z_loss_coeff);
+  op.run();
   call.finish();
-  return {ids, w, counts, aux, z};
+  const auto& o = op.outputs;
+  return {o[0], o[1], o[2], o[3], o[4]};
 }
 
 // d_logits of sum(d_weights * weights) + aux_loss + z_loss (the losses with gradient 1).
@@ -178,21 +194,47 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_plan(
   return {dest, start, kept, splits};
 }
 
+}  // namespace
+
 // x [T, H] -> x_perm [R, H] (and probs [R] fp32 from weights [T, k] when given; else empty).
+Bound bind_permute(Call& call, const at::Tensor& x, const at::Tensor& dest_row,
+                   const at::Tensor& row_start, const at::Tensor& kept, const at::Tensor& splits,
+                   int64_t align, int64_t capacity, const std::optional<at::Tensor>& weights) {
+  const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
+  const auto xv = call.in(x, "x");
+  at::Tensor xp = call.empty({m.rows, x.size(1)}, x.scalar_type());
+  at::Tensor probs = call.empty({weights ? m.rows : 0}, at::kFloat);
+  const auto xpv = call.out(xp, "x_perm"), wv = call.in(weights, "weights");
+  const auto pv = weights ? call.out(probs, "probs") : groupmm::TensorView();
+  auto& ctx = call.ctx();
+  return {[&ctx, xv, m, xpv, wv, pv] { groupmm::moe_permute(ctx, xv, m, xpv, wv, pv); },
+          {xp, probs}};
+}
+
+// y [T, H] = sum over the k rows of each token in y_perm [R, H] (+ add [T, H]).
+Bound bind_unpermute(Call& call, const at::Tensor& y_perm, const at::Tensor& dest_row,
+                     const at::Tensor& row_start, const at::Tensor& kept, const at::Tensor& splits,
+                     int64_t align, int64_t capacity, const std::optional<at::Tensor>& add) {
+  const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
+  const auto yp = call.in(y_perm, "y_perm"), av = call.in(add, "add");
+  at::Tensor y = call.empty({m.tokens, y_perm.size(1)}, y_perm.scalar_type());
+  const auto yv = call.out(y, "y");
+  auto& ctx = call.ctx();
+  return {[&ctx, yp, m, yv, av] { groupmm::moe_unpermute(ctx, yp, m, yv, av); }, {y}};
+}
+
+namespace {
+
 std::tuple<at::Tensor, at::Tensor> permute(const at::Tensor& x, const at::Tensor& dest_row,
                                            const at::Tensor& row_start, const at::Tensor& kept,
                                            const at::Tensor& splits, int64_t align,
                                            int64_t capacity,
                                            const std::optional<at::Tensor>& weights) {
   Call call("permute", x);
-  const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
-  const auto xv = call.in(x, "x");
-  at::Tensor xp = call.empty({m.rows, x.size(1)}, x.scalar_type());
-  at::Tensor probs = call.empty({weights ? m.rows : 0}, at::kFloat);
-  groupmm::moe_permute(call.ctx(), xv, m, call.out(xp, "x_perm"), call.in(weights, "weights"),
-                       weights ? call.out(probs, "probs") : groupmm::TensorView());
+  Bound op = bind_permute(call, x, dest_row, row_start, kept, splits, align, capacity, weights);
+  op.run();
   call.finish();
-  return {xp, probs};
+  return {op.outputs[0], op.outputs[1]};
 }
 
 // dx [T, H] = k-way sum of d_x_perm rows; d_weights [T, k] from d_probs [R] when given.
@@ -211,17 +253,14 @@ std::tuple<at::Tensor, at::Tensor> permute_backward(
   return {dx, dw};
 }
 
-// y [T, H] = sum over the k rows of each token in y_perm [R, H] (+ add [T, H]).
 at::Tensor unpermute(const at::Tensor& y_perm, const at::Tensor& dest_row,
                      const at::Tensor& row_start, const at::Tensor& kept, const at::Tensor& splits,
                      int64_t align, int64_t capacity, const std::optional<at::Tensor>& add) {
   Call call("unpermute", y_perm);
-  const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
-  const auto yp = call.in(y_perm, "y_perm");
-  at::Tensor y = call.empty({m.tokens, y_perm.size(1)}, y_perm.scalar_type());
-  groupmm::moe_unpermute(call.ctx(), yp, m, call.out(y, "y"), call.in(add, "add"));
+  Bound op = bind_unpermute(call, y_perm, dest_row, row_start, kept, splits, align, capacity, add);
+  op.run();
   call.finish();
-  return y;
+  return op.outputs[0];
 }
 
 at::Tensor unpermute_backward(const at::Tensor& dy, const at::Tensor& dest_row,
@@ -252,11 +291,6 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(groupmm, CPU, m) {
-  register_impls(m);
-}
-TORCH_LIBRARY_IMPL(groupmm, CUDA, m) {
-  register_impls(m);
-}
+GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
 
 }  // namespace groupmm_torch

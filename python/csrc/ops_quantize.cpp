@@ -3,8 +3,7 @@
 // A quantized grouped tensor travels as five tensors (data, scale_inv, columnwise_data,
 // columnwise_scale_inv, amax); a copy the recipe or direction does not produce is an empty
 // tensor. Sizes come from the core's group_quantize_shapes (host-known, never split values).
-// nvfp4 is not exposed yet: torch has no dtype for its packed e2m1 pairs on every version we build
-// against.
+// The 4-bit recipes (nvfp4, mxfp4) serve expert weights: group_quantize_w4 in ops_w4.cpp.
 #include <torch/library.h>
 
 #include "binding.hpp"
@@ -13,20 +12,14 @@
 namespace groupmm_torch {
 namespace {
 
-groupmm::QuantRecipe recipe_of(c10::string_view r) {
-  if (r == "fp8_current") return groupmm::QuantRecipe::fp8_current;
-  if (r == "fp8_block") return groupmm::QuantRecipe::fp8_block;
-  if (r == "mxfp8") return groupmm::QuantRecipe::mxfp8;
-  TORCH_CHECK_VALUE(false, "groupmm: recipe='", std::string(r),
-                    "' must be 'fp8_current', 'fp8_block' or 'mxfp8'");
-}
-
-groupmm::ScaleLayout layout_of(c10::string_view l) {
-  if (l == "plain") return groupmm::ScaleLayout::plain;
-  if (l == "swizzled") return groupmm::ScaleLayout::swizzled;
-  if (l == "mn_major") return groupmm::ScaleLayout::mn_major;
-  TORCH_CHECK_VALUE(false, "groupmm: scale_layout='", std::string(l),
-                    "' must be 'plain', 'swizzled' or 'mn_major'");
+// The recipes of this op (nvfp4 / mxfp4 weights: group_quantize_w4, ops_w4.cpp).
+groupmm::QuantRecipe fp8_recipe_of(c10::string_view r, const char* op) {
+  const groupmm::QuantRecipe q = recipe_of(r, op);
+  TORCH_CHECK_VALUE(q != groupmm::QuantRecipe::nvfp4 && q != groupmm::QuantRecipe::mxfp4,
+                    "groupmm.", op, ": recipe='", std::string(r),
+                    "' must be 'fp8_current', 'fp8_block' or 'mxfp8' (4-bit weights: "
+                    "group_quantize_w4)");
+  return q;
 }
 
 groupmm::QuantDirection direction_of(c10::string_view d) {
@@ -37,76 +30,70 @@ groupmm::QuantDirection direction_of(c10::string_view d) {
                     "' must be 'rowwise', 'columnwise' or 'both'");
 }
 
-at::ScalarType torch_dtype(groupmm::DType t) {
-  switch (t) {
-    case groupmm::DType::fp32:
-      return at::kFloat;
-    case groupmm::DType::fp8e4m3:
-      return at::kFloat8_e4m3fn;
-    case groupmm::DType::fp8e5m2:
-      return at::kFloat8_e5m2;
-    case groupmm::DType::e8m0:
-      return at::kFloat8_e8m0fnu;
-    default:
-      TORCH_CHECK(false, "groupmm: no torch dtype for ", groupmm::dtype_name(t));
-  }
-}
-
-groupmm::QuantizeConfig config_of(c10::string_view recipe, std::optional<at::ScalarType> fp8_dtype,
+groupmm::QuantizeConfig config_of(const char* op, c10::string_view recipe,
+                                  std::optional<at::ScalarType> fp8_dtype,
                                   c10::string_view direction, c10::string_view scale_layout,
                                   bool pow2_scales, bool block_2d) {
   groupmm::QuantizeConfig c;
-  c.recipe = recipe_of(recipe);
-  c.fp8_dtype = to_groupmm(fp8_dtype.value_or(at::kFloat8_e4m3fn), "group_quantize", "fp8_dtype");
+  c.recipe = fp8_recipe_of(recipe, op);
+  c.fp8_dtype = to_groupmm(fp8_dtype.value_or(at::kFloat8_e4m3fn), op, "fp8_dtype");
   c.direction = direction_of(direction);
-  c.scale_layout = layout_of(scale_layout);
+  c.scale_layout = layout_of(scale_layout, op);
   c.pow2_scales = pow2_scales;
   c.block_2d = block_2d;
   return c;
 }
 
-// Scale buffers are zeroed: the core leaves their slack (the host-known bound past the last
-// expert's blocks) unwritten, and results should not depend on what the allocator hands out.
-at::Tensor alloc(Call& call, const groupmm::TensorSpec& s, bool zeroed = false) {
-  if (!s.present()) return call.empty({0}, at::kFloat);
-  std::vector<int64_t> shape(s.shape.begin(), s.shape.begin() + s.rank);
-  at::Tensor t = call.empty(shape, torch_dtype(s.dtype));
-  return zeroed ? t.view(at::kByte).zero_().view(t.scalar_type()) : t;
-}
-
 groupmm::TensorView maybe_view(Call& call, const at::Tensor& t, const char* arg) {
-  return t.numel() == 0 && t.dim() == 1 ? groupmm::TensorView() : call.out(t, arg);
+  return absent(t) ? groupmm::TensorView() : call.out(t, arg);
 }
 
-using Quantized = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+}  // namespace
 
 // input [M, K] with splits [G] (activations), or [G, N, K] without (weights).
-Quantized group_quantize(const at::Tensor& input, const std::optional<at::Tensor>& splits,
-                         c10::string_view recipe, std::optional<at::ScalarType> fp8_dtype,
-                         c10::string_view direction, c10::string_view scale_layout,
-                         bool pow2_scales, bool block_2d) {
-  Call call("group_quantize", input);
+Bound bind_group_quantize(Call& call, const at::Tensor& input,
+                          const std::optional<at::Tensor>& splits, c10::string_view recipe,
+                          std::optional<at::ScalarType> fp8_dtype, c10::string_view direction,
+                          c10::string_view scale_layout, bool pow2_scales, bool block_2d) {
   groupmm::GroupQuantizeArgs a;
   a.input = call.in(input, "input");
   a.splits = call.in(splits, "splits");
-  a.config = config_of(recipe, fp8_dtype, direction, scale_layout, pow2_scales, block_2d);
+  a.config = config_of("group_quantize", recipe, fp8_dtype, direction, scale_layout, pow2_scales,
+                       block_2d);
   TORCH_CHECK_VALUE(input.dim() == (splits ? 2 : 3), "groupmm.group_quantize: input must be ",
                     "[M, K] with splits or [G, N, K] without; got ", input.sizes());
   const int64_t G = splits ? splits->size(0) : input.size(0);
   const int64_t K = input.size(-1), rows = input.numel() / std::max<int64_t>(K, 1);
   const auto s = groupmm::group_quantize_shapes(rows, K, G, a.config);
-  Quantized q{alloc(call, s.data), alloc(call, s.scale_inv, true), alloc(call, s.columnwise_data),
-              alloc(call, s.columnwise_scale_inv, true), alloc(call, s.amax)};
-  a.out.data = maybe_view(call, std::get<0>(q), "data");
-  a.out.scale_inv = maybe_view(call, std::get<1>(q), "scale_inv");
-  a.out.columnwise_data = maybe_view(call, std::get<2>(q), "columnwise_data");
-  a.out.columnwise_scale_inv = maybe_view(call, std::get<3>(q), "columnwise_scale_inv");
-  a.out.amax = maybe_view(call, std::get<4>(q), "amax");
+  std::vector<at::Tensor> q{call.empty(s.data), call.empty(s.scale_inv, true),
+                            call.empty(s.columnwise_data), call.empty(s.columnwise_scale_inv, true),
+                            call.empty(s.amax)};
+  a.out.data = maybe_view(call, q[0], "data");
+  a.out.scale_inv = maybe_view(call, q[1], "scale_inv");
+  a.out.columnwise_data = maybe_view(call, q[2], "columnwise_data");
+  a.out.columnwise_scale_inv = maybe_view(call, q[3], "columnwise_scale_inv");
+  a.out.amax = maybe_view(call, q[4], "amax");
   auto& ctx = call.ctx();
-  const size_t ws = groupmm::group_quantize_workspace_size(ctx, a);
-  groupmm::group_quantize(ctx, a, call.workspace(ws), ws);
+  const size_t bytes = groupmm::group_quantize_workspace_size(ctx, a);
+  void* ws = call.workspace(bytes);
+  return {[&ctx, a, ws, bytes] { groupmm::group_quantize(ctx, a, ws, bytes); }, std::move(q)};
+}
+
+namespace {
+
+using Quantized = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+Quantized group_quantize(const at::Tensor& input, const std::optional<at::Tensor>& splits,
+                         c10::string_view recipe, std::optional<at::ScalarType> fp8_dtype,
+                         c10::string_view direction, c10::string_view scale_layout,
+                         bool pow2_scales, bool block_2d) {
+  Call call("group_quantize", input);
+  Bound op = bind_group_quantize(call, input, splits, recipe, fp8_dtype, direction, scale_layout,
+                                 pow2_scales, block_2d);
+  op.run();
   call.finish();
-  return q;
+  const auto& q = op.outputs;
+  return {q[0], q[1], q[2], q[3], q[4]};
 }
 
 // The dequantized [M, K] (activations, splits given) or [G, N, K] (weights, shape given).
@@ -120,8 +107,8 @@ at::Tensor group_dequantize(const at::Tensor& data, const at::Tensor& scale_inv,
   const at::Tensor& anchor = from_columnwise ? columnwise_data : data;
   Call call("group_dequantize", anchor);
   groupmm::GroupDequantizeArgs a;
-  a.config = config_of(recipe, fp8_dtype, from_columnwise ? "columnwise" : "rowwise", scale_layout,
-                       false, block_2d);
+  a.config = config_of("group_dequantize", recipe, fp8_dtype,
+                       from_columnwise ? "columnwise" : "rowwise", scale_layout, false, block_2d);
   TORCH_CHECK_VALUE(shape.size() == (splits ? 2u : 3u), "groupmm.group_dequantize: shape must ",
                     "be [M, K] with splits or [G, N, K] without; got ", shape);
   auto& in = a.in;
@@ -131,7 +118,7 @@ at::Tensor group_dequantize(const at::Tensor& data, const at::Tensor& scale_inv,
   in.scale_layout = a.config.scale_layout;
   in.block_2d = block_2d;
   auto input = [&](const at::Tensor& t, const char* arg) {
-    return t.numel() == 0 && t.dim() == 1 ? groupmm::TensorView() : call.in(t, arg);
+    return absent(t) ? groupmm::TensorView() : call.in(t, arg);
   };
   if (from_columnwise) {
     in.columnwise_data = input(columnwise_data, "columnwise_data");
@@ -160,11 +147,6 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(groupmm, CPU, m) {
-  register_impls(m);
-}
-TORCH_LIBRARY_IMPL(groupmm, CUDA, m) {
-  register_impls(m);
-}
+GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
 
 }  // namespace groupmm_torch

@@ -12,13 +12,12 @@ void check_status(const at::Tensor& device_like) {
   call.ctx().check();
 }
 
+void register_impls(torch::Library& m) {
+  m.impl("check_status", &check_status);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(groupmm, CPU, m) {
-  m.impl("check_status", &check_status);
-}
-TORCH_LIBRARY_IMPL(groupmm, CUDA, m) {
-  m.impl("check_status", &check_status);
-}
+GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
 
 }  // namespace groupmm_torch

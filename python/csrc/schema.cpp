@@ -5,14 +5,52 @@
 
 TORCH_LIBRARY(groupmm, m) {
   // grouped GEMM (gemm.hpp): forward TN, dgrad NN, wgrad NT; weights [G, N, K]
-  m.def("grouped_mm(Tensor x, Tensor w, Tensor splits, Tensor? bias=None) -> Tensor");
-  m.def("grouped_mm_dgrad(Tensor dy, Tensor w, Tensor splits) -> Tensor");
+  // out_dtype: the inputs' dtype (default) or float32 (the fp32 accumulator, no 16-bit rounding)
+  m.def(
+      "grouped_mm(Tensor x, Tensor w, Tensor splits, Tensor? bias=None, "
+      "ScalarType? out_dtype=None) -> Tensor");
+  m.def(
+      "grouped_mm_dgrad(Tensor dy, Tensor w, Tensor splits, ScalarType? out_dtype=None) -> "
+      "Tensor");
   m.def(
       "grouped_mm_wgrad(Tensor dy, Tensor x, Tensor splits, ScalarType? out_dtype=None) -> Tensor");
   m.def(
       "grouped_mm_wgrad_accumulate(Tensor dy, Tensor x, Tensor splits, Tensor(a!) main_grad) -> "
       "()");
   m.def("group_dbias(Tensor dy, Tensor splits, ScalarType? out_dtype=None) -> Tensor");
+  m.def("group_dbias_accumulate(Tensor dy, Tensor splits, Tensor(a!) main_grad) -> ()");
+
+  // grouped GEMM over quantized operands (gemm.hpp, QuantizedGemmArgs): each operand is the list
+  // of the 5 tensors group_quantize returned; recipe fp8_current, fp8_block or mxfp8. Weights
+  // [G, N, K] quantized without splits (fp8_block: block_2d=True), activations with them.
+  m.def(
+      "grouped_mm_fp8(Tensor[] x, Tensor[] w, Tensor splits, str recipe, "
+      "str scale_layout='plain', Tensor? bias=None, bool fast_accum=False) -> Tensor");
+  m.def(
+      "grouped_mm_fp8_dgrad(Tensor[] dy, Tensor[] w, Tensor splits, str recipe, "
+      "str scale_layout='plain') -> Tensor");
+  m.def(
+      "grouped_mm_fp8_wgrad(Tensor[] dy, Tensor[] x, Tensor splits, str recipe, "
+      "str scale_layout='plain', ScalarType? out_dtype=None) -> Tensor");
+  m.def(
+      "grouped_mm_fp8_wgrad_accumulate(Tensor[] dy, Tensor[] x, Tensor splits, str recipe, "
+      "Tensor(a!) main_grad, str scale_layout='plain') -> ()");
+
+  // 4-bit expert weights (quantize.hpp nvfp4 / mxfp4, gemm.hpp W4GemmArgs): packed e2m1 pairs are
+  // uint8 [G, N, K/2] (element 2j in the low nibble), as checkpoints store them.
+  m.def(
+      "group_quantize_w4(Tensor w, str recipe, str scale_layout='plain') -> "
+      "(Tensor data, Tensor scale_inv, Tensor global_scale)");
+  m.def(
+      "grouped_mm_w4(Tensor x, Tensor[] w, Tensor splits, str recipe, str scale_layout='plain', "
+      "Tensor? bias=None, str path='automatic') -> Tensor");
+  m.def(
+      "import_mxfp4_weights(Tensor blocks, Tensor scales, str scale_layout='plain') -> "
+      "(Tensor data, Tensor scale_inv)");
+  m.def(
+      "export_mxfp4_weights(Tensor data, Tensor scale_inv, str scale_layout='plain') -> "
+      "(Tensor blocks, Tensor scales)");
+
   m.def("group_offsets(Tensor splits) -> (Tensor start, Tensor end)");
   // Context::check() on torch's current stream of device_like's device (a sync; eager only)
   m.def("check_status(Tensor device_like) -> ()");
@@ -61,4 +99,18 @@ TORCH_LIBRARY(groupmm, m) {
       "Tensor columnwise_scale_inv, Tensor amax, Tensor? splits, int[] shape, str recipe, "
       "ScalarType? fp8_dtype=None, str scale_layout='plain', bool block_2d=False, "
       "bool from_columnwise=False, ScalarType? out_dtype=None) -> Tensor");
+
+  // hidden test and bench hooks (ops_hooks.cpp): not an API, eager only
+  m.def(
+      "_core_call_us(str op, Tensor[] tensors, int[] ints=[], str recipe='mxfp8', int iters=100) "
+      "-> float");
+  m.def(
+      "_core_grouped_linear(Tensor x, Tensor splits, Tensor weight, Tensor? bias, Tensor? dy, "
+      "str recipe='bf16', bool delay_wgrad=False, bool main_grad=False, "
+      "ScalarType? grad_dtype=None, bool pow2_scales=False) -> "
+      "(Tensor y, Tensor dx, Tensor dw, Tensor db)");
+  m.def(
+      "_core_layer_step_us(Tensor x, Tensor splits, Tensor weight, Tensor? bias, Tensor dy, "
+      "str recipe='bf16', bool delay_wgrad=False, bool main_grad=False, int iters=20, "
+      "int warmup=3) -> float");
 }

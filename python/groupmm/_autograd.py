@@ -8,18 +8,23 @@ ops = torch.ops.groupmm
 
 
 def _mm_setup(ctx, inputs, output):
-    x, w, splits, bias = inputs
+    x, w, splits, bias, _out_dtype = inputs
     ctx.save_for_backward(x, w, splits)
-    ctx.has_bias = bias is not None
+    ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
 def _mm_backward(ctx, dy):
     x, w, splits = ctx.saved_tensors
     need = ctx.needs_input_grad
+    # The bias gradient sums the upstream gradient as it comes (fp32 with out_dtype=float32);
+    # the GEMMs take both operands in one dtype, so an fp32 dy is rounded to x's for them.
+    db = None
+    if ctx.bias_dtype is not None and need[3]:
+        db = ops.group_dbias(dy, splits, ctx.bias_dtype)
+    dy = dy.to(x.dtype)
     dx = ops.grouped_mm_dgrad(dy, w, splits) if need[0] else None
     dw = ops.grouped_mm_wgrad(dy, x, splits) if need[1] else None
-    db = ops.group_dbias(dy, splits) if ctx.has_bias and need[3] else None
-    return dx, dw, None, db
+    return dx, dw, None, db, None
 
 
 register_autograd("groupmm::grouped_mm", _mm_backward, setup_context=_mm_setup)

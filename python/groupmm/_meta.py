@@ -14,13 +14,13 @@ def _empty(like, shape, dtype):
 
 
 @register_fake("groupmm::grouped_mm")
-def _(x, w, splits, bias=None):
-    return _empty(x, (x.shape[0], w.shape[1]), x.dtype)
+def _(x, w, splits, bias=None, out_dtype=None):
+    return _empty(x, (x.shape[0], w.shape[1]), out_dtype or x.dtype)
 
 
 @register_fake("groupmm::grouped_mm_dgrad")
-def _(dy, w, splits):
-    return _empty(dy, (dy.shape[0], w.shape[2]), dy.dtype)
+def _(dy, w, splits, out_dtype=None):
+    return _empty(dy, (dy.shape[0], w.shape[2]), out_dtype or dy.dtype)
 
 
 @register_fake("groupmm::grouped_mm_wgrad")
@@ -36,6 +36,11 @@ def _(dy, x, splits, main_grad):
 @register_fake("groupmm::group_dbias")
 def _(dy, splits, out_dtype=None):
     return _empty(dy, (splits.shape[0], dy.shape[1]), out_dtype or dy.dtype)
+
+
+@register_fake("groupmm::group_dbias_accumulate")
+def _(dy, splits, main_grad):
+    return None
 
 
 @register_fake("groupmm::group_offsets")
@@ -168,3 +173,87 @@ def _(data, scale_inv, columnwise_data, columnwise_scale_inv, amax, splits, shap
       out_dtype=None):
     like = columnwise_data if from_columnwise else data
     return _empty(like, tuple(shape), out_dtype or torch.bfloat16)
+
+
+# ---- quantized grouped GEMMs (operands: the 5 tensors of group_quantize) ----------------------
+
+def _absent(t):
+    return t.dim() == 1 and t.shape[0] == 0
+
+
+def quantized_dims(q):
+    """(rows, cols) of the tensor a group_quantize output list was quantized from."""
+    return tuple(q[0].shape) if not _absent(q[0]) else (q[2].shape[1], q[2].shape[0])
+
+
+@register_fake("groupmm::grouped_mm_fp8")
+def _(x, w, splits, recipe, scale_layout="plain", bias=None, fast_accum=False):
+    return _empty(splits, (quantized_dims(x)[0], quantized_dims(w)[0] // splits.shape[0]),
+                  torch.bfloat16)
+
+
+@register_fake("groupmm::grouped_mm_fp8_dgrad")
+def _(dy, w, splits, recipe, scale_layout="plain"):
+    return _empty(splits, (quantized_dims(dy)[0], quantized_dims(w)[1]), torch.bfloat16)
+
+
+@register_fake("groupmm::grouped_mm_fp8_wgrad")
+def _(dy, x, splits, recipe, scale_layout="plain", out_dtype=None):
+    return _empty(splits, (splits.shape[0], quantized_dims(dy)[1], quantized_dims(x)[1]),
+                  out_dtype or torch.bfloat16)
+
+
+@register_fake("groupmm::grouped_mm_fp8_wgrad_accumulate")
+def _(dy, x, splits, recipe, main_grad, scale_layout="plain"):
+    return None
+
+
+# ---- 4-bit weights ------------------------------------------------------------------------------
+
+def w4_scale_shape(G, N, K, recipe, scale_layout="plain"):
+    """(shape, dtype) of the scale_inv of [G, N, K] weights in nvfp4 / mxfp4 (the core's
+    group_quantize_shapes, rowwise)."""
+    block, dtype = (16, torch.float8_e4m3fn) if recipe == "nvfp4" else (32, torch.float8_e8m0fnu)
+    rows, cols = G * N, K // block
+    if scale_layout == "swizzled":
+        return (rows + 127 * G, -(-cols // 4) * 4), dtype
+    return (rows, cols), dtype
+
+
+@register_fake("groupmm::group_quantize_w4")
+def _(w, recipe, scale_layout="plain"):
+    G, N, K = w.shape
+    shape, dtype = w4_scale_shape(G, N, K, recipe, scale_layout)
+    return (_empty(w, (G, N, K // 2), torch.uint8), _empty(w, shape, dtype),
+            _empty(w, (G,) if recipe == "nvfp4" else (0,), torch.float32))
+
+
+@register_fake("groupmm::grouped_mm_w4")
+def _(x, w, splits, recipe, scale_layout="plain", bias=None, path="automatic"):
+    return _empty(x, (x.shape[0], w[0].shape[1]), torch.bfloat16)
+
+
+@register_fake("groupmm::import_mxfp4_weights")
+def _(blocks, scales, scale_layout="plain"):
+    G, N, nb, _ = blocks.shape
+    shape, dtype = w4_scale_shape(G, N, 32 * nb, "mxfp4", scale_layout)
+    return _empty(blocks, (G, N, 16 * nb), torch.uint8), _empty(blocks, shape, dtype)
+
+
+@register_fake("groupmm::export_mxfp4_weights")
+def _(data, scale_inv, scale_layout="plain"):
+    G, N, half = data.shape
+    return (_empty(data, (G, N, half // 16, 16), torch.uint8),
+            _empty(data, (G, N, half // 16), torch.uint8))
+
+
+@register_fake("groupmm::_core_grouped_linear")
+def _(x, splits, weight, bias, dy, recipe="bf16", delay_wgrad=False, main_grad=False,
+      grad_dtype=None, pow2_scales=False):
+    G, N, K = weight.shape
+    gdt = torch.float32 if main_grad else weight.dtype
+    absent = _empty(x, (0,), torch.float32)
+    if dy is None:
+        return _empty(x, (x.shape[0], N), weight.dtype), absent, absent, absent
+    return (_empty(x, (x.shape[0], N), weight.dtype), _empty(x, (x.shape[0], K), weight.dtype),
+            _empty(x, (G, N, K), gdt), _empty(x, (G, N), gdt) if bias is not None else absent)

@@ -27,13 +27,13 @@ def make_splits(counts, device, dtype=torch.int32):
     return torch.tensor(counts, dtype=dtype, device=device)
 
 
-def ref_grouped_mm(x, w, counts, bias=None):
-    """y_g = x_g W_g^T (+ b_g) in float32, expert by expert (host counts: test only)."""
+def ref_grouped_mm(x, w, counts, bias=None, dtype=torch.float32):
+    """y_g = x_g W_g^T (+ b_g) in dtype, expert by expert (host counts: test only)."""
     outs, start = [], 0
     for g, m in enumerate(counts):
-        y = x[start:start + m].float() @ w[g].float().t()
+        y = x[start:start + m].to(dtype) @ w[g].to(dtype).t()
         if bias is not None:
-            y = y + bias[g].float()
+            y = y + bias[g].to(dtype)
         outs.append(y)
         start += m
     return torch.cat(outs)

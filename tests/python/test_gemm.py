@@ -85,3 +85,57 @@ def test_empty_batch(device):
     assert ops.grouped_mm(x, w, splits).shape == (0, N)
     dw = ops.grouped_mm_wgrad(torch.empty(0, N, device=device, dtype=torch.bfloat16), x, splits)
     assert torch.all(dw == 0)
+
+
+def test_fp32_out_forward_and_dgrad(device):
+    # out_dtype=float32 keeps the fp32 accumulator: no bf16 rounding of y or dx.
+    x, w, b = inputs(device)
+    splits = make_splits(COUNTS, device)
+    b32 = b.float()
+    y = ops.grouped_mm(x, w, splits, b32, out_dtype=torch.float32)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, ref_grouped_mm(x, w, COUNTS, b32), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(y, y.bfloat16().float())  # really not rounded to bf16
+    dy = torch.randn(x.shape[0], N, device=device, dtype=x.dtype)
+    dx = ops.grouped_mm_dgrad(dy, w, splits, out_dtype=torch.float32)
+    ref_dx = torch.cat([c.float() @ w[g].float() for g, c in enumerate(torch.split(dy, COUNTS))])
+    assert dx.dtype == torch.float32
+    torch.testing.assert_close(dx, ref_dx, rtol=1e-5, atol=1e-5)
+    if device.type == "cpu":  # the reference: the 16-bit result is the fp32 one rounded once
+        y16 = ops.grouped_mm(x, w, splits, b)
+        assert torch.equal(y16, ops.grouped_mm(x, w, splits, b32, torch.float32).bfloat16())
+
+
+def test_fp32_out_bias_dtype_must_match(device):
+    x, w, b = inputs(device)
+    splits = make_splits(COUNTS, device)
+    with pytest.raises(RuntimeError, match="grouped_gemm: bias.dtype=bf16 must equal out.dtype=fp32"):
+        ops.grouped_mm(x, w, splits, b, out_dtype=torch.float32)  # bf16 bias, fp32 out
+    with pytest.raises(RuntimeError, match="grouped_gemm: out.dtype=fp16 must be"):
+        ops.grouped_mm(x, w, splits, out_dtype=torch.float16)  # neither x's dtype nor fp32
+
+
+def test_fp32_out_gradients(device):
+    x, w, b = inputs(device)
+    splits = make_splits(COUNTS, device)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b.float())]
+    y = ops.grouped_mm(leaves[0], leaves[1], splits, leaves[2], out_dtype=torch.float32)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    # dgrad and wgrad take dy rounded to x's dtype; the bias gradient sums the fp32 dy.
+    dy16 = dy.to(x.dtype)
+    assert torch.equal(leaves[0].grad, ops.grouped_mm_dgrad(dy16, w, splits))
+    assert torch.equal(leaves[1].grad, ops.grouped_mm_wgrad(dy16, x, splits))
+    assert leaves[2].grad.dtype == torch.float32
+    assert torch.equal(leaves[2].grad, ops.group_dbias(dy, splits))
+
+
+def test_dbias_accumulate_into_fp32_main_grad(device):
+    splits = make_splits(COUNTS, device)
+    dy = torch.randn(sum(COUNTS), N, device=device, dtype=torch.bfloat16)
+    main = torch.full((G, N), 0.25, device=device)
+    ops.group_dbias_accumulate(dy, splits, main)
+    ops.group_dbias_accumulate(dy, splits, main)
+    once = ops.group_dbias(dy, splits, torch.float32)
+    torch.testing.assert_close(main, 0.25 + 2 * once, rtol=1e-6, atol=1e-6)
+    assert torch.all(main[1] == 0.25)  # a zero-row expert's bias grad is left unchanged

@@ -1,4 +1,6 @@
-"""GroupedLinear: G experts' nn.Linear layers as one [G, N, K] weight and one grouped GEMM."""
+"""GroupedLinear: G experts' nn.Linear layers as one [G, N, K] weight and one grouped GEMM, in
+16-bit or with a quantized recipe (FP8 training, 4-bit weight inference), with delayed wgrad and
+fp32 main_grad accumulation."""
 
 import math
 
@@ -6,24 +8,152 @@ import torch
 
 ops = torch.ops.groupmm
 
+TRAINING_RECIPES = ("bf16", "fp8_current", "fp8_block", "mxfp8")
+INFERENCE_RECIPES = ("nvfp4_weight", "mxfp4_weight")
+RECIPES = TRAINING_RECIPES + INFERENCE_RECIPES
 
-class _MainGradLinear(torch.autograd.Function):
-    """grouped_mm whose weight gradient accumulates into weight.main_grad (fp32, [G, N, K]) in
-    place, Megatron style, instead of becoming weight.grad (which stays None)."""
+
+# ---- recipe executors ---------------------------------------------------------------------------
+# One per recipe, mirroring the C++ layer's executors (src/nn/grouped_linear.cpp,
+# quantized_recipe.cpp, w4_recipe.cpp) op for op, with the same quantize configs, so that on the
+# CPU the package gives the core layer's results bit for bit (tests/python/test_recipes.py checks
+# it against the core layer itself). Each keeps, at forward, only what its wgrad reads.
+
+class _HighPrecision:
+    """bf16/fp16 (fp32 on the CPU) operands straight into the grouped GEMMs."""
+
+    def forward(self, x, weight, bias, splits):
+        return ops.grouped_mm(x, weight, splits, bias), (x, weight)
+
+    def dgrad(self, dy, state, splits, need_dx):
+        _x, weight = state
+        return (ops.grouped_mm_dgrad(dy, weight, splits) if need_dx else None), dy
+
+    def wgrad(self, dy, state, splits, main_grad):
+        x, _weight = state
+        if main_grad is not None:
+            ops.grouped_mm_wgrad_accumulate(dy, x, splits, main_grad)
+            return None
+        return ops.grouped_mm_wgrad(dy, x, splits)
+
+
+def _columnwise(q):
+    """The parts of a group_quantize output that a wgrad GEMM reads (the columnwise copy; fp8_current
+    keeps its per-expert scale_inv, which serves both copies). The rowwise copy is dropped."""
+    none = q[0].new_empty(0, dtype=torch.float32)
+    per_expert_scale = q[1].dim() == 1 and q[1].numel() > 0
+    return [none, q[1] if per_expert_scale else none, q[2], q[3], q[4]]
+
+
+class _WeightCache:
+    """The quantized weights, made once and reused until weight._version (an optimizer step, a
+    load_state_dict, any in-place write) or the tensor itself changes."""
+
+    def __init__(self, quantize):
+        self._quantize, self._key, self._q = quantize, None, None
+
+    def get(self, weight):
+        key = (weight._version, weight.data_ptr(), weight.device)
+        if key != self._key:
+            self._q, self._key = list(self._quantize(weight.detach())), key
+        return self._q
+
+    def clear(self):
+        self._key = self._q = None
+
+
+class _Quantized:
+    """fp8_current, fp8_block, mxfp8 (quantized_recipe.cpp): x and dy quantized in both directions
+    (rowwise for forward / dgrad, columnwise kept for wgrad), W in both (128x128 blocks for
+    fp8_block), plain scales; dy in grad_dtype."""
+
+    def __init__(self, recipe, grad_dtype, pow2_scales):
+        self.recipe, self.grad_dtype, self.pow2 = recipe, grad_dtype, pow2_scales
+        self.weights = _WeightCache(self._quantize_weights)
+
+    def _quantize_weights(self, w):
+        return ops.group_quantize(w, None, self.recipe, pow2_scales=self.pow2,
+                                  block_2d=self.recipe == "fp8_block")
+
+    def forward(self, x, weight, bias, splits):
+        qw = self.weights.get(weight)
+        qx = ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2)
+        y = ops.grouped_mm_fp8(list(qx), qw, splits, self.recipe, bias=bias)
+        return y, (_columnwise(qx), qw)
+
+    def dgrad(self, dy, state, splits, need_dx):
+        _qx, qw = state
+        qdy = ops.group_quantize(dy, splits, self.recipe, self.grad_dtype, pow2_scales=self.pow2)
+        dx = ops.grouped_mm_fp8_dgrad(list(qdy), qw, splits, self.recipe) if need_dx else None
+        return dx, _columnwise(qdy)
+
+    def wgrad(self, qdy, state, splits, main_grad):
+        qx, _qw = state
+        if main_grad is not None:
+            ops.grouped_mm_fp8_wgrad_accumulate(qdy, qx, splits, self.recipe, main_grad)
+            return None
+        return ops.grouped_mm_fp8_wgrad(qdy, qx, splits, self.recipe, out_dtype=torch.bfloat16)
+
+
+class _W4:
+    """nvfp4_weight, mxfp4_weight (w4_recipe.cpp): the weights quantized once (rowwise, plain
+    scales), the 4-bit weight GEMM; forward only."""
+
+    def __init__(self, recipe):
+        self.name, self.format = recipe, recipe.split("_")[0]
+        self.weights = _WeightCache(self._quantize_weights)
+
+    def _quantize_weights(self, w):
+        return ops.group_quantize_w4(w, self.format)
+
+    def forward(self, x, weight, bias, splits):
+        return ops.grouped_mm_w4(x, self.weights.get(weight), splits, self.format, bias=bias), None
+
+    def dgrad(self, dy, state, splits, need_dx):
+        raise RuntimeError(
+            f"groupmm.nn.GroupedLinear(recipe='{self.name}'): backward is not supported: an "
+            "inference recipe (forward only, weights held in 4 bits); train with recipe 'bf16', "
+            "'fp8_current', 'fp8_block' or 'mxfp8'")
+
+    wgrad = dgrad
+
+
+class _GroupedLinearFn(torch.autograd.Function):
+    """The layer's forward through its executor; backward computes dx and db, and dW now or, with
+    delay_wgrad, queues what wgrad needs for layer.backward_dw()."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, splits):
-        ctx.save_for_backward(x, weight, splits)
-        ctx.has_bias = bias is not None
-        return ops.grouped_mm(x, weight, splits, bias)
+    def forward(ctx, x, weight, bias, splits, layer):
+        y, state = layer._exec.forward(x, weight, bias, splits)
+        ctx.layer, ctx.state = layer, state
+        ctx.save_for_backward(splits)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, splits = ctx.saved_tensors
-        dx = ops.grouped_mm_dgrad(dy, weight, splits) if ctx.needs_input_grad[0] else None
-        ops.grouped_mm_wgrad_accumulate(dy, x, splits, weight.main_grad)
-        db = ops.group_dbias(dy, splits) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, None, db, None
+        layer, state = ctx.layer, ctx.state
+        (splits,) = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx, dy_kept = layer._exec.dgrad(dy, state, splits, need_x)
+        db = None
+        if need_b:
+            if layer.accumulate_into_main_grad:
+                ops.group_dbias_accumulate(dy, splits, layer.bias.main_grad)
+            else:
+                db = ops.group_dbias(dy, splits)
+        dw = None
+        if need_w:
+            if layer.delay_wgrad:
+                layer._pending_wgrad.append((dy_kept, state, splits))
+            else:
+                dw = layer._exec.wgrad(dy_kept, state, splits, layer._main_grad())
+        ctx.state = None
+        return dx, dw, db, None, None
+
+
+def _check(cond, recipe, message):
+    if not cond:
+        raise ValueError(f"groupmm.nn.GroupedLinear(recipe='{recipe}'): {message}")
 
 
 class GroupedLinear(torch.nn.Module):
@@ -31,25 +161,68 @@ class GroupedLinear(torch.nn.Module):
     per expert on x's device).
 
     weight [G, N, K] (out, in) and bias [G, N] are initialized like G independent nn.Linear
-    layers. dtype bfloat16 or float16 (float32 too on the CPU). With
-    accumulate_into_main_grad, backward adds dW into weight.main_grad (fp32, zeroed here; zero
-    it yourself between optimizer steps) and leaves weight.grad None.
+    layers. dtype bfloat16 or float16 (float32 too on the CPU).
+
+    recipe (what the three GEMMs run on; the C++ layer's recipes, bit for bit on the CPU):
+      'bf16'          16-bit operands, fp32 accumulation (the default);
+      'fp8_current'   FP8 with per-expert current scaling; 'fp8_block' DeepSeek-V3 1x128 / 128x128
+                      blocks; 'mxfp8' MX blocks of 32 (training: forward quantizes x, the weights
+                      are quantized once and reused until weight._version changes, backward
+                      quantizes dy in grad_dtype, e4m3 or e5m2; pow2_scales for the FP8 recipes).
+                      bfloat16 layers; in/out features multiples of 16 (mxfp8: 32, fp8_block:
+                      128); every split a multiple of 16 (pad experts: MoE(align=16 or 128));
+      'nvfp4_weight', 'mxfp4_weight'   inference with 4-bit weights (quantized once, cached like
+                      the FP8 ones) x bf16 activations; backward raises. bfloat16 layers,
+                      in_features a multiple of 32, out_features of 8.
+
+    accumulate_into_main_grad: backward adds dW (and db) into weight.main_grad (and
+    bias.main_grad), fp32 and zeroed here (zero them yourself between optimizer steps), Megatron
+    style, and leaves .grad None.
+    delay_wgrad: backward computes dx and db only and keeps what the weight gradient needs;
+    backward_dw() then computes dW into weight.grad (added to it, as autograd does) or main_grad.
+    Several backwards may queue before one backward_dw(). Hooks on weight.grad do not see it.
 
     A state dict of per-expert nn.Linear layers ("{prefix}{g}.weight", "{prefix}{g}.bias", as a
     ModuleList of them writes) loads directly; from_linears() builds one from the layers.
     """
 
     def __init__(self, experts, in_features, out_features, bias=True, dtype=torch.bfloat16,
-                 device=None, accumulate_into_main_grad=False):
+                 device=None, accumulate_into_main_grad=False, recipe="bf16", delay_wgrad=False,
+                 grad_dtype=torch.float8_e4m3fn, pow2_scales=False):
         super().__init__()
         self.experts, self.in_features, self.out_features = experts, in_features, out_features
         self.accumulate_into_main_grad = accumulate_into_main_grad
+        self.recipe, self.delay_wgrad = recipe, delay_wgrad
+        self._exec = self._make_executor(recipe, dtype, grad_dtype, pow2_scales)
+        self._pending_wgrad = []
         kw = dict(dtype=dtype, device=device)
         self.weight = torch.nn.Parameter(torch.empty(experts, out_features, in_features, **kw))
         self.bias = torch.nn.Parameter(torch.empty(experts, out_features, **kw)) if bias else None
         self.reset_parameters()
         if accumulate_into_main_grad:
-            self.weight.main_grad = torch.zeros_like(self.weight, dtype=torch.float32)
+            for p in (self.weight, self.bias):
+                if p is not None:
+                    p.main_grad = torch.zeros_like(p, dtype=torch.float32)
+
+    def _make_executor(self, recipe, dtype, grad_dtype, pow2_scales):
+        _check(recipe in RECIPES, recipe, f"recipe must be one of {', '.join(RECIPES)}")
+        K, N = self.in_features, self.out_features
+        if recipe == "bf16":
+            return _HighPrecision()
+        _check(dtype == torch.bfloat16, recipe,
+               f"dtype={dtype} must be torch.bfloat16 (quantized GEMMs take and write bf16)")
+        if recipe in INFERENCE_RECIPES:
+            _check(K % 32 == 0 and N % 8 == 0, recipe, f"in_features={K} must be a multiple of "
+                   f"32 and out_features={N} a multiple of 8")
+            return _W4(recipe)
+        align = {"fp8_block": 128, "mxfp8": 32}.get(recipe, 16)
+        _check(K % align == 0 and N % align == 0, recipe, f"in_features={K} and "
+               f"out_features={N} must be multiples of {align}")
+        _check(grad_dtype in (torch.float8_e4m3fn, torch.float8_e5m2), recipe,
+               f"grad_dtype={grad_dtype} must be torch.float8_e4m3fn or torch.float8_e5m2")
+        _check(recipe != "fp8_block" or grad_dtype == torch.float8_e4m3fn, recipe,
+               "fp8_block gradients are float8_e4m3fn (the block GEMMs' operands)")
+        return _Quantized(recipe, grad_dtype, pow2_scales)
 
     def reset_parameters(self):
         # nn.Linear's init per expert: kaiming_uniform(a=sqrt(5)) is U(-1/sqrt(K), 1/sqrt(K)).
@@ -60,9 +233,41 @@ class GroupedLinear(torch.nn.Module):
                 self.bias.uniform_(-bound, bound)
 
     def forward(self, x, splits):
-        if self.accumulate_into_main_grad and torch.is_grad_enabled():
-            return _MainGradLinear.apply(x, self.weight, self.bias, splits)
-        return ops.grouped_mm(x, self.weight, splits, self.bias)
+        plain = self.recipe == "bf16" and not self.accumulate_into_main_grad
+        if plain and not self.delay_wgrad:
+            # The registered op's own autograd formula: traceable by torch.compile end to end.
+            return ops.grouped_mm(x, self.weight, splits, self.bias)
+        if not torch.is_grad_enabled():
+            return self._exec.forward(x, self.weight, self.bias, splits)[0]
+        return _GroupedLinearFn.apply(x, self.weight, self.bias, splits, self)
+
+    def backward_dw(self):
+        """With delay_wgrad: computes the weight gradients that backward queued, in order, into
+        weight.grad (or weight.main_grad). Without delay_wgrad there is nothing to do."""
+        if not self.delay_wgrad:
+            return
+        if not self._pending_wgrad:
+            raise RuntimeError("groupmm.nn.GroupedLinear.backward_dw: no wgrad is pending (call "
+                               "backward first; each backward queues one)")
+        pending, self._pending_wgrad = self._pending_wgrad, []
+        for dy, state, splits in pending:
+            dw = self._exec.wgrad(dy, state, splits, self._main_grad())
+            if dw is not None:
+                self.weight.grad = dw if self.weight.grad is None else self.weight.grad + dw
+
+    @property
+    def wgrad_pending(self):
+        return bool(self._pending_wgrad)
+
+    def weights_changed(self):
+        """Drops the cached quantized weights (they are also refreshed when weight._version
+        changes; call this after writing weight.data directly, which does not bump it)."""
+        cache = getattr(self._exec, "weights", None)
+        if cache is not None:
+            cache.clear()
+
+    def _main_grad(self):
+        return self.weight.main_grad if self.accumulate_into_main_grad else None
 
     @classmethod
     def from_linears(cls, linears, **kwargs):
@@ -86,4 +291,5 @@ class GroupedLinear(torch.nn.Module):
     def extra_repr(self):
         return (f"experts={self.experts}, in_features={self.in_features}, "
                 f"out_features={self.out_features}, bias={self.bias is not None}, "
+                f"recipe='{self.recipe}', delay_wgrad={self.delay_wgrad}, "
                 f"accumulate_into_main_grad={self.accumulate_into_main_grad}")

@@ -1,0 +1,153 @@
+"""groupmm.nn.GroupedLinear recipes against the C++ nn::GroupedLinear (the _core_grouped_linear
+hook runs the core layer on the same weights and inputs): bit for bit on the CPU, recipe by
+recipe, with bias, fp32 main grads and delayed wgrad; the weight cache; inference recipes refuse
+backward."""
+
+import pytest
+import torch
+
+import groupmm
+from conftest import make_splits
+
+ops = torch.ops.groupmm
+COUNTS = [32, 0, 16, 48]  # multiples of 16 (the FP8 wgrad), one empty expert
+G, K, N = len(COUNTS), 128, 128
+TRAINING = ["bf16", "fp8_current", "fp8_block", "mxfp8"]
+
+
+def layer_and_inputs(recipe, device="cpu", bias=True, **kw):
+    torch.manual_seed(3)
+    layer = groupmm.nn.GroupedLinear(G, K, N, bias=bias, recipe=recipe, device=device, **kw)
+    x = torch.randn(sum(COUNTS), K, device=device, dtype=torch.bfloat16)
+    dy = torch.randn(sum(COUNTS), N, device=device, dtype=torch.bfloat16)
+    return layer, x, dy, make_splits(COUNTS, device)
+
+
+def package_step(layer, x, dy, splits):
+    xg = x.clone().requires_grad_()
+    y = layer(xg, splits)
+    y.backward(dy)
+    layer.backward_dw()  # no-op without delay_wgrad
+    main = layer.accumulate_into_main_grad
+    dw = layer.weight.main_grad if main else layer.weight.grad
+    db = None if layer.bias is None else (layer.bias.main_grad if main else layer.bias.grad)
+    return y, xg.grad, dw, db
+
+
+def core_step(layer, x, dy, splits, **kw):
+    return ops._core_grouped_linear(x, splits, layer.weight.detach(),
+                                    None if layer.bias is None else layer.bias.detach(), dy,
+                                    layer.recipe, layer.delay_wgrad,
+                                    layer.accumulate_into_main_grad, **kw)
+
+
+def assert_same_bits(got, want):
+    for name, g, w in zip(("y", "dx", "dw", "db"), got, want):
+        if g is None:
+            assert w.numel() == 0, name
+            continue
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.equal(g, w), f"{name} differs from the C++ layer"
+
+
+@pytest.mark.parametrize("recipe", TRAINING)
+@pytest.mark.parametrize("main_grad,delay", [(False, False), (True, False), (False, True)])
+def test_training_recipe_matches_the_core_layer(recipe, main_grad, delay):
+    layer, x, dy, splits = layer_and_inputs(recipe, accumulate_into_main_grad=main_grad,
+                                            delay_wgrad=delay)
+    assert_same_bits(package_step(layer, x, dy, splits), core_step(layer, x, dy, splits))
+
+
+@pytest.mark.parametrize("recipe", ["fp8_current", "mxfp8"])
+def test_e5m2_gradients_and_pow2_scales_match_the_core_layer(recipe):
+    kw = dict(grad_dtype=torch.float8_e5m2, pow2_scales=recipe == "fp8_current")
+    layer, x, dy, splits = layer_and_inputs(recipe, **kw)
+    got = package_step(layer, x, dy, splits)
+    assert_same_bits(got, core_step(layer, x, dy, splits, **kw))
+    e4m3 = package_step(layer_and_inputs(recipe)[0], x, dy, splits)
+    assert not torch.equal(got[1], e4m3[1])  # the option changes dx: it was really applied
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4_weight", "mxfp4_weight"])
+def test_inference_recipe_matches_the_core_layer_and_refuses_backward(recipe):
+    layer, x, _, splits = layer_and_inputs(recipe)
+    with torch.no_grad():
+        y = layer(x, splits)
+    want = ops._core_grouped_linear(x, splits, layer.weight.detach(), layer.bias.detach(), None,
+                                    recipe)
+    assert torch.equal(y, want[0]) and want[1].numel() == 0
+    out = layer(x.clone().requires_grad_(), splits)
+    with pytest.raises(RuntimeError, match=f"GroupedLinear\\(recipe='{recipe}'\\): backward is "
+                       "not supported: an inference recipe"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("recipe", TRAINING[1:])
+def test_quantized_recipes_track_the_bf16_layer(recipe):
+    layer, x, dy, splits = layer_and_inputs(recipe)
+    ref = groupmm.nn.GroupedLinear(G, K, N, device="cpu")
+    ref.load_state_dict(layer.state_dict())
+    for got, want in zip(package_step(layer, x, dy, splits), package_step(ref, x, dy, splits)):
+        rel = (got.float() - want.float()).norm() / want.float().norm()
+        assert rel < 0.1, rel  # FP8 / MXFP8 error, far from a wrong scale or layout
+
+
+def test_weights_are_quantized_once_until_they_change():
+    layer, x, _, splits = layer_and_inputs("fp8_current")
+    with torch.no_grad():
+        y1 = layer(x, splits)
+        cached = layer._exec.weights.get(layer.weight)
+        assert layer(x, splits) is not None and layer._exec.weights.get(layer.weight) is cached
+        layer.weight.mul_(2)  # an optimizer step bumps weight._version
+        y2 = layer(x, splits)
+    assert layer._exec.weights.get(layer.weight) is not cached
+    fresh = groupmm.nn.GroupedLinear(G, K, N, recipe="fp8_current", device="cpu")
+    fresh.load_state_dict(layer.state_dict())
+    with torch.no_grad():
+        assert torch.equal(y2, fresh(x, splits)) and not torch.equal(y1, y2)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_block"])
+def test_delayed_wgrad_queues_micro_batches(device, recipe):
+    plain, x, dy, splits = layer_and_inputs(recipe, device)
+    delayed = groupmm.nn.GroupedLinear(G, K, N, recipe=recipe, delay_wgrad=True, device=device)
+    delayed.load_state_dict(plain.state_dict())
+    for _ in range(2):  # two micro-batches, one backward_dw
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        plain(xs[0], splits).backward(dy)
+        delayed(xs[1], splits).backward(dy)
+        assert torch.equal(xs[0].grad, xs[1].grad)  # dx (and db) right away
+    assert delayed.weight.grad is None and delayed.wgrad_pending
+    assert torch.equal(delayed.bias.grad, plain.bias.grad)
+    delayed.backward_dw()
+    assert not delayed.wgrad_pending
+    assert torch.equal(delayed.weight.grad, plain.weight.grad)
+    with pytest.raises(RuntimeError, match="backward_dw: no wgrad is pending"):
+        delayed.backward_dw()
+
+
+def test_recipe_constraints_are_checked_at_construction():
+    with pytest.raises(ValueError, match=r"recipe='fp8_block'\): in_features=64 and "
+                       "out_features=128 must be multiples of 128"):
+        groupmm.nn.GroupedLinear(G, 64, 128, recipe="fp8_block")
+    with pytest.raises(ValueError, match=r"recipe='mxfp8'\): dtype=torch.float16 must be "
+                       "torch.bfloat16"):
+        groupmm.nn.GroupedLinear(G, K, N, recipe="mxfp8", dtype=torch.float16)
+    with pytest.raises(ValueError, match="fp8_block gradients are float8_e4m3fn"):
+        groupmm.nn.GroupedLinear(G, K, N, recipe="fp8_block", grad_dtype=torch.float8_e5m2)
+    with pytest.raises(ValueError, match="recipe must be one of bf16, fp8_current"):
+        groupmm.nn.GroupedLinear(G, K, N, recipe="int8")
+    with pytest.raises(ValueError, match=r"MoE\(recipe='fp8_current'\): align=8 must be a "
+                       "multiple of 16"):
+        groupmm.nn.MoE(K, N, G, 2, recipe="fp8_current", align=8)
+
+
+def test_fp8_moe_trains_with_delayed_wgrad():
+    torch.manual_seed(0)
+    moe = groupmm.nn.MoE(128, 128, 4, 2, recipe="mxfp8", delay_wgrad=True)
+    x = torch.randn(32, 128, dtype=torch.bfloat16, requires_grad=True)
+    y, _ = moe(x)
+    y.float().square().mean().backward()
+    assert moe.gate_up.weight.grad is None and x.grad is not None
+    moe.backward_dw()
+    assert moe.gate_up.weight.grad.abs().sum() > 0 and moe.down.weight.grad.abs().sum() > 0

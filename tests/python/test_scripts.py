@@ -1,0 +1,55 @@
+"""Smoke tests of the package's bench scripts (--cpu --quick: the code paths the GPU runs, on the
+CPU reference in seconds) and of examples/train_tiny_moe.py (the loss goes down)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def run_bench(script, tmp_path, *extra):
+    out = tmp_path / "out.json"
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), "--cpu",
+                           "--quick", "--json", str(out), *extra],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| " in proc.stdout  # the markdown table
+    return json.loads(out.read_text())
+
+
+def test_torch_moe_step(tmp_path):
+    data = run_bench("torch_moe_step.py", tmp_path)
+    assert [c["case"] for c in data["cases"]] == ["qwen3", "dsv3", "mixtral"]
+    for c in data["cases"]:
+        assert c["groupmm_us"] > 0 and c["torch_us"] > 0, c
+        assert c["rel_err"] < 0.05, c  # both blocks compute the same function
+
+
+def test_torch_overhead(tmp_path):
+    data = run_bench("torch_overhead.py", tmp_path)
+    names = [o["op"] for o in data["ops"]]
+    assert names == ["grouped_mm", "grouped_mm_dgrad", "grouped_mm_wgrad", "group_quantize",
+                     "router", "permute", "unpermute"]
+    assert all(o["torch_us"] > 0 and o["core_us"] > 0 for o in data["ops"])
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current"])
+def test_torch_layer_step(tmp_path, recipe):
+    data = run_bench("torch_layer_step.py", tmp_path, "--recipe", recipe)
+    assert [c["case"] for c in data["cases"]] == ["qwen3_gate_up", "qwen3_down"]
+    assert all(c["package_us"] > 0 and c["core_us"] > 0 for c in data["cases"])
+
+
+def test_train_tiny_moe_loss_goes_down():
+    spec = importlib.util.spec_from_file_location(
+        "train_tiny_moe", os.path.join(ROOT, "examples", "train_tiny_moe.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    losses = example.main(["--steps", "10", "--tokens", "64", "--device", "cpu"])
+    assert len(losses) == 2 and losses[-1] < 0.7 * losses[0], losses
