@@ -72,8 +72,9 @@
 // groupmm::Error naming the op, the argument and the value; it happens before the first exchange,
 // so an error every rank sees (E % R != 0, bad shapes) fails every rank cleanly, while one seen by
 // only some ranks (an expert id out of range on one rank) leaves the others waiting in the
-// exchange. On CUDA, expert ids are device data: an id outside [0, E) is skipped and reported
-// (kFaultBadIndex) by the capacity plan; the throughput plan reads them on the host and throws.
+// exchange. The throughput plan reads the expert ids on the host and throws on an id outside
+// [0, E); the capacity plan (device data on CUDA) skips such an entry and reports kFaultBadIndex.
+// Minimum SM: sm_90 (CUDA); the CPU backend runs anywhere.
 #pragma once
 
 #include <cstdint>
@@ -215,7 +216,8 @@ EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
 
 // Capacity mode: allocates a plan for T tokens on this rank and the largest row dtype it will
 // move (bf16, fp16 or fp32: the staging rows are H of it). Not graph safe (allocates): call it
-// once, before capture. rows = R * C_e.
+// once, before capture. rows = R * C_e. Every rank must use the same cap. On CUDA, E_l and R must
+// be below 1024 (the plan ranks entries with moe_permute_plan's kernels).
 EpPlan ep_capacity_plan_create(Context& ctx, const Transport& tr, const EpConfig& cfg,
                                const EpCapacity& cap, int64_t tokens, DType row_dtype);
 // Capacity mode: fills `plan` for this step's routing (collective: one fixed-size metadata
@@ -229,30 +231,46 @@ void ep_capacity_plan(Context& ctx, Transport& tr, const TensorView& expert_ids,
 // with a capacity plan.
 // ================================================================================================
 
-// x [T, H] -> x_grouped [plan.rows, H], x's dtype, ordered as the header says (ready for grouped
-// GEMMs with plan.splits; capacity mode's tail rows are zero).
-void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& x,
-                 const TensorView& x_grouped);
+// Two ways to apply the router weights, as the header's step shows or as the one-rank MoE block
+// does (nn/moe.hpp: the weight enters the expert's activation, weighted_swiglu, and the combine is
+// moe_unpermute's unweighted sum): pass weights to ep_combine / ep_combine_backward, or route
+// them with ep_dispatch (probs) and leave them out of the combine. Either way every result is the
+// corresponding one-rank op's, bit for bit.
 
-// y_grouped [plan.rows, H] (the expert MLP's output in x_grouped's row order), weights [T, k] fp32,
-// out [T, H], y_grouped's dtype: out[t] = sum_j weights[t, j] * y_(t, j) in fp32, slot order,
-// rounded once; a token with no (kept) experts gets 0.
+// x [T, H] -> x_grouped [plan.rows, H], x's dtype, ordered as the header says (ready for grouped
+// GEMMs with plan.splits; capacity mode's tail rows are zero). weights [T, k] fp32 and probs
+// [plan.rows] fp32, optional (both or none): probs[g] = weights[t, j] of the grouped row's entry
+// (0 for tail rows), moe_permute's probs.
+void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& x,
+                 const TensorView& x_grouped, const TensorView& weights = TensorView(),
+                 const TensorView& probs = TensorView());
+
+// y_grouped [plan.rows, H] (the expert MLP's output in x_grouped's row order), weights [T, k] fp32
+// or absent, out [T, H], y_grouped's dtype: out[t] = sum_j weights[t, j] * y_(t, j) (absent:
+// sum_j y_(t, j), moe_unpermute's) in fp32, slot order, rounded once; a token with no (kept)
+// experts gets 0.
 void ep_combine(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& y_grouped,
                 const TensorView& weights, const TensorView& out);
 
 // Backward of ep_combine: dy [T, H], weights [T, k] fp32, y_grouped [plan.rows, H] (the forward's,
 // saved) -> d_y_grouped [plan.rows, H] (d_y_(t, j) = fp32(weights[t, j] * dy[t]) rounded once;
 // tail rows 0) and d_weights [T, k] fp32 (dot(dy[t], y_(t, j)) in the ep_dot_order; 0 where the
-// slot was dropped). dy, y_grouped and d_y_grouped share one dtype.
+// slot was dropped). dy, y_grouped and d_y_grouped share one dtype. Unweighted (weights and
+// d_weights absent, y_grouped unused and may be absent): d_y_(t, j) = dy[t],
+// moe_unpermute_backward.
 void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& dy,
                          const TensorView& weights, const TensorView& y_grouped,
                          const TensorView& d_y_grouped, const TensorView& d_weights);
 
 // Backward of ep_dispatch: d_x_grouped [plan.rows, H] -> dx [T, H], one dtype:
 // dx[t] = sum_j d_x_grouped[(t, j)] in fp32 in slot order (dropped slots skipped), rounded once;
-// a token with no (kept) experts gets 0. Tail rows are not read.
+// a token with no (kept) experts gets 0. Tail rows are not read. d_probs [plan.rows] fp32 and
+// d_weights [T, k] fp32, optional (both or none): d_weights[t, j] = d_probs[(t, j)'s grouped row]
+// (0 when dropped), moe_permute_backward's.
 void ep_dispatch_backward(Context& ctx, Transport& tr, const EpPlan& plan,
-                          const TensorView& d_x_grouped, const TensorView& dx);
+                          const TensorView& d_x_grouped, const TensorView& dx,
+                          const TensorView& d_probs = TensorView(),
+                          const TensorView& d_weights = TensorView());
 
 // The fixed summation order of d_weights' dot products (both backends): 32 lane partials, lane l
 // summing p_h = a_h * b_h (fp32, rounded) for h = l, l + 32, ... in order, then a butterfly:

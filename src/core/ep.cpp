@@ -34,7 +34,7 @@ float ep_dot_order(const float* a, const float* b, int64_t n) {
   for (int l = 0; l < detail::kDotLanes; ++l) part[l] = detail::dot_lane_partial(l, n, av, bv);
   for (int m = detail::kDotLanes / 2; m >= 1; m /= 2) {
     float next[detail::kDotLanes];
-    for (int l = 0; l < detail::kDotLanes; ++l) next[l] = detail::add_rn(part[l], part[l ^ m]);
+    for (int l = 0; l < detail::kDotLanes; ++l) next[l] = router::add(part[l], part[l ^ m]);
     std::copy(next, next + detail::kDotLanes, part);
   }
   return part[0];

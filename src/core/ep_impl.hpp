@@ -8,40 +8,19 @@
 // i / div (div = k turns a (row, slot) entry into its row).
 #pragma once
 
+#include "core/router_numerics.hpp"  // router::add / mul: correctly rounded on host and device
 #include "groupmm/ep.hpp"
-
-#if defined(__CUDACC__)
-#define GROUPMM_EP_HD __host__ __device__ __forceinline__
-#else
-#define GROUPMM_EP_HD inline
-#endif
 
 namespace groupmm::ep::detail {
 
 // ---- the d_weights dot product: 32 lane partials, then a butterfly (groupmm/ep.hpp) -------------
 inline constexpr int kDotLanes = 32;
 
-// fp32 product and sum, each rounded (never contracted into an fma: nvcc would, by default).
-GROUPMM_EP_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-GROUPMM_EP_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
 // Lane l's partial over h = l, l + 32, ... < n of a(h) * b(h).
 template <class A, class B>
-GROUPMM_EP_HD float dot_lane_partial(int lane, int64_t n, A a, B b) {
+GROUPMM_HD float dot_lane_partial(int lane, int64_t n, A a, B b) {
   float acc = 0.0f;
-  for (int64_t h = lane; h < n; h += kDotLanes) acc = add_rn(acc, mul_rn(a(h), b(h)));
+  for (int64_t h = lane; h < n; h += kDotLanes) acc = router::add(acc, router::mul(a(h), b(h)));
   return acc;
 }
 
@@ -60,8 +39,9 @@ namespace groupmm::ep {
   void ep_weighted_sum(Context& ctx, const TensorView& out, const void* rows,                     \
                        const int32_t* slot_entry, const float* w, int64_t k);                     \
   /* Expert side of ep_combine_backward: for every grouped row g with entry e = grouped_entry[g]: \
-     d_yg[g] = w_recv[e] * dy_recv[e / k] (0 when e < 0); for every back entry i with             \
-     g = back_grouped[i] >= 0: dw_send[i] = dot(dy_recv[e / k], yg[g]) in the fixed order. */     \
+     d_yg[g] = w_recv[e] * dy_recv[e / k] (0 when e < 0; w_recv null: dy_recv[e / k]); for        \
+     every back entry i with g = back_grouped[i] >= 0: dw_send[i] = dot(dy_recv[e / k], yg[g])    \
+     in the fixed order (dw_send null: none). */                                                  \
   void ep_combine_backward_expert(Context& ctx, const EpPlan& plan, const void* dy_recv,          \
                                   const float* w_recv, const TensorView& y_grouped,               \
                                   const TensorView& d_y_grouped, float* dw_send);                 \

@@ -76,17 +76,54 @@ DType check_mover(const char* op, const Context& ctx, const EpPlan& p, const Tra
   return t;
 }
 
-void check_weights(const Context& ctx, const char* op, const char* arg, const TensorView& w,
-                   const EpPlan& p) {
-  check_view(op, arg, w, DType::fp32, 2, ctx.device());
-  check_dim(op, arg, w, 0, p.tokens);
-  check_dim(op, arg, w, 1, p.cfg.topk);
+// fp32 [n] (cols 0) or [n, cols].
+void check_floats(const Context& ctx, const char* op, const char* arg, const TensorView& v,
+                  int64_t n, int64_t cols) {
+  check_view(op, arg, v, DType::fp32, cols > 0 ? 2 : 1, ctx.device());
+  check_dim(op, arg, v, 0, n);
+  if (cols > 0) check_dim(op, arg, v, 1, cols);
+}
+
+// An optional pair given together or not at all; true when given.
+bool check_pair(const char* op, const char* an, const TensorView& a, const char* bn,
+                const TensorView& b) {
+  GROUPMM_CHECK(a.present() == b.present(), op, ": ", an, " and ", bn, " must be given together (",
+                an, a.present() ? " given, " : " absent, ", bn,
+                b.present() ? " given)" : " absent)");
+  return a.present();
 }
 
 void check_no_alias(const char* op, const char* out, const TensorView& o,
                     std::initializer_list<std::pair<const char*, const TensorView*>> ins) {
   for (const auto& [name, v] : ins)
-    GROUPMM_CHECK(!v->present() || !views_overlap(o, *v), op, ": ", out, " may not alias ", name);
+    GROUPMM_CHECK(!v->present() || !o.present() || !views_overlap(o, *v), op, ": ", out,
+                  " may not alias ", name);
+}
+
+// The fp32 staging of a mover that also moves values: k weights per forward row, one value per
+// back entry.
+Stage aux_stage(Context& ctx, const EpPlan& p) {
+  const int64_t k = p.cfg.topk;
+  return stage(ctx, p.stage_aux_send, p.stage_aux_recv,
+               std::max(p.send_total * k, p.back_send_total) * 4,
+               std::max(p.recv_total * k, p.back_recv_total) * 4);
+}
+
+// weights [T, k] -> aux.recv: the k weights of every received row, along the dispatch's route.
+void weights_forward(Context& ctx, Transport& tr, const EpPlan& p, const TensorView& weights,
+                     const Stage& aux) {
+  const int64_t wb = p.cfg.topk * int64_t(sizeof(float));
+  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, aux.send, weights.data, p.send_token.ptr<int32_t>(),
+                  p.send_total, 1, wb, false);
+  exchange_forward(ctx, tr, p, aux.send, aux.recv, wb);
+}
+
+// One value per back entry (in aux.send) home -> d_weights [T, k] (0 where no entry came back).
+void values_home(Context& ctx, Transport& tr, const EpPlan& p, const Stage& aux,
+                 const TensorView& d_weights) {
+  exchange_back(ctx, tr, p, aux.send, aux.recv, int64_t(sizeof(float)));
+  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, d_weights.data, aux.recv, p.slot_entry.ptr<int32_t>(),
+                  p.tokens * p.cfg.topk, 1, int64_t(sizeof(float)), true);
 }
 
 // The way back shared by ep_combine and ep_dispatch_backward: every entry's row goes home, which
@@ -105,20 +142,33 @@ void back_and_sum(Context& ctx, Transport& tr, const EpPlan& p, const TensorView
 }  // namespace
 
 void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& p, const TensorView& x,
-                 const TensorView& x_grouped) {
+                 const TensorView& x_grouped, const TensorView& weights, const TensorView& probs) {
   const char* op = "ep_dispatch";
   const DType t = check_mover(op, ctx, p, tr, "x", x);
   check::rows(ctx, op, "x", x, p.tokens, p.cfg.hidden, t);
   check::rows(ctx, op, "x_grouped", x_grouped, p.rows, p.cfg.hidden, t);
-  check_no_alias(op, "x_grouped", x_grouped, {{"x", &x}});
+  const bool with_probs = check_pair(op, "weights", weights, "probs", probs);
+  if (with_probs) {
+    check_floats(ctx, op, "weights", weights, p.tokens, p.cfg.topk);
+    check_floats(ctx, op, "probs", probs, p.rows, 0);
+  }
+  check_no_alias(op, "x_grouped", x_grouped, {{"x", &x}, {"weights", &weights}});
+  check_no_alias(op, "probs", probs, {{"x", &x}, {"weights", &weights}, {"x_grouped", &x_grouped}});
   const int64_t rb = dtype_storage_bytes(t, p.cfg.hidden);
   Stage st = row_stage(ctx, p, p.send_total, p.recv_total, rb);
   GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, st.send, x.data, p.send_token.ptr<int32_t>(),
                   p.send_total, 1, rb, false);
   exchange_forward(ctx, tr, p, st.send, st.recv, rb);
   // A row two local experts need was received once; it is copied into both groups here.
-  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, x_grouped.data, st.recv, p.grouped_entry.ptr<int32_t>(),
-                  p.rows, p.cfg.topk, rb, true);
+  const int32_t* entry = p.grouped_entry.ptr<int32_t>();
+  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, x_grouped.data, st.recv, entry, p.rows, p.cfg.topk, rb,
+                  true);
+  if (with_probs) {  // each grouped row's weight: its entry (row * k + slot) in the received k-rows
+    Stage aux = aux_stage(ctx, p);
+    weights_forward(ctx, tr, p, weights, aux);
+    GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, probs.data, aux.recv, entry, p.rows, 1,
+                    int64_t(sizeof(float)), true);
+  }
   ctx.after_op();
 }
 
@@ -127,21 +177,35 @@ void ep_combine(Context& ctx, Transport& tr, const EpPlan& p, const TensorView& 
   const char* op = "ep_combine";
   const DType t = check_mover(op, ctx, p, tr, "y_grouped", y_grouped);
   check::rows(ctx, op, "y_grouped", y_grouped, p.rows, p.cfg.hidden, t);
-  check_weights(ctx, op, "weights", weights, p);
+  if (weights.present()) check_floats(ctx, op, "weights", weights, p.tokens, p.cfg.topk);
   check::rows(ctx, op, "out", out, p.tokens, p.cfg.hidden, t);
   check_no_alias(op, "out", out, {{"y_grouped", &y_grouped}, {"weights", &weights}});
-  back_and_sum(ctx, tr, p, y_grouped, weights.ptr<float>(), out);
+  back_and_sum(ctx, tr, p, y_grouped, weights.present() ? weights.ptr<float>() : nullptr, out);
   ctx.after_op();
 }
 
 void ep_dispatch_backward(Context& ctx, Transport& tr, const EpPlan& p,
-                          const TensorView& d_x_grouped, const TensorView& dx) {
+                          const TensorView& d_x_grouped, const TensorView& dx,
+                          const TensorView& d_probs, const TensorView& d_weights) {
   const char* op = "ep_dispatch_backward";
   const DType t = check_mover(op, ctx, p, tr, "d_x_grouped", d_x_grouped);
   check::rows(ctx, op, "d_x_grouped", d_x_grouped, p.rows, p.cfg.hidden, t);
   check::rows(ctx, op, "dx", dx, p.tokens, p.cfg.hidden, t);
-  check_no_alias(op, "dx", dx, {{"d_x_grouped", &d_x_grouped}});
+  const bool with_probs = check_pair(op, "d_probs", d_probs, "d_weights", d_weights);
+  if (with_probs) {
+    check_floats(ctx, op, "d_probs", d_probs, p.rows, 0);
+    check_floats(ctx, op, "d_weights", d_weights, p.tokens, p.cfg.topk);
+  }
+  check_no_alias(op, "dx", dx, {{"d_x_grouped", &d_x_grouped}, {"d_probs", &d_probs}});
+  check_no_alias(op, "d_weights", d_weights,
+                 {{"d_x_grouped", &d_x_grouped}, {"d_probs", &d_probs}, {"dx", &dx}});
   back_and_sum(ctx, tr, p, d_x_grouped, nullptr, dx);
+  if (with_probs) {  // each entry's d_prob goes home like its gradient row
+    Stage aux = aux_stage(ctx, p);
+    GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, aux.send, d_probs.data, p.back_grouped.ptr<int32_t>(),
+                    p.back_send_total, 1, int64_t(sizeof(float)), false);
+    values_home(ctx, tr, p, aux, d_weights);
+  }
   ctx.after_op();
 }
 
@@ -152,10 +216,13 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
   const DType t = check_mover(op, ctx, p, tr, "dy", dy);
   const int64_t H = p.cfg.hidden, k = p.cfg.topk;
   check::rows(ctx, op, "dy", dy, p.tokens, H, t);
-  check_weights(ctx, op, "weights", weights, p);
-  check::rows(ctx, op, "y_grouped", y_grouped, p.rows, H, t);
+  const bool weighted = check_pair(op, "weights", weights, "d_weights", d_weights);
+  if (weighted) {
+    check_floats(ctx, op, "weights", weights, p.tokens, k);
+    check::rows(ctx, op, "y_grouped", y_grouped, p.rows, H, t);
+    check_floats(ctx, op, "d_weights", d_weights, p.tokens, k);
+  }
   check::rows(ctx, op, "d_y_grouped", d_y_grouped, p.rows, H, t);
-  check_weights(ctx, op, "d_weights", d_weights, p);
   check_no_alias(op, "d_y_grouped", d_y_grouped,
                  {{"dy", &dy}, {"weights", &weights}, {"y_grouped", &y_grouped}});
   check_no_alias(op, "d_weights", d_weights,
@@ -163,27 +230,22 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
                   {"weights", &weights},
                   {"y_grouped", &y_grouped},
                   {"d_y_grouped", &d_y_grouped}});
-  const int64_t rb = dtype_storage_bytes(t, H), wb = k * int64_t(sizeof(float));
-  // dy and the k weights of each token go to its expert ranks along the dispatch's route.
+  // dy (and the k weights) of each token go to its expert ranks along the dispatch's route.
+  const int64_t rb = dtype_storage_bytes(t, H);
   Stage st = row_stage(ctx, p, p.send_total, p.recv_total, rb);
-  Stage aux = stage(ctx, p.stage_aux_send, p.stage_aux_recv,
-                    std::max(p.send_total * k, p.back_send_total) * 4,
-                    std::max(p.recv_total * k, p.back_recv_total) * 4);
-  const int32_t* send_token = p.send_token.ptr<int32_t>();
-  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, st.send, dy.data, send_token, p.send_total, 1, rb,
-                  false);
-  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, aux.send, weights.data, send_token, p.send_total, 1, wb,
-                  false);
+  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, st.send, dy.data, p.send_token.ptr<int32_t>(),
+                  p.send_total, 1, rb, false);
   exchange_forward(ctx, tr, p, st.send, st.recv, rb);
-  exchange_forward(ctx, tr, p, aux.send, aux.recv, wb);
+  Stage aux;
+  if (weighted) {
+    aux = aux_stage(ctx, p);
+    weights_forward(ctx, tr, p, weights, aux);
+  }
   // Expert side: d_y_grouped, and one d_weight per entry (written over the sent weights).
-  float* dw_send = static_cast<float*>(aux.send);
+  float* dw_send = weighted ? static_cast<float*>(aux.send) : nullptr;
   GROUPMM_EP_CALL(ctx, ep_combine_backward_expert, ctx, p, st.recv,
                   static_cast<const float*>(aux.recv), y_grouped, d_y_grouped, dw_send);
-  // The d_weights travel home like the combine's rows; dropped slots get 0.
-  exchange_back(ctx, tr, p, dw_send, aux.recv, int64_t(sizeof(float)));
-  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, d_weights.data, aux.recv, p.slot_entry.ptr<int32_t>(),
-                  p.tokens * k, 1, int64_t(sizeof(float)), true);
+  if (weighted) values_home(ctx, tr, p, aux, d_weights);  // dropped slots get 0
   ctx.after_op();
 }
 

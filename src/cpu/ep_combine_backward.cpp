@@ -13,14 +13,16 @@ void ep_combine_backward_expert(Context&, const EpPlan& p, const void* dy_recv, 
                                 const TensorView& y_grouped, const TensorView& d_y_grouped,
                                 float* dw_send) {
   const int64_t H = p.cfg.hidden, k = p.cfg.topk;
-  const TensorView dy(const_cast<void*>(dy_recv), y_grouped.dtype, Device::CPU, {1, H});
+  const TensorView dy(const_cast<void*>(dy_recv), d_y_grouped.dtype, Device::CPU, {1, H});
   const int32_t* entry = p.grouped_entry.ptr<int32_t>();
   for (int64_t g = 0; g < p.rows; ++g) {
     const int64_t e = entry[g];
-    for (int64_t h = 0; h < H; ++h)
-      store_f(d_y_grouped, g * H + h,
-              e < 0 ? 0.0f : detail::mul_rn(w_recv[e], load_f(dy, e / k * H + h)));
+    for (int64_t h = 0; h < H; ++h) {
+      const float d = e < 0 ? 0.0f : load_f(dy, e / k * H + h);
+      store_f(d_y_grouped, g * H + h, e >= 0 && w_recv ? router::mul(w_recv[e], d) : d);
+    }
   }
+  if (dw_send == nullptr) return;  // unweighted: no d_weights
   const int32_t* back = p.back_grouped.ptr<int32_t>();
   std::vector<float> a(static_cast<size_t>(H)), b(static_cast<size_t>(H));
   for (int64_t i = 0; i < p.back_send_total; ++i) {

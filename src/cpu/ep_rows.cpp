@@ -35,7 +35,7 @@ void ep_weighted_sum(Context&, const TensorView& out, const void* rows, const in
       if (r < 0) continue;
       for (int64_t h = 0; h < H; ++h) {
         const float y = load_f(src, r * H + h);
-        acc[size_t(h)] = detail::add_rn(acc[size_t(h)], w ? detail::mul_rn(w[t * k + j], y) : y);
+        acc[size_t(h)] = router::add(acc[size_t(h)], w ? router::mul(w[t * k + j], y) : y);
       }
     }
     for (int64_t h = 0; h < H; ++h) store_f(out, t * H + h, acc[size_t(h)]);

@@ -103,6 +103,7 @@ inline float expert_scale(int64_t e) {
 // What one rank's step produced, as fp32 values.
 struct RankOut {
   std::vector<float> x_grouped, out, d_y_grouped, d_weights, dx;
+  std::vector<float> probs;  // RunOpts::probs only
   std::vector<int32_t> splits;
   std::vector<int64_t> sent_bytes;  // of the dispatch's exchange
   int64_t rows = 0;
@@ -114,6 +115,10 @@ struct RunOpts {
   EpMode mode = EpMode::throughput;
   EpCapacity cap;
   bool identity = false;  // the expert is the identity (yg = xg, d_xg = d_yg): no host step
+  // The one-rank block's convention: the router weights travel with the dispatch (probs) and
+  // enter the expert (y = x s_e p), the combine and its backward are unweighted, d_probs go home
+  // through the dispatch backward.
+  bool probs = false;
 };
 
 inline Tensor upload(const std::vector<float>& v, DType dt, std::initializer_list<int64_t> dims,
@@ -144,14 +149,37 @@ inline std::vector<int32_t> ints_of(const TensorView& v) {
 // to dt. Tail rows (counted in the last split) are zero and stay zero.
 inline std::vector<float> apply_experts(const std::vector<float>& rows,
                                         const std::vector<int32_t>& splits, int64_t first,
-                                        int64_t H, DType dt) {
+                                        int64_t H, DType dt,
+                                        const std::vector<float>* probs = nullptr) {
   std::vector<float> out(rows.size());
   int64_t g = 0;
   for (size_t le = 0; le < splits.size(); ++le)
-    for (int32_t i = 0; i < splits[le]; ++i, ++g)
-      for (int64_t h = 0; h < H; ++h)
-        out[size_t(g * H + h)] =
-            round_to(dt, rows[size_t(g * H + h)] * expert_scale(first + int64_t(le)));
+    for (int32_t i = 0; i < splits[le]; ++i, ++g) {
+      const float s = expert_scale(first + int64_t(le));
+      for (int64_t h = 0; h < H; ++h) {
+        const float v = rows[size_t(g * H + h)] * s;
+        out[size_t(g * H + h)] = round_to(dt, probs ? v * (*probs)[size_t(g)] : v);
+      }
+    }
+  return out;
+}
+
+// d prob of the toy expert y = x s_e p: sum_h dy[g, h] * x[g, h] * s_e in fp32, h order.
+inline std::vector<float> expert_d_probs(const std::vector<float>& dy, const std::vector<float>& x,
+                                         const std::vector<int32_t>& splits, int64_t first,
+                                         int64_t H) {
+  std::vector<float> out;
+  int64_t g = 0;
+  for (size_t le = 0; le < splits.size(); ++le)
+    for (int32_t i = 0; i < splits[le]; ++i, ++g) {
+      float acc = 0.0f;
+      for (int64_t h = 0; h < H; ++h) {
+        const float v =
+            dy[size_t(g * H + h)] * x[size_t(g * H + h)] * expert_scale(first + int64_t(le));
+        acc += v;
+      }
+      out.push_back(acc);
+    }
   return out;
 }
 
@@ -179,28 +207,41 @@ inline RankOut run_rank(Context& ctx, ep::Transport& tr, const EpConfig& cfg, co
     fill_bytes(v, 0xFF, stream);
     return v;
   };
-  Tensor xg = fresh({plan.rows, H}, o.dt);
-  ep::ep_dispatch(ctx, tr, plan, x, xg);
+  Tensor xg = fresh({plan.rows, H}, o.dt), probs = fresh({plan.rows}, DType::fp32);
+  const TensorView none;
+  ep::ep_dispatch(ctx, tr, plan, x, xg, o.probs ? w.view() : none, o.probs ? probs.view() : none);
   if (auto* in = dynamic_cast<ep::InProcessTransport*>(&tr)) out.sent_bytes = in->last_sent_bytes();
   out.rows = plan.rows;
   out.splits = ints_of(plan.splits);
   out.x_grouped = floats_of(xg);
+  if (o.probs) out.probs = floats_of(probs);
+  const std::vector<float>* p = o.probs ? &out.probs : nullptr;
   const int64_t first = int64_t(tr.rank()) * El;
   Tensor yg = o.identity ? std::move(xg)
-                         : upload(apply_experts(out.x_grouped, out.splits, first, H, o.dt), o.dt,
+                         : upload(apply_experts(out.x_grouped, out.splits, first, H, o.dt, p), o.dt,
                                   {plan.rows, H}, dev, stream);
   Tensor y = fresh({rd.T, H}, o.dt);
-  ep::ep_combine(ctx, tr, plan, yg, w, y);
+  ep::ep_combine(ctx, tr, plan, yg, o.probs ? none : w.view(), y);
   out.out = floats_of(y);
   Tensor dyg = fresh({plan.rows, H}, o.dt), dw = fresh({rd.T, k}, DType::fp32);
-  ep::ep_combine_backward(ctx, tr, plan, dy, w, yg, dyg, dw);
+  if (o.probs)
+    ep::ep_combine_backward(ctx, tr, plan, dy, none, none, dyg, none);
+  else
+    ep::ep_combine_backward(ctx, tr, plan, dy, w, yg, dyg, dw);
   out.d_y_grouped = floats_of(dyg);
-  out.d_weights = floats_of(dw);
   Tensor dxg = o.identity ? std::move(dyg)
-                          : upload(apply_experts(out.d_y_grouped, out.splits, first, H, o.dt), o.dt,
-                                   {plan.rows, H}, dev, stream);
+                          : upload(apply_experts(out.d_y_grouped, out.splits, first, H, o.dt, p),
+                                   o.dt, {plan.rows, H}, dev, stream);
   Tensor dx = fresh({rd.T, H}, o.dt);
-  ep::ep_dispatch_backward(ctx, tr, plan, dxg, dx);
+  if (o.probs) {
+    std::vector<float> dp = expert_d_probs(out.d_y_grouped, out.x_grouped, out.splits, first, H);
+    dp.resize(size_t(plan.rows), 0.0f);  // capacity mode's tail rows
+    Tensor d_probs = upload(dp, DType::fp32, {plan.rows}, dev, stream);
+    ep::ep_dispatch_backward(ctx, tr, plan, dxg, dx, d_probs, dw);
+  } else {
+    ep::ep_dispatch_backward(ctx, tr, plan, dxg, dx);
+  }
+  out.d_weights = floats_of(dw);
   out.dx = floats_of(dx);
   out.status = ctx.take_status().bits;
   return out;

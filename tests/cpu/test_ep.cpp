@@ -172,6 +172,44 @@ TEST(EpCpu, AllTokensOnOneExpert) {
       check_case(EpConfig{8, R, 16, k}, seed_for("ep_one") + R + k, RunOpts{}, Routing::one_expert);
 }
 
+// The global tokens of all ranks (rank 0's, then rank 1's, ...) and their one-rank permute map.
+struct OneRank {
+  RankData all;
+  std::vector<int32_t> dest, meta;  // meta = row_start | kept | splits
+  PermuteMap m;
+  OneRank(const EpConfig& cfg, const std::vector<RankData>& d) {
+    for (const RankData& rd : d) {
+      all.T += rd.T;
+      for (auto [dst, src] :
+           {std::pair{&all.x, &rd.x}, std::pair{&all.dy, &rd.dy}, std::pair{&all.w, &rd.w}})
+        dst->insert(dst->end(), src->begin(), src->end());
+      all.ids.insert(all.ids.end(), rd.ids.begin(), rd.ids.end());
+    }
+    const int64_t T = all.T, k = cfg.topk, E = cfg.experts;
+    m.tokens = T;
+    m.topk = k;
+    m.experts = E;
+    m.rows = moe_permuted_rows(T, k, E);
+    dest.assign(size_t(T * k), 0);
+    meta.assign(size_t(3 * E), 0);
+    m.dest_row = host_view(dest, DType::int32, {T, k});
+    m.row_start = TensorView(meta.data(), DType::int32, Device::CPU, {E});
+    m.kept = TensorView(meta.data() + E, DType::int32, Device::CPU, {E});
+    m.splits = TensorView(meta.data() + 2 * E, DType::int32, Device::CPU, {E});
+    Context ctx(Device::CPU);
+    moe_permute_plan(ctx, host_view(all.ids, DType::int32, {T, k}), m);
+  }
+  std::vector<int32_t> splits() const { return {meta.begin() + 2 * m.experts, meta.end()}; }
+};
+
+// One field of every rank, concatenated in rank order.
+template <class T>
+std::vector<T> cat(const std::vector<RankOut>& outs, std::vector<T> RankOut::*field) {
+  std::vector<T> v;
+  for (const RankOut& o : outs) v.insert(v.end(), (o.*field).begin(), (o.*field).end());
+  return v;
+}
+
 // The global tokens through the one-rank moe ops: the ranks' grouped buffers, concatenated, are
 // moe_permute's output, and dx is moe_permute_backward's of the concatenated gradients, bit for
 // bit.
@@ -182,44 +220,70 @@ TEST(EpCpu, MatchesOneRankMoePermute) {
     std::mt19937_64 g(seed_for("ep_moe") + uint64_t(R));
     const std::vector<RankData> d = make_case(cfg, DType::bf16, Routing::mixed, g);
     const std::vector<RankOut> got = run_layer(cfg, d, RunOpts{DType::bf16});
-    RankData all;
-    for (const RankData& rd : d) {
-      all.T += rd.T;
-      all.x.insert(all.x.end(), rd.x.begin(), rd.x.end());
-      all.ids.insert(all.ids.end(), rd.ids.begin(), rd.ids.end());
-    }
-    const int64_t T = all.T, k = cfg.topk, E = cfg.experts, H = cfg.hidden;
+    OneRank one(cfg, d);
+    const int64_t T = one.all.T, E = cfg.experts, H = cfg.hidden;
     Context ctx(Device::CPU);
-    PermuteMap m;
-    m.tokens = T;
-    m.topk = k;
-    m.experts = E;
-    m.rows = moe_permuted_rows(T, k, E);
-    std::vector<int32_t> dest(size_t(T * k)), meta(size_t(3 * E));
-    m.dest_row = host_view(dest, DType::int32, {T, k});
-    m.row_start = TensorView(meta.data(), DType::int32, Device::CPU, {E});
-    m.kept = TensorView(meta.data() + E, DType::int32, Device::CPU, {E});
-    m.splits = TensorView(meta.data() + 2 * E, DType::int32, Device::CPU, {E});
-    moe_permute_plan(ctx, host_view(all.ids, DType::int32, {T, k}), m);
-    Tensor x = upload(all.x, DType::bf16, {T, H}, Device::CPU, nullptr);
-    Tensor xp = Tensor::empty({m.rows, H}, DType::bf16, Device::CPU);
-    moe_permute(ctx, x, m, xp);
-    std::vector<float> cat_xg, cat_dxg, cat_dx;
-    std::vector<int32_t> cat_splits;
+    Tensor x = upload(one.all.x, DType::bf16, {T, H}, Device::CPU, nullptr);
+    Tensor xp = Tensor::empty({one.m.rows, H}, DType::bf16, Device::CPU);
+    moe_permute(ctx, x, one.m, xp);
+    std::vector<float> cat_dxg;
     for (int64_t q = 0; q < R; ++q) {
       const RankOut& o = got[size_t(q)];
-      cat_xg.insert(cat_xg.end(), o.x_grouped.begin(), o.x_grouped.end());
       const auto dxg = apply_experts(o.d_y_grouped, o.splits, q * (E / R), H, DType::bf16);
       cat_dxg.insert(cat_dxg.end(), dxg.begin(), dxg.end());
-      cat_dx.insert(cat_dx.end(), o.dx.begin(), o.dx.end());
-      cat_splits.insert(cat_splits.end(), o.splits.begin(), o.splits.end());
     }
-    EXPECT_EQ(cat_splits, std::vector<int32_t>(meta.begin() + 2 * E, meta.end()));
-    EXPECT_TRUE(same_bits(cat_xg, floats_of(xp)));
-    Tensor dxp = upload(cat_dxg, DType::bf16, {m.rows, H}, Device::CPU, nullptr);
+    EXPECT_EQ(cat(got, &RankOut::splits), one.splits());
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::x_grouped), floats_of(xp)));
+    Tensor dxp = upload(cat_dxg, DType::bf16, {one.m.rows, H}, Device::CPU, nullptr);
     Tensor dx = Tensor::empty({T, H}, DType::bf16, Device::CPU);
-    moe_permute_backward(ctx, dxp, m, dx);
-    EXPECT_TRUE(same_bits(cat_dx, floats_of(dx)));
+    moe_permute_backward(ctx, dxp, one.m, dx);
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::dx), floats_of(dx)));
+  }
+}
+
+// The one-rank block's convention (router weights into the expert through probs, unweighted
+// combine): every output is the one-rank ops' (moe_permute with probs, moe_unpermute and their
+// backwards), bit for bit.
+TEST(EpCpu, ProbsFlowMatchesOneRankMoeOps) {
+  for (int R : {1, 2, 4, 8}) {
+    SCOPED_TRACE("R=" + std::to_string(R));
+    const EpConfig cfg{16, R, 24, 3};
+    const DType bf = DType::bf16;
+    std::mt19937_64 g(seed_for("ep_probs") + uint64_t(R));
+    const std::vector<RankData> d = make_case(cfg, bf, Routing::mixed, g);
+    const std::vector<RankOut> got =
+        run_layer(cfg, d, RunOpts{bf, EpMode::throughput, {}, false, true});
+    OneRank one(cfg, d);
+    const int64_t T = one.all.T, k = cfg.topk, H = cfg.hidden, rows = one.m.rows;
+    Context ctx(Device::CPU);
+    Tensor x = upload(one.all.x, bf, {T, H}, Device::CPU, nullptr);
+    Tensor w = upload(one.all.w, DType::fp32, {T, k}, Device::CPU, nullptr);
+    Tensor xp = Tensor::empty({rows, H}, bf, Device::CPU);
+    Tensor probs = Tensor::empty({rows}, DType::fp32, Device::CPU);
+    moe_permute(ctx, x, one.m, xp, w, probs);
+    const std::vector<float> xp_f = floats_of(xp), probs_f = floats_of(probs);
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::x_grouped), xp_f));
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::probs), probs_f));
+    const std::vector<int32_t> splits = one.splits();
+    Tensor yp = upload(apply_experts(xp_f, splits, 0, H, bf, &probs_f), bf, {rows, H}, Device::CPU,
+                       nullptr);
+    Tensor y = Tensor::empty({T, H}, bf, Device::CPU);
+    moe_unpermute(ctx, yp, one.m, y);
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::out), floats_of(y))) << "out";
+    Tensor dy = upload(one.all.dy, bf, {T, H}, Device::CPU, nullptr);
+    Tensor dyp = Tensor::empty({rows, H}, bf, Device::CPU);
+    moe_unpermute_backward(ctx, dy, one.m, dyp);
+    const std::vector<float> dyp_f = floats_of(dyp);
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::d_y_grouped), dyp_f)) << "d_y_grouped";
+    Tensor dxp = upload(apply_experts(dyp_f, splits, 0, H, bf, &probs_f), bf, {rows, H},
+                        Device::CPU, nullptr);
+    std::vector<float> dprobs = expert_d_probs(dyp_f, xp_f, splits, 0, H);
+    std::vector<float> dweights(size_t(T * k));
+    Tensor dx = Tensor::empty({T, H}, bf, Device::CPU);
+    moe_permute_backward(ctx, dxp, one.m, dx, host_view(dprobs, DType::fp32, {rows}),
+                         host_view(dweights, DType::fp32, {T, k}));
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::dx), floats_of(dx))) << "dx";
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::d_weights), dweights)) << "d_weights";
   }
 }
 
@@ -229,21 +293,11 @@ TEST(EpCpu, IdenticalForAnyRankCount) {
   std::mt19937_64 g(seed_for("ep_any_r"));
   const EpConfig c4{8, 4, 16, 2};
   const std::vector<RankData> d4 = make_case(c4, DType::fp32, Routing::mixed, g);
-  RankData all;
-  for (const RankData& rd : d4) {
-    all.T += rd.T;
-    for (auto [dst, src] :
-         {std::pair{&all.x, &rd.x}, std::pair{&all.dy, &rd.dy}, std::pair{&all.w, &rd.w}})
-      dst->insert(dst->end(), src->begin(), src->end());
-    all.ids.insert(all.ids.end(), rd.ids.begin(), rd.ids.end());
-  }
+  const OneRank one(c4, d4);
   const auto r4 = run_layer(c4, d4, RunOpts{});
-  const auto r1 = run_layer(EpConfig{8, 1, 16, 2}, {all}, RunOpts{});
-  for (auto field : {&RankOut::out, &RankOut::d_weights, &RankOut::dx}) {
-    std::vector<float> cat;
-    for (const auto& o : r4) cat.insert(cat.end(), (o.*field).begin(), (o.*field).end());
-    EXPECT_TRUE(same_bits(cat, r1[0].*field));
-  }
+  const auto r1 = run_layer(EpConfig{8, 1, 16, 2}, {one.all}, RunOpts{});
+  for (auto field : {&RankOut::out, &RankOut::d_weights, &RankOut::dx})
+    EXPECT_TRUE(same_bits(cat(r4, field), r1[0].*field));
 }
 
 TEST(EpCpu, CapacityWithoutOverflowEqualsThroughput) {
@@ -260,6 +314,32 @@ TEST(EpCpu, CapacityWithoutOverflowEqualsThroughput) {
              RunOpts{DType::bf16, EpMode::capacity, EpCapacity{21, 42}}, Routing::mixed);
   check_case(EpConfig{8, 2, 16, 3}, seed_for("ep_cap_one"),
              RunOpts{DType::fp32, EpMode::capacity, EpCapacity{20, 0}}, Routing::one_expert);
+}
+
+TEST(EpCpu, CapacityProbsFlowEqualsThroughput) {
+  for (int R : {1, 2, 4}) {
+    const EpConfig cfg{16, R, 24, 4};
+    std::mt19937_64 g(seed_for("ep_cap_probs") + uint64_t(R));
+    const std::vector<RankData> d = make_case(cfg, DType::bf16, Routing::mixed, g);
+    const auto tp = run_layer(cfg, d, RunOpts{DType::bf16, EpMode::throughput, {}, false, true});
+    const auto cp = run_layer(
+        cfg, d, RunOpts{DType::bf16, EpMode::capacity, EpCapacity{9 + 3 * R, 0}, false, true});
+    for (int r = 0; r < R; ++r) {
+      SCOPED_TRACE("R=" + std::to_string(R) + " rank " + std::to_string(r));
+      const RankOut &a = tp[size_t(r)], &b = cp[size_t(r)];
+      const size_t n = a.probs.size();
+      ASSERT_GE(b.probs.size(), n);
+      EXPECT_TRUE(
+          same_bits(std::vector<float>(b.probs.begin(), b.probs.begin() + long(n)), a.probs));
+      EXPECT_EQ(std::vector<float>(b.probs.begin() + long(n), b.probs.end()),
+                std::vector<float>(b.probs.size() - n, 0.0f))
+          << "tail probs";
+      EXPECT_TRUE(same_bits(b.out, a.out));
+      EXPECT_TRUE(same_bits(b.dx, a.dx));
+      EXPECT_TRUE(same_bits(b.d_weights, a.d_weights));
+      EXPECT_EQ(b.status, 0u);
+    }
+  }
 }
 
 TEST(EpCpu, CapacityOverflowDropsDeterministicallyAndReports) {
@@ -402,6 +482,26 @@ TEST(EpCpu, ValidationMessages) {
         ep::EpPlan p = ep::ep_dispatch_plan(ctx, tr, cfg, host_view(ids, DType::int32, {1, 2}));
         ep::ep_dispatch_backward(ctx, tr, p, host_view(b, DType::bf16, {2, 8}),
                                  host_view(f, DType::fp32, {1, 8}));
+      });
+  expect_error(
+      1,
+      "ep_dispatch: weights and probs must be given together (weights given, probs "
+      "absent)",
+      [&](int, ep::InProcessTransport& tr) {
+        Context ctx(Device::CPU);
+        ep::EpPlan p = ep::ep_dispatch_plan(ctx, tr, cfg, host_view(ids, DType::int32, {1, 2}));
+        ep::ep_dispatch(ctx, tr, p, host_view(f, DType::fp32, {1, 8}),
+                        host_view(f, DType::fp32, {2, 8}), host_view(w, DType::fp32, {1, 2}));
+      });
+  expect_error(
+      1, "ep_dispatch_backward: d_probs.shape[0]=1 must equal 2",
+      [&](int, ep::InProcessTransport& tr) {
+        Context ctx(Device::CPU);
+        ep::EpPlan p = ep::ep_dispatch_plan(ctx, tr, cfg, host_view(ids, DType::int32, {1, 2}));
+        std::vector<float> dxg(16), dx(8), dp(1), dw(2);
+        ep::ep_dispatch_backward(
+            ctx, tr, p, host_view(dxg, DType::fp32, {2, 8}), host_view(dx, DType::fp32, {1, 8}),
+            host_view(dp, DType::fp32, {1}), host_view(dw, DType::fp32, {1, 2}));
       });
   expect_error(1, "ep_combine: out may not alias y_grouped", [&](int, ep::InProcessTransport& tr) {
     Context ctx(Device::CPU);

@@ -1,8 +1,9 @@
 // Expert-parallel ops on the CUDA backend against the CPU backend, bit for bit: R ranks as host
 // threads sharing one GPU through the device in-process group (one stream), every output of a
 // forward + backward step, both modes (capacity with and without overflow), bf16 / fp16 / fp32,
-// vector and scalar row paths; the capacity mode captured in a CUDA graph and replayed with new
-// routing (overflow included); the transport / Context device check.
+// vector and scalar row paths, weighted combine or router weights routed as probs; the capacity
+// mode captured in a CUDA graph and replayed with new routing (overflow included); the transport /
+// Context device check.
 #include "common/ep_graph.hpp"
 
 namespace groupmm::test {
@@ -21,6 +22,7 @@ void expect_same(const std::vector<RankOut>& got, const std::vector<RankOut>& wa
     EXPECT_TRUE(same_bits(got[r].d_y_grouped, want[r].d_y_grouped)) << "d_y_grouped";
     EXPECT_TRUE(same_bits(got[r].d_weights, want[r].d_weights)) << "d_weights";
     EXPECT_TRUE(same_bits(got[r].dx, want[r].dx)) << "dx";
+    EXPECT_TRUE(same_bits(got[r].probs, want[r].probs)) << "probs";
     EXPECT_EQ(got[r].status, want[r].status);
     EXPECT_EQ(got[r].sent_bytes, want[r].sent_bytes);
   }
@@ -45,6 +47,9 @@ TEST(EpGpu, MatchesCpuBitForBit) {
     cases.push_back({EpConfig{8, R, 40, 3}, RunOpts{DType::fp32, cap, {2, 0}}});  // overflow
     cases.push_back({EpConfig{8, R, 40, 3}, RunOpts{DType::bf16, cap, {6, 5}}});  // entries
     cases.push_back({EpConfig{8, R, 32, 2}, RunOpts{DType::bf16, tp, {}}, Routing::one_expert});
+    // the router weights through the dispatch (probs), unweighted combine
+    cases.push_back({EpConfig{16, R, 64, 4}, RunOpts{DType::bf16, tp, {}, false, true}});
+    cases.push_back({EpConfig{8, R, 40, 3}, RunOpts{DType::fp32, cap, {3, 0}, false, true}});
   }
   // Many tokens: several chunks of the send scan (256 tokens) and of the permute-plan ranking.
   cases.push_back({EpConfig{64, 4, 256, 8}, RunOpts{DType::bf16, tp, {}}, Routing::mixed, 600});

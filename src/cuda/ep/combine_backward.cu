@@ -1,6 +1,6 @@
 // Expert side of ep_combine_backward on CUDA (the CPU reference: src/cpu/ep_combine_backward.cpp):
 //   scale: d_yg[g] = w_recv[e] * dy_recv[e / k] for the entry e of every grouped row (0 for the
-//     tail), one fp32 product rounded once;
+//     tail), one fp32 product rounded once (unweighted: a copy);
 //   dot: one warp per entry sent back, d_weight = dot(dy_recv[e / k], yg[g]) in the fixed order
 //     of ep_dot_order: lane l sums h = l, l + 32, ... (core/ep_impl.hpp's dot_lane_partial), then
 //     a butterfly of __fadd_rn over __shfl_xor_sync, exactly the CPU's emulation.
@@ -22,24 +22,26 @@ struct ScaleParams {
 template <class E, int N>
 __global__ void __launch_bounds__(MoverConfig::kThreads) scale_rows_kernel(ScaleParams p) {
   using P = ElementVec<E, N>;
-  int slot, lane;
-  if (!p.geo.place(slot, lane)) return;
   P* __restrict__ out = static_cast<P*>(p.d_yg);
   const P* __restrict__ dy = static_cast<const P*>(p.dy_recv);
   const int64_t nv = p.geo.vecs;
-  for (int64_t g = p.geo.first_row(slot); g < p.geo.rows; g += p.geo.row_stride()) {
+  p.geo.for_each_row([&](int64_t g, int lane) {
     const int64_t e = p.grouped_entry[g];
-    const float w = e >= 0 ? p.w_recv[e] : 0.0f;
+    const bool weighted = e >= 0 && p.w_recv != nullptr;  // else a copy (through fp32, as the CPU)
+    const float w = weighted ? p.w_recv[e] : 1.0f;
     for (int64_t v = lane; v < nv; v += p.geo.threads_per_row) {
       P o{};
       if (e >= 0) {
         const P d = dy[e / p.k * nv + v];
 #pragma unroll
-        for (int n = 0; n < N; ++n) o.v[n] = E::from_float(__fmul_rn(w, E::to_float(d.v[n])));
+        for (int n = 0; n < N; ++n) {
+          const float x = E::to_float(d.v[n]);
+          o.v[n] = E::from_float(weighted ? __fmul_rn(w, x) : x);
+        }
       }
       out[g * nv + v] = o;
     }
-  }
+  });
 }
 
 struct DotParams {
@@ -83,7 +85,7 @@ void ep_combine_backward_expert(Context& ctx, const EpPlan& plan, const void* dy
                                 const TensorView& d_y_grouped, float* dw_send) {
   const int64_t H = plan.cfg.hidden, k = plan.cfg.topk;
   const int32_t* grouped_entry = plan.grouped_entry.ptr<int32_t>();
-  dispatch_element(y_grouped.dtype, "ep_combine_backward dtype", [&](auto el) {
+  dispatch_element(d_y_grouped.dtype, "ep_combine_backward dtype", [&](auto el) {
     using E = decltype(el);
     constexpr int kVec = kVec16<E>;
     const bool vec = H % kVec == 0 && aligned_to(dy_recv, 16) && aligned_to(d_y_grouped.data, 16);
@@ -96,6 +98,7 @@ void ep_combine_backward_expert(Context& ctx, const EpPlan& plan, const void* dy
         scale_rows_kernel<E, 1><<<s.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(s);
       GROUPMM_CHECK_LAUNCH();
     }
+    if (dw_send == nullptr) return;  // unweighted: no d_weights
     const DotParams d{dy_recv,
                       y_grouped.data,
                       grouped_entry,

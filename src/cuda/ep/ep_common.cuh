@@ -40,14 +40,16 @@ struct RowGeometry {
     const int64_t cap = int64_t(std::max(ctx.sm_count(), 1)) * MoverConfig::kCtasPerSm;
     grid = n > 0 ? unsigned(std::min(qnum::ceil_div(n, int64_t(rows_per_cta)), cap)) : 0u;
   }
-  // This thread's row slot and lane within the row; false for the spare threads of a CTA.
-  __device__ bool place(int& slot, int& lane) const {
-    slot = int(threadIdx.x) / threads_per_row;
-    lane = int(threadIdx.x) % threads_per_row;
-    return slot < rows_per_cta;
+  // Calls f(row, lane) for this thread's rows (lane: its place within the row, 0 ..
+  // threads_per_row - 1); the spare threads of a CTA do nothing.
+  template <class F>
+  __device__ void for_each_row(F&& f) const {
+    const int slot = int(threadIdx.x) / threads_per_row;
+    if (slot >= rows_per_cta) return;
+    const int lane = int(threadIdx.x) % threads_per_row;
+    const int64_t stride = int64_t(gridDim.x) * rows_per_cta;
+    for (int64_t r = int64_t(blockIdx.x) * rows_per_cta + slot; r < rows; r += stride) f(r, lane);
   }
-  __device__ int64_t first_row(int slot) const { return int64_t(blockIdx.x) * rows_per_cta + slot; }
-  __device__ int64_t row_stride() const { return int64_t(gridDim.x) * rows_per_cta; }
 };
 
 inline bool aligned_to(const void* p, size_t n) {

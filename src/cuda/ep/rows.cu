@@ -20,20 +20,18 @@ struct GatherParams {
 
 template <class V>
 __global__ void __launch_bounds__(MoverConfig::kThreads) gather_rows_kernel(GatherParams p) {
-  int slot, lane;
-  if (!p.geo.place(slot, lane)) return;
   V* __restrict__ dst = static_cast<V*>(p.dst);
   const V* __restrict__ src = static_cast<const V*>(p.src);
-  const int64_t nv = p.geo.vecs;
-  for (int64_t i = p.geo.first_row(slot); i < p.geo.rows; i += p.geo.row_stride()) {
+  const int64_t nv = p.geo.vecs, step = p.geo.threads_per_row;
+  p.geo.for_each_row([&](int64_t i, int lane) {
     const int64_t s = p.idx[i];
     if (s >= 0) {
       const V* row = src + s / p.div * nv;
-      for (int64_t v = lane; v < nv; v += p.geo.threads_per_row) dst[i * nv + v] = row[v];
+      for (int64_t v = lane; v < nv; v += step) dst[i * nv + v] = row[v];
     } else if (p.zero_missing) {
-      for (int64_t v = lane; v < nv; v += p.geo.threads_per_row) dst[i * nv + v] = V{};
+      for (int64_t v = lane; v < nv; v += step) dst[i * nv + v] = V{};
     }
-  }
+  });
 }
 
 template <class V>
@@ -56,12 +54,10 @@ struct SumParams {
 template <class E, int N>
 __global__ void __launch_bounds__(MoverConfig::kThreads) weighted_sum_kernel(SumParams p) {
   using P = ElementVec<E, N>;
-  int slot, lane;
-  if (!p.geo.place(slot, lane)) return;
   P* __restrict__ out = static_cast<P*>(p.out);
   const P* __restrict__ rows = static_cast<const P*>(p.rows);
   const int64_t nv = p.geo.vecs;
-  for (int64_t t = p.geo.first_row(slot); t < p.geo.rows; t += p.geo.row_stride()) {
+  p.geo.for_each_row([&](int64_t t, int lane) {
     const int32_t* se = p.slot_entry + t * p.k;
     for (int64_t v = lane; v < nv; v += p.geo.threads_per_row) {
       float acc[N];
@@ -71,14 +67,11 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) weighted_sum_kernel(Sum
         const int64_t r = se[j];
         if (r < 0) continue;
         const P y = rows[r * nv + v];
-        if (p.w != nullptr) {
-          const float wj = p.w[t * p.k + j];
+        const float wj = p.w != nullptr ? p.w[t * p.k + j] : 1.0f;
 #pragma unroll
-          for (int n = 0; n < N; ++n)
-            acc[n] = __fadd_rn(acc[n], __fmul_rn(wj, E::to_float(y.v[n])));
-        } else {
-#pragma unroll
-          for (int n = 0; n < N; ++n) acc[n] = __fadd_rn(acc[n], E::to_float(y.v[n]));
+        for (int n = 0; n < N; ++n) {
+          const float yn = E::to_float(y.v[n]);
+          acc[n] = __fadd_rn(acc[n], p.w != nullptr ? __fmul_rn(wj, yn) : yn);
         }
       }
       P o;
@@ -86,7 +79,7 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) weighted_sum_kernel(Sum
       for (int n = 0; n < N; ++n) o.v[n] = E::from_float(acc[n]);
       out[t * nv + v] = o;
     }
-  }
+  });
 }
 
 }  // namespace
