@@ -84,13 +84,20 @@ void check_floats(const Context& ctx, const char* op, const char* arg, const Ten
   if (cols > 0) check_dim(op, arg, v, 1, cols);
 }
 
-// An optional pair given together or not at all; true when given.
-bool check_pair(const char* op, const char* an, const TensorView& a, const char* bn,
-                const TensorView& b) {
-  GROUPMM_CHECK(a.present() == b.present(), op, ": ", an, " and ", bn, " must be given together (",
-                an, a.present() ? " given, " : " absent, ", bn,
-                b.present() ? " given)" : " absent)");
-  return a.present();
+// An optional pair of fp32 tensors, given together or not at all, shaped [rows] (cols 0) or
+// [rows, cols]; true when given.
+struct FloatArg {
+  const char* name;
+  const TensorView& v;
+  int64_t rows, cols;
+};
+bool check_float_pair(const Context& ctx, const char* op, const FloatArg& a, const FloatArg& b) {
+  GROUPMM_CHECK(a.v.present() == b.v.present(), op, ": ", a.name, " and ", b.name,
+                " must be given together (", a.name, a.v.present() ? " given, " : " absent, ",
+                b.name, b.v.present() ? " given)" : " absent)");
+  if (!a.v.present()) return false;
+  for (const FloatArg* f : {&a, &b}) check_floats(ctx, op, f->name, f->v, f->rows, f->cols);
+  return true;
 }
 
 void check_no_alias(const char* op, const char* out, const TensorView& o,
@@ -147,11 +154,8 @@ void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& p, const TensorView&
   const DType t = check_mover(op, ctx, p, tr, "x", x);
   check::rows(ctx, op, "x", x, p.tokens, p.cfg.hidden, t);
   check::rows(ctx, op, "x_grouped", x_grouped, p.rows, p.cfg.hidden, t);
-  const bool with_probs = check_pair(op, "weights", weights, "probs", probs);
-  if (with_probs) {
-    check_floats(ctx, op, "weights", weights, p.tokens, p.cfg.topk);
-    check_floats(ctx, op, "probs", probs, p.rows, 0);
-  }
+  const bool with_probs = check_float_pair(ctx, op, {"weights", weights, p.tokens, p.cfg.topk},
+                                           {"probs", probs, p.rows, 0});
   check_no_alias(op, "x_grouped", x_grouped, {{"x", &x}, {"weights", &weights}});
   check_no_alias(op, "probs", probs, {{"x", &x}, {"weights", &weights}, {"x_grouped", &x_grouped}});
   const int64_t rb = dtype_storage_bytes(t, p.cfg.hidden);
@@ -191,11 +195,8 @@ void ep_dispatch_backward(Context& ctx, Transport& tr, const EpPlan& p,
   const DType t = check_mover(op, ctx, p, tr, "d_x_grouped", d_x_grouped);
   check::rows(ctx, op, "d_x_grouped", d_x_grouped, p.rows, p.cfg.hidden, t);
   check::rows(ctx, op, "dx", dx, p.tokens, p.cfg.hidden, t);
-  const bool with_probs = check_pair(op, "d_probs", d_probs, "d_weights", d_weights);
-  if (with_probs) {
-    check_floats(ctx, op, "d_probs", d_probs, p.rows, 0);
-    check_floats(ctx, op, "d_weights", d_weights, p.tokens, p.cfg.topk);
-  }
+  const bool with_probs = check_float_pair(ctx, op, {"d_probs", d_probs, p.rows, 0},
+                                           {"d_weights", d_weights, p.tokens, p.cfg.topk});
   check_no_alias(op, "dx", dx, {{"d_x_grouped", &d_x_grouped}, {"d_probs", &d_probs}});
   check_no_alias(op, "d_weights", d_weights,
                  {{"d_x_grouped", &d_x_grouped}, {"d_probs", &d_probs}, {"dx", &dx}});
@@ -216,12 +217,9 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
   const DType t = check_mover(op, ctx, p, tr, "dy", dy);
   const int64_t H = p.cfg.hidden, k = p.cfg.topk;
   check::rows(ctx, op, "dy", dy, p.tokens, H, t);
-  const bool weighted = check_pair(op, "weights", weights, "d_weights", d_weights);
-  if (weighted) {
-    check_floats(ctx, op, "weights", weights, p.tokens, k);
-    check::rows(ctx, op, "y_grouped", y_grouped, p.rows, H, t);
-    check_floats(ctx, op, "d_weights", d_weights, p.tokens, k);
-  }
+  const bool weighted = check_float_pair(ctx, op, {"weights", weights, p.tokens, k},
+                                         {"d_weights", d_weights, p.tokens, k});
+  if (weighted) check::rows(ctx, op, "y_grouped", y_grouped, p.rows, H, t);
   check::rows(ctx, op, "d_y_grouped", d_y_grouped, p.rows, H, t);
   check_no_alias(op, "d_y_grouped", d_y_grouped,
                  {{"dy", &dy}, {"weights", &weights}, {"y_grouped", &y_grouped}});
