@@ -166,7 +166,7 @@ struct EpConfig {
 struct EpCapacity {
   int64_t rows_per_peer = 0;     // C >= 1: token rows a rank sends one peer (itself included)
   int64_t entries_per_peer = 0;  // C_e: (token, slot) entries for one peer's experts; 0 means
-                                 // C * min(k, E_l), which C rows can never exceed
+                                 // C * k, which C rows can never exceed
   std::string to_string() const;
 };
 

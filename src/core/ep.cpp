@@ -130,7 +130,6 @@ EpPlan ep_capacity_plan_create(Context& ctx, const Transport& tr, const EpConfig
   check::device(op, ctx, tr);
   check::cfg(op, cfg, tr);
   const int64_t R = cfg.ranks, k = cfg.topk, El = cfg.experts / cfg.ranks;
-  const int64_t kl = std::min(k, El);
   GROUPMM_CHECK(tokens >= 0, op, ": tokens=", tokens, " must be >= 0");
   // The CUDA plan ranks entries by local expert and by peer with moe_permute_plan's kernels (one
   // spare group each: at most 1024 groups).
@@ -139,11 +138,11 @@ EpPlan ep_capacity_plan_create(Context& ctx, const Transport& tr, const EpConfig
   GROUPMM_CHECK(cap.rows_per_peer >= 1, op, ": cap.rows_per_peer=", cap.rows_per_peer,
                 " must be >= 1");
   GROUPMM_CHECK(cap.entries_per_peer >= 0, op, ": cap.entries_per_peer=", cap.entries_per_peer,
-                " must be >= 0 (0: rows_per_peer * min(k, E_l))");
+                " must be >= 0 (0: rows_per_peer * k)");
   GROUPMM_CHECK(row_dtype == DType::bf16 || row_dtype == DType::fp16 || row_dtype == DType::fp32,
                 op, ": row_dtype=", dtype_name(row_dtype), " must be bf16, fp16 or fp32");
   const int64_t C = cap.rows_per_peer;
-  const int64_t Ce = cap.entries_per_peer > 0 ? cap.entries_per_peer : C * kl;
+  const int64_t Ce = cap.entries_per_peer > 0 ? cap.entries_per_peer : C * k;
   // int32 indices: every buffer index (entries of received rows, grouped rows, slots) fits.
   GROUPMM_CHECK(R * C * k < INT32_MAX && R * Ce < INT32_MAX && tokens * k < INT32_MAX, op,
                 ": R * rows_per_peer * k=", R * C * k, ", R * entries_per_peer=", R * Ce,

@@ -18,7 +18,7 @@ std::vector<std::vector<bool>> kept_slots(const EpConfig& cfg, const std::vector
                                           const RunOpts& o) {
   const int64_t R = cfg.ranks, k = cfg.topk, El = cfg.experts / R;
   const int64_t C = o.cap.rows_per_peer;
-  const int64_t Ce = o.cap.entries_per_peer > 0 ? o.cap.entries_per_peer : C * std::min(k, El);
+  const int64_t Ce = o.cap.entries_per_peer > 0 ? o.cap.entries_per_peer : C * k;
   std::vector<std::vector<bool>> kept(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) {
     const RankData& rd = d[size_t(r)];
@@ -163,7 +163,8 @@ TEST(EpCpu, ForwardBackwardMatchOneRankReference) {
 TEST(EpCpu, Bf16AndFp16RowsMovedAsBytes) {
   for (DType dt : {DType::bf16, DType::fp16})
     for (int R : {1, 2, 4})
-      check_case(EpConfig{16, R, 40, 3}, seed_for("ep_16bit") + R, RunOpts{dt}, Routing::mixed);
+      check_case(EpConfig{16, R, 40, 3}, seed_for("ep_16bit") + R,
+                 RunOpts{dt, EpMode::throughput, {}}, Routing::mixed);
 }
 
 TEST(EpCpu, AllTokensOnOneExpert) {
@@ -219,7 +220,8 @@ TEST(EpCpu, MatchesOneRankMoePermute) {
     const EpConfig cfg{16, R, 20, 4};
     std::mt19937_64 g(seed_for("ep_moe") + uint64_t(R));
     const std::vector<RankData> d = make_case(cfg, DType::bf16, Routing::mixed, g);
-    const std::vector<RankOut> got = run_layer(cfg, d, RunOpts{DType::bf16});
+    const std::vector<RankOut> got =
+        run_layer(cfg, d, RunOpts{DType::bf16, EpMode::throughput, {}});
     OneRank one(cfg, d);
     const int64_t T = one.all.T, E = cfg.experts, H = cfg.hidden;
     Context ctx(Device::CPU);
