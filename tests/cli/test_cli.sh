@@ -43,7 +43,7 @@ expect 2 "--iters" -- demo --cpu --iters
 # ---- unknown flags, commands, suites and values
 expect 2 "not expected: --bogus" -- demo --cpu --bogus
 expect 2 "unknown command 'nope' \(commands: bench, demo, info\)" -- nope
-expect 2 "unknown bench suite 'nope' \(suites: gemm, layer, moe, quantize\)" -- bench nope
+expect 2 "unknown bench suite 'nope' \(suites: ep, gemm, layer, moe, quantize\)" -- bench nope
 expect 2 "--pattern: 'foo' is not one of balanced, zipf, empty25" -- bench layer --cpu --pattern foo
 expect 2 "--pattern: 'foo' is not one of" -- bench layer --cpu --pattern zipf,foo
 expect 2 "--pass: 'up' is not one of fwd, dgrad, wgrad" -- bench gemm --pass up
