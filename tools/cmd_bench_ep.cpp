@@ -1,7 +1,7 @@
 // `groupmm bench ep`: expert-parallel dispatch and combine (tools/ep_bench.cpp). One process per
-// GPU: e.g. `torchrun --nproc-per-node 8 groupmm bench ep --id-file /tmp/ep.id` (WORLD_SIZE, RANK
-// and LOCAL_RANK from the environment), or --ranks / --rank explicitly; --cpu runs ranks as
-// threads on the CPU reference backend.
+// GPU: e.g. `torchrun --no-python --nproc-per-node 8 groupmm bench ep --id-file /tmp/ep.id`
+// (WORLD_SIZE, RANK and LOCAL_RANK from the environment), or --ranks / --rank explicitly; --cpu
+// runs ranks as threads on the CPU reference backend.
 #include "cli.hpp"
 #include "ep_bench.hpp"
 
