@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -88,6 +89,22 @@ double median_ms(cudaStream_t stream, int warmup, int iters, F&& fn) {
   for (int i = 0; i < iters; ++i)
     GROUPMM_CHECK_CUDA(cudaEventElapsedTime(&t[size_t(i)], ev[size_t(i)], ev[size_t(i) + 1]));
   for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Median us of fn (CUDA events on ctx's stream, or the host clock on a CPU Context).
+template <class F>
+double time_us(const Context& ctx, int warmup, int iters, F&& fn) {
+  if (ctx.device() == Device::CUDA) return 1e3 * median_ms(ctx.stream(), warmup, iters, fn);
+  std::vector<double> t;
+  for (int i = 0; i < warmup + iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn(i);
+    if (i >= warmup)
+      t.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }

@@ -25,21 +25,6 @@ struct LayerShape {
 };
 const LayerShape kLayers[] = {{"qwen3_gate_up", 128, 2048, 1536}, {"qwen3_down", 128, 768, 2048}};
 
-// Median time (us) of fn over iters runs after warmup: CUDA events on a GPU, wall clock on CPU.
-template <class F>
-double time_us(const Context& ctx, int warmup, int iters, F&& fn) {
-  if (ctx.device() == Device::CUDA) return 1e3 * median_ms(ctx.stream(), warmup, iters, fn);
-  for (int i = 0; i < warmup; ++i) fn(i);
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i) {
-    const auto t0 = clock_type::now();
-    fn(i);
-    t.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 double rel_err(const TensorView& a, const TensorView& b) {
   std::vector<uint16_t> ha(size_t(a.numel())), hb(ha.size());
   copy(TensorView(ha.data(), a.dtype, Device::CPU, {a.numel()}), a);

@@ -57,22 +57,6 @@ std::vector<BenchCase> all_cases(bool cpu) {
   return {{"qwen3", q}, {"dsv3", d}, {"mixtral", m}};
 }
 
-// Median us of fn (CUDA events on the stream, or the host clock).
-template <class F>
-double time_us(const Context& ctx, int warmup, int iters, F&& fn) {
-  if (ctx.device() == Device::CUDA) return 1e3 * median_ms(ctx.stream(), warmup, iters, fn);
-  std::vector<double> t;
-  for (int i = 0; i < warmup + iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn(i);
-    if (i >= warmup)
-      t.push_back(
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 struct Mover {
   const char* name;
   double us, bytes;

@@ -195,6 +195,8 @@ enum FaultBits : uint32_t {
   kFaultSplitsOverflow = 1u << 2,       // splits run past the buffer (rows clamped, group skipped)
   kFaultBadIndex = 1u << 3,             // an index (e.g. expert id) out of range (entry skipped)
   kFaultSplitAlignment = 1u << 4,  // a split breaks an op's alignment rule (group's output skipped)
+  kFaultEpCapacity = 1u << 5,  // an expert-parallel capacity was exceeded (rows dropped; group =
+                               // the peer rank, value = what it needed)
 };
 
 enum class OpId : uint32_t {
@@ -211,6 +213,7 @@ enum class OpId : uint32_t {
   layer,
   moe_router,
   weighted_swiglu,
+  ep_dispatch,  // the expert-parallel plans (ep.hpp)
   count_
 };
 const char* op_name(OpId op);

@@ -1,15 +1,21 @@
 // groupmm/ep.hpp: expert parallelism (EP): token dispatch to the ranks that hold a token's experts,
-// and the combine that brings the expert outputs back, over an abstract transport.
+// the combine that brings the expert outputs back, and the backward of both, over an abstract
+// transport (in-process for tests, NCCL in groupmm/ep_nccl.hpp).
 //
 // Setting: R ranks, E experts split evenly (rank r holds experts [r E/R, (r + 1) E/R), its
 // E_l = E/R *local* experts). Each rank has its own T_r tokens x [T_r, H] and their routing
-// expert_ids [T_r, k] (moe_router_forward's output). One EP layer step on every rank:
+// expert_ids [T_r, k] and weights [T_r, k] (moe_router_forward's outputs). One EP layer step on
+// every rank:
 //
-//   plan = ep_dispatch_plan(ctx, tr, cfg, expert_ids)        count + metadata exchange
+//   plan = ep_dispatch_plan(ctx, tr, cfg, expert_ids)        throughput mode (or: a capacity plan)
 //   xg   = Tensor [plan.rows, H]                             caller-allocated, host-known now
 //   ep_dispatch(ctx, tr, plan, x, xg)                        rows to the expert ranks
 //   yg   = grouped expert MLP(xg, plan.splits)               E_l groups, ready for grouped GEMMs
 //   ep_combine(ctx, tr, plan, yg, weights, y)                outputs home, weighted fixed-order sum
+//   ...
+//   ep_combine_backward(ctx, tr, plan, dy, weights, yg, d_yg, d_weights)
+//   d_xg = grouped expert MLP backward(d_yg)
+//   ep_dispatch_backward(ctx, tr, plan, d_xg, dx)
 //
 // Every call is a collective: all R ranks make the same calls in the same order (like NCCL).
 //
@@ -27,19 +33,48 @@
 //   most: summing on the expert rank would reorder the fp32 sum), and the home rank computes
 //   y[t] = sum_j weights[t, j] * y_(t, j) in fp32, slot 0 first, rounded once: bit-identical to a
 //   one-rank layer that loops the slots in order, whatever R is.
+// - The backward passes move the same data the other way round. ep_combine_backward sends dy[t]
+//   (and its k weights) once to each rank holding one of t's experts, where
+//   d_yg[(t, j)] = weights[t, j] * dy[t] (fp32 product, rounded once) and
+//   d_weights[t, j] = dot(dy[t], y_(t, j)) in fp32 in the fixed order of ep_dot_order (below),
+//   which travels home as one float per entry. ep_dispatch_backward returns every entry's gradient
+//   row home, which sums them in slot order (fp32, rounded once): dx[t] = sum_j d_xg[(t, j)], the
+//   one-rank moe_permute_backward bit for bit (a row copied into two local groups gets both
+//   gradients).
 //
-// Mode: *throughput* (implemented): the per-peer row counts are exchanged first, so every transfer
-// moves exact bytes and the receive buffers are sized from them; this reads counts on the host, so
-// it is not graph safe. A graph-safe *capacity* mode (fixed per-peer capacity, buffers sized from
-// host-known bounds, counts carried in-band, overflow reported through the status block) is future
-// work, as are FP8 dispatch (quantized rows + scales) and the backward passes
-// (ep_dispatch_backward, ep_combine_backward).
+// Two modes (EpPlan::mode), the same four data movers:
+// - *throughput* (ep_dispatch_plan): the per-peer row counts are exchanged first, so every transfer
+//   moves exact bytes and the buffers are sized from them. The plan reads counts on the host
+//   (a CUDA plan copies expert_ids to the host and synchronizes), so it is not graph safe; the
+//   movers allocate their staging buffers (stream-ordered) per call.
+// - *capacity* (ep_capacity_plan_create once, ep_capacity_plan every step): a host-known capacity
+//   per peer, EpCapacity{rows_per_peer C, entries_per_peer C_e}. Every buffer is sized from it and
+//   allocated once, in the plan; each exchange moves fixed blocks (C rows, or C_e entries, per
+//   peer) whatever the routing, with the counts carried in-band; the plan data lives on the
+//   Context's device. ep_capacity_plan and the four movers are graph safe on CUDA: no host sync,
+//   no host read of counts or ids, no allocation; routing may change between graph replays.
+//   Overflow is dropped deterministically and reported, never written out of bounds: a home rank
+//   sends peer q its tokens that need q in token order while both budgets hold (at most C rows
+//   and C_e (token, slot) entries); the first token that does not fit and every later token that
+//   needs q are not sent to q (their slots on q are dropped: the combine skips them, their
+//   d_weights and d_x contributions are 0, as moe_permute's capacity drops). Each drop sets
+//   kFaultEpCapacity in the Context's status block (op ep_dispatch, group = the peer rank,
+//   value = the rows that peer needed, or the entries when the rows fit); Context::check() throws
+//   it. The expert-grouped buffer has plan.rows = R * C_e rows; the rows past the last local
+//   expert's are zero and counted in splits[E_l - 1], so sum(splits) == rows (the grouped GEMM's
+//   contract, as moe_permute's tail). When nothing overflows, every output equals throughput
+//   mode's bit for bit (xg's first sum(entries) rows and all of y, dx, d_weights).
 //
-// Backends: the CPU backend (Device::CPU contexts, host memory) is the reference. On a CUDA Context
-// every op throws "not implemented yet on CUDA". Host-side validation throws groupmm::Error naming
-// the op, the argument and the value; it happens before the first exchange, so an error every
-// rank sees (E % R != 0, bad shapes) fails every rank cleanly, while one seen by only some ranks
-// (an expert id out of range on one rank) leaves the others waiting in the exchange.
+// Backends: the CPU backend (Device::CPU contexts, host memory, a host transport) is the
+// reference; the CUDA backend (sm_90) runs on a CUDA Context with a transport whose buffers live on
+// the device (Transport::device() == Device::CUDA: the NCCL transport, or the in-process group made
+// with Device::CUDA) and agrees with the CPU backend bit for bit. Host-side validation throws
+// groupmm::Error naming the op, the argument and the value; it happens before the first exchange,
+// so an error every rank sees (E % R != 0, bad shapes) fails every rank cleanly, while one seen by
+// only some ranks (an expert id out of range on one rank) leaves the others waiting in the
+// exchange. The throughput plan reads the expert ids on the host and throws on an id outside
+// [0, E); the capacity plan (device data on CUDA) skips such an entry and reports kFaultBadIndex.
+// Minimum SM: sm_90 (CUDA); the CPU backend runs anywhere.
 #pragma once
 
 #include <cstdint>
@@ -55,42 +90,52 @@ namespace groupmm::ep {
 // Transport: the collectives the EP algorithms need
 // ================================================================================================
 
-// A group of size() ranks; this object is rank(). Both calls are blocking collectives on host
-// memory. Implementations: InProcessTransport (below: R ranks as threads of one process, for tests
-// and CI) and, planned, an NCCL transport that wraps a caller-created ncclComm_t (the caller owns
-// the communicator and its lifetime; it uses grouped ncclSend/ncclRecv on the Context's stream and
-// leaves NVLS off: NCCL_NVLS_ENABLE=0, NVLink multicast is not used).
+// A group of size() ranks; this object is rank(). Implementations: InProcessTransport (R ranks as
+// threads of one process, host or device buffers) and NcclTransport (groupmm/ep_nccl.hpp).
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // The count exchange: send [size() * n] int64, block p (n values) goes to peer p; recv
-  // [size() * n] receives peer p's block for this rank at block p.
+  // Where all_to_all_v's buffers live: host memory (Device::CPU: the call is blocking) or device
+  // memory (Device::CUDA: the call is enqueued on `stream` and returns without waiting for it).
+  virtual Device device() const = 0;
+  // The count exchange, on host memory, blocking (a device transport synchronizes): send
+  // [size() * n] int64, block p (n values) goes to peer p; recv [size() * n] receives peer p's
+  // block for this rank at block p. Used by the throughput plan only.
   virtual void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) = 0;
   // Variable-size all-to-all of bytes: send_counts[p] bytes from send + send_offsets[p] go to peer
   // p and land at recv + recv_offsets[p] there; recv_counts[p] must equal what peer p sends to this
-  // rank (exchanged beforehand with all_to_all_counts). All arrays have size() entries.
+  // rank. The count and offset arrays are host memory with size() entries; send and recv are
+  // device() memory. A device transport orders the transfer on `stream` (graph safe when the
+  // transport's transfers are: NCCL's and the in-process group's are).
   virtual void all_to_all_v(const void* send, const int64_t* send_counts,
                             const int64_t* send_offsets, void* recv, const int64_t* recv_counts,
-                            const int64_t* recv_offsets) = 0;
+                            const int64_t* recv_offsets, cudaStream_t stream) = 0;
 };
 
 class InProcessHub;  // mailboxes + barrier shared by the ranks of one in-process group
 
 // R ranks as threads of one process: each collective posts this rank's send buffer in the shared
 // hub, waits at a barrier, copies what every peer posted for it, and waits again (so no peer frees
-// its buffer early). Each rank's transport must be used by one thread at a time, and all R ranks
-// must take part in every collective. Records the bytes of the last all_to_all_v, per peer (tests
-// check that a row crosses to a rank once).
+// or rewrites its buffer early). Each rank's transport must be used by one thread at a time, and
+// all R ranks must take part in every collective. A device group (Device::CUDA) exchanges device
+// buffers of one GPU with cudaMemcpyAsync on the group's stream, which every rank's Context must
+// use (one stream orders every rank's kernels and copies, so no events are needed; the copies are
+// graph capturable). Records the bytes of the last all_to_all_v, per peer (tests check that a row
+// crosses to a rank once).
 class InProcessTransport final : public Transport {
  public:
   InProcessTransport(std::shared_ptr<InProcessHub> hub, int rank);
   int rank() const override { return rank_; }
   int size() const override;
+  Device device() const override;
+  // The stream of a device group (nullptr for a host group).
+  cudaStream_t stream() const;
   void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) override;
   void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
-                    void* recv, const int64_t* recv_counts, const int64_t* recv_offsets) override;
+                    void* recv, const int64_t* recv_counts, const int64_t* recv_offsets,
+                    cudaStream_t stream) override;
   // Bytes this rank sent to each peer (itself included) in its last all_to_all_v.
   const std::vector<int64_t>& last_sent_bytes() const { return last_sent_; }
 
@@ -100,11 +145,13 @@ class InProcessTransport final : public Transport {
   std::vector<int64_t> last_sent_;
 };
 
-// R >= 1 transports of one group; element r is rank r. Hand each to its own thread.
-std::vector<std::unique_ptr<InProcessTransport>> make_in_process_group(int ranks);
+// R >= 1 transports of one group; element r is rank r. Hand each to its own thread. A Device::CUDA
+// group exchanges device buffers on `stream` (every rank's Context must be made on it).
+std::vector<std::unique_ptr<InProcessTransport>> make_in_process_group(
+    int ranks, Device device = Device::CPU, cudaStream_t stream = nullptr);
 
 // ================================================================================================
-// Dispatch and combine
+// Plans
 // ================================================================================================
 
 struct EpConfig {
@@ -115,50 +162,120 @@ struct EpConfig {
   std::string to_string() const;
 };
 
-// What a dispatch decided, for the dispatch itself and the combine that undoes it. Host metadata
-// (std::vector) plus the local splits on the Context's device. Built by ep_dispatch_plan; treat
-// the vectors as read-only.
-struct EpPlan {
-  EpConfig cfg;
-  int rank = 0;
-  int64_t tokens = 0;         // T of this rank
-  int64_t local_experts = 0;  // E_l = E / R
-  int64_t rows_received = 0;  // unique rows this rank receives (each sent once)
-  int64_t rows = 0;           // rows of the expert-grouped buffer (entries for local experts)
-  Tensor splits;              // [E_l] int32: rows of each local expert in the grouped buffer
-  std::vector<int64_t> splits_host;  // the same, on the host
-  // Sender side (forward rows): per peer, the local tokens sent to it, in token order.
-  std::vector<int64_t> send_rows, send_offsets;  // [R] counts / prefix offsets into send_token
-  std::vector<int64_t> send_token;               // [sum send_rows] token index
-  // Receiver side: per peer, rows received; for each grouped row, the received row it copies.
-  std::vector<int64_t> recv_rows, recv_offsets;  // [R]
-  std::vector<int64_t> grouped_src;              // [rows] received row index
-  // Combine: entries sent back, in (source rank, received row, slot) order, as grouped rows.
-  std::vector<int64_t> back_send_entries;  // [R] entries sent back to each home rank
-  std::vector<int64_t> back_grouped;       // [rows] grouped row of each entry, in send order
-  // Home side of combine: entries coming back from each expert rank, and their (t, j) slot.
-  std::vector<int64_t> back_recv_entries;  // [R]
-  std::vector<int64_t> back_slot;          // [sum back_recv_entries] t * k + j
+// Capacity mode's host-known bounds, per (home rank, expert rank) pair.
+struct EpCapacity {
+  int64_t rows_per_peer = 0;     // C >= 1: token rows a rank sends one peer (itself included)
+  int64_t entries_per_peer = 0;  // C_e: (token, slot) entries for one peer's experts; 0 means
+                                 // C * k, which C rows can never exceed
   std::string to_string() const;
 };
 
-// The count and metadata exchange of a dispatch (collective). expert_ids [T, k] int32 or int64
-// (host memory on a CPU Context), ids in [0, E). T may differ per rank (0 too). Sends each peer the
-// number of rows it will get, then per row its token's local expert slots. Not graph safe.
+enum class EpMode : uint8_t { throughput, capacity };
+const char* ep_mode_name(EpMode m);
+
+// What a dispatch decided, for the four movers. The index arrays and splits live on the Context's
+// device (host memory on a CPU Context); the per-peer counts are host vectors. Treat every field
+// as read-only: build a plan with ep_dispatch_plan or ep_capacity_plan_create + ep_capacity_plan.
+struct EpPlan {
+  EpConfig cfg;
+  EpMode mode = EpMode::throughput;
+  EpCapacity cap;  // capacity mode only (entries_per_peer resolved)
+  int rank = 0;
+  int64_t tokens = 0;         // T of this rank
+  int64_t local_experts = 0;  // E_l = E / R
+  int64_t rows = 0;  // rows of the expert-grouped buffer: exact (throughput) or R * C_e (capacity)
+  Tensor splits;     // [E_l] int32: rows of each local expert in the grouped buffer
+  std::vector<int64_t> splits_host;  // throughput mode: the same on the host (capacity: empty)
+  // Routes, per peer (host, [R] each; offsets in rows or entries of the staging buffers). Forward
+  // (home -> expert): token rows. Back (expert -> home): (token, slot) entries. Capacity mode: the
+  // fixed blocks C and C_e.
+  std::vector<int64_t> send_rows, send_offsets, recv_rows, recv_offsets;
+  std::vector<int64_t> back_send, back_send_offsets, back_recv, back_recv_offsets;
+  int64_t send_total = 0, recv_total = 0, back_send_total = 0, back_recv_total = 0;
+  // Index arrays (int32, -1 = none), on the Context's device:
+  Tensor send_token;     // [send_total] token of each forward send row
+  Tensor grouped_entry;  // [rows] received row * k + slot of each grouped row (-1: a zero tail row)
+  Tensor back_grouped;   // [back_send_total] grouped row of each entry sent back
+  Tensor slot_entry;     // [T, k] back-receive row of (t, j) (-1: no expert / dropped)
+  // Capacity mode only: the in-band metadata blocks [R, 1 + C k] int32 (count, then the local
+  // expert of each slot of each row, -1 elsewhere), the plan kernels' scratch (CUDA), and the
+  // staging buffers every mover uses: rows ([R * max(C, C_e)] rows of stage_row_bytes) and fp32
+  // values (weights [R C k] and d_weights [R C_e]), each side.
+  Tensor meta_send, meta_recv, scratch;
+  Tensor stage_send, stage_recv, stage_aux_send, stage_aux_recv;
+  int64_t stage_row_bytes = 0;
+  std::string to_string() const;
+};
+
+// Throughput mode: the count and metadata exchange of a dispatch (collective). expert_ids [T, k]
+// int32 or int64 on the Context's device, ids in [0, E). T may differ per rank (0 too). Sends each
+// peer the number of rows it will get, then per row its token's local expert slots. Not graph
+// safe (reads ids and counts on the host, allocates the plan).
 EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
                         const TensorView& expert_ids);
 
-// Moves the token rows (collective): x [T, H] bf16, fp16 or fp32 (moved as bytes), row-major,
-// contiguous; x_grouped out [plan.rows, H], x's dtype, ordered as the header says (ready for
-// grouped GEMMs with plan.splits). May not alias. Not graph safe.
-void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& x,
-                 const TensorView& x_grouped);
+// Capacity mode: allocates a plan for T tokens on this rank and the largest row dtype it will
+// move (bf16, fp16 or fp32: the staging rows are H of it). Not graph safe (allocates): call it
+// once, before capture. rows = R * C_e. Every rank must use the same cap. On CUDA, E_l and R must
+// be below 1024 (the plan ranks entries with moe_permute_plan's kernels).
+EpPlan ep_capacity_plan_create(Context& ctx, const Transport& tr, const EpConfig& cfg,
+                               const EpCapacity& cap, int64_t tokens, DType row_dtype);
+// Capacity mode: fills `plan` for this step's routing (collective: one fixed-size metadata
+// exchange). expert_ids [T, k] int32 on the Context's device. Graph safe; drops and reports
+// overflow as the header says.
+void ep_capacity_plan(Context& ctx, Transport& tr, const TensorView& expert_ids, EpPlan& plan);
 
-// Brings the expert outputs home and sums them (collective): y_grouped [plan.rows, H] (the
-// expert MLP's output in x_grouped's row order), weights [T, k] fp32 (router weights), out [T, H];
-// y_grouped and out bf16, fp16 or fp32 (one dtype). out[t] = sum_j weights[t, j] * y_(t, j) in
-// fp32, slot order, rounded once; a token with no experts gets 0. Not graph safe.
+// ================================================================================================
+// The movers (collectives; any plan). Row tensors are bf16, fp16 or fp32 (moved as bytes),
+// row-major, contiguous, on the Context's device; outputs may not alias inputs. Graph safe on CUDA
+// with a capacity plan.
+// ================================================================================================
+
+// Two ways to apply the router weights, as the header's step shows or as the one-rank MoE block
+// does (nn/moe.hpp: the weight enters the expert's activation, weighted_swiglu, and the combine is
+// moe_unpermute's unweighted sum): pass weights to ep_combine / ep_combine_backward, or route
+// them with ep_dispatch (probs) and leave them out of the combine. Either way every result is the
+// corresponding one-rank op's, bit for bit.
+
+// x [T, H] -> x_grouped [plan.rows, H], x's dtype, ordered as the header says (ready for grouped
+// GEMMs with plan.splits; capacity mode's tail rows are zero). weights [T, k] fp32 and probs
+// [plan.rows] fp32, optional (both or none): probs[g] = weights[t, j] of the grouped row's entry
+// (0 for tail rows), moe_permute's probs.
+void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& x,
+                 const TensorView& x_grouped, const TensorView& weights = TensorView(),
+                 const TensorView& probs = TensorView());
+
+// y_grouped [plan.rows, H] (the expert MLP's output in x_grouped's row order), weights [T, k] fp32
+// or absent, out [T, H], y_grouped's dtype: out[t] = sum_j weights[t, j] * y_(t, j) (absent:
+// sum_j y_(t, j), moe_unpermute's) in fp32, slot order, rounded once; a token with no (kept)
+// experts gets 0.
 void ep_combine(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& y_grouped,
                 const TensorView& weights, const TensorView& out);
+
+// Backward of ep_combine: dy [T, H], weights [T, k] fp32, y_grouped [plan.rows, H] (the forward's,
+// saved) -> d_y_grouped [plan.rows, H] (d_y_(t, j) = fp32(weights[t, j] * dy[t]) rounded once;
+// tail rows 0) and d_weights [T, k] fp32 (dot(dy[t], y_(t, j)) in the ep_dot_order; 0 where the
+// slot was dropped). dy, y_grouped and d_y_grouped share one dtype. Unweighted (weights and
+// d_weights absent, y_grouped unused and may be absent): d_y_(t, j) = dy[t],
+// moe_unpermute_backward.
+void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& dy,
+                         const TensorView& weights, const TensorView& y_grouped,
+                         const TensorView& d_y_grouped, const TensorView& d_weights);
+
+// Backward of ep_dispatch: d_x_grouped [plan.rows, H] -> dx [T, H], one dtype:
+// dx[t] = sum_j d_x_grouped[(t, j)] in fp32 in slot order (dropped slots skipped), rounded once;
+// a token with no (kept) experts gets 0. Tail rows are not read. d_probs [plan.rows] fp32 and
+// d_weights [T, k] fp32, optional (both or none): d_weights[t, j] = d_probs[(t, j)'s grouped row]
+// (0 when dropped), moe_permute_backward's.
+void ep_dispatch_backward(Context& ctx, Transport& tr, const EpPlan& plan,
+                          const TensorView& d_x_grouped, const TensorView& dx,
+                          const TensorView& d_probs = TensorView(),
+                          const TensorView& d_weights = TensorView());
+
+// The fixed summation order of d_weights' dot products (both backends): 32 lane partials, lane l
+// summing p_h = a_h * b_h (fp32, rounded) for h = l, l + 32, ... in order, then a butterfly:
+// for m = 16, 8, 4, 2, 1, partial[l] += partial[l ^ m]; the result is partial[0]. A host
+// function for tests and references: a, b are n fp32 values.
+float ep_dot_order(const float* a, const float* b, int64_t n);
 
 }  // namespace groupmm::ep

@@ -55,6 +55,8 @@ const char* op_name(OpId op) {
       return "moe_router";
     case OpId::weighted_swiglu:
       return "weighted_swiglu";
+    case OpId::ep_dispatch:
+      return "ep_dispatch";
     case OpId::count_:
       break;
   }
@@ -80,8 +82,12 @@ std::string describe_status(const StatusBlock& s) {
   if (s.bits & kFaultSplitsOverflow) os << " splits run past the buffer (rows clamped);";
   if (s.bits & kFaultBadIndex) os << " index out of range (entry skipped);";
   if (s.bits & kFaultSplitAlignment) os << " split breaks the op's alignment rule (group skipped);";
-  // A whole-tensor fault (the sum of the splits) has no group; its value is the sum.
-  if (s.group < 0)
+  if (s.bits & kFaultEpCapacity) os << " expert-parallel capacity exceeded (rows dropped);";
+  // A whole-tensor fault (the sum of the splits) has no group; its value is the sum. An EP
+  // capacity fault alone names the peer rank and the rows or entries it needed.
+  if (s.bits == kFaultEpCapacity && static_cast<OpId>(s.op) == OpId::ep_dispatch)
+    os << " first at peer rank " << s.group << ", needed " << s.value;
+  else if (s.group < 0)
     os << " the splits sum to " << s.value;
   else
     os << " first at group " << s.group << ", value " << s.value;

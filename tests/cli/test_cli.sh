@@ -43,7 +43,7 @@ expect 2 "--iters" -- demo --cpu --iters
 # ---- unknown flags, commands, suites and values
 expect 2 "not expected: --bogus" -- demo --cpu --bogus
 expect 2 "unknown command 'nope' \(commands: bench, demo, info\)" -- nope
-expect 2 "unknown bench suite 'nope' \(suites: gemm, layer, moe, quantize\)" -- bench nope
+expect 2 "unknown bench suite 'nope' \(suites: ep, gemm, layer, moe, quantize\)" -- bench nope
 expect 2 "--pattern: 'foo' is not one of balanced, zipf, empty25" -- bench layer --cpu --pattern foo
 expect 2 "--pattern: 'foo' is not one of" -- bench layer --cpu --pattern zipf,foo
 expect 2 "--pass: 'up' is not one of fwd, dgrad, wgrad" -- bench gemm --pass up
@@ -68,6 +68,8 @@ expect 2 "--recipe: 'nvfp4' is not one of" -- bench layer --recipe nvfp4
 expect 2 "--recipe fp8_current needs a GPU" -- bench layer --cpu --recipe fp8_current
 expect 2 "--case needs a quantized --recipe" -- bench layer --cpu --case qwen3
 expect 2 "--case: 'llama' is not one of qwen3, dsv3, mixtral" -- bench moe --case qwen3,llama
+expect 2 "--case: 'llama' is not one of dsv3, qwen3" -- bench ep --cpu --case llama
+expect 2 "--capacity-factor" -- bench ep --cpu --capacity-factor 0.5
 expect 2 "--topk 5 must be at most --experts 4" -- demo moe --cpu --experts 4 --topk 5
 expect 2 "--hidden: 4 is out of range" -- demo moe --cpu --hidden 4
 # ---- sizes: range checks, and limits that would exhaust memory say so (at once)
@@ -86,7 +88,7 @@ expect 0 "Usage: groupmm \[OPTIONS\]" -- --help
 expect 0 "^groupmm [0-9]+\.[0-9]+\.[0-9]+$" -- --version
 expect 0 "Usage: groupmm demo" -- demo --help
 grep -q "demo passed" <<<"$LAST_OUT" && { failed=$((failed + 1)); echo "FAIL: demo --help ran the demo"; }
-for c in info "bench gemm" "bench quantize" "bench layer" "bench moe" "demo moe"; do
+for c in info "bench ep" "bench gemm" "bench quantize" "bench layer" "bench moe" "demo moe"; do
   # shellcheck disable=SC2086
   expect 0 "Usage: groupmm $c" -- $c --help
 done
@@ -103,6 +105,7 @@ if "$bin" info | grep -q "GPUs: none visible"; then
   expect 1 "groupmm: error: bench quantize: needs an sm_90 GPU \(none visible\)$" -- bench quantize
   expect 1 "groupmm: error: bench layer: needs an sm_90 GPU" -- bench layer
   expect 1 "groupmm: error: bench moe: needs an sm_90 GPU" -- bench moe --iters 1
+  expect 1 "groupmm: error: bench ep: needs an sm_90 GPU" -- bench ep --iters 1
 fi
 # ---- the CPU runs: the demo is checked against naive loops (not the backend against itself)
 expect 0 "demo passed" -- demo --cpu "${tiny[@]}"
@@ -119,6 +122,16 @@ d = json.load(open(sys.argv[1]))
 assert d["suite"] == "layer" and len(d["cases"]) == 6, d
 assert all(c["layer_us"] > 0 and c["fwd_us"] > 0 for c in d["cases"])
 PY
+# bench ep: ranks as threads; every mode's check is combine(dispatch(x)) == x bit for bit
+expect 0 "throughput .* ok" -- bench ep --cpu --ranks 4 --json "$tmp/ep.json"
+if python3 - "$tmp/ep.json" <<'PY'; then pass=$((pass + 1)); else failed=$((failed + 1)); echo "FAIL: bench ep --json"; fi
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ranks"] == 4 and len(d["cases"]) == 4, d
+assert all(c["valid"] and not c["overflow"] and c["dispatch_us"] > 0 for c in d["cases"]), d
+assert {c["mode"] for c in d["cases"]} == {"throughput", "capacity"}, d
+PY
+expect 1 "bench ep: case dsv3 has E=32 experts, which ranks=3 does not divide" -- bench ep --cpu --ranks 3 --case dsv3
 
 echo "cli: $pass checks passed, $failed failed"
 [ "$failed" = 0 ]

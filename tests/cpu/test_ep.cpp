@@ -1,260 +1,516 @@
-// Expert-parallel dispatch / combine on the CPU backend over the in-process transport: R simulated
-// ranks as threads, checked against a one-rank reference over all tokens (the global token order is
-// rank 0's tokens, then rank 1's, ...): the dispatched expert-grouped rows, the bytes each rank
-// sends (a row crosses to a rank once), a whole layer bit for bit, and the validation messages.
-#include <cstring>
-#include <exception>
-#include <thread>
-
-#include "common/test_util.hpp"
-#include "groupmm/convert.hpp"
-#include "groupmm/ep.hpp"
+// Expert-parallel dispatch / combine and their backwards on the CPU backend over the in-process
+// transport: R simulated ranks as threads, checked against a one-rank reference over all tokens
+// (the global token order is rank 0's tokens, then rank 1's, ...), both a plain loop reference
+// that knows capacity drops and the one-rank moe ops (moe_permute, moe_permute_backward); the
+// bytes each rank sends (a row crosses to a rank once); capacity mode against throughput mode and
+// with overflow; the validation messages.
+#include "common/ep_harness.hpp"
+#include "groupmm/moe.hpp"
 
 namespace groupmm::test {
 namespace {
 
-using ep::EpConfig;
+using namespace ep_harness;
 
-// Bit-for-bit equality of two float vectors (memcmp is not called on the empty ones: their data()
-// may be null).
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
-// Runs fn(rank, transport) on R threads; rethrows the first rank's exception, if any.
-template <class Fn>
-void run_ranks(int R, Fn fn) {
-  auto group = ep::make_in_process_group(R);
-  std::vector<std::exception_ptr> errs(static_cast<size_t>(R));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r, *group[size_t(r)]);
-      } catch (...) {
-        errs[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
-}
-
-// One rank's inputs: tokens [T, H] fp32 (also as bf16 bits), routing [T, k].
-struct RankData {
-  int64_t T = 0;
-  std::vector<float> x;
-  std::vector<uint16_t> x_bf16;
-  std::vector<int32_t> ids;
-  std::vector<float> w;
-};
-
-// Random routing with the corner cases: tokens whose k experts all live on one rank, the last
-// expert never chosen (zero rows), and (R >= 2) the last rank's experts never chosen (it receives
-// nothing). Token counts differ per rank (rank 0 may have none).
-std::vector<RankData> make_case(const EpConfig& cfg, std::mt19937_64& g) {
-  const int64_t R = cfg.ranks, E = cfg.experts, k = cfg.topk, H = cfg.hidden, El = E / R;
-  const int64_t usable = R >= 2 ? E - El : E - 1;  // experts [0, usable) may be chosen
-  std::vector<RankData> d(static_cast<size_t>(R));
+// Which (rank, token, slot) entries survive capacity mode's drop rule (all of them in throughput
+// mode): per (home r, peer q), tokens needing q in token order while both running totals fit.
+std::vector<std::vector<bool>> kept_slots(const EpConfig& cfg, const std::vector<RankData>& d,
+                                          const RunOpts& o) {
+  const int64_t R = cfg.ranks, k = cfg.topk, El = cfg.experts / R;
+  const int64_t C = o.cap.rows_per_peer;
+  const int64_t Ce = o.cap.entries_per_peer > 0 ? o.cap.entries_per_peer : C * k;
+  std::vector<std::vector<bool>> kept(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) {
-    RankData& rd = d[size_t(r)];
-    rd.T = r == 0 && R > 1 ? 0 : int64_t(g() % 9) + 1 + 3 * r;
-    rd.x = randn(size_t(rd.T * H), 1.0f, g);
-    for (float v : rd.x) rd.x_bf16.push_back(float_to_bf16_bits(v));
-    rd.w = randn(size_t(rd.T * k), 1.0f, g);
+    const RankData& rd = d[size_t(r)];
+    kept[size_t(r)].assign(size_t(rd.T * k), true);
+    if (o.mode == EpMode::throughput) continue;
+    std::vector<int64_t> rows(size_t(R), 0), entries(size_t(R), 0);
+    for (int64_t t = 0; t < rd.T; ++t)
+      for (int64_t q = 0; q < R; ++q) {
+        int64_t n = 0;
+        for (int64_t j = 0; j < k; ++j) n += rd.ids[size_t(t * k + j)] / El == q;
+        if (n == 0) continue;
+        rows[size_t(q)] += 1;
+        entries[size_t(q)] += n;
+        if (rows[size_t(q)] <= C && entries[size_t(q)] <= Ce) continue;
+        for (int64_t j = 0; j < k; ++j)
+          if (rd.ids[size_t(t * k + j)] / El == q) kept[size_t(r)][size_t(t * k + j)] = false;
+      }
+  }
+  return kept;
+}
+
+// The plain-loop reference of a whole step (see run_layer), per rank.
+std::vector<RankOut> reference(const EpConfig& cfg, const std::vector<RankData>& d,
+                               const RunOpts& o) {
+  const int64_t R = cfg.ranks, H = cfg.hidden, k = cfg.topk, El = cfg.experts / R;
+  const DType dt = o.dt;
+  const auto kept = kept_slots(cfg, d, o);
+  std::vector<RankOut> ref(static_cast<size_t>(R));
+  const auto y_of = [&](int64_t r, int64_t t, int64_t j, int64_t h) {
+    const RankData& rd = d[size_t(r)];
+    return round_to(dt, rd.x[size_t(t * H + h)] * expert_scale(rd.ids[size_t(t * k + j)]));
+  };
+  const auto dyg_of = [&](int64_t r, int64_t t, int64_t j, int64_t h) {
+    const RankData& rd = d[size_t(r)];
+    return round_to(dt, rd.w[size_t(t * k + j)] * rd.dy[size_t(t * H + h)]);
+  };
+  for (int64_t q = 0; q < R; ++q)
+    for (int64_t e = q * El; e < (q + 1) * El; ++e) {
+      int32_t n = 0;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t t = 0; t < d[size_t(r)].T; ++t)
+          for (int64_t j = 0; j < k; ++j) {
+            if (d[size_t(r)].ids[size_t(t * k + j)] != e || !kept[size_t(r)][size_t(t * k + j)])
+              continue;
+            ++n;
+            for (int64_t h = 0; h < H; ++h) {
+              ref[size_t(q)].x_grouped.push_back(d[size_t(r)].x[size_t(t * H + h)]);
+              ref[size_t(q)].d_y_grouped.push_back(dyg_of(r, t, j, h));
+            }
+          }
+      ref[size_t(q)].splits.push_back(n);
+    }
+  for (int64_t r = 0; r < R; ++r) {
+    const RankData& rd = d[size_t(r)];
+    RankOut& o_r = ref[size_t(r)];
+    o_r.out.assign(size_t(rd.T * H), 0.0f);
+    o_r.dx.assign(size_t(rd.T * H), 0.0f);
+    o_r.d_weights.assign(size_t(rd.T * k), 0.0f);
     for (int64_t t = 0; t < rd.T; ++t) {
-      const bool one_rank = t % 3 == 0 && El >= k;  // all k experts on one rank
-      const int64_t base = (int64_t(g() % uint64_t(std::max<int64_t>(usable / El, 1)))) * El;
+      for (int64_t h = 0; h < H; ++h) {
+        float acc = 0.0f, dacc = 0.0f;
+        for (int64_t j = 0; j < k; ++j) {
+          if (!kept[size_t(r)][size_t(t * k + j)]) continue;
+          const float v = rd.w[size_t(t * k + j)] * y_of(r, t, j, h);
+          acc += v;
+          dacc += round_to(dt, dyg_of(r, t, j, h) * expert_scale(rd.ids[size_t(t * k + j)]));
+        }
+        o_r.out[size_t(t * H + h)] = round_to(dt, acc);
+        o_r.dx[size_t(t * H + h)] = round_to(dt, dacc);
+      }
       for (int64_t j = 0; j < k; ++j) {
-        int64_t e = one_rank ? base + (j + int64_t(g() % 2)) % El : int64_t(g() % uint64_t(usable));
-        rd.ids.push_back(int32_t(std::min(e, usable - 1)));
+        if (!kept[size_t(r)][size_t(t * k + j)]) continue;
+        std::vector<float> y(static_cast<size_t>(H));
+        for (int64_t h = 0; h < H; ++h) y[size_t(h)] = y_of(r, t, j, h);
+        o_r.d_weights[size_t(t * k + j)] = ep::ep_dot_order(rd.dy.data() + t * H, y.data(), H);
       }
     }
   }
-  return d;
+  return ref;
 }
 
-// The one-rank reference permutation: for each expert, its (token, slot) entries in global
-// (token, slot) order; entry = (rank, token).
-std::vector<std::vector<std::pair<int64_t, int64_t>>> reference_groups(
-    const EpConfig& cfg, const std::vector<RankData>& d) {
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> groups(static_cast<size_t>(cfg.experts));
-  for (int64_t r = 0; r < cfg.ranks; ++r)
-    for (int64_t t = 0; t < d[size_t(r)].T; ++t)
-      for (int64_t j = 0; j < cfg.topk; ++j)
-        groups[size_t(d[size_t(r)].ids[size_t(t * cfg.topk + j)])].push_back({r, t});
-  return groups;
-}
-
-float expert_scale(int64_t e) {
-  return 0.5f + 0.25f * float(e);
-}
-
-struct Result {
-  std::vector<std::vector<float>> x_grouped, out;
-  std::vector<std::vector<int64_t>> splits, sent_bytes;
-};
-
-// dispatch -> y = x * s_e on the expert rank (rounded to the row dtype) -> combine.
-Result run_layer(const EpConfig& cfg, const std::vector<RankData>& d, DType dt) {
-  const int R = int(cfg.ranks);
-  const int64_t H = cfg.hidden, El = cfg.experts / cfg.ranks;
-  Result res;
-  res.x_grouped.resize(size_t(R));
-  res.out.resize(size_t(R));
-  res.splits.resize(size_t(R));
-  res.sent_bytes.resize(size_t(R));
-  run_ranks(R, [&](int r, ep::InProcessTransport& tr) {
-    Context ctx(Device::CPU);
-    RankData rd = d[size_t(r)];
-    const TensorView ids = host_view(rd.ids, DType::int32, {rd.T, cfg.topk});
-    const TensorView x =
-        dt == DType::fp32 ? host_view(rd.x, dt, {rd.T, H}) : host_view(rd.x_bf16, dt, {rd.T, H});
-    ep::EpPlan plan = ep::ep_dispatch_plan(ctx, tr, cfg, ids);
-    Tensor xg = Tensor::empty({plan.rows, H}, dt, Device::CPU);
-    ep::ep_dispatch(ctx, tr, plan, x, xg);
-    res.sent_bytes[size_t(r)] = tr.last_sent_bytes();
-    res.x_grouped[size_t(r)] = floats_of(xg);
-    res.splits[size_t(r)] = plan.splits_host;
-    Tensor yg = Tensor::empty({plan.rows, H}, dt, Device::CPU);
-    for (int64_t le = 0, row = 0; le < El; ++le)
-      for (int64_t i = 0; i < plan.splits_host[size_t(le)]; ++i, ++row)
-        for (int64_t h = 0; h < H; ++h) {
-          const float v = cpu::load_f(xg, row * H + h) * expert_scale(r * El + le);
-          cpu::store_f(yg, row * H + h, v);
-        }
-    Tensor out = Tensor::empty({rd.T, H}, dt, Device::CPU);
-    ep::ep_combine(ctx, tr, plan, yg, host_view(rd.w, DType::fp32, {rd.T, cfg.topk}), out);
-    res.out[size_t(r)] = floats_of(out);
-  });
-  return res;
-}
-
-// Rounds to dt and back (the reference's storage rounding).
-float round_to(DType dt, float v) {
-  return dt == DType::fp32 ? v : bf16_bits_to_float(float_to_bf16_bits(v));
-}
-
-void check_case(const EpConfig& cfg, uint64_t seed, DType dt) {
-  SCOPED_TRACE(cfg.to_string() + " seed " + std::to_string(seed) + " " + dtype_name(dt));
-  std::mt19937_64 g(seed);
-  const std::vector<RankData> d = make_case(cfg, g);
-  const Result res = run_layer(cfg, d, dt);
-  const int64_t R = cfg.ranks, H = cfg.hidden, k = cfg.topk, El = cfg.experts / R;
-  const auto groups = reference_groups(cfg, d);
-  const auto row = [&](int64_t r, int64_t t) {
-    std::vector<float> v(static_cast<size_t>(H));
-    for (int64_t h = 0; h < H; ++h) v[size_t(h)] = round_to(dt, d[size_t(r)].x[size_t(t * H + h)]);
-    return v;
-  };
+// Compares a run with the reference. Capacity mode: the grouped buffers have R * C_e rows whose
+// tail (past the kept entries) is zero and counted in the last split.
+void expect_matches(const EpConfig& cfg, const std::vector<RankOut>& got,
+                    const std::vector<RankOut>& want, const RunOpts& o) {
+  const int64_t R = cfg.ranks, H = cfg.hidden;
   for (int64_t q = 0; q < R; ++q) {
-    // (b) the dispatched rows and splits are the reference permutation's slice for q's experts.
-    std::vector<float> want;
-    std::vector<int64_t> want_splits;
-    for (int64_t e = q * El; e < (q + 1) * El; ++e) {
-      want_splits.push_back(int64_t(groups[size_t(e)].size()));
-      for (auto [r, t] : groups[size_t(e)]) {
-        const auto v = row(r, t);
-        want.insert(want.end(), v.begin(), v.end());
-      }
+    SCOPED_TRACE("rank " + std::to_string(q));
+    const RankOut &g = got[size_t(q)], &w = want[size_t(q)];
+    std::vector<int32_t> splits = w.splits;
+    std::vector<float> xg = w.x_grouped, dyg = w.d_y_grouped;
+    if (o.mode == EpMode::capacity) {  // the zero tail
+      const int64_t used = int64_t(xg.size()) / H;
+      splits.back() += int32_t(g.rows - used);
+      xg.resize(size_t(g.rows * H), 0.0f);
+      dyg.resize(size_t(g.rows * H), 0.0f);
     }
-    EXPECT_EQ(res.splits[size_t(q)], want_splits) << "rank " << q;
-    EXPECT_EQ(res.x_grouped[size_t(q)], want) << "rank " << q;
-    // (a) rank r sends q each token with an expert on q exactly once.
-    for (int64_t r = 0; r < R; ++r) {
+    EXPECT_EQ(g.splits, splits);
+    EXPECT_TRUE(same_bits(g.x_grouped, xg)) << "x_grouped";
+    EXPECT_TRUE(same_bits(g.d_y_grouped, dyg)) << "d_y_grouped";
+    EXPECT_TRUE(same_bits(g.out, w.out)) << "out";
+    EXPECT_TRUE(same_bits(g.d_weights, w.d_weights)) << "d_weights";
+    EXPECT_TRUE(same_bits(g.dx, w.dx)) << "dx";
+  }
+}
+
+void check_case(const EpConfig& cfg, uint64_t seed, const RunOpts& o, Routing routing) {
+  SCOPED_TRACE(cfg.to_string() + " seed " + std::to_string(seed) + " " + dtype_name(o.dt) + " " +
+               ep::ep_mode_name(o.mode) + " " + o.cap.to_string());
+  std::mt19937_64 g(seed);
+  const std::vector<RankData> d = make_case(cfg, o.dt, routing, g);
+  const std::vector<RankOut> got = run_layer(cfg, d, o);
+  expect_matches(cfg, got, reference(cfg, d, o), o);
+  const int64_t R = cfg.ranks, k = cfg.topk, El = cfg.experts / R;
+  for (int64_t r = 0; r < R; ++r) {
+    EXPECT_EQ(got[size_t(r)].status, 0u) << "rank " << r;
+    if (o.mode != EpMode::throughput) continue;
+    // A row crosses to a rank once: rank r sends q each token with an expert on q exactly once.
+    for (int64_t q = 0; q < R; ++q) {
       int64_t rows = 0;
       for (int64_t t = 0; t < d[size_t(r)].T; ++t) {
         bool needed = false;
         for (int64_t j = 0; j < k; ++j) needed |= d[size_t(r)].ids[size_t(t * k + j)] / El == q;
         rows += needed;
       }
-      EXPECT_EQ(res.sent_bytes[size_t(r)][size_t(q)], rows * dtype_storage_bytes(dt, H))
+      EXPECT_EQ(got[size_t(r)].sent_bytes[size_t(q)], rows * dtype_storage_bytes(o.dt, cfg.hidden))
           << "rank " << r << " -> " << q;
     }
   }
-  // (c) the layer: out[t] = sum_j w[t, j] * round(x[t] * s_e) in fp32, slot order, rounded once.
-  for (int64_t r = 0; r < R; ++r) {
-    const RankData& rd = d[size_t(r)];
-    std::vector<float> want(size_t(rd.T * H));
-    for (int64_t t = 0; t < rd.T; ++t) {
-      const auto xv = row(r, t);
-      for (int64_t h = 0; h < H; ++h) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < k; ++j) {
-          const float y = round_to(dt, xv[size_t(h)] * expert_scale(rd.ids[size_t(t * k + j)]));
-          const float v = rd.w[size_t(t * k + j)] * y;
-          acc += v;
-        }
-        want[size_t(t * H + h)] = round_to(dt, acc);
+}
+
+TEST(EpCpu, ForwardBackwardMatchOneRankReference) {
+  for (int R : {1, 2, 4, 8})
+    for (int64_t k : {1, 2, 4})
+      for (uint64_t seed : {1u, 2u}) {
+        const EpConfig cfg{16, R, 24, k};
+        check_case(cfg, seed_for("ep") + seed * 131 + uint64_t(R * 7 + k), RunOpts{},
+                   Routing::mixed);
       }
+}
+
+TEST(EpCpu, Bf16AndFp16RowsMovedAsBytes) {
+  for (DType dt : {DType::bf16, DType::fp16})
+    for (int R : {1, 2, 4})
+      check_case(EpConfig{16, R, 40, 3}, seed_for("ep_16bit") + R,
+                 RunOpts{dt, EpMode::throughput, {}}, Routing::mixed);
+}
+
+TEST(EpCpu, AllTokensOnOneExpert) {
+  for (int R : {1, 2, 4})
+    for (int64_t k : {1, 3})
+      check_case(EpConfig{8, R, 16, k}, seed_for("ep_one") + R + k, RunOpts{}, Routing::one_expert);
+}
+
+// The global tokens of all ranks (rank 0's, then rank 1's, ...) and their one-rank permute map.
+struct OneRank {
+  RankData all;
+  std::vector<int32_t> dest, meta;  // meta = row_start | kept | splits
+  PermuteMap m;
+  OneRank(const EpConfig& cfg, const std::vector<RankData>& d) {
+    for (const RankData& rd : d) {
+      all.T += rd.T;
+      for (auto [dst, src] :
+           {std::pair{&all.x, &rd.x}, std::pair{&all.dy, &rd.dy}, std::pair{&all.w, &rd.w}})
+        dst->insert(dst->end(), src->begin(), src->end());
+      all.ids.insert(all.ids.end(), rd.ids.begin(), rd.ids.end());
     }
-    // Bit-exact: compare the bit patterns (NaN-free data, but -0.0 vs 0.0 would count too).
-    ASSERT_EQ(res.out[size_t(r)].size(), want.size());
-    EXPECT_TRUE(same_bits(res.out[size_t(r)], want)) << "rank " << r;
+    const int64_t T = all.T, k = cfg.topk, E = cfg.experts;
+    m.tokens = T;
+    m.topk = k;
+    m.experts = E;
+    m.rows = moe_permuted_rows(T, k, E);
+    dest.assign(size_t(T * k), 0);
+    meta.assign(size_t(3 * E), 0);
+    m.dest_row = host_view(dest, DType::int32, {T, k});
+    m.row_start = TensorView(meta.data(), DType::int32, Device::CPU, {E});
+    m.kept = TensorView(meta.data() + E, DType::int32, Device::CPU, {E});
+    m.splits = TensorView(meta.data() + 2 * E, DType::int32, Device::CPU, {E});
+    Context ctx(Device::CPU);
+    moe_permute_plan(ctx, host_view(all.ids, DType::int32, {T, k}), m);
+  }
+  std::vector<int32_t> splits() const { return {meta.begin() + 2 * m.experts, meta.end()}; }
+};
+
+// One field of every rank, concatenated in rank order.
+template <class T>
+std::vector<T> cat(const std::vector<RankOut>& outs, std::vector<T> RankOut::*field) {
+  std::vector<T> v;
+  for (const RankOut& o : outs) v.insert(v.end(), (o.*field).begin(), (o.*field).end());
+  return v;
+}
+
+// The global tokens through the one-rank moe ops: the ranks' grouped buffers, concatenated, are
+// moe_permute's output, and dx is moe_permute_backward's of the concatenated gradients, bit for
+// bit.
+TEST(EpCpu, MatchesOneRankMoePermute) {
+  for (int R : {1, 2, 4, 8}) {
+    SCOPED_TRACE("R=" + std::to_string(R));
+    const EpConfig cfg{16, R, 20, 4};
+    std::mt19937_64 g(seed_for("ep_moe") + uint64_t(R));
+    const std::vector<RankData> d = make_case(cfg, DType::bf16, Routing::mixed, g);
+    const std::vector<RankOut> got =
+        run_layer(cfg, d, RunOpts{DType::bf16, EpMode::throughput, {}});
+    OneRank one(cfg, d);
+    const int64_t T = one.all.T, E = cfg.experts, H = cfg.hidden;
+    Context ctx(Device::CPU);
+    Tensor x = upload(one.all.x, DType::bf16, {T, H}, Device::CPU, nullptr);
+    Tensor xp = Tensor::empty({one.m.rows, H}, DType::bf16, Device::CPU);
+    moe_permute(ctx, x, one.m, xp);
+    std::vector<float> cat_dxg;
+    for (int64_t q = 0; q < R; ++q) {
+      const RankOut& o = got[size_t(q)];
+      const auto dxg = apply_experts(o.d_y_grouped, o.splits, q * (E / R), H, DType::bf16);
+      cat_dxg.insert(cat_dxg.end(), dxg.begin(), dxg.end());
+    }
+    EXPECT_EQ(cat(got, &RankOut::splits), one.splits());
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::x_grouped), floats_of(xp)));
+    Tensor dxp = upload(cat_dxg, DType::bf16, {one.m.rows, H}, Device::CPU, nullptr);
+    Tensor dx = Tensor::empty({T, H}, DType::bf16, Device::CPU);
+    moe_permute_backward(ctx, dxp, one.m, dx);
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::dx), floats_of(dx)));
   }
 }
 
-TEST(EpCpu, DispatchCombineMatchesOneRankReference) {
-  for (int R : {1, 2, 4})
-    for (int64_t k : {1, 2, 4})
-      for (uint64_t seed : {1u, 2u, 3u}) {
-        const EpConfig cfg{8, R, 24, k};
-        check_case(cfg, seed_for("ep") + seed * 131 + uint64_t(R * 7 + k), DType::fp32);
-      }
-}
-
-TEST(EpCpu, Bf16RowsMovedAsBytes) {
-  for (int R : {1, 2, 4}) check_case(EpConfig{16, R, 40, 3}, seed_for("ep_bf16") + R, DType::bf16);
+// The one-rank block's convention (router weights into the expert through probs, unweighted
+// combine): every output is the one-rank ops' (moe_permute with probs, moe_unpermute and their
+// backwards), bit for bit.
+TEST(EpCpu, ProbsFlowMatchesOneRankMoeOps) {
+  for (int R : {1, 2, 4, 8}) {
+    SCOPED_TRACE("R=" + std::to_string(R));
+    const EpConfig cfg{16, R, 24, 3};
+    const DType bf = DType::bf16;
+    std::mt19937_64 g(seed_for("ep_probs") + uint64_t(R));
+    const std::vector<RankData> d = make_case(cfg, bf, Routing::mixed, g);
+    const std::vector<RankOut> got =
+        run_layer(cfg, d, RunOpts{bf, EpMode::throughput, {}, false, true});
+    OneRank one(cfg, d);
+    const int64_t T = one.all.T, k = cfg.topk, H = cfg.hidden, rows = one.m.rows;
+    Context ctx(Device::CPU);
+    Tensor x = upload(one.all.x, bf, {T, H}, Device::CPU, nullptr);
+    Tensor w = upload(one.all.w, DType::fp32, {T, k}, Device::CPU, nullptr);
+    Tensor xp = Tensor::empty({rows, H}, bf, Device::CPU);
+    Tensor probs = Tensor::empty({rows}, DType::fp32, Device::CPU);
+    moe_permute(ctx, x, one.m, xp, w, probs);
+    const std::vector<float> xp_f = floats_of(xp), probs_f = floats_of(probs);
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::x_grouped), xp_f));
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::probs), probs_f));
+    const std::vector<int32_t> splits = one.splits();
+    Tensor yp = upload(apply_experts(xp_f, splits, 0, H, bf, &probs_f), bf, {rows, H}, Device::CPU,
+                       nullptr);
+    Tensor y = Tensor::empty({T, H}, bf, Device::CPU);
+    moe_unpermute(ctx, yp, one.m, y);
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::out), floats_of(y))) << "out";
+    Tensor dy = upload(one.all.dy, bf, {T, H}, Device::CPU, nullptr);
+    Tensor dyp = Tensor::empty({rows, H}, bf, Device::CPU);
+    moe_unpermute_backward(ctx, dy, one.m, dyp);
+    const std::vector<float> dyp_f = floats_of(dyp);
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::d_y_grouped), dyp_f)) << "d_y_grouped";
+    Tensor dxp = upload(apply_experts(dyp_f, splits, 0, H, bf, &probs_f), bf, {rows, H},
+                        Device::CPU, nullptr);
+    std::vector<float> dprobs = expert_d_probs(dyp_f, xp_f, splits, 0, H);
+    std::vector<float> dweights(size_t(T * k));
+    Tensor dx = Tensor::empty({T, H}, bf, Device::CPU);
+    moe_permute_backward(ctx, dxp, one.m, dx, host_view(dprobs, DType::fp32, {rows}),
+                         host_view(dweights, DType::fp32, {T, k}));
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::dx), floats_of(dx))) << "dx";
+    EXPECT_TRUE(same_bits(cat(got, &RankOut::d_weights), dweights)) << "d_weights";
+  }
 }
 
 TEST(EpCpu, IdenticalForAnyRankCount) {
-  // The same global tokens split over 1 or 4 ranks give the same output bits (the combine's fixed
-  // order does not depend on R).
+  // The same global tokens split over 1 or 4 ranks give the same output bits (the fixed orders do
+  // not depend on R).
   std::mt19937_64 g(seed_for("ep_any_r"));
   const EpConfig c4{8, 4, 16, 2};
-  const std::vector<RankData> d4 = make_case(c4, g);
-  RankData all;
-  for (const RankData& rd : d4) {
-    all.T += rd.T;
-    all.x.insert(all.x.end(), rd.x.begin(), rd.x.end());
-    all.x_bf16.insert(all.x_bf16.end(), rd.x_bf16.begin(), rd.x_bf16.end());
-    all.ids.insert(all.ids.end(), rd.ids.begin(), rd.ids.end());
-    all.w.insert(all.w.end(), rd.w.begin(), rd.w.end());
-  }
-  const Result r4 = run_layer(c4, d4, DType::fp32);
-  const Result r1 = run_layer(EpConfig{8, 1, 16, 2}, {all}, DType::fp32);
-  std::vector<float> cat;
-  for (const auto& o : r4.out) cat.insert(cat.end(), o.begin(), o.end());
-  EXPECT_TRUE(same_bits(cat, r1.out[0]));
+  const std::vector<RankData> d4 = make_case(c4, DType::fp32, Routing::mixed, g);
+  const OneRank one(c4, d4);
+  const auto r4 = run_layer(c4, d4, RunOpts{});
+  const auto r1 = run_layer(EpConfig{8, 1, 16, 2}, {one.all}, RunOpts{});
+  for (auto field : {&RankOut::out, &RankOut::d_weights, &RankOut::dx})
+    EXPECT_TRUE(same_bits(cat(r4, field), r1[0].*field));
 }
 
-void expect_error(int R, const EpConfig& cfg, std::vector<int32_t> ids, int64_t T, int64_t x_rows,
-                  const std::string& what) {
+TEST(EpCpu, CapacityWithoutOverflowEqualsThroughput) {
+  for (int R : {1, 2, 4, 8})
+    for (int64_t k : {1, 2, 4}) {
+      // Large enough for every case make_case draws (at most 9 + 3 R tokens a rank).
+      const RunOpts o{DType::fp32, EpMode::capacity, EpCapacity{9 + 3 * R, 0}};
+      check_case(EpConfig{16, R, 24, k}, seed_for("ep_cap") + uint64_t(R * 7 + k), o,
+                 Routing::mixed);
+    }
+  // A tighter entry budget that still fits (the test data has at most 2 entries a row when k = 2),
+  // bf16 rows, all tokens on one expert.
+  check_case(EpConfig{8, 4, 16, 2}, seed_for("ep_cap_e"),
+             RunOpts{DType::bf16, EpMode::capacity, EpCapacity{21, 42}}, Routing::mixed);
+  check_case(EpConfig{8, 2, 16, 3}, seed_for("ep_cap_one"),
+             RunOpts{DType::fp32, EpMode::capacity, EpCapacity{20, 0}}, Routing::one_expert);
+}
+
+TEST(EpCpu, CapacityProbsFlowEqualsThroughput) {
+  for (int R : {1, 2, 4}) {
+    const EpConfig cfg{16, R, 24, 4};
+    std::mt19937_64 g(seed_for("ep_cap_probs") + uint64_t(R));
+    const std::vector<RankData> d = make_case(cfg, DType::bf16, Routing::mixed, g);
+    const auto tp = run_layer(cfg, d, RunOpts{DType::bf16, EpMode::throughput, {}, false, true});
+    const auto cp = run_layer(
+        cfg, d, RunOpts{DType::bf16, EpMode::capacity, EpCapacity{9 + 3 * R, 0}, false, true});
+    for (int r = 0; r < R; ++r) {
+      SCOPED_TRACE("R=" + std::to_string(R) + " rank " + std::to_string(r));
+      const RankOut &a = tp[size_t(r)], &b = cp[size_t(r)];
+      const size_t n = a.probs.size();
+      ASSERT_GE(b.probs.size(), n);
+      EXPECT_TRUE(
+          same_bits(std::vector<float>(b.probs.begin(), b.probs.begin() + long(n)), a.probs));
+      EXPECT_EQ(std::vector<float>(b.probs.begin() + long(n), b.probs.end()),
+                std::vector<float>(b.probs.size() - n, 0.0f))
+          << "tail probs";
+      EXPECT_TRUE(same_bits(b.out, a.out));
+      EXPECT_TRUE(same_bits(b.dx, a.dx));
+      EXPECT_TRUE(same_bits(b.d_weights, a.d_weights));
+      EXPECT_EQ(b.status, 0u);
+    }
+  }
+}
+
+TEST(EpCpu, CapacityOverflowDropsDeterministicallyAndReports) {
+  for (int R : {1, 2, 4})
+    for (EpCapacity cap : {EpCapacity{2, 0}, EpCapacity{6, 5}, EpCapacity{1, 1}}) {
+      const EpConfig cfg{8, R, 16, 3};
+      const RunOpts o{DType::fp32, EpMode::capacity, cap};
+      SCOPED_TRACE("R=" + std::to_string(R) + " " + cap.to_string());
+      std::mt19937_64 g(seed_for("ep_over") + uint64_t(R));
+      const std::vector<RankData> d = make_case(cfg, o.dt, Routing::mixed, g, 12);
+      const std::vector<RankOut> got = run_layer(cfg, d, o);
+      expect_matches(cfg, got, reference(cfg, d, o), o);
+      // A rank whose tokens overflowed some peer reports it; ranks that dropped nothing do not.
+      const auto kept = kept_slots(cfg, d, o);
+      for (int64_t r = 0; r < R; ++r) {
+        const bool dropped = std::find(kept[size_t(r)].begin(), kept[size_t(r)].end(), false) !=
+                             kept[size_t(r)].end();
+        EXPECT_EQ(got[size_t(r)].status, dropped ? uint32_t(kFaultEpCapacity) : 0u) << "rank " << r;
+      }
+    }
+}
+
+TEST(EpCpu, CapacityOverflowMessageNamesPeer) {
+  // One rank, three tokens on expert 0, room for two rows: peer 0 needed 3.
+  Context ctx(Device::CPU);
+  auto group = ep::make_in_process_group(1);
+  std::vector<int32_t> ids = {0, 0, 0};
+  ep::EpPlan plan = ep::ep_capacity_plan_create(ctx, *group[0], EpConfig{2, 1, 4, 1},
+                                                EpCapacity{2, 0}, 3, DType::fp32);
+  ep::ep_capacity_plan(ctx, *group[0], host_view(ids, DType::int32, {3, 1}), plan);
+  EXPECT_THROW_MSG(ctx.check(),
+                   "device fault in ep_dispatch (status 0x20): expert-parallel capacity exceeded "
+                   "(rows dropped); first at peer rank 0, needed 3");
+  // Out-of-bounds writes would show in guard rows past the view.
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  std::vector<float> xg(size_t((plan.rows + 2) * 4), -7.0f);
+  ep::ep_dispatch(ctx, *group[0], plan, host_view(x, DType::fp32, {3, 4}),
+                  host_view(xg, DType::fp32, {plan.rows, 4}));
+  EXPECT_EQ(plan.rows, 2);
+  EXPECT_EQ(std::vector<float>(xg.begin(), xg.begin() + 8),
+            std::vector<float>(x.begin(), x.begin() + 8));
+  EXPECT_EQ(std::vector<float>(xg.begin() + 8, xg.end()), std::vector<float>(8, -7.0f));
+}
+
+TEST(EpCpu, DotOrderIsTheLaneButterfly) {
+  std::mt19937_64 g(seed_for("ep_dot"));
+  for (int64_t n : {0, 1, 31, 32, 33, 100, 1000}) {
+    const auto a = randn(size_t(n), 1.0f, g), b = randn(size_t(n), 1.0f, g);
+    float lanes[32] = {};
+    for (int64_t h = 0; h < n; ++h) lanes[h % 32] += a[size_t(h)] * b[size_t(h)];
+    for (int m = 16; m >= 1; m /= 2)
+      for (int l = 0; l < m; ++l) lanes[l] = lanes[l] + lanes[l + m];
+    const float got = ep::ep_dot_order(a.data(), b.data(), n);
+    EXPECT_EQ(got, lanes[0]) << "n=" << n;
+    double exact = 0;
+    for (int64_t h = 0; h < n; ++h) exact += double(a[size_t(h)]) * b[size_t(h)];
+    EXPECT_NEAR(got, exact, 1e-5 * (1 + std::abs(exact)) + 1e-6 * double(n));
+  }
+}
+
+template <class Fn>
+void expect_error(int R, const std::string& what, Fn fn) {
   try {
-    run_ranks(R, [&](int, ep::InProcessTransport& tr) {
-      Context ctx(Device::CPU);
-      std::vector<int32_t> my_ids = ids;
-      ep::EpPlan plan =
-          ep::ep_dispatch_plan(ctx, tr, cfg, host_view(my_ids, DType::int32, {T, cfg.topk}));
-      std::vector<float> x(size_t(x_rows * cfg.hidden)), xg(size_t(plan.rows * cfg.hidden) + 1);
-      ep::ep_dispatch(ctx, tr, plan, host_view(x, DType::fp32, {x_rows, cfg.hidden}),
-                      host_view(xg, DType::fp32, {plan.rows, cfg.hidden}));
-    });
+    run_ranks(R, fn);
     ADD_FAILURE() << "no error; expected " << what;
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
   }
 }
 
+void expect_dispatch_error(int R, const EpConfig& cfg, std::vector<int32_t> ids, int64_t T,
+                           int64_t x_rows, const std::string& what) {
+  expect_error(R, what, [&](int, ep::InProcessTransport& tr) {
+    Context ctx(Device::CPU);
+    std::vector<int32_t> my_ids = ids;
+    ep::EpPlan plan =
+        ep::ep_dispatch_plan(ctx, tr, cfg, host_view(my_ids, DType::int32, {T, cfg.topk}));
+    std::vector<float> x(size_t(x_rows * cfg.hidden)), xg(size_t(plan.rows * cfg.hidden) + 1);
+    ep::ep_dispatch(ctx, tr, plan, host_view(x, DType::fp32, {x_rows, cfg.hidden}),
+                    host_view(xg, DType::fp32, {plan.rows, cfg.hidden}));
+  });
+}
+
 TEST(EpCpu, ValidationMessages) {
   // Every rank sees the same bad argument, so every rank fails before the first exchange.
-  expect_error(1, EpConfig{4, 1, 8, 2}, {0, 4}, 1, 1, "expert_ids[0, 1]=4 must be in [0, 4)");
-  expect_error(1, EpConfig{4, 1, 8, 2}, {0, -1}, 1, 1, "expert_ids[0, 1]=-1");
-  expect_error(2, EpConfig{5, 2, 8, 1}, {0}, 1, 1, "cfg.experts=5 must be >= 1 and divisible");
-  expect_error(2, EpConfig{4, 3, 8, 1}, {0}, 1, 1, "cfg.ranks=3 must equal the transport's size 2");
-  expect_error(1, EpConfig{4, 1, 8, 2}, {0, 1}, 1, 2, "ep_dispatch: x.shape[0]=2 must equal 1");
-  expect_error(1, EpConfig{4, 1, 8, 5}, {0, 1, 2, 3, 0}, 1, 1, "cfg.topk=5 must be in 1..min");
+  expect_dispatch_error(1, EpConfig{4, 1, 8, 2}, {0, 4}, 1, 1,
+                        "expert_ids[0, 1]=4 must be in [0, 4)");
+  expect_dispatch_error(1, EpConfig{4, 1, 8, 2}, {0, -1}, 1, 1, "expert_ids[0, 1]=-1");
+  expect_dispatch_error(2, EpConfig{5, 2, 8, 1}, {0}, 1, 1,
+                        "cfg.experts=5 must be >= 1 and divisible");
+  expect_dispatch_error(2, EpConfig{4, 3, 8, 1}, {0}, 1, 1,
+                        "cfg.ranks=3 must equal the transport's size 2");
+  expect_dispatch_error(1, EpConfig{4, 1, 8, 2}, {0, 1}, 1, 2,
+                        "ep_dispatch: x.shape[0]=2 must equal 1");
+  expect_dispatch_error(1, EpConfig{4, 1, 8, 5}, {0, 1, 2, 3, 0}, 1, 1,
+                        "cfg.topk=5 must be in 1..min");
+  const EpConfig cfg{4, 1, 8, 2};
+  std::vector<int32_t> ids = {0, 1};
+  std::vector<float> f(64), w(2);
+  std::vector<uint16_t> b(64);
+  // Capacity plans: bounds, mode, staging dtype.
+  expect_error(1, "ep_capacity_plan_create: cap.rows_per_peer=0 must be >= 1",
+               [&](int, ep::InProcessTransport& tr) {
+                 Context ctx(Device::CPU);
+                 ep::ep_capacity_plan_create(ctx, tr, cfg, EpCapacity{0, 0}, 1, DType::bf16);
+               });
+  expect_error(
+      1, "ep_capacity_plan: plan.mode=throughput must be capacity",
+      [&](int, ep::InProcessTransport& tr) {
+        Context ctx(Device::CPU);
+        ep::EpPlan p = ep::ep_dispatch_plan(ctx, tr, cfg, host_view(ids, DType::int32, {1, 2}));
+        ep::ep_capacity_plan(ctx, tr, host_view(ids, DType::int32, {1, 2}), p);
+      });
+  expect_error(
+      1,
+      "ep_dispatch: x.dtype=fp32 needs 32 bytes a row but the capacity plan was made "
+      "for 16",
+      [&](int, ep::InProcessTransport& tr) {
+        Context ctx(Device::CPU);
+        ep::EpPlan p = ep::ep_capacity_plan_create(ctx, tr, cfg, EpCapacity{1, 0}, 1, DType::bf16);
+        ep::ep_capacity_plan(ctx, tr, host_view(ids, DType::int32, {1, 2}), p);
+        ep::ep_dispatch(ctx, tr, p, host_view(f, DType::fp32, {1, 8}),
+                        host_view(f, DType::fp32, {p.rows, 8}));
+      });
+  // Backward shapes, dtypes and aliasing.
+  expect_error(
+      1, "ep_combine_backward: d_weights.shape[1]=1 must equal 2",
+      [&](int, ep::InProcessTransport& tr) {
+        Context ctx(Device::CPU);
+        ep::EpPlan p = ep::ep_dispatch_plan(ctx, tr, cfg, host_view(ids, DType::int32, {1, 2}));
+        std::vector<float> yg(16), dyg(16);
+        ep::ep_combine_backward(
+            ctx, tr, p, host_view(f, DType::fp32, {1, 8}), host_view(w, DType::fp32, {1, 2}),
+            host_view(yg, DType::fp32, {2, 8}), host_view(dyg, DType::fp32, {2, 8}),
+            host_view(w, DType::fp32, {1, 1}));
+      });
+  expect_error(
+      1, "ep_dispatch_backward: dx.dtype=fp32 must be bf16", [&](int, ep::InProcessTransport& tr) {
+        Context ctx(Device::CPU);
+        ep::EpPlan p = ep::ep_dispatch_plan(ctx, tr, cfg, host_view(ids, DType::int32, {1, 2}));
+        ep::ep_dispatch_backward(ctx, tr, p, host_view(b, DType::bf16, {2, 8}),
+                                 host_view(f, DType::fp32, {1, 8}));
+      });
+  expect_error(
+      1,
+      "ep_dispatch: weights and probs must be given together (weights given, probs "
+      "absent)",
+      [&](int, ep::InProcessTransport& tr) {
+        Context ctx(Device::CPU);
+        ep::EpPlan p = ep::ep_dispatch_plan(ctx, tr, cfg, host_view(ids, DType::int32, {1, 2}));
+        ep::ep_dispatch(ctx, tr, p, host_view(f, DType::fp32, {1, 8}),
+                        host_view(f, DType::fp32, {2, 8}), host_view(w, DType::fp32, {1, 2}));
+      });
+  expect_error(
+      1, "ep_dispatch_backward: d_probs.shape[0]=1 must equal 2",
+      [&](int, ep::InProcessTransport& tr) {
+        Context ctx(Device::CPU);
+        ep::EpPlan p = ep::ep_dispatch_plan(ctx, tr, cfg, host_view(ids, DType::int32, {1, 2}));
+        std::vector<float> dxg(16), dx(8), dp(1), dw(2);
+        ep::ep_dispatch_backward(
+            ctx, tr, p, host_view(dxg, DType::fp32, {2, 8}), host_view(dx, DType::fp32, {1, 8}),
+            host_view(dp, DType::fp32, {1}), host_view(dw, DType::fp32, {1, 2}));
+      });
+  expect_error(1, "ep_combine: out may not alias y_grouped", [&](int, ep::InProcessTransport& tr) {
+    Context ctx(Device::CPU);
+    ep::EpPlan p = ep::ep_dispatch_plan(ctx, tr, cfg, host_view(ids, DType::int32, {1, 2}));
+    ep::ep_combine(ctx, tr, p, host_view(f, DType::fp32, {2, 8}), host_view(w, DType::fp32, {1, 2}),
+                   host_view(f, DType::fp32, {1, 8}));
+  });
 }
 
 }  // namespace

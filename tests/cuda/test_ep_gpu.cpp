@@ -1,0 +1,104 @@
+// Expert-parallel ops on the CUDA backend against the CPU backend, bit for bit: R ranks as host
+// threads sharing one GPU through the device in-process group (one stream), every output of a
+// forward + backward step, both modes (capacity with and without overflow), bf16 / fp16 / fp32,
+// vector and scalar row paths, weighted combine or router weights routed as probs; the capacity
+// mode captured in a CUDA graph and replayed with new routing (overflow included); the transport /
+// Context device check.
+#include "common/ep_graph.hpp"
+
+namespace groupmm::test {
+namespace {
+
+using namespace ep_harness;
+
+void expect_same(const std::vector<RankOut>& got, const std::vector<RankOut>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t r = 0; r < got.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(got[r].rows, want[r].rows);
+    EXPECT_EQ(got[r].splits, want[r].splits);
+    EXPECT_TRUE(same_bits(got[r].x_grouped, want[r].x_grouped)) << "x_grouped";
+    EXPECT_TRUE(same_bits(got[r].out, want[r].out)) << "out";
+    EXPECT_TRUE(same_bits(got[r].d_y_grouped, want[r].d_y_grouped)) << "d_y_grouped";
+    EXPECT_TRUE(same_bits(got[r].d_weights, want[r].d_weights)) << "d_weights";
+    EXPECT_TRUE(same_bits(got[r].dx, want[r].dx)) << "dx";
+    EXPECT_TRUE(same_bits(got[r].probs, want[r].probs)) << "probs";
+    EXPECT_EQ(got[r].status, want[r].status);
+    EXPECT_EQ(got[r].sent_bytes, want[r].sent_bytes);
+  }
+}
+
+struct GpuCase {
+  EpConfig cfg;
+  RunOpts o;
+  Routing routing = Routing::mixed;
+  int64_t max_tokens = 9;
+};
+
+TEST(EpGpu, MatchesCpuBitForBit) {
+  GROUPMM_REQUIRE_GPU();
+  const EpMode tp = EpMode::throughput, cap = EpMode::capacity;
+  std::vector<GpuCase> cases;
+  for (int R : {1, 2, 4}) {
+    cases.push_back({EpConfig{8, R, 24, 2}, RunOpts{DType::fp32, tp, {}}});
+    cases.push_back({EpConfig{16, R, 64, 4}, RunOpts{DType::bf16, tp, {}}});  // vectors
+    cases.push_back({EpConfig{8, R, 13, 3}, RunOpts{DType::fp16, tp, {}}});   // odd H
+    cases.push_back({EpConfig{16, R, 64, 4}, RunOpts{DType::bf16, cap, {9 + 3 * R, 0}}});
+    cases.push_back({EpConfig{8, R, 40, 3}, RunOpts{DType::fp32, cap, {2, 0}}});  // overflow
+    cases.push_back({EpConfig{8, R, 40, 3}, RunOpts{DType::bf16, cap, {6, 5}}});  // entries
+    cases.push_back({EpConfig{8, R, 32, 2}, RunOpts{DType::bf16, tp, {}}, Routing::one_expert});
+    // the router weights through the dispatch (probs), unweighted combine
+    cases.push_back({EpConfig{16, R, 64, 4}, RunOpts{DType::bf16, tp, {}, false, true}});
+    cases.push_back({EpConfig{8, R, 40, 3}, RunOpts{DType::fp32, cap, {3, 0}, false, true}});
+  }
+  // Many tokens: several chunks of the send scan (256 tokens) and of the permute-plan ranking.
+  cases.push_back({EpConfig{64, 4, 256, 8}, RunOpts{DType::bf16, tp, {}}, Routing::mixed, 600});
+  cases.push_back(
+      {EpConfig{64, 4, 256, 8}, RunOpts{DType::bf16, cap, {700, 0}}, Routing::mixed, 600});
+  cases.push_back(
+      {EpConfig{64, 4, 128, 8}, RunOpts{DType::fp32, cap, {300, 900}}, Routing::mixed, 600});
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(c.cfg.to_string() + " " + dtype_name(c.o.dt) + " " + ep::ep_mode_name(c.o.mode) +
+                 " " + c.o.cap.to_string());
+    std::mt19937_64 g(seed_for("ep_gpu") + uint64_t(c.cfg.ranks * 131 + c.cfg.hidden));
+    const std::vector<RankData> d = make_case(c.cfg, c.o.dt, c.routing, g, c.max_tokens);
+    expect_same(run_layer(c.cfg, d, c.o, Device::CUDA), run_layer(c.cfg, d, c.o, Device::CPU));
+  }
+}
+
+TEST(EpGpu, CapacityModeGraphReplaysWithChangedRouting) {
+  GROUPMM_REQUIRE_GPU();
+  for (int R : {1, 2, 4}) {
+    SCOPED_TRACE("R=" + std::to_string(R));
+    const EpConfig cfg{8, R, 64, 3};
+    const int64_t T = 12;  // the balanced rounds fit C = T / R rows a peer; the hot one does not
+    const RunOpts o{DType::bf16, EpMode::capacity, EpCapacity{T / R, 0}};
+    cudaStream_t s;
+    GROUPMM_CHECK_CUDA(cudaStreamCreate(&s));
+    {
+      auto group = ep::make_in_process_group(R, Device::CUDA, s);
+      std::vector<std::unique_ptr<GraphRank>> ranks;
+      for (int r = 0; r < R; ++r)
+        ranks.push_back(std::make_unique<GraphRank>(*group[size_t(r)], s, cfg, o, T));
+      GROUPMM_CHECK_CUDA(cudaStreamSynchronize(s));
+      const auto run_all = [&](std::function<void(int)> fn) {
+        run_ranks(R, [&](int r, ep::InProcessTransport&) { fn(r); });
+      };
+      check_graph_replays(cfg, o, T, ranks, s, run_all,
+                          [&](int r) -> ep::Transport& { return *group[size_t(r)]; });
+    }
+    cudaStreamDestroy(s);
+  }
+}
+
+TEST(EpGpu, TransportMustLiveOnTheContextsDevice) {
+  GROUPMM_REQUIRE_GPU();
+  auto group = ep::make_in_process_group(1);  // host buffers
+  Context ctx(Device::CUDA);
+  Tensor ids = Tensor::empty({1, 1}, DType::int32, Device::CUDA);
+  EXPECT_THROW_MSG(ep::ep_dispatch_plan(ctx, *group[0], EpConfig{2, 1, 8, 1}, ids),
+                   "ep_dispatch_plan: the transport's buffers live on cpu but the Context is cuda");
+}
+
+}  // namespace
+}  // namespace groupmm::test

@@ -1,0 +1,298 @@
+// `groupmm bench ep`: expert-parallel dispatch and combine per rank, in both modes, on
+// DeepSeek-V3-like and Qwen3-30B-A3B settings. One process per GPU over NCCL (ranks from the
+// command line or torchrun's environment, the unique id through a file), one GPU alone, or a CPU
+// smoke run with ranks as threads. Public API only.
+#include "ep_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "bench_common.hpp"
+#include "cli.hpp"
+#include "groupmm/ep.hpp"
+#include "groupmm/random.hpp"
+#include "groupmm/version.hpp"
+#if GROUPMM_WITH_NCCL
+#include "groupmm/ep_nccl.hpp"
+#endif
+
+namespace groupmm::tool {
+namespace {
+
+struct EpCase {
+  const char* name;
+  int64_t H, E, k;
+};
+const EpCase kCases[] = {{"dsv3", 7168, 256, 8}, {"qwen3", 2048, 128, 8}};
+const EpCase kCpuCases[] = {{"dsv3", 64, 32, 8}, {"qwen3", 32, 16, 4}};
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+// k distinct experts per token, uniform; every weight 1/k (a power of two for k = 1, 2, 4, 8, ...,
+// so the identity-expert check below is exact).
+std::vector<int32_t> routing(int64_t T, int64_t E, int64_t k, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> perm(static_cast<size_t>(E)), ids;
+  for (int64_t e = 0; e < E; ++e) perm[size_t(e)] = int32_t(e);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      std::swap(perm[size_t(j)], perm[size_t(j + int64_t(g() % uint64_t(E - j)))]);
+      ids.push_back(perm[size_t(j)]);
+    }
+  return ids;
+}
+
+struct ModeResult {
+  const char* mode;
+  double plan_us = 0, dispatch_us = 0, combine_us = 0;
+  double dispatch_bytes = 0, combine_bytes = 0;  // sent to other ranks (what crosses the links)
+  bool valid = false, overflow = false;
+  int64_t C = 0, Ce = 0;
+};
+
+// Bytes this rank sends to the other ranks along a route (per-peer units of `unit` bytes).
+double remote_bytes(const std::vector<int64_t>& per_peer, int me, int64_t unit) {
+  double b = 0;
+  for (size_t q = 0; q < per_peer.size(); ++q)
+    if (int(q) != me) b += double(per_peer[q]) * double(unit);
+  return b;
+}
+
+// One mode on this rank: plan, dispatch, combine timed; then the check (identity experts:
+// combine(dispatch(x)) with weights 1/k is x again, bit for bit, unless capacity overflowed).
+ModeResult run_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg, ep::EpMode mode,
+                    const EpBenchOptions& o, const Tensor& ids, const Tensor& x, const Tensor& w,
+                    int warmup, int iters) {
+  const Device d = ctx.device();
+  cudaStream_t s = ctx.stream();
+  const int64_t T = x.view().dim(0), H = cfg.hidden, R = cfg.ranks, k = cfg.topk;
+  ModeResult r;
+  r.mode = ep::ep_mode_name(mode);
+  ep::EpPlan plan;
+  if (mode == ep::EpMode::throughput) {
+    r.plan_us =
+        time_us(ctx, warmup, iters, [&](int) { plan = ep::ep_dispatch_plan(ctx, tr, cfg, ids); });
+  } else {
+    // Budgets over the uniform routing's expectation: rows a peer gets ~ T (1 - (1 - 1/R)^k),
+    // entries T k / R.
+    const double need = double(T) * (1.0 - std::pow(1.0 - 1.0 / double(R), double(k)));
+    r.C = std::max<int64_t>(1, int64_t(std::ceil(o.capacity_factor * need)));
+    r.Ce = std::max<int64_t>(1, int64_t(std::ceil(o.capacity_factor * double(T * k) / double(R))));
+    plan = ep::ep_capacity_plan_create(ctx, tr, cfg, ep::EpCapacity{r.C, r.Ce}, T, DType::bf16);
+    r.plan_us = time_us(ctx, warmup, iters, [&](int) { ep::ep_capacity_plan(ctx, tr, ids, plan); });
+  }
+  Tensor xg = Tensor::empty({plan.rows, H}, DType::bf16, d, s);
+  Tensor out = Tensor::empty({T, H}, DType::bf16, d, s);
+  r.dispatch_us = time_us(ctx, warmup, iters, [&](int) { ep::ep_dispatch(ctx, tr, plan, x, xg); });
+  r.combine_us =
+      time_us(ctx, warmup, iters, [&](int) { ep::ep_combine(ctx, tr, plan, xg, w, out); });
+  const int64_t row = H * 2;
+  r.dispatch_bytes = remote_bytes(plan.send_rows, tr.rank(), row);
+  r.combine_bytes = remote_bytes(plan.back_send, tr.rank(), row);
+  r.overflow = ctx.take_status().bits != 0;
+  std::vector<uint16_t> hx(size_t(T * H)), ho(hx.size());
+  if (T > 0) {
+    copy(TensorView(hx.data(), DType::bf16, Device::CPU, {T, H}), x, s);
+    copy(TensorView(ho.data(), DType::bf16, Device::CPU, {T, H}), out, s);
+  }
+  r.valid = r.overflow || hx == ho;
+  return r;
+}
+
+struct CaseReport {
+  EpCase c;
+  int64_t T = 0;
+  std::vector<ModeResult> modes;
+};
+
+std::vector<EpCase> chosen_cases(const EpBenchOptions& o) {
+  std::vector<EpCase> out;
+  for (const EpCase& c : o.cpu ? std::vector<EpCase>(std::begin(kCpuCases), std::end(kCpuCases))
+                               : std::vector<EpCase>(std::begin(kCases), std::end(kCases)))
+    if (o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), c.name) != o.cases.end())
+      out.push_back(c);
+  return out;
+}
+
+// Every chosen case on this rank (a collective: every rank runs the same cases in order).
+std::vector<CaseReport> run_rank(Context& ctx, ep::Transport& tr, const EpBenchOptions& o) {
+  const int R = tr.size(), me = tr.rank();
+  const Device d = ctx.device();
+  cudaStream_t s = ctx.stream();
+  const int warmup = o.cpu ? 0 : o.warmup, iters = o.cpu ? 1 : o.iters;
+  std::vector<CaseReport> reps;
+  for (const EpCase& c : chosen_cases(o)) {
+    GROUPMM_CHECK(c.E % R == 0, "bench ep: case ", c.name, " has E=", c.E,
+                  " experts, which ranks=", R, " does not divide");
+    const int64_t T = o.tokens > 0 ? o.tokens : (o.cpu ? 64 : 4096);
+    const ep::EpConfig cfg{c.E, R, c.H, c.k};
+    std::vector<int32_t> ids_h = routing(T, c.E, c.k, 1000 + uint64_t(me));
+    std::vector<float> w_h(size_t(T * c.k), 1.0f / float(c.k));
+    Tensor ids = Tensor::empty({T, c.k}, DType::int32, d, s);
+    Tensor w = Tensor::empty({T, c.k}, DType::fp32, d, s);
+    Tensor x = Tensor::empty({T, c.H}, DType::bf16, d, s);
+    if (T > 0) {
+      copy(ids, TensorView(ids_h.data(), DType::int32, Device::CPU, {T, c.k}), s);
+      copy(w, TensorView(w_h.data(), DType::fp32, Device::CPU, {T, c.k}), s);
+    }
+    fill_uniform(ctx, x, -1.0f, 1.0f, 17 + uint64_t(me));
+    ctx.synchronize();  // the host vectors are freed at the end of this iteration
+    CaseReport rep{c, T, {}};
+    for (ep::EpMode m : {ep::EpMode::throughput, ep::EpMode::capacity})
+      rep.modes.push_back(run_mode(ctx, tr, cfg, m, o, ids, x, w, warmup, iters));
+    reps.push_back(rep);
+  }
+  return reps;
+}
+
+bool report(const std::vector<CaseReport>& reps, int R, const EpBenchOptions& o) {
+  bool ok = true;
+  std::ostringstream js;
+  js << "{\"device\": \"" << (o.cpu ? "cpu" : "cuda") << "\", \"ranks\": " << R << ", \"cases\": [";
+  int n = 0;
+  for (const CaseReport& r : reps) {
+    std::printf("\n== %s: R=%d, T=%lld tokens a rank, H=%lld, E=%lld (%lld a rank), k=%lld, bf16\n",
+                r.c.name, R, (long long)r.T, (long long)r.c.H, (long long)r.c.E,
+                (long long)(r.c.E / R), (long long)r.c.k);
+    std::printf("  %-11s %10s %12s %8s %11s %8s  %s\n", "mode", "plan us", "dispatch us", "GB/s",
+                "combine us", "GB/s", "check (combine of dispatch == x)");
+    for (const ModeResult& m : r.modes) {
+      const double dg = m.dispatch_bytes / (m.dispatch_us * 1e3);
+      const double cg = m.combine_bytes / (m.combine_us * 1e3);
+      ok = ok && m.valid;
+      std::printf("  %-11s %10.1f %12.1f %8.1f %11.1f %8.1f  %s", m.mode, m.plan_us, m.dispatch_us,
+                  dg, m.combine_us, cg, m.valid ? "ok" : "FAILED");
+      if (m.C > 0)
+        std::printf(" (C=%lld, C_e=%lld%s)", (long long)m.C, (long long)m.Ce,
+                    m.overflow ? "; OVERFLOW: raise --capacity-factor" : "");
+      std::printf("\n");
+      js << (n++ ? ", " : "") << "{\"case\": \"" << r.c.name << "\", \"mode\": \"" << m.mode
+         << "\", \"T\": " << r.T << ", \"H\": " << r.c.H << ", \"E\": " << r.c.E
+         << ", \"k\": " << r.c.k << ", \"plan_us\": " << m.plan_us
+         << ", \"dispatch_us\": " << m.dispatch_us << ", \"dispatch_gbs\": " << dg
+         << ", \"combine_us\": " << m.combine_us << ", \"combine_gbs\": " << cg
+         << ", \"C\": " << m.C << ", \"C_e\": " << m.Ce
+         << ", \"overflow\": " << (m.overflow ? "true" : "false")
+         << ", \"valid\": " << (m.valid ? "true" : "false") << "}";
+    }
+  }
+  js << "]}";
+  std::printf(
+      "\n(rank 0's view: GB/s = bytes it sends to other ranks / time; a capacity exchange moves "
+      "fixed blocks of C rows / C_e entries to each peer)\n");
+  if (!o.json.empty()) {
+    std::ofstream f = open_json(o.json);
+    f << js.str() << "\n";
+    close_json(f, o.json);
+    std::printf("wrote %s\n", o.json.c_str());
+  }
+  return ok;
+}
+
+#if GROUPMM_WITH_NCCL
+// Rank 0 makes the NCCL unique id and writes it to `path` (atomically, through a rename); the
+// other ranks wait for it there.
+ncclUniqueId shared_unique_id(int rank, const std::string& path) {
+  ncclUniqueId id;
+  if (rank == 0) {
+    id = ep::NcclTransport::unique_id();
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(&id), sizeof(id));
+      GROUPMM_CHECK(f.good(), "bench ep: cannot write the NCCL unique id to ", tmp);
+    }
+    std::filesystem::rename(tmp, path);
+    return id;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream f(path, std::ios::binary);
+    if (f && f.read(reinterpret_cast<char*>(&id), sizeof(id)) && f.gcount() == sizeof(id))
+      return id;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  GROUPMM_CHECK(false, "bench ep: rank ", rank, " waited 120 s for the NCCL unique id in ", path,
+                " (rank 0 writes it)");
+  return id;
+}
+#endif
+
+int run_cpu(const EpBenchOptions& o) {
+  const int R = o.ranks > 0 ? o.ranks : 2;
+  auto group = ep::make_in_process_group(R);
+  std::vector<std::vector<CaseReport>> reps(static_cast<size_t>(R));
+  std::vector<std::exception_ptr> errs(static_cast<size_t>(R));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < R; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Context ctx(Device::CPU);
+        reps[size_t(r)] = run_rank(ctx, *group[size_t(r)], o);
+      } catch (...) {
+        errs[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+  return report(reps[0], R, o) ? 0 : 1;
+}
+
+}  // namespace
+
+int run_bench_ep(const EpBenchOptions& o) {
+  if (o.cpu) return run_cpu(o);
+  GROUPMM_CHECK(cuda_available(),
+                "bench ep: needs an sm_90 GPU (none visible); --cpu runs a smoke "
+                "version with ranks as threads on the CPU");
+  const int R = o.ranks > 0 ? o.ranks : env_int("WORLD_SIZE", 1);
+  const int me = o.rank >= 0 ? o.rank : env_int("RANK", 0);
+  if (me < 0 || me >= R)
+    throw UsageError(detail::cat("bench ep: rank ", me, " must be in [0, ranks=", R, ")"));
+  int devices = 0;
+  GROUPMM_CHECK_CUDA(cudaGetDeviceCount(&devices));
+  GROUPMM_CHECK_CUDA(cudaSetDevice(env_int("LOCAL_RANK", me % std::max(devices, 1))));
+  cudaStream_t s = nullptr;
+  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::unique_ptr<ep::Transport> tr;
+#if GROUPMM_WITH_NCCL
+  if (R > 1 && o.id_file.empty())
+    throw UsageError("bench ep: ranks > 1 needs --id-file (a path every process sees)");
+  tr = ep::NcclTransport::create(
+      R > 1 ? shared_unique_id(me, o.id_file) : ep::NcclTransport::unique_id(), R, me);
+#else
+  if (R > 1)
+    throw UsageError("bench ep: ranks > 1 needs a build with NCCL (GROUPMM_WITH_NCCL is 0)");
+  tr = std::move(ep::make_in_process_group(1, Device::CUDA, s)[0]);
+#endif
+  int rc = 0;
+  {
+    Context ctx(Device::CUDA, s);
+    const std::vector<CaseReport> reps = run_rank(ctx, *tr, o);
+    if (me == 0) {
+      std::printf("bench ep: %d rank(s), %s transport\n", R,
+                  GROUPMM_WITH_NCCL ? "NCCL" : "in-process");
+      rc = report(reps, R, o) ? 0 : 1;
+    }
+  }
+  tr.reset();
+  cudaStreamDestroy(s);
+  return rc;
+}
+
+}  // namespace groupmm::tool
