@@ -95,8 +95,12 @@ Bound bind_router(Call& call, const at::Tensor& logits,
   a.expert_bias = call.in(expert_bias, "expert_bias");
   at::Tensor ids = call.empty({T, topk}, at::kInt), w = call.empty({T, topk}, at::kFloat);
   at::Tensor counts = call.empty({E}, at::kInt);
-  at::Tensor aux = at::zeros({1}, call.options().dtype(at::kFloat));
-  at::Tensor z = at::zeros({1}, call.options().dtype(at::kFloat));
+  // The core writes a loss only when its coefficient is nonzero; the other output stays 0.
+  auto loss = [&](double coeff) {
+    return coeff != 0 ? call.empty({1}, at::kFloat)
+                      : at::zeros({1}, call.options().dtype(at::kFloat));
+  };
+  at::Tensor aux = loss(aux_loss_coeff), z = loss(z_loss_coeff);
   a.expert_ids = call.out(ids, "expert_ids");
   a.weights = call.out(w, "weights");
   a.counts = call.out(counts, "counts");
