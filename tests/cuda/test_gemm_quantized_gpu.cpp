@@ -245,7 +245,7 @@ TEST(QuantizedGemmGpuErrors, AlignmentAndKernelChoice) {
   Context ctx(Device::CUDA);
   QGemmDevice d(ctx, s, make_inputs(s));
   QuantizedGemmArgs a = d.args(s);
-  a.config = "fwd_e4m3_bf16_128x128_coop_c21";
+  a.config = "fwd_e4m3_bf16_128x192_coop_c21";
   EXPECT_THROW_MSG(grouped_gemm(ctx, a),
                    "computes forward fp8e4m3->bf16 (fp8_current), not forward fp8e4m3->bf16 "
                    "(fp8_block)");

@@ -80,7 +80,7 @@ void case_quantized_gemm(Gen& g, Arena& a, Context& ctx) {
   if (g.chance(0.1)) x.alpha = g.chance(0.5) ? 0.0f : -2.5f;
   if (g.chance(0.05)) x.beta = 0.5f;
   if (g.chance(0.1)) x.engine = static_cast<GemmEngine>(g.pick(0, 3));
-  if (g.chance(0.05)) x.config = g.chance(0.5) ? "fwd_e4m3_bf16_128x128_coop_c21" : "nonsense";
+  if (g.chance(0.05)) x.config = g.chance(0.5) ? "fwd_e4m3_bf16_128x192_coop_c21" : "nonsense";
   if (g.chance(0.05)) x.b.recipe = static_cast<QuantRecipe>(g.pick(0, 4));
   if (g.chance(0.05)) x.a.scale_layout = static_cast<ScaleLayout>(g.pick(0, 2));
   if (g.chance(0.05)) x.pass = static_cast<GemmPass>(g.pick(0, 2));  // operands of another pass

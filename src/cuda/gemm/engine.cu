@@ -13,11 +13,15 @@
 //    a CTA idle: forward pairs along N (1x2, sharing the activation tile), wgrad along M' = N
 //    (2x1, sharing the x tile), dgrad runs without a cluster (its N' is the hidden size K, and
 //    K/256 is odd for common sizes such as 768).
-//  - FP8: 128x128x128. Promotion to fp32 every 128 K keeps a second accumulator set in
-//    registers, and a 128x256 tile spilled; blockwise scales have a granularity of 128 along N
-//    anyway. Clusters as measured on the DeepSeek-V3 shapes: forward 2x1, per-expert dgrad 1x1,
-//    blockwise dgrad and wgrad 1x2, per-expert wgrad 2x1. Fast accumulation (inference) has no
-//    second accumulator set and runs the 128x256 tile.
+//  - FP8: K 128. Promotion to fp32 every 128 K keeps a second accumulator set in registers: a
+//    128x256 tile spilled, 128x192 fits (96 + 96 accumulators per thread, no stack) and is 8-18%
+//    faster than 128x128 for per-expert forward, dgrad and wgrad into bf16 (bench/RESULTS.md,
+//    "FP8 tiles"). Blockwise scaling keeps 128x128: its scale registers make 128x192 (and 128x160)
+//    spill, and its weight scales have a granularity of 128 along N anyway. The per-expert wgrad
+//    into an fp32 main_grad keeps 128x128 (not measured at 128x192: the bench's FP8 wgrad writes
+//    bf16). Clusters as measured on the DeepSeek-V3 shapes: forward 2x1 (1x2 is 2-7% slower at
+//    128x192), per-expert dgrad 1x1, blockwise dgrad and wgrad 1x2, per-expert wgrad 2x1. Fast
+//    accumulation (inference) has no second accumulator set and runs the 128x256 tile.
 //  - bf16 forward with an odd number of 256-wide N tiles (ragged widths such as 2816 or 5184) or
 //    experts' weights far larger than L2 (N*K >= 64M): the cluster pairs along M (2x1) instead.
 //  - wgrad reduces over each expert's tokens (K' = m_g); fp32 or 16-bit output. bf16: a 128x128

@@ -34,15 +34,15 @@ struct KernelEntry;
 // (the dequantized 4-bit weights) with a per-expert alpha in the epilogue.
 //      name                                       pass     a        b        out   recipe    fast
 #define GROUPMM_FOR_EACH_SM90_FP8_KERNEL(X)                                                   \
-  X(fwd_e4m3_bf16_128x128_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
+  X(fwd_e4m3_bf16_128x192_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
   X(fwd_e4m3_bf16_fast_128x256_coop_c12, forward, fp8e4m3, fp8e4m3, bf16, fp8_current, true)  \
   X(fwdswap_e4m3_bf16_128x32_pp_c11, forward, fp8e4m3, fp8e4m3, bf16, fp8_current, false)     \
-  X(dgrad_e4m3_bf16_128x128_coop_c11, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
-  X(dgrad_e5m2xe4m3_bf16_128x128_coop_c11, dgrad, fp8e5m2, fp8e4m3, bf16, fp8_current, false) \
+  X(dgrad_e4m3_bf16_128x192_coop_c11, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
+  X(dgrad_e5m2xe4m3_bf16_128x192_coop_c11, dgrad, fp8e5m2, fp8e4m3, bf16, fp8_current, false) \
   X(wgrad_e4m3_f32_128x128_coop_c21, wgrad, fp8e4m3, fp8e4m3, fp32, fp8_current, false)       \
   X(wgrad_e5m2xe4m3_f32_128x128_coop_c21, wgrad, fp8e5m2, fp8e4m3, fp32, fp8_current, false)  \
-  X(wgrad_e4m3_bf16_128x128_coop_c21, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
-  X(wgrad_e5m2xe4m3_bf16_128x128_coop_c21, wgrad, fp8e5m2, fp8e4m3, bf16, fp8_current, false) \
+  X(wgrad_e4m3_bf16_128x192_coop_c21, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
+  X(wgrad_e5m2xe4m3_bf16_128x192_coop_c21, wgrad, fp8e5m2, fp8e4m3, bf16, fp8_current, false) \
   X(fwd_e4m3_bf16_block_128x128_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
   X(fwdswap_e4m3_bf16_block_128x32_pp_c11, forward, fp8e4m3, fp8e4m3, bf16, fp8_block, false) \
   X(dgrad_e4m3_bf16_block_128x128_coop_c12, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
