@@ -7,6 +7,7 @@
 add_executable(groupmm_fuzz tests/fuzz/fuzz_api.cpp tests/fuzz/fuzz_moe_qgemm.cpp)
 target_link_libraries(groupmm_fuzz PRIVATE groupmm_lib)
 target_include_directories(groupmm_fuzz PRIVATE ${PROJECT_SOURCE_DIR}/tests/fuzz)
+target_compile_options(groupmm_fuzz PRIVATE ${_harness_flags})
 add_test(NAME fuzz.public_api_cpu COMMAND groupmm_fuzz --seconds 3 --seed 1)
 # One OpenMP thread: the cases are tiny, and waking a team per parallel region costs more than the
 # work on a loaded machine.
