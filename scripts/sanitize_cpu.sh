@@ -14,9 +14,9 @@ bash scripts/setup.sh >/dev/null
 gen=(); command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 if [ ! -f $B/CMakeCache.txt ]; then
-  # Release keeps the CUDA flags of build/ (cache hits); the library's C++ code gets -O1 -g for
-  # the reports, the tests, fuzzer and command line -O0 -g1 (they only drive the library: 40% less
-  # compile time, file:line still in every report).
+  # Release keeps the CUDA flags of build/ (cache hits); the C++ code gets -O1 -g for the reports,
+  # the test binaries and the fuzzer -O0 -g1 (they mostly drive the library: 40% less compile time,
+  # file:line still in every report).
   cmake -S . -B $B "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="$san" \
     -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g -DNDEBUG" -DCMAKE_EXE_LINKER_FLAGS="$san" -DGROUPMM_INSTALL=OFF \
     -DGROUPMM_HARNESS_CXX_FLAGS="-O0 -g1" >/dev/null
