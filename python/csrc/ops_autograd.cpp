@@ -193,14 +193,18 @@ struct Router : torch::autograd::Function<Router> {
     const double aux_c = d["aux"].toDouble(), z_c = d["z"].toDouble();
     const Tensor &d_weights = grads[1], &d_aux = grads[3], &d_z = grads[4];
     const auto& bwd = GROUPMM_OP("router_backward", RouterBwdSig);
-    const Tensor zero = at::zeros(ids.sizes(), logits.options());
-    Tensor d_logits = bwd.call(logits, ids, counts, d_weights.defined() ? d_weights : zero, score,
+    Tensor zero_d_weights;  // made once, when a term needs it
+    auto zero = [&]() -> const Tensor& {
+      if (!zero_d_weights.defined()) zero_d_weights = at::zeros(ids.sizes(), logits.options());
+      return zero_d_weights;
+    };
+    Tensor d_logits = bwd.call(logits, ids, counts, d_weights.defined() ? d_weights : zero(), score,
                                n_group, topk_group, renormalize, scaling, 0.0, 0.0);
     if (aux_c != 0.0 && d_aux.defined())
-      d_logits = d_logits.add(d_aux.mul(bwd.call(logits, ids, counts, zero, score, n_group,
+      d_logits = d_logits.add(d_aux.mul(bwd.call(logits, ids, counts, zero(), score, n_group,
                                                  topk_group, renormalize, scaling, aux_c, 0.0)));
     if (z_c != 0.0 && d_z.defined())
-      d_logits = d_logits.add(d_z.mul(bwd.call(logits, ids, counts, zero, score, n_group,
+      d_logits = d_logits.add(d_z.mul(bwd.call(logits, ids, counts, zero(), score, n_group,
                                                topk_group, renormalize, scaling, 0.0, z_c)));
     variable_list out(10);
     out[0] = d_logits;
