@@ -5,6 +5,8 @@ on the same tensors, tiny shapes (the GPU keeps up: the host is what is measured
 
     PYTHONPATH=python python3 bench/torch_overhead.py [--json out/torch_overhead.json]
     PYTHONPATH=python python3 bench/torch_overhead.py --cpu --quick        (a smoke run)
+    PYTHONPATH=python python3 bench/torch_overhead.py --grad    (float inputs require grad: the
+                                                                 autograd node is recorded too)
 
 The hook binds arguments, outputs and workspace once and then times only the core call, so the
 difference is everything the binding adds: the dispatcher, argument checks and views, output and
@@ -25,8 +27,9 @@ import groupmm
 ops = torch.ops.groupmm
 
 
-def cases(device, quick):
-    """(name, torch call, hook tensors, hook ints) per op, over tiny tensors."""
+def cases(device, quick, grad=False):
+    """(name, torch call, hook tensors, hook ints) per op, over tiny tensors; with grad, the torch
+    calls take copies of the float inputs that require grad (the hook takes the plain ones)."""
     bf = dict(device=device, dtype=torch.bfloat16)
     G, M, K, N, T, E, k = (4, 64, 32, 32, 32, 4, 2) if quick else (8, 256, 128, 128, 128, 8, 2)
     splits = torch.full((G,), M // G, dtype=torch.int32, device=device)
@@ -36,14 +39,17 @@ def cases(device, quick):
     plan = ops.permute_plan(ids, E, 1, 0)
     xt = torch.randn(T, K, **bf)
     y_perm = torch.randn(groupmm.permuted_rows(T, k, E), K, **bf)
+    g = (lambda t: t.detach().clone().requires_grad_()) if grad else (lambda t: t)
+    tx, tw, tlogits, txt, tweights, ty_perm = map(g, (x, w, logits, xt, weights, y_perm))
     return [
-        ("grouped_mm", lambda: ops.grouped_mm(x, w, splits), [x, w, splits], []),
+        ("grouped_mm", lambda: ops.grouped_mm(tx, tw, splits), [x, w, splits], []),
         ("grouped_mm_dgrad", lambda: ops.grouped_mm_dgrad(dy, w, splits), [dy, w, splits], []),
         ("grouped_mm_wgrad", lambda: ops.grouped_mm_wgrad(dy, x, splits), [dy, x, splits], []),
         ("group_quantize", lambda: ops.group_quantize(x, splits, "mxfp8"), [x, splits], []),
-        ("router", lambda: ops.router(logits, None, k, renormalize=True), [logits], [k]),
-        ("permute", lambda: ops.permute(xt, *plan, 1, 0, weights), [xt, *plan, weights], [1, 0]),
-        ("unpermute", lambda: ops.unpermute(y_perm, *plan, 1, 0), [y_perm, *plan], [1, 0]),
+        ("router", lambda: ops.router(tlogits, None, k, renormalize=True), [logits], [k]),
+        ("permute", lambda: ops.permute(txt, *plan, 1, 0, tweights), [xt, *plan, weights],
+         [1, 0]),
+        ("unpermute", lambda: ops.unpermute(ty_perm, *plan, 1, 0), [y_perm, *plan], [1, 0]),
     ]
 
 
@@ -61,20 +67,26 @@ def host_us_per_call(fn, device, n):
 def main():
     p = common.parser(__doc__.splitlines()[0], "out/torch_overhead.json")
     p.add_argument("--calls", type=int, default=0, help="calls per timed loop")
+    p.add_argument("--grad", action="store_true",
+                   help="grad enabled and float inputs requiring grad (default: no_grad)")
     args = p.parse_args()
     device = common.device_of(args)
     n = args.calls or (5 if args.quick else 200)
     reps = args.iters or (1 if args.quick else 15)
-    result = dict(common.header(device), bench="torch_overhead", calls=n, reps=reps, ops=[])
-    with torch.no_grad():  # the autograd recording of the ops is not the binding's cost
-        for name, call, tensors, ints in cases(device, args.quick):
+    result = dict(common.header(device), bench="torch_overhead", calls=n, reps=reps,
+                  grad=args.grad, ops=[])
+    # By default no_grad: the target is the binding's cost, not the autograd node's (--grad adds
+    # it: the C++ node of ops_autograd.cpp and its saved tensors).
+    with torch.enable_grad() if args.grad else torch.no_grad():
+        for name, call, tensors, ints in cases(device, args.quick, args.grad):
             torch_us = statistics.median(host_us_per_call(call, device, n) for _ in range(reps))
             core_us = statistics.median(
                 ops._core_call_us(name, tensors, ints, "mxfp8", n) for _ in range(reps))
             result["ops"].append(dict(op=name, torch_us=torch_us, core_us=core_us,
                                       overhead_us=torch_us - core_us,
                                       met=torch_us - core_us <= 10.0))
-    print(f"host us per call, median of {reps} loops of {n} calls, {result['device']}, "
+    print(f"host us per call{' (graph recorded)' if args.grad else ''}, median of {reps} loops "
+          f"of {n} calls, {result['device']}, "
           f"torch {result['torch']} (target: overhead <= 10 us)")
     print(common.table(["op", "torch_us", "core_us", "overhead_us", "met"], result["ops"]))
     common.write_json(args.json, result)

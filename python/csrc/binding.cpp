@@ -98,6 +98,15 @@ groupmm::Context& context_for(const at::Device& device) {
   const c10::impl::VirtualGuardImpl impl(device.type());
   const c10::Stream stream = impl.getStream(device);
   auto* handle = static_cast<cudaStream_t>(stream.native_handle());
+  // The last (device, stream) this thread asked for: consecutive ops on one stream skip the lock
+  // and the map (the pool never drops a Context, so the pointer stays valid).
+  thread_local struct {
+    int device = -1;
+    cudaStream_t stream = nullptr;
+    groupmm::Context* ctx = nullptr;
+  } last;
+  if (last.ctx != nullptr && last.device == device.index() && last.stream == handle)
+    return *last.ctx;
   static std::mutex mu;
   // Never destroyed: a Context frees device memory in its destructor, which must not run after
   // the CUDA runtime has shut down at process exit.
@@ -105,23 +114,16 @@ groupmm::Context& context_for(const at::Device& device) {
   const std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*pool)[{device.index(), handle}];
   if (!slot) slot = std::make_unique<groupmm::Context>(groupmm::Device::CUDA, handle);
+  last = {device.index(), handle, slot.get()};
   return *slot;
 }
 
-struct Call::Guard {
-  explicit Guard(const at::Device& d) : g(d) {}
-  c10::OptionalDeviceGuard g;
-};
-
 Call::Call(const char* op, const at::Tensor& anchor)
-    : op_(op), device_(anchor.device()), opts_(anchor.options()), guard_(nullptr) {
-  if (device_.is_cuda()) guard_ = new Guard(device_);
-  ctx_ = &context_for(device_);
-}
-
-Call::~Call() {
-  delete guard_;
-}
+    : op_(op),
+      device_(anchor.device()),
+      opts_(anchor.options()),
+      guard_(device_.is_cuda() ? std::optional<at::Device>(device_) : std::nullopt),
+      ctx_(&context_for(device_)) {}
 
 void Call::check_device(const at::Tensor& t, const char* arg) const {
   TORCH_CHECK(t.device() == device_, "groupmm.", op_, ": ", arg, " is on ", t.device(),

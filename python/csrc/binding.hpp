@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <functional>
@@ -56,7 +57,6 @@ groupmm::Context& context_for(const at::Device& device);
 class Call {
  public:
   Call(const char* op, const at::Tensor& anchor);
-  ~Call();
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
 
@@ -91,10 +91,10 @@ class Call {
   const char* op_;
   at::Device device_;
   at::TensorOptions opts_;
+  // The op's CUDA device made current for the call (nothing on the CPU); set up before ctx_.
+  c10::OptionalDeviceGuard guard_;
   groupmm::Context* ctx_;
   std::vector<at::Tensor> keep_;
-  struct Guard;
-  Guard* guard_;
 };
 
 groupmm::TensorView view_of(const at::Tensor& t, groupmm::Device d, const char* op,

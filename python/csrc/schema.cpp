@@ -1,6 +1,7 @@
 // schema.cpp: every op of the torch.ops.groupmm namespace, in one place. CPU and CUDA kernels are
-// in ops_*.cpp; fake (meta) kernels and autograd formulas in python/groupmm/_meta.py and
-// _autograd.py. Splits are [G] int32/int64 on the op's device; sizes never depend on their values.
+// in ops_*.cpp, the autograd formulas in ops_autograd.cpp; fake (meta) kernels in
+// python/groupmm/_meta.py. Splits are [G] int32/int64 on the op's device; sizes never depend on
+// their values.
 #include <torch/library.h>
 
 TORCH_LIBRARY(groupmm, m) {

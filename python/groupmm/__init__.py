@@ -31,7 +31,7 @@ if _BUILT_FOR != torch.__version__:
 
 torch.ops.load_library(_lib)
 
-from . import _meta, _autograd  # noqa: E402,F401  (registrations)
+from . import _meta  # noqa: E402,F401  (fake kernels; the autograd ones are in the .so)
 from ._meta import permuted_rows  # noqa: E402,F401
 from . import nn  # noqa: E402,F401
 

@@ -53,6 +53,10 @@ class _WeightCache:
         self._quantize, self._key, self._q = quantize, None, None
 
     def get(self, weight):
+        if torch.compiler.is_compiling():
+            # A compiled graph cannot hold state across calls: it quantizes the weights in the
+            # graph on every call (same values; the cache is eager-only).
+            return list(self._quantize(weight.detach()))
         key = (weight._version, weight.data_ptr(), weight.device)
         if key != self._key:
             self._q, self._key = list(self._quantize(weight.detach())), key
@@ -90,6 +94,12 @@ class _Quantized:
     def wgrad(self, qdy, state, splits, main_grad):
         qx, _qw = state
         if main_grad is not None:
+            if self.recipe == "mxfp8" and torch.compiler.is_compiling():
+                # Inductor does not functionalize a mutating op that reads float8_e8m0fnu
+                # tensors (the MX scales); the fp32 dW added in place gives the same sums.
+                main_grad.add_(ops.grouped_mm_fp8_wgrad(qdy, qx, splits, self.recipe,
+                                                        out_dtype=torch.float32))
+                return None
             ops.grouped_mm_fp8_wgrad_accumulate(qdy, qx, splits, self.recipe, main_grad)
             return None
         return ops.grouped_mm_fp8_wgrad(qdy, qx, splits, self.recipe, out_dtype=torch.bfloat16)
@@ -239,6 +249,11 @@ class GroupedLinear(torch.nn.Module):
             return ops.grouped_mm(x, self.weight, splits, self.bias)
         if not torch.is_grad_enabled():
             return self._exec.forward(x, self.weight, self.bias, splits)[0]
+        if self.delay_wgrad and torch.compiler.is_compiling():
+            raise RuntimeError(
+                "groupmm.nn.GroupedLinear(delay_wgrad=True) is eager-only: its backward queues "
+                "the wgrad operands for backward_dw() (a side effect that a compiled backward "
+                "cannot make); compile the layer with delay_wgrad=False, or run it eagerly")
         return _GroupedLinearFn.apply(x, self.weight, self.bias, splits, self)
 
     def backward_dw(self):

@@ -34,9 +34,9 @@ class MoE(torch.nn.Module):
             raise ValueError(f"groupmm.nn.MoE(recipe='{recipe}'): align={align} must be a "
                              "multiple of 16 (the FP8 wgrad GEMMs read 16-row aligned experts)")
         self.experts, self.topk, self.align = experts, topk, align
-        self.router_cfg = dict(score=score, n_group=n_group, topk_group=topk_group,
-                               renormalize=renormalize, scaling_factor=scaling_factor,
-                               aux_loss_coeff=aux_loss_coeff, z_loss_coeff=z_loss_coeff)
+        # torch.ops.groupmm.router's arguments after topk, positional (no keyword parsing per call).
+        self.router_cfg = (score, n_group, topk_group, renormalize, scaling_factor,
+                           aux_loss_coeff, z_loss_coeff)
         kw = dict(dtype=dtype, device=device)
         self.router = torch.nn.Linear(hidden, experts, bias=False, **kw)
         lkw = dict(kw, bias=False, recipe=recipe, delay_wgrad=delay_wgrad)
@@ -50,7 +50,7 @@ class MoE(torch.nn.Module):
     def forward(self, x):
         # fp32 logits from the 16-bit inputs, as the core's router expects.
         logits = F.linear(x.float(), self.router.weight.float())
-        ids, weights, _counts, aux, z = ops.router(logits, None, self.topk, **self.router_cfg)
+        ids, weights, _counts, aux, z = ops.router(logits, None, self.topk, *self.router_cfg)
         plan = ops.permute_plan(ids, self.experts, self.align, 0)
         splits = plan[3]
         x_perm, probs = ops.permute(x, *plan, self.align, 0, weights)

@@ -1,0 +1,321 @@
+// ops_autograd.cpp: the autograd formulas of the differentiable ops (grouped_mm, swiglu,
+// weighted_swiglu, router, permute, unpermute), registered in C++ for the Autograd key.
+//
+// Each kernel takes the fast path when no graph is recorded (grad mode off, or no input that
+// requires grad): one redispatch below autograd to the CPU / CUDA kernel (or to the fake kernel
+// under torch.compile's tracing), with no Python and no graph node. Otherwise a
+// torch::autograd::Function records a node whose backward calls the existing backward ops
+// (grouped_mm_dgrad, router_backward, ...) through the dispatcher, so the joint graph that
+// AOTAutograd traces and the CUDA graphs captured around a step see those ops as they are.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <string>
+
+namespace groupmm_torch {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Tensor = at::Tensor;
+using OptTensor = std::optional<at::Tensor>;
+using OptDtype = std::optional<at::ScalarType>;
+
+// The typed handle of groupmm::<name> (looked up once per call site).
+#define GROUPMM_OP(name, ...)                                                                      \
+  ([]() -> const c10::TypedOperatorHandle<__VA_ARGS__>& {                                          \
+    static const auto h =                                                                          \
+        c10::Dispatcher::singleton().findSchemaOrThrow("groupmm::" name, "").typed<__VA_ARGS__>(); \
+    return h;                                                                                      \
+  }())
+
+using MmSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, OptDtype);
+using MmGradSig = Tensor(const Tensor&, const Tensor&, const Tensor&, OptDtype);
+using DbiasSig = Tensor(const Tensor&, const Tensor&, OptDtype);
+using SwigluSig = Tensor(const Tensor&);
+using SwigluBwdSig = Tensor(const Tensor&, const Tensor&);
+using WSwigluSig = Tensor(const Tensor&, const Tensor&);
+using WSwigluBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&);
+using Router5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+using RouterSig = Router5(const Tensor&, const OptTensor&, int64_t, c10::string_view, int64_t,
+                          int64_t, bool, double, double, double);
+using RouterBwdSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                            c10::string_view, int64_t, int64_t, bool, double, double, double);
+using PermuteSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                              const Tensor&, const Tensor&, int64_t, int64_t,
+                                              const OptTensor&);
+using UnpermuteSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                            const Tensor&, int64_t, int64_t, const OptTensor&);
+using UnpermuteBwdSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, int64_t, int64_t);
+
+// Whether a graph node is to be recorded (what Function::apply decides, decided up front so the
+// common inference / no_grad call skips building one).
+bool records(std::initializer_list<const Tensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const Tensor* t : ts)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+bool records(const OptTensor& t) {
+  return t.has_value() && records({&*t});
+}
+
+// The fast path: the op below autograd (the guard also keeps the kernel's own at:: calls there).
+template <class Sig, class... Args>
+auto below_autograd(const c10::TypedOperatorHandle<Sig>& op, c10::DispatchKeySet ks,
+                    Args&&... args) {
+  const at::AutoDispatchBelowADInplaceOrView guard;
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, std::forward<Args>(args)...);
+}
+
+// ---- grouped_mm ---------------------------------------------------------------------------------
+
+struct GroupedMm : torch::autograd::Function<GroupedMm> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w,
+                        const Tensor& splits, const OptTensor& bias, OptDtype out_dtype) {
+    ctx->save_for_backward({x, w, splits});
+    const bool has_bias = bias.has_value() && bias->defined();
+    ctx->saved_data["bias_dtype"] = has_bias ? static_cast<int64_t>(bias->scalar_type()) : -1;
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return GROUPMM_OP("grouped_mm", MmSig).call(x, w, splits, bias, out_dtype);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &x = saved[0], &w = saved[1], &splits = saved[2];
+    Tensor dy = grads[0];
+    const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
+    Tensor dx, dw, db;
+    if (!dy.defined()) return {dx, dw, Tensor(), db, Tensor()};
+    // The bias gradient sums the upstream gradient as it comes (fp32 with out_dtype=float32);
+    // the GEMMs take both operands in one dtype, so an fp32 dy is rounded to x's for them.
+    if (bias_dtype >= 0 && ctx->needs_input_grad(3))
+      db = GROUPMM_OP("group_dbias", DbiasSig)
+               .call(dy, splits, static_cast<at::ScalarType>(bias_dtype));
+    if (dy.scalar_type() != x.scalar_type()) dy = dy.to(x.scalar_type());
+    if (ctx->needs_input_grad(0))
+      dx = GROUPMM_OP("grouped_mm_dgrad", MmGradSig).call(dy, w, splits, std::nullopt);
+    if (ctx->needs_input_grad(1))
+      dw = GROUPMM_OP("grouped_mm_wgrad", MmGradSig).call(dy, x, splits, std::nullopt);
+    return {dx, dw, Tensor(), db, Tensor()};
+  }
+};
+
+Tensor grouped_mm_autograd(c10::DispatchKeySet ks, const Tensor& x, const Tensor& w,
+                           const Tensor& splits, const OptTensor& bias, OptDtype out_dtype) {
+  if (!records({&x, &w}) && !records(bias))
+    return below_autograd(GROUPMM_OP("grouped_mm", MmSig), ks, x, w, splits, bias, out_dtype);
+  return GroupedMm::apply(x, w, splits, bias, out_dtype);
+}
+
+// ---- swiglu, weighted_swiglu --------------------------------------------------------------------
+
+struct Swiglu : torch::autograd::Function<Swiglu> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& gate_up) {
+    ctx->save_for_backward({gate_up});
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return GROUPMM_OP("swiglu", SwigluSig).call(gate_up);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    return {GROUPMM_OP("swiglu_backward", SwigluBwdSig).call(grads[0], saved[0])};
+  }
+};
+
+Tensor swiglu_autograd(c10::DispatchKeySet ks, const Tensor& gate_up) {
+  if (!records({&gate_up})) return below_autograd(GROUPMM_OP("swiglu", SwigluSig), ks, gate_up);
+  return Swiglu::apply(gate_up);
+}
+
+struct WeightedSwiglu : torch::autograd::Function<WeightedSwiglu> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& gate_up, const Tensor& prob) {
+    ctx->save_for_backward({gate_up, prob});
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return GROUPMM_OP("weighted_swiglu", WSwigluSig).call(gate_up, prob);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {Tensor(), Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    auto [dgu, dprob] =
+        GROUPMM_OP("weighted_swiglu_backward", WSwigluBwdSig).call(grads[0], saved[0], saved[1]);
+    return {dgu, dprob};
+  }
+};
+
+Tensor weighted_swiglu_autograd(c10::DispatchKeySet ks, const Tensor& gate_up, const Tensor& prob) {
+  if (!records({&gate_up, &prob}))
+    return below_autograd(GROUPMM_OP("weighted_swiglu", WSwigluSig), ks, gate_up, prob);
+  return WeightedSwiglu::apply(gate_up, prob);
+}
+
+// ---- router -------------------------------------------------------------------------------------
+
+struct Router : torch::autograd::Function<Router> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& logits,
+                               const OptTensor& expert_bias, int64_t topk, c10::string_view score,
+                               int64_t n_group, int64_t topk_group, bool renormalize,
+                               double scaling_factor, double aux_loss_coeff, double z_loss_coeff) {
+    Router5 out;
+    {
+      const at::AutoDispatchBelowADInplaceOrView guard;
+      out = GROUPMM_OP("router", RouterSig)
+                .call(logits, expert_bias, topk, score, n_group, topk_group, renormalize,
+                      scaling_factor, aux_loss_coeff, z_loss_coeff);
+    }
+    auto& [ids, weights, counts, aux, z] = out;
+    ctx->save_for_backward({logits, ids, counts});
+    ctx->mark_non_differentiable({ids, counts});
+    // The backward handles an unused output itself (no zero tensors made for it).
+    ctx->set_materialize_grads(false);
+    auto& d = ctx->saved_data;
+    d["score"] = std::string(score);
+    d["n_group"] = n_group;
+    d["topk_group"] = topk_group;
+    d["renormalize"] = renormalize;
+    d["scaling_factor"] = scaling_factor;
+    d["aux"] = aux_loss_coeff;
+    d["z"] = z_loss_coeff;
+    return {ids, weights, counts, aux, z};
+  }
+  // The core differentiates sum(d_weights * weights) + aux_loss + z_loss, the losses with
+  // gradient 1; each loss term is taken on its own here and scaled by its upstream gradient.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &logits = saved[0], &ids = saved[1], &counts = saved[2];
+    auto& d = ctx->saved_data;
+    const std::string score = d["score"].toStringRef();
+    const int64_t n_group = d["n_group"].toInt(), topk_group = d["topk_group"].toInt();
+    const bool renormalize = d["renormalize"].toBool();
+    const double scaling = d["scaling_factor"].toDouble();
+    const double aux_c = d["aux"].toDouble(), z_c = d["z"].toDouble();
+    const Tensor &d_weights = grads[1], &d_aux = grads[3], &d_z = grads[4];
+    const auto& bwd = GROUPMM_OP("router_backward", RouterBwdSig);
+    Tensor zero_d_weights;  // made once, when a term needs it
+    auto zero = [&]() -> const Tensor& {
+      if (!zero_d_weights.defined()) zero_d_weights = at::zeros(ids.sizes(), logits.options());
+      return zero_d_weights;
+    };
+    Tensor d_logits = bwd.call(logits, ids, counts, d_weights.defined() ? d_weights : zero(), score,
+                               n_group, topk_group, renormalize, scaling, 0.0, 0.0);
+    if (aux_c != 0.0 && d_aux.defined())
+      d_logits = d_logits.add(d_aux.mul(bwd.call(logits, ids, counts, zero(), score, n_group,
+                                                 topk_group, renormalize, scaling, aux_c, 0.0)));
+    if (z_c != 0.0 && d_z.defined())
+      d_logits = d_logits.add(d_z.mul(bwd.call(logits, ids, counts, zero(), score, n_group,
+                                               topk_group, renormalize, scaling, 0.0, z_c)));
+    variable_list out(10);
+    out[0] = d_logits;
+    return out;
+  }
+};
+
+Router5 router_autograd(c10::DispatchKeySet ks, const Tensor& logits, const OptTensor& expert_bias,
+                        int64_t topk, c10::string_view score, int64_t n_group, int64_t topk_group,
+                        bool renormalize, double scaling_factor, double aux_loss_coeff,
+                        double z_loss_coeff) {
+  if (!records({&logits}))
+    return below_autograd(GROUPMM_OP("router", RouterSig), ks, logits, expert_bias, topk, score,
+                          n_group, topk_group, renormalize, scaling_factor, aux_loss_coeff,
+                          z_loss_coeff);
+  auto o = Router::apply(logits, expert_bias, topk, score, n_group, topk_group, renormalize,
+                         scaling_factor, aux_loss_coeff, z_loss_coeff);
+  return {o[0], o[1], o[2], o[3], o[4]};
+}
+
+// ---- permute, unpermute -------------------------------------------------------------------------
+
+// The permute map's tensors (dest_row, row_start, kept, splits) and sizes, kept for backward.
+void save_map(AutogradContext* ctx, const Tensor& dest_row, const Tensor& row_start,
+              const Tensor& kept, const Tensor& splits, int64_t align, int64_t capacity,
+              bool has_extra) {
+  ctx->save_for_backward({dest_row, row_start, kept, splits});
+  ctx->saved_data["align"] = align;
+  ctx->saved_data["capacity"] = capacity;
+  ctx->saved_data["has_extra"] = has_extra;
+}
+
+struct Permute : torch::autograd::Function<Permute> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& dest_row,
+                               const Tensor& row_start, const Tensor& kept, const Tensor& splits,
+                               int64_t align, int64_t capacity, const OptTensor& weights) {
+    const bool has_w = weights.has_value() && weights->defined();
+    save_map(ctx, dest_row, row_start, kept, splits, align, capacity, has_w);
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    auto [xp, probs] = GROUPMM_OP("permute", PermuteSig)
+                           .call(x, dest_row, row_start, kept, splits, align, capacity, weights);
+    if (!has_w) ctx->mark_non_differentiable({probs});
+    return {xp, probs};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto m = ctx->get_saved_variables();
+    const int64_t align = ctx->saved_data["align"].toInt();
+    const int64_t capacity = ctx->saved_data["capacity"].toInt();
+    const bool has_w = ctx->saved_data["has_extra"].toBool();
+    auto [dx, dw] = GROUPMM_OP("permute_backward", PermuteSig)
+                        .call(grads[0], m[0], m[1], m[2], m[3], align, capacity,
+                              has_w ? OptTensor(grads[1]) : std::nullopt);
+    variable_list out(8);
+    out[0] = dx;
+    if (has_w) out[7] = dw;
+    return out;
+  }
+};
+
+std::tuple<Tensor, Tensor> permute_autograd(c10::DispatchKeySet ks, const Tensor& x,
+                                            const Tensor& dest_row, const Tensor& row_start,
+                                            const Tensor& kept, const Tensor& splits, int64_t align,
+                                            int64_t capacity, const OptTensor& weights) {
+  if (!records({&x}) && !records(weights))
+    return below_autograd(GROUPMM_OP("permute", PermuteSig), ks, x, dest_row, row_start, kept,
+                          splits, align, capacity, weights);
+  auto o = Permute::apply(x, dest_row, row_start, kept, splits, align, capacity, weights);
+  return {o[0], o[1]};
+}
+
+struct Unpermute : torch::autograd::Function<Unpermute> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& y_perm, const Tensor& dest_row,
+                        const Tensor& row_start, const Tensor& kept, const Tensor& splits,
+                        int64_t align, int64_t capacity, const OptTensor& add) {
+    save_map(ctx, dest_row, row_start, kept, splits, align, capacity,
+             add.has_value() && add->defined());
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return GROUPMM_OP("unpermute", UnpermuteSig)
+        .call(y_perm, dest_row, row_start, kept, splits, align, capacity, add);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(8);
+    const Tensor& dy = grads[0];
+    if (!dy.defined()) return out;
+    const auto m = ctx->get_saved_variables();
+    out[0] = GROUPMM_OP("unpermute_backward", UnpermuteBwdSig)
+                 .call(dy, m[0], m[1], m[2], m[3], ctx->saved_data["align"].toInt(),
+                       ctx->saved_data["capacity"].toInt());
+    if (ctx->saved_data["has_extra"].toBool()) out[7] = dy;
+    return out;
+  }
+};
+
+Tensor unpermute_autograd(c10::DispatchKeySet ks, const Tensor& y_perm, const Tensor& dest_row,
+                          const Tensor& row_start, const Tensor& kept, const Tensor& splits,
+                          int64_t align, int64_t capacity, const OptTensor& add) {
+  if (!records({&y_perm}) && !records(add))
+    return below_autograd(GROUPMM_OP("unpermute", UnpermuteSig), ks, y_perm, dest_row, row_start,
+                          kept, splits, align, capacity, add);
+  return Unpermute::apply(y_perm, dest_row, row_start, kept, splits, align, capacity, add);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(groupmm, Autograd, m) {
+  m.impl("grouped_mm", TORCH_FN(grouped_mm_autograd));
+  m.impl("swiglu", TORCH_FN(swiglu_autograd));
+  m.impl("weighted_swiglu", TORCH_FN(weighted_swiglu_autograd));
+  m.impl("router", TORCH_FN(router_autograd));
+  m.impl("permute", TORCH_FN(permute_autograd));
+  m.impl("unpermute", TORCH_FN(unpermute_autograd));
+}
+
+}  // namespace groupmm_torch
