@@ -87,8 +87,9 @@ struct RouterArgs {
   TensorView expert_ids;   // out [T, k] int32
   TensorView weights;      // out [T, k] fp32
   TensorView counts;       // out [E] int32
-  TensorView aux_loss;     // out [1] fp32, required when aux_loss_coeff != 0, else ignored
-  TensorView z_loss;       // out [1] fp32, required when z_loss_coeff != 0, else ignored
+  TensorView aux_loss;     // out [1] fp32, required when aux_loss_coeff != 0; optional otherwise
+                           // (then written 0, so a caller needs no fill of its own)
+  TensorView z_loss;       // out [1] fp32, likewise for z_loss_coeff
 };
 // One warp per token (its E scores in registers); per-chunk partial counts and loss sums are
 // reduced by a second kernel in a fixed order. T may be 0 (counts zeroed, losses 0). Workspace:

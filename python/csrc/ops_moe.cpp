@@ -80,7 +80,7 @@ groupmm::RouterConfig router_config(int64_t experts, int64_t topk, c10::string_v
 }  // namespace
 
 // logits [T, E] fp32 -> expert_ids [T, k] int32, weights [T, k] fp32, counts [E] int32,
-// aux_loss [1], z_loss [1] (zeros when their coefficient is 0).
+// aux_loss [1], z_loss [1] (0 when their coefficient is 0: the core writes it).
 Bound bind_router(Call& call, const at::Tensor& logits,
                   const std::optional<at::Tensor>& expert_bias, int64_t topk,
                   c10::string_view score, int64_t n_group, int64_t topk_group, bool renormalize,
@@ -95,12 +95,8 @@ Bound bind_router(Call& call, const at::Tensor& logits,
   a.expert_bias = call.in(expert_bias, "expert_bias");
   at::Tensor ids = call.empty({T, topk}, at::kInt), w = call.empty({T, topk}, at::kFloat);
   at::Tensor counts = call.empty({E}, at::kInt);
-  // The core writes a loss only when its coefficient is nonzero; the other output stays 0.
-  auto loss = [&](double coeff) {
-    return coeff != 0 ? call.empty({1}, at::kFloat)
-                      : at::zeros({1}, call.options().dtype(at::kFloat));
-  };
-  at::Tensor aux = loss(aux_loss_coeff), z = loss(z_loss_coeff);
+  // The core writes both losses (0 for a disabled one): no fill kernels here.
+  at::Tensor aux = call.empty({1}, at::kFloat), z = call.empty({1}, at::kFloat);
   a.expert_ids = call.out(ids, "expert_ids");
   a.weights = call.out(w, "weights");
   a.counts = call.out(counts, "counts");

@@ -161,8 +161,10 @@ void moe_router_forward(Context& ctx, const RouterConfig& cfg, const RouterArgs&
   check_tk(ctx, op, "weights", a.weights, DType::fp32, T, k);
   check_view(op, "counts", a.counts, DType::int32, 1, ctx.device());
   check_dim(op, "counts", a.counts, 0, E);
-  if (cfg.aux_loss_coeff != 0) check_scalar(ctx, op, "aux_loss", a.aux_loss);
-  if (cfg.z_loss_coeff != 0) check_scalar(ctx, op, "z_loss", a.z_loss);
+  // A loss output is required when its coefficient is nonzero, and written 0 when given without.
+  if (cfg.aux_loss_coeff != 0 || a.aux_loss.present())
+    check_scalar(ctx, op, "aux_loss", a.aux_loss);
+  if (cfg.z_loss_coeff != 0 || a.z_loss.present()) check_scalar(ctx, op, "z_loss", a.z_loss);
   if (ctx.device() == Device::CPU) {
     cpu::moe_router_forward(ctx, cfg, a);
   } else {

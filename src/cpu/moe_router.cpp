@@ -187,9 +187,13 @@ void moe_router_forward(Context&, const RouterConfig& c, const RouterArgs& a) {
     for (int64_t e = 0; e < E; ++e) acc += psum[size_t(e)] * counts[e];
     a.aux_loss.ptr<float>()[0] =
         T == 0 ? 0.0f : float(acc * c.aux_loss_coeff * double(E) / (double(k) * T * T));
+  } else if (a.aux_loss.present()) {
+    a.aux_loss.ptr<float>()[0] = 0.0f;  // a disabled loss given anyway reads 0
   }
   if (c.z_loss_coeff != 0)
     a.z_loss.ptr<float>()[0] = T == 0 ? 0.0f : float(zsum * c.z_loss_coeff / double(T));
+  else if (a.z_loss.present())
+    a.z_loss.ptr<float>()[0] = 0.0f;
 }
 
 // ---- backward -----------------------------------------------------------------------------------

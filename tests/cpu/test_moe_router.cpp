@@ -15,7 +15,7 @@ namespace {
 struct Routed {
   std::vector<int32_t> ids, counts;
   std::vector<float> w;
-  float aux = 0, z = 0;
+  float aux = NAN, z = NAN;  // poisoned: every call must write both
 };
 
 Routed route(const RouterConfig& c, std::vector<float> logits, std::vector<float> bias = {}) {
@@ -156,6 +156,13 @@ TEST(RouterCpu, AuxLossAndZLossMatchTheirFormulas) {
     for (int x : r.counts) sum += x;
     EXPECT_EQ(sum, T * k);
   }
+}
+
+// A loss given with its coefficient 0 reads 0 (the binding relies on it: no fill of its own).
+TEST(RouterCpu, DisabledLossesGivenAnywayReadZero) {
+  const Routed r = route(cfg(6, 2), randn(size_t(5 * 6)));
+  EXPECT_EQ(r.aux, 0.0f);
+  EXPECT_EQ(r.z, 0.0f);
 }
 
 // d/d logits of  L = sum_tj r_tj w_tj + aux + z  against central differences (routing unchanged).

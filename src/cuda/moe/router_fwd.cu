@@ -186,8 +186,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) router_fwd_kernel(RouterFwdPara
 struct FinalizeParams {
   RouterWorkspace ws;
   int32_t* counts;
-  float* aux_loss;  // null when off
-  float* z_loss;    // null when off
+  float* aux_loss;  // null when not given (written 0 when given with the loss off)
+  float* z_loss;    // likewise
+  bool aux_on, z_on;
   int64_t NC;
   int E;
   float aux_scale, z_scale;  // coeff E / (k T^2), coeff / T
@@ -214,9 +215,8 @@ __global__ void __launch_bounds__(FinalizeConfig::kThreads)
   __shared__ bool last;
   const int e = blockIdx.x;
   const int cnt = block_sum_strided<int>(p.ws.part_counts + e * p.NC, p.NC, 1, &tmp);
-  const float ps = p.aux_loss != nullptr
-                       ? block_sum_strided<float>(p.ws.part_psum + e * p.NC, p.NC, 1, &tmp)
-                       : 0.0f;
+  const float ps =
+      p.aux_on ? block_sum_strided<float>(p.ws.part_psum + e * p.NC, p.NC, 1, &tmp) : 0.0f;
   if (threadIdx.x == 0) {
     p.counts[e] = cnt;
     p.ws.psum[e] = ps;
@@ -226,7 +226,9 @@ __global__ void __launch_bounds__(FinalizeConfig::kThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (p.aux_loss != nullptr) {
+  if (p.aux_loss != nullptr && !p.aux_on && threadIdx.x == 0) *p.aux_loss = 0.0f;
+  if (p.z_loss != nullptr && !p.z_on && threadIdx.x == 0) *p.z_loss = 0.0f;
+  if (p.aux_on) {
     float acc = 0.0f;  // sum_e psum_e * counts_e, thread-strided then a fixed tree
     for (int i = threadIdx.x; i < p.E; i += FinalizeConfig::kThreads)
       acc += __ldcg(p.ws.psum + i) * float(__ldcg(p.counts + i));
@@ -235,7 +237,7 @@ __global__ void __launch_bounds__(FinalizeConfig::kThreads)
     __syncthreads();
     if (threadIdx.x == 0) *p.aux_loss = s * p.aux_scale;
   }
-  if (p.z_loss != nullptr) {
+  if (p.z_on) {
     const float s = block_sum_strided<float>(p.ws.part_z, p.NC, 1, &tmp);
     if (threadIdx.x == 0) *p.z_loss = s * p.z_scale;
   }
@@ -281,8 +283,10 @@ void moe_router_forward(Context& ctx, const RouterConfig& cfg, const RouterArgs&
   FinalizeParams f{};
   f.ws = p.ws;
   f.counts = a.counts.ptr<int32_t>();
-  f.aux_loss = p.aux ? a.aux_loss.ptr<float>() : nullptr;
-  f.z_loss = p.z ? a.z_loss.ptr<float>() : nullptr;
+  f.aux_loss = a.aux_loss.present() ? a.aux_loss.ptr<float>() : nullptr;
+  f.z_loss = a.z_loss.present() ? a.z_loss.ptr<float>() : nullptr;
+  f.aux_on = p.aux;
+  f.z_on = p.z;
   f.NC = NC;
   f.E = int(E);
   const double Td = double(T);
