@@ -155,7 +155,7 @@ std::tuple<at::Tensor, at::Tensor> group_offsets(const at::Tensor& splits) {
   return {start, end};
 }
 
-void register_impls(torch::Library& m) {
+void register_gemm_impls(torch::Library& m) {
   m.impl("grouped_mm", &grouped_mm);
   m.impl("grouped_mm_dgrad", &grouped_mm_dgrad);
   m.impl("grouped_mm_wgrad", &grouped_mm_wgrad);
@@ -167,6 +167,6 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
-GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
+GROUPMM_TORCH_CPU_AND_CUDA(register_gemm_impls)
 
 }  // namespace groupmm_torch

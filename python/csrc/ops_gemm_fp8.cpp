@@ -165,7 +165,7 @@ void grouped_mm_fp8_wgrad_accumulate(at::TensorList dy, at::TensorList x, const 
   run(s.call, s.args);
 }
 
-void register_impls(torch::Library& m) {
+void register_gemm_fp8_impls(torch::Library& m) {
   m.impl("grouped_mm_fp8", &grouped_mm_fp8);
   m.impl("grouped_mm_fp8_dgrad", &grouped_mm_fp8_dgrad);
   m.impl("grouped_mm_fp8_wgrad", &grouped_mm_fp8_wgrad);
@@ -174,6 +174,6 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
-GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
+GROUPMM_TORCH_CPU_AND_CUDA(register_gemm_fp8_impls)
 
 }  // namespace groupmm_torch

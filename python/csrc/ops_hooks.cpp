@@ -215,7 +215,7 @@ double core_layer_step_us(const at::Tensor& x, const at::Tensor& splits, const a
   return us[us.size() / 2];
 }
 
-void register_impls(torch::Library& m) {
+void register_hooks_impls(torch::Library& m) {
   m.impl("_core_call_us", &core_call_us);
   m.impl("_core_grouped_linear", &core_grouped_linear);
   m.impl("_core_layer_step_us", &core_layer_step_us);
@@ -223,6 +223,6 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
-GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
+GROUPMM_TORCH_CPU_AND_CUDA(register_hooks_impls)
 
 }  // namespace groupmm_torch

@@ -275,7 +275,7 @@ at::Tensor unpermute_backward(const at::Tensor& dy, const at::Tensor& dest_row,
   return dyp;
 }
 
-void register_impls(torch::Library& m) {
+void register_moe_impls(torch::Library& m) {
   m.impl("swiglu", &swiglu);
   m.impl("swiglu_backward", &swiglu_backward);
   m.impl("weighted_swiglu", &weighted_swiglu);
@@ -291,6 +291,6 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
-GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
+GROUPMM_TORCH_CPU_AND_CUDA(register_moe_impls)
 
 }  // namespace groupmm_torch

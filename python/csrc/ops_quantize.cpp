@@ -145,13 +145,13 @@ at::Tensor group_dequantize(const at::Tensor& data, const at::Tensor& scale_inv,
   return out;
 }
 
-void register_impls(torch::Library& m) {
+void register_quantize_impls(torch::Library& m) {
   m.impl("group_quantize", &group_quantize);
   m.impl("group_dequantize", &group_dequantize);
 }
 
 }  // namespace
 
-GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
+GROUPMM_TORCH_CPU_AND_CUDA(register_quantize_impls)
 
 }  // namespace groupmm_torch

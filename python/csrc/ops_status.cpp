@@ -12,12 +12,12 @@ void check_status(const at::Tensor& device_like) {
   call.ctx().check();
 }
 
-void register_impls(torch::Library& m) {
+void register_status_impls(torch::Library& m) {
   m.impl("check_status", &check_status);
 }
 
 }  // namespace
 
-GROUPMM_TORCH_CPU_AND_CUDA(register_impls)
+GROUPMM_TORCH_CPU_AND_CUDA(register_status_impls)
 
 }  // namespace groupmm_torch
