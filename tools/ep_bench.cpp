@@ -232,8 +232,12 @@ bool report(const std::vector<CaseReport>& reps, int R, const EpBenchOptions& o)
       const double dg = m.dispatch_bytes / (m.dispatch_us * 1e3);
       const double cg = m.combine_us > 0 ? m.combine_bytes / (m.combine_us * 1e3) : 0.0;
       ok = ok && m.valid;
-      std::printf("  %-14s %10.1f %12.1f %8.1f %11.1f %8.1f  %s", m.mode, m.plan_us, m.dispatch_us,
-                  dg, m.combine_us, cg, m.valid ? "ok" : "FAILED");
+      if (m.combine_us > 0)
+        std::printf("  %-14s %10.1f %12.1f %8.1f %11.1f %8.1f  %s", m.mode, m.plan_us,
+                    m.dispatch_us, dg, m.combine_us, cg, m.valid ? "ok" : "FAILED");
+      else  // FP8 dispatch: its combine is the 16-bit one
+        std::printf("  %-14s %10.1f %12.1f %8.1f %11s %8s  %s", m.mode, m.plan_us, m.dispatch_us,
+                    dg, "-", "-", m.valid ? "ok" : "FAILED");
       if (m.C > 0)
         std::printf(" (C=%lld, C_e=%lld%s)", (long long)m.C, (long long)m.Ce,
                     m.overflow ? "; OVERFLOW: raise --capacity-factor" : "");

@@ -4,7 +4,10 @@
 // their rows in the one-rank order). Within a tight tolerance: the replicated parameters' grads
 // (router weight, shared expert), summed over the ranks (relative error <= 1e-5 in fp32; each
 // rank sums only its tokens, so the fp32 order differs). fp32 and bf16 (fp32 main grads, delayed
-// wgrad) blocks; the configuration checks.
+// wgrad) blocks; capacity overflow reported; the configuration checks.
+#include <algorithm>
+#include <cmath>
+
 #include "common/moe_ep_harness.hpp"
 
 namespace groupmm::test {
@@ -88,6 +91,22 @@ TEST(MoeEpCpu, Bf16MainGradDelayedWgradMatchesOneRank) {
       for (int r = 0; r < R; ++r) c.tokens.push_back(4 + 2 * r);
       check(c, seed_for("moe_ep_bf16") + uint64_t(R * 3 + int(mode)));
     }
+}
+
+TEST(MoeEpCpu, CapacityOverflowIsReportedAndFinite) {
+  // One row a peer: every rank with tokens overflows; the step still completes (dropped slots
+  // contribute nothing) and reports kFaultEpCapacity.
+  for (int R : {2, 4}) {
+    Case c{block(DType::fp32), R, ep::EpMode::capacity, ep::EpCapacity{1, 0}, {}};
+    for (int r = 0; r < R; ++r) c.tokens.push_back(6);
+    const Result res = run_case(c, Device::CPU, seed_for("moe_ep_over") + uint64_t(R));
+    for (int r = 0; r < R; ++r) {
+      SCOPED_TRACE("R=" + std::to_string(R) + " rank " + std::to_string(r));
+      EXPECT_EQ(res.rank[size_t(r)].status, uint32_t(kFaultEpCapacity));
+      for (const auto* v : {&res.rank[size_t(r)].y, &res.rank[size_t(r)].dx})
+        EXPECT_TRUE(std::all_of(v->begin(), v->end(), [](float f) { return std::isfinite(f); }));
+    }
+  }
 }
 
 TEST(MoeEpCpu, ConfigurationChecks) {
