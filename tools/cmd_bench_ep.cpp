@@ -38,8 +38,8 @@ void add_options(CLI::App& app, EpBenchOptions& o) {
 
 Register reg(command<EpBenchOptions>(
     "bench", "ep",
-    "expert-parallel dispatch and combine per rank (throughput and capacity modes, GB/s; one "
-    "process per GPU over NCCL; --cpu: a smoke run with threads)",
+    "expert-parallel dispatch and combine per rank (throughput and capacity modes, FP8 dispatch, "
+    "GB/s; one process per GPU over NCCL; --cpu: a smoke run with threads)",
     add_options, run));
 
 }  // namespace

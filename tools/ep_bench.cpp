@@ -21,6 +21,7 @@
 #include "bench_common.hpp"
 #include "cli.hpp"
 #include "groupmm/ep.hpp"
+#include "groupmm/quantize.hpp"
 #include "groupmm/random.hpp"
 #include "groupmm/version.hpp"
 #if GROUPMM_WITH_NCCL
@@ -35,7 +36,8 @@ struct EpCase {
   int64_t H, E, k;
 };
 const EpCase kCases[] = {{"dsv3", 7168, 256, 8}, {"qwen3", 2048, 128, 8}};
-const EpCase kCpuCases[] = {{"dsv3", 64, 32, 8}, {"qwen3", 32, 16, 4}};
+// (--cpu: H a multiple of 128 for dsv3, so that the FP8 dispatch runs in the smoke run too.)
+const EpCase kCpuCases[] = {{"dsv3", 128, 32, 8}, {"qwen3", 32, 16, 4}};
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -113,6 +115,61 @@ ModeResult run_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg, ep
   return r;
 }
 
+// FP8 dispatch (throughput plan): this rank's tokens quantized (group_quantize, the FP8 block
+// GEMM's activation recipe) and ep_dispatch_fp8, timed together; the combine is ep_combine's
+// (16-bit, the rows above). The check: the received operand equals quantizing ep_dispatch's bf16
+// grouped rows (data and scales, byte for byte).
+ModeResult run_fp8_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg, const Tensor& ids,
+                        const Tensor& x, int warmup, int iters) {
+  const Device d = ctx.device();
+  cudaStream_t s = ctx.stream();
+  const int64_t T = x.view().dim(0), H = cfg.hidden, El = cfg.experts / cfg.ranks;
+  ModeResult r;
+  r.mode = "throughput_fp8";
+  ep::EpPlan plan;
+  r.plan_us =
+      time_us(ctx, warmup, iters, [&](int) { plan = ep::ep_dispatch_plan(ctx, tr, cfg, ids); });
+  const QuantizeConfig qc = ep::ep_fp8_dispatch_config();
+  const int32_t t32 = int32_t(T);
+  Tensor splits1 = Tensor::empty({1}, DType::int32, d, s);
+  copy(splits1, TensorView(const_cast<int32_t*>(&t32), DType::int32, Device::CPU, {1}), s);
+  QuantizedBuffers xq = allocate_quantized(group_quantize_shapes(T, H, 1, qc), d, s);
+  QuantizedBuffers xg = allocate_quantized(group_quantize_shapes(plan.rows, H, El, qc), d, s);
+  GroupQuantizeArgs qa;
+  qa.input = x;
+  qa.splits = splits1;
+  qa.config = qc;
+  qa.out = xq.view(1, splits1, qc);
+  r.dispatch_us = time_us(ctx, warmup, iters, [&](int) {
+    const GroupedTensor q = group_quantize(ctx, qa);
+    ep::ep_dispatch_fp8(ctx, tr, plan, q, xg.view(El, TensorView(), qc));
+  });
+  r.dispatch_bytes = remote_bytes(plan.send_rows, tr.rank(), ep::ep_fp8_wire_row_bytes(H));
+  // The check against quantizing the 16-bit dispatch's rows.
+  Tensor xb = Tensor::empty({plan.rows, H}, DType::bf16, d, s);
+  ep::ep_dispatch(ctx, tr, plan, x, xb);
+  QuantizedBuffers ref = allocate_quantized(group_quantize_shapes(plan.rows, H, El, qc), d, s);
+  if (plan.rows > 0) {
+    GroupQuantizeArgs ra;
+    ra.input = xb;
+    ra.splits = plan.splits;
+    ra.config = qc;
+    ra.out = ref.view(El, plan.splits, qc);
+    group_quantize(ctx, ra);
+  }
+  const auto host_bytes = [&](const Tensor& t) {
+    std::vector<uint8_t> h(size_t(t.view().nbytes()));
+    if (!h.empty())
+      copy(TensorView(h.data(), DType::e8m0, Device::CPU, {int64_t(h.size())}),
+           TensorView(t.data(), DType::e8m0, d, {int64_t(h.size())}), s);
+    return h;
+  };
+  r.overflow = ctx.take_status().bits != 0;
+  r.valid = !r.overflow && host_bytes(xg.data) == host_bytes(ref.data) &&
+            host_bytes(xg.scale_inv) == host_bytes(ref.scale_inv);
+  return r;
+}
+
 struct CaseReport {
   EpCase c;
   int64_t T = 0;
@@ -154,6 +211,7 @@ std::vector<CaseReport> run_rank(Context& ctx, ep::Transport& tr, const EpBenchO
     CaseReport rep{c, T, {}};
     for (ep::EpMode m : {ep::EpMode::throughput, ep::EpMode::capacity})
       rep.modes.push_back(run_mode(ctx, tr, cfg, m, o, ids, x, w, warmup, iters));
+    if (c.H % 128 == 0) rep.modes.push_back(run_fp8_mode(ctx, tr, cfg, ids, x, warmup, iters));
     reps.push_back(rep);
   }
   return reps;
@@ -168,14 +226,18 @@ bool report(const std::vector<CaseReport>& reps, int R, const EpBenchOptions& o)
     std::printf("\n== %s: R=%d, T=%lld tokens a rank, H=%lld, E=%lld (%lld a rank), k=%lld, bf16\n",
                 r.c.name, R, (long long)r.T, (long long)r.c.H, (long long)r.c.E,
                 (long long)(r.c.E / R), (long long)r.c.k);
-    std::printf("  %-11s %10s %12s %8s %11s %8s  %s\n", "mode", "plan us", "dispatch us", "GB/s",
-                "combine us", "GB/s", "check (combine of dispatch == x)");
+    std::printf("  %-14s %10s %12s %8s %11s %8s  %s\n", "mode", "plan us", "dispatch us", "GB/s",
+                "combine us", "GB/s", "check (combine of dispatch == x; fp8: == quantized rows)");
     for (const ModeResult& m : r.modes) {
       const double dg = m.dispatch_bytes / (m.dispatch_us * 1e3);
-      const double cg = m.combine_bytes / (m.combine_us * 1e3);
+      const double cg = m.combine_us > 0 ? m.combine_bytes / (m.combine_us * 1e3) : 0.0;
       ok = ok && m.valid;
-      std::printf("  %-11s %10.1f %12.1f %8.1f %11.1f %8.1f  %s", m.mode, m.plan_us, m.dispatch_us,
-                  dg, m.combine_us, cg, m.valid ? "ok" : "FAILED");
+      if (m.combine_us > 0)
+        std::printf("  %-14s %10.1f %12.1f %8.1f %11.1f %8.1f  %s", m.mode, m.plan_us,
+                    m.dispatch_us, dg, m.combine_us, cg, m.valid ? "ok" : "FAILED");
+      else  // FP8 dispatch: its combine is the 16-bit one
+        std::printf("  %-14s %10.1f %12.1f %8.1f %11s %8s  %s", m.mode, m.plan_us, m.dispatch_us,
+                    dg, "-", "-", m.valid ? "ok" : "FAILED");
       if (m.C > 0)
         std::printf(" (C=%lld, C_e=%lld%s)", (long long)m.C, (long long)m.Ce,
                     m.overflow ? "; OVERFLOW: raise --capacity-factor" : "");
@@ -193,7 +255,8 @@ bool report(const std::vector<CaseReport>& reps, int R, const EpBenchOptions& o)
   js << "]}";
   std::printf(
       "\n(rank 0's view: GB/s = bytes it sends to other ranks / time; a capacity exchange moves "
-      "fixed blocks of C rows / C_e entries to each peer)\n");
+      "fixed blocks of C rows / C_e entries to each peer; throughput_fp8: quantize + FP8 dispatch, "
+      "wire rows of H fp8 bytes + H/128 fp32 scales, its combine is the 16-bit one above)\n");
   if (!o.json.empty()) {
     std::ofstream f = open_json(o.json);
     f << js.str() << "\n";

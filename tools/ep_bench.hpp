@@ -30,7 +30,9 @@ struct EpBenchOptions {
 // (median; each is a collective, so it includes waiting for the slowest peer), the bytes this rank
 // sends to other ranks and its GB/s. Each case is validated first (identity experts: the combine
 // of the dispatched rows gives x[t] * sum_j w[t, j]). Rank 0 prints. Returns 0 when every case
-// validated.
+// validated. A third mode, throughput_fp8 (cases with H a multiple of 128): quantizing this rank's
+// tokens plus ep_dispatch_fp8 on the throughput plan, timed together (its combine is the 16-bit
+// one), checked against quantizing ep_dispatch's rows.
 int run_bench_ep(const EpBenchOptions& o);
 
 }  // namespace groupmm::tool

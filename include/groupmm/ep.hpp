@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "groupmm/core.hpp"
+#include "groupmm/quantize.hpp"
 
 namespace groupmm::ep {
 
@@ -247,10 +248,12 @@ void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& plan, const TensorVi
 
 // y_grouped [plan.rows, H] (the expert MLP's output in x_grouped's row order), weights [T, k] fp32
 // or absent, out [T, H], y_grouped's dtype: out[t] = sum_j weights[t, j] * y_(t, j) (absent:
-// sum_j y_(t, j), moe_unpermute's) in fp32, slot order, rounded once; a token with no (kept)
-// experts gets 0.
+// sum_j y_(t, j), moe_unpermute's) in fp32, slot order, then + add[t] when add [T, H] (out's
+// dtype, e.g. the shared expert's output; may not overlap out) is given, rounded once: add is
+// moe_unpermute's addend, same order. A token with no (kept) experts gets 0 (or add[t]).
 void ep_combine(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& y_grouped,
-                const TensorView& weights, const TensorView& out);
+                const TensorView& weights, const TensorView& out,
+                const TensorView& add = TensorView());
 
 // Backward of ep_combine: dy [T, H], weights [T, k] fp32, y_grouped [plan.rows, H] (the forward's,
 // saved) -> d_y_grouped [plan.rows, H] (d_y_(t, j) = fp32(weights[t, j] * dy[t]) rounded once;
@@ -262,15 +265,63 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& plan, const 
                          const TensorView& weights, const TensorView& y_grouped,
                          const TensorView& d_y_grouped, const TensorView& d_weights);
 
-// Backward of ep_dispatch: d_x_grouped [plan.rows, H] -> dx [T, H], one dtype:
-// dx[t] = sum_j d_x_grouped[(t, j)] in fp32 in slot order (dropped slots skipped), rounded once;
-// a token with no (kept) experts gets 0. Tail rows are not read. d_probs [plan.rows] fp32 and
+// Backward of ep_dispatch (and of ep_dispatch_fp8, whose gradient rows are 16-bit): d_x_grouped
+// [plan.rows, H] -> dx [T, H], one dtype: dx[t] = sum_j d_x_grouped[(t, j)] in fp32 in slot order
+// (dropped slots skipped), then + add[t] when add [T, H] (dx's dtype, e.g. the shared expert's
+// dx; may not overlap dx) is given, rounded once: moe_permute_backward's sum and addend. A token
+// with no (kept) experts gets 0 (or add[t]). Tail rows are not read. d_probs [plan.rows] fp32 and
 // d_weights [T, k] fp32, optional (both or none): d_weights[t, j] = d_probs[(t, j)'s grouped row]
 // (0 when dropped), moe_permute_backward's.
 void ep_dispatch_backward(Context& ctx, Transport& tr, const EpPlan& plan,
                           const TensorView& d_x_grouped, const TensorView& dx,
                           const TensorView& d_probs = TensorView(),
-                          const TensorView& d_weights = TensorView());
+                          const TensorView& d_weights = TensorView(),
+                          const TensorView& add = TensorView());
+
+// ================================================================================================
+// FP8 dispatch: the rows travel quantized (DeepSeek-V3's recipe), the combine stays 16-bit
+// ================================================================================================
+//
+// The home rank quantizes its tokens once with the quantize op, in the recipe the FP8 block
+// grouped GEMM reads for activations (ep_fp8_dispatch_config(): fp8_block, e4m3, 1x128 rowwise
+// blocks along H, fp32 scale_inv, plain layout), and ep_dispatch_fp8 moves each row's H fp8 bytes
+// and its H / 128 fp32 scales together (one exchange: a wire row of ep_fp8_wire_row_bytes(H)
+// bytes, about 0.52x of a bf16 row). The receiving rank unpacks them straight into the FP8 GEMM's
+// operand: data [plan.rows, H] and scale_inv [plan.rows, H / 128], grouped by local expert in the
+// dispatch order, with plan.splits as its device splits (no conversion pass):
+//
+//   xq  = group_quantize(ctx, {x [T, H], splits {T} (one group), ep_fp8_dispatch_config(),
+//                              out: data [T, H] e4m3, scale_inv [T, H / 128] fp32})
+//   xg  = ep_dispatch_fp8(ctx, tr, plan, xq, {data [plan.rows, H], scale_inv [plan.rows, H/128]})
+//   grouped_gemm(ctx, QuantizedGemmArgs{forward, a = xg, b = W (fp8_block, 128x128), out,
+//                                      splits = plan.splits})
+//
+// A 1x128 rowwise block lies within one token row, so quantizing before the dispatch gives exactly
+// the bytes and scales that quantizing the grouped rows would (bit for bit: the slice of a one-rank
+// group_quantize of moe_permute's rows). The backward and the combine are those of ep_dispatch
+// (bf16 / fp16 gradient rows), as in DeepEP.
+
+// The quantize config of ep_dispatch_fp8's input (pow2_scales: power-of-two scales).
+QuantizeConfig ep_fp8_dispatch_config(bool pow2_scales = false);
+// Bytes of one token on the wire: H fp8 values, then H / 128 fp32 scales, padded to 16 bytes.
+int64_t ep_fp8_wire_row_bytes(int64_t hidden);
+
+// x_q: this rank's tokens quantized with ep_fp8_dispatch_config() (or the same recipe with
+// pow2_scales): data [T, H] fp8e4m3 (fp8e5m2 is moved too, but the FP8 GEMM takes e4m3) and
+// scale_inv [T, H / 128] fp32, recipe fp8_block, 1x128 blocks (block_2d false), plain layout
+// (group_quantize's output over any splits: rowwise blocks do not depend on them).
+// x_grouped: caller-allocated data [plan.rows, H] of x_q's dtype and scale_inv [plan.rows, H / 128]
+// fp32 (group_quantize_shapes(plan.rows, H, E_l, config) sizes them); other fields ignored.
+// Returns x_grouped with num_groups E_l, splits plan.splits, recipe fp8_block, plain layout: the
+// `a` operand of the FP8 block GEMM forward. Rows are ordered as ep_dispatch's; capacity mode's
+// tail rows get zero data and zero scales. weights / probs as ep_dispatch. H must be a multiple of
+// 128; on a capacity plan the wire row must fit the staging row (any 16-bit row_dtype does).
+// Graph safe on CUDA with a capacity plan (two strided gathers and one exchange, plus the
+// weights' exchange with probs).
+GroupedTensor ep_dispatch_fp8(Context& ctx, Transport& tr, const EpPlan& plan,
+                              const GroupedTensor& x_q, const GroupedTensor& x_grouped,
+                              const TensorView& weights = TensorView(),
+                              const TensorView& probs = TensorView());
 
 // The fixed summation order of d_weights' dot products (both backends): 32 lane partials, lane l
 // summing p_h = a_h * b_h (fp32, rounded) for h = l, l + 32, ... in order, then a butterfly:

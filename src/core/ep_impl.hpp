@@ -34,10 +34,16 @@ namespace groupmm::ep {
      zeroed when zero_missing, else left alone. n rows; dst and src are raw bytes. */             \
   void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx, int64_t n,    \
                       int64_t div, int64_t row_bytes, bool zero_missing);                         \
+  /* The same with row strides (bytes) of their own: dst + i * dst_stride gets row_bytes from     \
+     src + (idx[i] / div) * src_stride (FP8 dispatch packs data and scales into one wire row). */ \
+  void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const void* src,       \
+                              int64_t src_stride, const int32_t* idx, int64_t n, int64_t div,     \
+                              int64_t row_bytes, bool zero_missing);                              \
   /* out[t] = sum_j w[t, j] * rows[slot_entry[t, j]] (w absent: unweighted) in fp32, j order,     \
-     rounded once to out's dtype; rows is [*, H] of out's dtype. */                               \
+     then + add[t] when add is given (out's dtype, [T, H]), rounded once to out's dtype; rows is  \
+     [*, H] of out's dtype. */                                                                    \
   void ep_weighted_sum(Context& ctx, const TensorView& out, const void* rows,                     \
-                       const int32_t* slot_entry, const float* w, int64_t k);                     \
+                       const int32_t* slot_entry, const float* w, int64_t k, const void* add);    \
   /* Expert side of ep_combine_backward: for every grouped row g with entry e = grouped_entry[g]: \
      d_yg[g] = w_recv[e] * dy_recv[e / k] (0 when e < 0; w_recv null: dy_recv[e / k]); for        \
      every back entry i with g = back_grouped[i] >= 0: dw_send[i] = dot(dy_recv[e / k], yg[g])    \

@@ -2,6 +2,7 @@
 // knows about the backends; every buffer is sized for max_tokens at construction.
 #include "groupmm/nn/moe.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -41,6 +42,14 @@ RouterConfig MoEConfig::router_config() const {
                       .z_loss_coeff = z_loss_coeff};
 }
 
+std::string MoEExpertParallel::to_string() const {
+  if (!enabled()) return "off";
+  return detail::cat("rank ", transport->rank(), " of ", transport->size(), ", ",
+                     ep::ep_mode_name(mode),
+                     mode == ep::EpMode::capacity ? ", " + capacity.to_string() : std::string(),
+                     max_rows > 0 ? detail::cat(", max_rows=", max_rows) : std::string());
+}
+
 std::string MoEConfig::to_string() const {
   return detail::cat("MoEConfig(H=", hidden, ", F=", ffn_hidden, ", E=", experts, ", k=", topk,
                      ", max_tokens=", max_tokens, ", shared_F=", shared_ffn_hidden,
@@ -48,8 +57,8 @@ std::string MoEConfig::to_string() const {
                      ", bias=", bias ? "true" : "false", ", dtype=", dtype_name(dtype),
                      ", delay_wgrad=", delay_wgrad ? "true" : "false",
                      ", main_grad=", accumulate_into_main_grad ? "true" : "false",
-                     ", expert_bias=", expert_bias ? "true" : "false", ", ",
-                     router_config().to_string(), ")");
+                     ", expert_bias=", expert_bias ? "true" : "false", ", ep=", ep.to_string(),
+                     ", ", router_config().to_string(), ")");
 }
 
 namespace {
@@ -68,6 +77,23 @@ void check_config(const Context& ctx, const MoEConfig& c) {
   GROUPMM_CHECK(std::isfinite(c.capacity_factor) && c.capacity_factor >= 0, op,
                 ": capacity_factor=", c.capacity_factor, " must be finite and >= 0");
   GROUPMM_CHECK(c.pad_align >= 1, op, ": pad_align=", c.pad_align, " must be >= 1");
+  if (c.ep.enabled()) {
+    const ep::Transport& tr = *c.ep.transport;
+    const int64_t R = tr.size();
+    GROUPMM_CHECK(c.experts % R == 0, op, ": experts=", c.experts,
+                  " must be divisible by the expert-parallel world size ", R);
+    GROUPMM_CHECK(c.capacity_factor == 0, op, ": capacity_factor=", c.capacity_factor,
+                  " must be 0 with expert parallelism (its capacity is ep.capacity)");
+    GROUPMM_CHECK(c.pad_align == 1, op, ": pad_align=", c.pad_align,
+                  " must be 1 with expert parallelism (the dispatched rows are not padded)");
+    GROUPMM_CHECK(tr.device() == ctx.device(), op, ": ep.transport's buffers live on ",
+                  device_name(tr.device()), " but the context is ", device_name(ctx.device()));
+    GROUPMM_CHECK(c.ep.max_rows >= 0, op, ": ep.max_rows=", c.ep.max_rows, " must be >= 0");
+    if (c.ep.mode == ep::EpMode::capacity)
+      GROUPMM_CHECK(c.ep.capacity.rows_per_peer >= 1 && c.ep.capacity.entries_per_peer >= 0, op,
+                    ": ep.capacity=", c.ep.capacity.to_string(),
+                    " needs rows_per_peer >= 1 and entries_per_peer >= 0 in capacity mode");
+  }
   const bool fp32_ok = ctx.device() == Device::CPU;
   GROUPMM_CHECK(
       c.dtype == DType::bf16 || c.dtype == DType::fp16 || (fp32_ok && c.dtype == DType::fp32), op,
@@ -96,9 +122,9 @@ MoE::MoE(Context& ctx, const MoEConfig& cfg) : cfg_(cfg), device_(ctx.device()) 
   (void)moe_router_workspace_size(ctx, rc, cfg.max_tokens);  // validates the router fields
   const int64_t H = cfg.hidden, F = cfg.ffn_hidden, E = cfg.experts, k = cfg.topk;
   const int64_t T = cfg.max_tokens, Fs = cfg.shared_ffn_hidden;
-  const int64_t R = map_for(T).rows;
-  gate_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, E, H, 2 * F, R, 1));
-  down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, E, F, H, R, 2));
+  const int64_t R = expert_rows_bound(), El = local_experts();
+  gate_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, El, H, 2 * F, R, 1));
+  down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, El, F, H, R, 2));
   if (Fs > 0) {
     shared_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, H, 2 * Fs, T, 3));
     shared_down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, Fs, H, T, 4));
@@ -142,6 +168,7 @@ MoE::MoE(Context& ctx, const MoEConfig& cfg) : cfg_(cfg), device_(ctx.device()) 
   if (cfg.expert_bias) fill_bytes(bias_, 0, s);
   fill_bytes(losses_, 0, s);
   zero_grad(ctx);
+  if (cfg.ep.enabled() && cfg.ep.mode == ep::EpMode::capacity) ep_plan_for(ctx, T);
   prepare(ctx);
 }
 
@@ -168,6 +195,33 @@ PermuteMap MoE::map_for(int64_t T) const {
   m.kept = TensorView(b + E, DType::int32, device_, {E});
   m.splits = TensorView(b + 2 * E, DType::int32, device_, {E});
   return m;
+}
+
+int MoE::rank() const {
+  return cfg_.ep.enabled() ? cfg_.ep.transport->rank() : 0;
+}
+int MoE::ranks() const {
+  return cfg_.ep.enabled() ? cfg_.ep.transport->size() : 1;
+}
+
+int64_t MoE::expert_rows_bound() const {
+  const MoEExpertParallel& e = cfg_.ep;
+  if (!e.enabled()) return map_for(cfg_.max_tokens).rows;
+  const int64_t R = ranks();
+  if (e.mode == ep::EpMode::capacity) {
+    const int64_t Ce = e.capacity.entries_per_peer > 0 ? e.capacity.entries_per_peer
+                                                       : e.capacity.rows_per_peer * cfg_.topk;
+    return std::max<int64_t>(R * Ce, 1);
+  }
+  return e.max_rows > 0 ? e.max_rows : std::max<int64_t>(R * cfg_.max_tokens * cfg_.topk, 1);
+}
+
+// Capacity mode: the plan for T tokens (allocated once per T; a captured step keeps its T).
+void MoE::ep_plan_for(Context& ctx, int64_t T) {
+  if (plan_ && plan_->tokens == T) return;
+  const ep::EpConfig ec{cfg_.experts, ranks(), cfg_.hidden, cfg_.topk};
+  plan_ = std::make_unique<ep::EpPlan>(
+      ep::ep_capacity_plan_create(ctx, transport(), ec, cfg_.ep.capacity, T, cfg_.dtype));
 }
 
 TensorView MoE::rows_view(const Tensor& t, int64_t rows, int64_t cols, DType dt) const {
@@ -225,9 +279,9 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
   GROUPMM_CHECK(T <= cfg_.max_tokens, op, ": x.shape[0]=", T,
                 " exceeds max_tokens=", cfg_.max_tokens);
   const DType t = cfg_.dtype;
-  map_ = map_for(T);
-  const int64_t R = map_.rows;
-  saved_x_ = x;  // for backward (router dW, the shared expert's wgrad)
+  const bool ep_on = cfg_.ep.enabled();
+  map_ = map_for(T);  // with EP only its tokens are used (the routing views' T)
+  saved_x_ = x;       // for backward (router dW, the shared expert's wgrad)
   saved_t_ = T;
 
   const TensorView logits = rows_view(logits_, T, E, DType::fp32);
@@ -243,17 +297,39 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
   moe_router_forward(ctx, cfg_.router_config(), ra);
   stage(MoEStage::router, false);
 
-  moe_permute_plan(ctx, ra.expert_ids, map_);
+  if (ep_on) {  // the plan: exact rows (a count exchange) or the capacity plan's fixed blocks
+    const ep::EpConfig ec{E, ranks(), H, cfg_.topk};
+    if (cfg_.ep.mode == ep::EpMode::throughput) {
+      plan_ =
+          std::make_unique<ep::EpPlan>(ep::ep_dispatch_plan(ctx, transport(), ec, ra.expert_ids));
+    } else {
+      ep_plan_for(ctx, T);
+      ep::ep_capacity_plan(ctx, transport(), ra.expert_ids, *plan_);
+    }
+    rows_ = plan_->rows;
+    splits_ = plan_->splits.view();
+    GROUPMM_CHECK(rows_ <= expert_rows_bound(), op, ": this rank received ", rows_,
+                  " expert rows, more than ep.max_rows=", expert_rows_bound(),
+                  " (raise ep.max_rows)");
+  } else {
+    moe_permute_plan(ctx, ra.expert_ids, map_);
+    rows_ = map_.rows;
+    splits_ = map_.splits;
+  }
+  const int64_t R = rows_;
   const TensorView xp = rows_view(xp_, R, H, t), probs = rows_view(probs_, R, 0, DType::fp32);
-  moe_permute(ctx, x, map_, xp, ra.weights, probs);
+  if (ep_on)
+    ep::ep_dispatch(ctx, transport(), *plan_, x, xp, ra.weights, probs);
+  else
+    moe_permute(ctx, x, map_, xp, ra.weights, probs);
   stage(MoEStage::permute, false);
 
-  gu_ = gate_up_->forward(ctx, xp, map_.splits);
+  gu_ = gate_up_->forward(ctx, xp, splits_);
   stage(MoEStage::gate_up, false);
   const TensorView h = rows_view(h_, R, cfg_.ffn_hidden, t);
   weighted_swiglu_forward(ctx, gu_, probs, h);
   stage(MoEStage::activation, false);
-  const TensorView yp = down_->forward(ctx, h, map_.splits);
+  const TensorView yp = down_->forward(ctx, h, splits_);
   stage(MoEStage::down, false);
 
   TensorView shared_y;
@@ -266,7 +342,10 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
     stage(MoEStage::shared_expert, false);
   }
   const TensorView y = rows_view(y_, T, H, t);
-  moe_unpermute(ctx, yp, map_, y, shared_y);
+  if (ep_on)
+    ep::ep_combine(ctx, transport(), *plan_, yp, TensorView(), y, shared_y);
+  else
+    moe_unpermute(ctx, yp, map_, y, shared_y);
   stage(MoEStage::unpermute, false);
   return y;
 }
@@ -281,11 +360,16 @@ TensorView MoE::backward(Context& ctx, const TensorView& dy) {
   check_dim(op, "dy", dy, 0, saved_t_);  // forward's T
   check_dim(op, "dy", dy, 1, cfg_.hidden);
   const int64_t T = saved_t_, H = cfg_.hidden, E = cfg_.experts, F = cfg_.ffn_hidden;
-  const int64_t R = map_.rows;
+  const int64_t R = rows_;
   const DType t = cfg_.dtype;
+  const bool ep_on = cfg_.ep.enabled();
 
   const TensorView dyp = rows_view(dyp_, R, H, t);
-  moe_unpermute_backward(ctx, dy, map_, dyp);
+  if (ep_on)
+    ep::ep_combine_backward(ctx, transport(), *plan_, dy, TensorView(), TensorView(), dyp,
+                            TensorView());
+  else
+    moe_unpermute_backward(ctx, dy, map_, dyp);
   stage(MoEStage::unpermute, true);
   const TensorView dh = down_->backward(ctx, dyp);
   stage(MoEStage::down, true);
@@ -307,7 +391,10 @@ TensorView MoE::backward(Context& ctx, const TensorView& dy) {
   }
   const TensorView dx = rows_view(dx_, T, H, t);
   const TensorView dweights = rows_view(dweights_, T, cfg_.topk, DType::fp32);
-  moe_permute_backward(ctx, dxp, map_, dx, dprobs, dweights, shared_dx);
+  if (ep_on)
+    ep::ep_dispatch_backward(ctx, transport(), *plan_, dxp, dx, dprobs, dweights, shared_dx);
+  else
+    moe_permute_backward(ctx, dxp, map_, dx, dprobs, dweights, shared_dx);
   stage(MoEStage::permute, true);
 
   RouterBackwardArgs rb;

@@ -122,14 +122,17 @@ d = json.load(open(sys.argv[1]))
 assert d["suite"] == "layer" and len(d["cases"]) == 6, d
 assert all(c["layer_us"] > 0 and c["fwd_us"] > 0 for c in d["cases"])
 PY
-# bench ep: ranks as threads; every mode's check is combine(dispatch(x)) == x bit for bit
+# bench ep: ranks as threads; every mode's check is combine(dispatch(x)) == x bit for bit (FP8
+# dispatch: the received operand == quantizing the 16-bit dispatch's rows)
 expect 0 "throughput .* ok" -- bench ep --cpu --ranks 4 --json "$tmp/ep.json"
 if python3 - "$tmp/ep.json" <<'PY'; then pass=$((pass + 1)); else failed=$((failed + 1)); echo "FAIL: bench ep --json"; fi
 import json, sys
 d = json.load(open(sys.argv[1]))
-assert d["ranks"] == 4 and len(d["cases"]) == 4, d
+assert d["ranks"] == 4 and len(d["cases"]) == 5, d
 assert all(c["valid"] and not c["overflow"] and c["dispatch_us"] > 0 for c in d["cases"]), d
-assert {c["mode"] for c in d["cases"]} == {"throughput", "capacity"}, d
+assert {c["mode"] for c in d["cases"]} == {"throughput", "capacity", "throughput_fp8"}, d
+fp8 = [c for c in d["cases"] if c["mode"] == "throughput_fp8"]
+assert len(fp8) == 1 and fp8[0]["case"] == "dsv3", d  # H = 128 on the CPU; qwen3's 32 is no fp8
 PY
 expect 1 "bench ep: case dsv3 has E=32 experts, which ranks=3 does not divide" -- bench ep --cpu --ranks 3 --case dsv3
 

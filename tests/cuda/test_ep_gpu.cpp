@@ -2,8 +2,8 @@
 // threads sharing one GPU through the device in-process group (one stream), every output of a
 // forward + backward step, both modes (capacity with and without overflow), bf16 / fp16 / fp32,
 // vector and scalar row paths, weighted combine or router weights routed as probs; the capacity
-// mode captured in a CUDA graph and replayed with new routing (overflow included); the transport /
-// Context device check.
+// mode captured in a CUDA graph and replayed with new routing (overflow included); the combine's
+// and dispatch backward's addend; the transport / Context device check.
 #include "common/ep_graph.hpp"
 
 namespace groupmm::test {
@@ -89,6 +89,57 @@ TEST(EpGpu, CapacityModeGraphReplaysWithChangedRouting) {
     }
     cudaStreamDestroy(s);
   }
+}
+
+// ep_combine / ep_dispatch_backward with the addend (the shared expert's output / dx): out = the
+// k rows' fp32 sum + add, rounded once; CUDA against the CPU backend, bit for bit (vector and
+// scalar rows).
+std::vector<std::vector<float>> addend_step(const EpConfig& cfg, const std::vector<RankData>& d,
+                                            DType dt, Device dev) {
+  const int R = int(cfg.ranks);
+  std::vector<std::vector<float>> res(size_t(2 * R));
+  cudaStream_t s = nullptr;
+  if (dev == Device::CUDA) GROUPMM_CHECK_CUDA(cudaStreamCreate(&s));
+  run_ranks(
+      R,
+      [&](int r, ep::InProcessTransport& tr) {
+        Context ctx(dev, s);
+        const RankData& rd = d[size_t(r)];
+        const int64_t H = cfg.hidden;
+        Tensor ids = upload_ids(rd.ids, {rd.T, cfg.topk}, dev, s);
+        Tensor x = upload(rd.x, dt, {rd.T, H}, dev, s);
+        Tensor add = upload(rd.dy, dt, {rd.T, H}, dev, s);
+        Tensor w = upload(rd.w, DType::fp32, {rd.T, cfg.topk}, dev, s);
+        ep::EpPlan plan = ep::ep_dispatch_plan(ctx, tr, cfg, ids);
+        Tensor xg = Tensor::empty({plan.rows, H}, dt, dev, s);
+        Tensor y = Tensor::empty({rd.T, H}, dt, dev, s);
+        Tensor dx = Tensor::empty({rd.T, H}, dt, dev, s);
+        ep::ep_dispatch(ctx, tr, plan, x, xg);
+        ep::ep_combine(ctx, tr, plan, xg, w, y, add);
+        ep::ep_dispatch_backward(ctx, tr, plan, xg, dx, TensorView(), TensorView(), add);
+        res[size_t(2 * r)] = floats_of(y);
+        res[size_t(2 * r + 1)] = floats_of(dx);
+      },
+      dev, s);
+  if (s != nullptr) cudaStreamDestroy(s);
+  return res;
+}
+
+TEST(EpGpu, AddendMatchesCpuBitForBit) {
+  GROUPMM_REQUIRE_GPU();
+  for (int R : {1, 2, 4})
+    for (auto [H, dt] : {std::pair{int64_t(64), DType::bf16},
+                         {int64_t(13), DType::fp16},
+                         {int64_t(24), DType::fp32}}) {
+      const EpConfig cfg{8, R, H, 3};
+      SCOPED_TRACE(cfg.to_string() + " " + dtype_name(dt));
+      std::mt19937_64 g(seed_for("ep_gpu_add") + uint64_t(R * 131 + H));
+      const std::vector<RankData> d = make_case(cfg, dt, Routing::mixed, g);
+      const auto got = addend_step(cfg, d, dt, Device::CUDA);
+      const auto want = addend_step(cfg, d, dt, Device::CPU);
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(same_bits(got[i], want[i])) << (i % 2 ? "dx" : "y") << " of rank " << i / 2;
+    }
 }
 
 TEST(EpGpu, TransportMustLiveOnTheContextsDevice) {

@@ -29,16 +29,59 @@
 // (or backward_dw with delay_wgrad) has been enqueued; with delay_wgrad and a shared expert, dy
 // passed to backward too. One micro-batch in flight at a time. The returned views point into
 // layer buffers that the next call overwrites.
+//
+// Expert parallelism (MoEConfig::ep with a transport, groupmm/ep.hpp): the block is one rank of R.
+// Every rank holds the router (all E experts) and the shared expert, and its E_l = E / R local
+// experts (rank r: experts [r E_l, (r + 1) E_l); gate_up() and down() then have E_l groups). A
+// step on every rank (each a collective: all ranks call forward, backward, in the same order):
+//   forward:  router on this rank's tokens -> plan (ep_dispatch_plan, or ep_capacity_plan on the
+//             plan made at construction) -> ep_dispatch (rows and router weights, as probs) ->
+//             local experts (gate_up, weighted_swiglu, down; E_l groups, plan.splits) ->
+//             ep_combine (unweighted, + the shared expert's output, moe_unpermute's order)
+//   backward: ep_combine_backward (unweighted) -> local experts backward -> ep_dispatch_backward
+//             (+ the shared expert's dx, d_weights from d_probs) -> router backward
+// so that y, dx and the local experts' weight and bias grads are, bit for bit, the one-rank
+// block's on the global tokens (rank 0's, then rank 1's, ...; the experts' rows arrive in the
+// one-rank permute order). The router weight and the shared expert are replicated: their grads
+// here are this rank's tokens' share (sum them over the ranks, as data parallelism does; equal to
+// the one-rank grads up to fp32 summation order). aux_loss and z_loss are over this rank's tokens
+// (the aux loss's counts too). delay_wgrad and accumulate_into_main_grad work as without EP.
+// Restrictions: capacity_factor 0 and pad_align 1 (EP's capacity is ep.capacity, and the grouped
+// rows come unpadded: recipes whose wgrad needs aligned splits are not served yet), E divisible by
+// R. Capacity mode is graph safe (the plan is allocated at construction for max_tokens tokens and
+// rebuilt, allocating, when a forward sees another T: capture with the T of the first eager step);
+// throughput mode synchronizes with the host in every forward (its count exchange) and is not.
+// The local experts are initialized from the seed as a GroupedLinear of E_l groups (not as the
+// slice of a one-rank block's): import the weights to compare with a one-rank block.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
 
+#include "groupmm/ep.hpp"
 #include "groupmm/moe.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
 
 namespace groupmm::nn {
+
+// The expert-parallel configuration of a MoE block (see the header). transport null: one rank.
+struct MoEExpertParallel {
+  // This rank's end of the group (ep::InProcessTransport for tests, ep::NcclTransport over a
+  // communicator); not owned, must outlive the layer. Its rank() and size() are the rank and the
+  // world size R; its device() must be the Context's device.
+  ep::Transport* transport = nullptr;
+  ep::EpMode mode = ep::EpMode::throughput;
+  // Capacity mode: the per-(home rank, expert rank) bounds (every rank the same); overflow is
+  // dropped and reported as kFaultEpCapacity (ep.hpp). The grouped rows are R * C_e.
+  ep::EpCapacity capacity;
+  // Throughput mode: the most grouped rows a forward may receive (expert buffers are sized for
+  // it); 0 = R * max_tokens * topk (every token of every rank on this rank's experts). A forward
+  // that receives more throws (on that rank, after the exchange: size it for the worst case).
+  int64_t max_rows = 0;
+  bool enabled() const { return transport != nullptr; }
+  std::string to_string() const;
+};
 
 struct MoEConfig {
   int64_t hidden = 0;      // H
@@ -68,6 +111,7 @@ struct MoEConfig {
   bool accumulate_into_main_grad = false;
   uint64_t seed = 0;  // initialization (router weight like nn.Linear; the linears as GroupedLinear)
   std::shared_ptr<const LinearRecipe> recipe;  // of the expert linears; null = high precision
+  MoEExpertParallel ep;                        // expert parallelism (off by default)
   RouterConfig router_config() const;
   std::string to_string() const;
 };
@@ -113,8 +157,8 @@ class MoE {
   const TensorView& router_weight() const { return wr_.view(); }        // [E, H] dtype
   const TensorView& router_weight_grad() const { return dwr_.view(); }  // dtype or fp32 main grad
   const TensorView& expert_bias() const { return bias_.view(); }        // [E] fp32, absent if off
-  GroupedLinear& gate_up() { return *gate_up_; }                        // E groups, [2F, H]
-  GroupedLinear& down() { return *down_; }                              // E groups, [H, F]
+  GroupedLinear& gate_up() { return *gate_up_; }  // E groups (E_l with EP), [2F, H]
+  GroupedLinear& down() { return *down_; }        // E groups (E_l with EP), [H, F]
   bool has_shared_expert() const { return shared_up_ != nullptr; }
   GroupedLinear& shared_gate_up();  // 1 group, [2 Fs, H]
   GroupedLinear& shared_down();     // 1 group, [H, Fs]
@@ -123,7 +167,17 @@ class MoE {
   TensorView expert_ids() const;                               // [T, k] int32
   TensorView router_weights() const;                           // [T, k] fp32
   const TensorView& counts() const { return counts_.view(); }  // [E] int32, before capacity
-  const PermuteMap& permute_map() const { return map_; }       // dest_row, kept, splits, rows
+  const PermuteMap& permute_map() const {
+    return map_;
+  }  // dest_row, kept, splits, rows
+     // (one rank only)
+  // Expert parallelism: this rank, the world size R (1 without EP), the first local expert, and
+  // the plan of the last forward (null without EP; its splits are the local experts' rows).
+  int rank() const;
+  int ranks() const;
+  int64_t local_experts() const { return cfg_.experts / ranks(); }
+  int64_t first_expert() const { return int64_t(rank()) * local_experts(); }
+  const ep::EpPlan* ep_plan() const { return plan_.get(); }
   TensorView aux_loss() const;  // [1] fp32 (0 when the coefficient is 0)
   TensorView z_loss() const;    // [1] fp32
 
@@ -137,6 +191,9 @@ class MoE {
     if (hook_) hook_(s, backward);
   }
   PermuteMap map_for(int64_t T) const;
+  int64_t expert_rows_bound() const;  // rows of the expert buffers
+  void ep_plan_for(Context& ctx, int64_t T);
+  ep::Transport& transport() const { return *cfg_.ep.transport; }
   TensorView rows_view(const Tensor& t, int64_t rows, int64_t cols, DType dt) const;
 
   MoEConfig cfg_;
@@ -151,6 +208,9 @@ class MoE {
   PermuteMap map_;
   TensorView saved_x_, gu_, sh_gu_;
   int64_t saved_t_ = -1;
+  std::unique_ptr<ep::EpPlan> plan_;  // expert parallelism
+  int64_t rows_ = 0;                  // grouped rows of the last forward
+  TensorView splits_;                 // their splits (map_.splits, or plan_->splits)
   bool pending_dw_ = false;
   MoEStageHook hook_;
 };

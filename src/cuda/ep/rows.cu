@@ -1,8 +1,10 @@
 // The expert-parallel row movers on CUDA (the CPU reference: src/cpu/ep_rows.cpp):
-//   gather: dst row i = src row idx[i] / div, as bytes in the widest vector the row length and
-//     the pointers allow (every pack and unpack of ep_dispatch / ep_combine / the backwards);
-//   weighted sum: the home rank's out[t] = sum_j w[t, j] * rows[slot_entry[t, j]] in fp32, slot
-//     order, rounded once (__fmul_rn / __fadd_rn: never an fma, like the CPU's two roundings).
+//   gather: dst row i = src row idx[i] / div, as bytes in the widest vector the row length, the
+//     strides and the pointers allow (every pack and unpack of ep_dispatch / ep_combine / the
+//     backwards);
+//   weighted sum: the home rank's out[t] = sum_j w[t, j] * rows[slot_entry[t, j]] (+ add[t]) in
+//     fp32, slot order, rounded once (__fmul_rn / __fadd_rn: never an fma, like the CPU's two
+//     roundings).
 // Both are graph safe: device indices only, no sync, no allocation.
 #include "cuda/ep/ep_common.cuh"
 
@@ -15,6 +17,7 @@ struct GatherParams {
   const int32_t* idx;
   int64_t div;
   bool zero_missing;
+  int64_t dst_stride, src_stride;  // row strides in vectors (launch_gather sets them)
   RowGeometry geo;
 };
 
@@ -26,17 +29,20 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_rows_kernel(Gath
   p.geo.for_each_row([&](int64_t i, int lane) {
     const int64_t s = p.idx[i];
     if (s >= 0) {
-      const V* row = src + s / p.div * nv;
-      for (int64_t v = lane; v < nv; v += step) dst[i * nv + v] = row[v];
+      const V* row = src + s / p.div * p.src_stride;
+      for (int64_t v = lane; v < nv; v += step) dst[i * p.dst_stride + v] = row[v];
     } else if (p.zero_missing) {
-      for (int64_t v = lane; v < nv; v += step) dst[i * nv + v] = V{};
+      for (int64_t v = lane; v < nv; v += step) dst[i * p.dst_stride + v] = V{};
     }
   });
 }
 
 template <class V>
-void launch_gather(Context& ctx, GatherParams p, int64_t n, int64_t row_bytes) {
+void launch_gather(Context& ctx, GatherParams p, int64_t n, int64_t row_bytes, int64_t dst_stride,
+                   int64_t src_stride) {
   p.geo = RowGeometry(ctx, n, row_bytes / int64_t(sizeof(V)));
+  p.dst_stride = dst_stride / int64_t(sizeof(V));
+  p.src_stride = src_stride / int64_t(sizeof(V));
   if (p.geo.grid == 0) return;
   gather_rows_kernel<V><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
   GROUPMM_CHECK_LAUNCH();
@@ -47,6 +53,7 @@ struct SumParams {
   const void* rows;
   const int32_t* slot_entry;  // [T, k]
   const float* w;             // [T, k] or null (unweighted)
+  const void* add;            // [T, H] of out's dtype, or null
   int64_t k;
   RowGeometry geo;  // T rows of vectors
 };
@@ -75,6 +82,11 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) weighted_sum_kernel(Sum
         }
       }
       P o;
+      if (p.add != nullptr) {  // the addend last, like moe_unpermute's
+        const P a = static_cast<const P*>(p.add)[t * nv + v];
+#pragma unroll
+        for (int n = 0; n < N; ++n) acc[n] = __fadd_rn(acc[n], E::to_float(a.v[n]));
+      }
 #pragma unroll
       for (int n = 0; n < N; ++n) o.v[n] = E::from_float(acc[n]);
       out[t * nv + v] = o;
@@ -84,28 +96,37 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) weighted_sum_kernel(Sum
 
 }  // namespace
 
-void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx, int64_t n,
-                    int64_t div, int64_t row_bytes, bool zero_missing) {
-  GatherParams p{dst, src, idx, div, zero_missing, RowGeometry(ctx, 0, 0)};
+void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const void* src,
+                            int64_t src_stride, const int32_t* idx, int64_t n, int64_t div,
+                            int64_t row_bytes, bool zero_missing) {
+  GatherParams p{dst, src, idx, div, zero_missing, 0, 0, RowGeometry(ctx, 0, 0)};
   const auto fits = [&](size_t v) {
-    return row_bytes % int64_t(v) == 0 && aligned_to(dst, v) && aligned_to(src, v);
+    const auto vv = int64_t(v);
+    return row_bytes % vv == 0 && dst_stride % vv == 0 && src_stride % vv == 0 &&
+           aligned_to(dst, v) && aligned_to(src, v);
   };
   if (fits(16))
-    launch_gather<uint4>(ctx, p, n, row_bytes);
+    launch_gather<uint4>(ctx, p, n, row_bytes, dst_stride, src_stride);
   else if (fits(4))
-    launch_gather<uint32_t>(ctx, p, n, row_bytes);
+    launch_gather<uint32_t>(ctx, p, n, row_bytes, dst_stride, src_stride);
   else
-    launch_gather<uint8_t>(ctx, p, n, row_bytes);
+    launch_gather<uint8_t>(ctx, p, n, row_bytes, dst_stride, src_stride);
+}
+
+void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx, int64_t n,
+                    int64_t div, int64_t row_bytes, bool zero_missing) {
+  ep_gather_rows_strided(ctx, dst, row_bytes, src, row_bytes, idx, n, div, row_bytes, zero_missing);
 }
 
 void ep_weighted_sum(Context& ctx, const TensorView& out, const void* rows,
-                     const int32_t* slot_entry, const float* w, int64_t k) {
+                     const int32_t* slot_entry, const float* w, int64_t k, const void* add) {
   const int64_t T = out.dim(0), H = out.dim(1);
   dispatch_element(out.dtype, "ep_combine dtype", [&](auto e) {
     using E = decltype(e);
     constexpr int kVec = kVec16<E>;
-    const bool vec = H % kVec == 0 && aligned_to(out.data, 16) && aligned_to(rows, 16);
-    SumParams p{out.data, rows, slot_entry, w, k, RowGeometry(ctx, T, vec ? H / kVec : H)};
+    const bool vec =
+        H % kVec == 0 && aligned_to(out.data, 16) && aligned_to(rows, 16) && aligned_to(add, 16);
+    SumParams p{out.data, rows, slot_entry, w, add, k, RowGeometry(ctx, T, vec ? H / kVec : H)};
     if (p.geo.grid == 0) return;
     if (vec)
       weighted_sum_kernel<E, kVec><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
