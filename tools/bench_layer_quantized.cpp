@@ -20,7 +20,7 @@ bool is_training_layer(const SuiteShape& s) {
   return false;
 }
 
-std::vector<int64_t> align16(std::vector<int64_t> s) {
+std::vector<int64_t> align16_splits(std::vector<int64_t> s) {
   int64_t rest = 0;
   for (auto& v : s) rest += v % 16, v -= v % 16;
   s[0] += rest;  // the totals here are multiples of 16
@@ -60,7 +60,7 @@ int bench_layer_quantized(QuantRecipe recipe, const std::string& case_filter,
         Tensor sp = Tensor::empty({s.G}, DType::int64, Device::CUDA, stream);
         fill_uniform(ctx, x, -1.0f, 1.0f, 1);
         fill_uniform(ctx, dy, -0.05f, 0.05f, 2);
-        std::vector<int64_t> splits = align16(bench_splits(pattern, s.G, s.M));
+        std::vector<int64_t> splits = align16_splits(bench_splits(pattern, s.G, s.M));
         copy(sp, TensorView(splits.data(), DType::int64, Device::CPU, {s.G}), stream);
         // "new W": the optimizer changed W since the last step, so the quantized recipe
         // quantizes W inside the step; "W cached": a further micro-batch of the same step.

@@ -36,7 +36,7 @@ void add_options(CLI::App& app, EpBenchOptions& o) {
   add_json(app, o.json);
 }
 
-Register reg(command<EpBenchOptions>(
+Register reg_cmd_bench_ep(command<EpBenchOptions>(
     "bench", "ep",
     "expert-parallel dispatch and combine per rank (throughput and capacity modes, FP8 dispatch, "
     "GB/s; one process per GPU over NCCL; --cpu: a smoke run with threads)",

@@ -465,7 +465,7 @@ void add_gemm_options(CLI::App& app, GemmOptions& o) {
              "the copy bandwidth of the same run)");
 }
 
-Register reg(command<GemmOptions>(
+Register reg_cmd_bench_gemm(command<GemmOptions>(
     "bench", "gemm",
     "grouped GEMM suite (forward, dgrad, wgrad on MoE shapes) vs the cuBLAS per-expert "
     "loop and one dense cuBLAS GEMM (GPU)",

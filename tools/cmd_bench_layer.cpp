@@ -219,7 +219,7 @@ void add_layer_options(CLI::App& app, LayerOptions& o) {
       ->type_name("TEXT");
 }
 
-Register reg(command<LayerOptions>(
+Register reg_cmd_bench_layer(command<LayerOptions>(
     "bench", "layer",
     "GroupedLinear forward + backward vs its grouped GEMMs timed alone (Qwen3-30B "
     "expert layers) and host time per forward (GPU; --cpu: a small smoke run)",

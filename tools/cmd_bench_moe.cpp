@@ -43,7 +43,7 @@ void add_options(CLI::App& app, BenchMoeOptions& b) {
   add_json(app, b.o.json);
 }
 
-Register reg(command<BenchMoeOptions>(
+Register reg_cmd_bench_moe(command<BenchMoeOptions>(
     "bench", "moe",
     "MoE block (router, permute, grouped SwiGLU experts, unpermute, shared expert) forward and "
     "forward + backward, per-stage breakdown, row movers vs copy (GPU; --cpu: a smoke run)",

@@ -371,7 +371,7 @@ void add_quantize_options(CLI::App& app, QuantOptions& o) {
       ->capture_default_str();
 }
 
-Register reg(command<QuantOptions>(
+Register reg_cmd_bench_quantize(command<QuantOptions>(
     "bench", "quantize",
     "grouped quantization bandwidth per recipe (fp8_current, fp8_block, mxfp8, nvfp4) "
     "vs a device-to-device copy (GPU)",

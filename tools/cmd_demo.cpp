@@ -358,7 +358,7 @@ void add_demo_options(CLI::App& app, DemoOptions& o) {
   o.iters_opt = add_iters(app, o.iters, "timed steps (default: GPU 20, CPU 1)");
 }
 
-Register reg(command<DemoOptions>(
+Register reg_cmd_demo(command<DemoOptions>(
     "", "demo",
     "routed expert MLP forward + backward, checked against naive loops (GPU: a "
     "Qwen3-30B-A3B-sized layer; CPU: scaled down)",

@@ -45,7 +45,7 @@ void add_options(CLI::App& app, DemoMoeOptions& d) {
   d.iters_opt = add_iters(app, o.iters, "timed steps (default: GPU 10, CPU 1)");
 }
 
-Register reg(command<DemoMoeOptions>(
+Register reg_cmd_demo_moe(command<DemoMoeOptions>(
     "demo", "moe",
     "the MoE block (router, permute, grouped SwiGLU experts, unpermute, optional shared expert) "
     "forward + backward, per-stage table, sampled tokens checked against the CPU reference",

@@ -35,7 +35,7 @@ struct EpCase {
   const char* name;
   int64_t H, E, k;
 };
-const EpCase kCases[] = {{"dsv3", 7168, 256, 8}, {"qwen3", 2048, 128, 8}};
+const EpCase kEpCases[] = {{"dsv3", 7168, 256, 8}, {"qwen3", 2048, 128, 8}};
 // (--cpu: H a multiple of 128 for dsv3, so that the FP8 dispatch runs in the smoke run too.)
 const EpCase kCpuCases[] = {{"dsv3", 128, 32, 8}, {"qwen3", 32, 16, 4}};
 
@@ -179,7 +179,7 @@ struct CaseReport {
 std::vector<EpCase> chosen_cases(const EpBenchOptions& o) {
   std::vector<EpCase> out;
   for (const EpCase& c : o.cpu ? std::vector<EpCase>(std::begin(kCpuCases), std::end(kCpuCases))
-                               : std::vector<EpCase>(std::begin(kCases), std::end(kCases)))
+                               : std::vector<EpCase>(std::begin(kEpCases), std::end(kEpCases)))
     if (o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), c.name) != o.cases.end())
       out.push_back(c);
   return out;

@@ -22,7 +22,7 @@ using nn::MoE;
 using nn::MoEConfig;
 using nn::MoEStage;
 
-struct BenchCase {
+struct MoeBenchCase {
   const char* name;
   MoEConfig cfg;
 };
@@ -39,7 +39,7 @@ MoEConfig base(int64_t H, int64_t F, int64_t E, int64_t k, int64_t T) {
   return c;
 }
 
-std::vector<BenchCase> all_cases(bool cpu) {
+std::vector<MoeBenchCase> all_cases(bool cpu) {
   MoEConfig q = base(2048, 768, 128, 8, 16384), d = base(7168, 2048, 32, 8, 8192),
             m = base(4096, 14336, 8, 2, 8192);
   d.score = RouterScore::sigmoid;  // DeepSeek-V3 routing, scaled to 32 local experts
@@ -128,7 +128,7 @@ int run_bench_moe(const MoeBenchOptions& o) {
   std::ostringstream js;
   js << "{\"device\": \"" << (gpu ? "cuda" : "cpu") << "\", \"cases\": [";
   int rc = 0, n = 0;
-  for (const BenchCase& bc : all_cases(o.cpu)) {
+  for (const MoeBenchCase& bc : all_cases(o.cpu)) {
     if (!o.cases.empty() && std::find(o.cases.begin(), o.cases.end(), bc.name) == o.cases.end())
       continue;
     MoEConfig c = bc.cfg;
