@@ -133,21 +133,15 @@ inline std::vector<Fp8RankOut> run_fp8(const EpConfig& cfg, const std::vector<Ra
                                        Device dev = Device::CPU) {
   const int R = int(cfg.ranks);
   std::vector<Fp8RankOut> res(static_cast<size_t>(R));
-  cudaStream_t stream = nullptr;
-  if (dev == Device::CUDA) GROUPMM_CHECK_CUDA(cudaStreamCreate(&stream));
-  try {
-    run_ranks(
-        R,
-        [&](int r, ep::InProcessTransport& tr) {
-          Context ctx(dev, stream);
-          res[size_t(r)] = run_fp8_rank(ctx, tr, cfg, d[size_t(r)], o, wts);
-        },
-        dev, stream);
-  } catch (...) {
-    if (stream != nullptr) cudaStreamDestroy(stream);
-    throw;
-  }
-  if (stream != nullptr) cudaStreamDestroy(stream);
+  const GroupStream group_stream(dev);
+  const cudaStream_t stream = group_stream.s;
+  run_ranks(
+      R,
+      [&](int r, ep::InProcessTransport& tr) {
+        Context ctx(dev, stream);
+        res[size_t(r)] = run_fp8_rank(ctx, tr, cfg, d[size_t(r)], o, wts);
+      },
+      dev, stream);
   return res;
 }
 

@@ -247,27 +247,35 @@ inline RankOut run_rank(Context& ctx, ep::Transport& tr, const EpConfig& cfg, co
   return out;
 }
 
+// The blocking stream a device group shares (none on the CPU), destroyed when the call returns or
+// throws.
+struct GroupStream {
+  cudaStream_t s = nullptr;
+  explicit GroupStream(Device dev) {
+    if (dev == Device::CUDA) GROUPMM_CHECK_CUDA(cudaStreamCreate(&s));
+  }
+  ~GroupStream() {
+    if (s != nullptr) cudaStreamDestroy(s);
+  }
+  GroupStream(const GroupStream&) = delete;
+  GroupStream& operator=(const GroupStream&) = delete;
+};
+
 // Every rank's step over an in-process group (a device group shares one blocking stream: the
 // helpers' copies on the legacy default stream wait for its work).
 inline std::vector<RankOut> run_layer(const EpConfig& cfg, const std::vector<RankData>& d,
                                       const RunOpts& o, Device dev = Device::CPU) {
   const int R = int(cfg.ranks);
   std::vector<RankOut> res(static_cast<size_t>(R));
-  cudaStream_t stream = nullptr;
-  if (dev == Device::CUDA) GROUPMM_CHECK_CUDA(cudaStreamCreate(&stream));
-  try {
-    run_ranks(
-        R,
-        [&](int r, ep::InProcessTransport& tr) {
-          Context ctx(dev, stream);
-          res[size_t(r)] = run_rank(ctx, tr, cfg, d[size_t(r)], o);
-        },
-        dev, stream);
-  } catch (...) {
-    if (stream != nullptr) cudaStreamDestroy(stream);
-    throw;
-  }
-  if (stream != nullptr) cudaStreamDestroy(stream);
+  const GroupStream group_stream(dev);
+  const cudaStream_t stream = group_stream.s;
+  run_ranks(
+      R,
+      [&](int r, ep::InProcessTransport& tr) {
+        Context ctx(dev, stream);
+        res[size_t(r)] = run_rank(ctx, tr, cfg, d[size_t(r)], o);
+      },
+      dev, stream);
   return res;
 }
 

@@ -120,36 +120,30 @@ inline Result run_case(const Case& c, Device dev, uint64_t seed) {
     T_all += T;
     T_max = std::max(T_max, T);
   }
-  cudaStream_t stream = nullptr;
-  if (dev == Device::CUDA) GROUPMM_CHECK_CUDA(cudaStreamCreate(&stream));
+  const ep_harness::GroupStream group_stream(dev);
+  const cudaStream_t stream = group_stream.s;
   Result res;
   res.rank.resize(size_t(R));
-  try {
-    Context ctx(dev, stream);
-    MoEConfig oc = c.cfg;
-    oc.max_tokens = std::max<int64_t>(T_all, 1);
-    MoE one(ctx, oc);
-    res.one = step(ctx, one, x_all, dy_all, T_all);
-    // The EP blocks get the one-rank block's parameters (a step changes grads, not weights).
-    run_ranks(
-        R,
-        [&](int r, ep::InProcessTransport& tr) {
-          Context rctx(dev, stream);
-          MoEConfig ec = c.cfg;
-          ec.max_tokens = T_max;
-          ec.ep.transport = &tr;
-          ec.ep.mode = c.mode;
-          ec.ep.capacity = c.cap;
-          MoE m(rctx, ec);
-          copy_params(rctx, m, one);
-          res.rank[size_t(r)] = step(rctx, m, xs[size_t(r)], dys[size_t(r)], c.tokens[size_t(r)]);
-        },
-        dev, stream);
-  } catch (...) {
-    if (stream != nullptr) cudaStreamDestroy(stream);
-    throw;
-  }
-  if (stream != nullptr) cudaStreamDestroy(stream);
+  Context ctx(dev, stream);
+  MoEConfig oc = c.cfg;
+  oc.max_tokens = std::max<int64_t>(T_all, 1);
+  MoE one(ctx, oc);
+  res.one = step(ctx, one, x_all, dy_all, T_all);
+  // The EP blocks get the one-rank block's parameters (a step changes grads, not weights).
+  run_ranks(
+      R,
+      [&](int r, ep::InProcessTransport& tr) {
+        Context rctx(dev, stream);
+        MoEConfig ec = c.cfg;
+        ec.max_tokens = T_max;
+        ec.ep.transport = &tr;
+        ec.ep.mode = c.mode;
+        ec.ep.capacity = c.cap;
+        MoE m(rctx, ec);
+        copy_params(rctx, m, one);
+        res.rank[size_t(r)] = step(rctx, m, xs[size_t(r)], dys[size_t(r)], c.tokens[size_t(r)]);
+      },
+      dev, stream);
   return res;
 }
 
