@@ -312,12 +312,14 @@ GroupedTensor ep_dispatch_fp8(Context& ctx, Transport& tr, const EpPlan& p,
                 " (ep_capacity_plan_create's row_dtype)");
   const bool with_probs =
       check_float_pair(ctx, op, {"weights", weights, p.tokens, k}, {"probs", probs, p.rows, 0});
-  for (const TensorView* out : {&x_grouped.data, &x_grouped.scale_inv})
-    check_no_alias(
-        op, out == &x_grouped.data ? "x_grouped.data" : "x_grouped.scale_inv", *out,
-        {{"x_q.data", &x_q.data}, {"x_q.scale_inv", &x_q.scale_inv}, {"weights", &weights}});
   check_no_alias(op, "x_grouped.data", x_grouped.data,
-                 {{"x_grouped.scale_inv", &x_grouped.scale_inv}});
+                 {{"x_q.data", &x_q.data},
+                  {"x_q.scale_inv", &x_q.scale_inv},
+                  {"weights", &weights},
+                  {"x_grouped.scale_inv", &x_grouped.scale_inv}});
+  check_no_alias(
+      op, "x_grouped.scale_inv", x_grouped.scale_inv,
+      {{"x_q.data", &x_q.data}, {"x_q.scale_inv", &x_q.scale_inv}, {"weights", &weights}});
   check_no_alias(op, "probs", probs,
                  {{"x_q.data", &x_q.data},
                   {"x_q.scale_inv", &x_q.scale_inv},

@@ -197,6 +197,13 @@ PermuteMap MoE::map_for(int64_t T) const {
   return m;
 }
 
+namespace {
+// The expert-parallel layout of the block: all E experts over R ranks, hidden H, top-k.
+ep::EpConfig ep_config_of(const MoEConfig& c, int64_t ranks) {
+  return {c.experts, ranks, c.hidden, c.topk};
+}
+}  // namespace
+
 int MoE::rank() const {
   return cfg_.ep.enabled() ? cfg_.ep.transport->rank() : 0;
 }
@@ -219,9 +226,8 @@ int64_t MoE::expert_rows_bound() const {
 // Capacity mode: the plan for T tokens (allocated once per T; a captured step keeps its T).
 void MoE::ep_plan_for(Context& ctx, int64_t T) {
   if (plan_ && plan_->tokens == T) return;
-  const ep::EpConfig ec{cfg_.experts, ranks(), cfg_.hidden, cfg_.topk};
-  plan_ = std::make_unique<ep::EpPlan>(
-      ep::ep_capacity_plan_create(ctx, transport(), ec, cfg_.ep.capacity, T, cfg_.dtype));
+  plan_ = std::make_unique<ep::EpPlan>(ep::ep_capacity_plan_create(
+      ctx, transport(), ep_config_of(cfg_, ranks()), cfg_.ep.capacity, T, cfg_.dtype));
 }
 
 TensorView MoE::rows_view(const Tensor& t, int64_t rows, int64_t cols, DType dt) const {
@@ -298,10 +304,9 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
   stage(MoEStage::router, false);
 
   if (ep_on) {  // the plan: exact rows (a count exchange) or the capacity plan's fixed blocks
-    const ep::EpConfig ec{E, ranks(), H, cfg_.topk};
     if (cfg_.ep.mode == ep::EpMode::throughput) {
-      plan_ =
-          std::make_unique<ep::EpPlan>(ep::ep_dispatch_plan(ctx, transport(), ec, ra.expert_ids));
+      plan_ = std::make_unique<ep::EpPlan>(
+          ep::ep_dispatch_plan(ctx, transport(), ep_config_of(cfg_, ranks()), ra.expert_ids));
     } else {
       ep_plan_for(ctx, T);
       ep::ep_capacity_plan(ctx, transport(), ra.expert_ids, *plan_);
