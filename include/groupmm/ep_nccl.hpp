@@ -8,8 +8,11 @@
 // stream: point-to-point only, so NVLink multicast (NVLS) is never used or needed (set
 // NCCL_NVLS_ENABLE=0 to also skip its setup when a communicator is created). They are graph
 // capturable (NCCL supports stream capture of point-to-point calls), so the capacity mode of the
-// ep ops is graph safe over this transport. One rank per GPU: the communicator's device must be
-// the current device of the thread that runs the ops.
+// ep ops is graph safe over this transport. NCCL connects two ranks lazily, on their first
+// exchange, and that cannot happen under capture: making a transport (either constructor) runs
+// one small all-to-all that connects every pair, so making one is a collective of all ranks.
+// One rank per GPU: the communicator's device must be the current device of the thread that
+// makes the transport and runs the ops.
 #pragma once
 
 #include "groupmm/version.hpp"
@@ -29,7 +32,7 @@ namespace groupmm::ep {
 class NcclTransport final : public Transport {
  public:
   // Wraps a communicator the caller created and keeps owning (ncclCommInitRank, or the one behind
-  // a torch.distributed process group); it must outlive this object.
+  // a torch.distributed process group); it must outlive this object. A collective (see above).
   explicit NcclTransport(ncclComm_t comm);
   // Creates a communicator of `ranks` ranks, owned by the returned transport (destroyed with it).
   // A collective: every rank calls it with the id rank 0 made (unique_id()) and shared, on the
@@ -55,6 +58,7 @@ class NcclTransport final : public Transport {
 
  private:
   NcclTransport(ncclComm_t comm, bool owns);
+  void release() noexcept;  // the count stream and buffer
   ncclComm_t comm_ = nullptr;
   bool owns_ = false;
   int rank_ = 0, size_ = 0;

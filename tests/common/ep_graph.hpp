@@ -86,6 +86,34 @@ inline std::vector<RankData> fixed_case(const EpConfig& cfg, DType dt, int64_t T
   return d;
 }
 
+// One replay round's outputs against the CPU backend bit for bit (status too): `got` from the
+// ranks' buffers after replaying with routing `d` (round 2 is the overflowing `hot` one).
+inline void expect_replay_round(const EpConfig& cfg, const RunOpts& o, int64_t T, int round,
+                                const std::vector<RankData>& d, const std::vector<RankOut>& got) {
+  RunOpts ref_o = o;
+  ref_o.identity = true;
+  const std::vector<RankOut> want = run_layer(cfg, d, ref_o);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t r = 0; r < got.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(got[r].splits, want[r].splits);
+    EXPECT_TRUE(same_bits(got[r].x_grouped, want[r].x_grouped)) << "x_grouped";
+    EXPECT_TRUE(same_bits(got[r].out, want[r].out)) << "out";
+    EXPECT_TRUE(same_bits(got[r].d_y_grouped, want[r].d_y_grouped)) << "d_y_grouped";
+    EXPECT_TRUE(same_bits(got[r].d_weights, want[r].d_weights)) << "d_weights";
+    EXPECT_TRUE(same_bits(got[r].dx, want[r].dx)) << "dx";
+    EXPECT_EQ(got[r].status, want[r].status);
+    // Rank r overflows exactly when it sends rank 0 more than C rows (the hot round, R >= 2).
+    const bool over = round == 2 && T > o.cap.rows_per_peer;
+    EXPECT_EQ(got[r].status, over ? uint32_t(kFaultEpCapacity) : 0u);
+  }
+}
+
+// The seed of the replay rounds' routing.
+inline uint64_t replay_seed(const EpConfig& cfg) {
+  return seed_for("ep_graph") + uint64_t(cfg.ranks);
+}
+
 // Captures every rank's step (rank r on thread r through run(r, step)) into one graph on `s`,
 // then for each routing: load, replay, compare with the CPU backend bit for bit (status too).
 inline void check_graph_replays(const EpConfig& cfg, const RunOpts& o, int64_t T,
@@ -98,30 +126,16 @@ inline void check_graph_replays(const EpConfig& cfg, const RunOpts& o, int64_t T
   run_all([&](int r) { ranks[size_t(r)]->step(transport(r)); });
   GROUPMM_CHECK_CUDA(cudaStreamEndCapture(s, &graph));
   GROUPMM_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  std::mt19937_64 g(seed_for("ep_graph") + uint64_t(cfg.ranks));
-  RunOpts ref_o = o;
-  ref_o.identity = true;
+  std::mt19937_64 g(replay_seed(cfg));
   for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE("replay " + std::to_string(round));
     const std::vector<RankData> d = fixed_case(cfg, o.dt, T, round == 2, g);
     for (size_t r = 0; r < ranks.size(); ++r) ranks[r]->load(d[r], o.dt);
     GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, s));
     GROUPMM_CHECK_CUDA(cudaStreamSynchronize(s));
-    const std::vector<RankOut> want = run_layer(cfg, d, ref_o);
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      SCOPED_TRACE("rank " + std::to_string(r));
-      const RankOut got = ranks[r]->collect();
-      EXPECT_EQ(got.splits, want[r].splits);
-      EXPECT_TRUE(same_bits(got.x_grouped, want[r].x_grouped)) << "x_grouped";
-      EXPECT_TRUE(same_bits(got.out, want[r].out)) << "out";
-      EXPECT_TRUE(same_bits(got.d_y_grouped, want[r].d_y_grouped)) << "d_y_grouped";
-      EXPECT_TRUE(same_bits(got.d_weights, want[r].d_weights)) << "d_weights";
-      EXPECT_TRUE(same_bits(got.dx, want[r].dx)) << "dx";
-      EXPECT_EQ(got.status, want[r].status);
-      // Rank r overflows exactly when it sends rank 0 more than C rows (the hot round, R >= 2).
-      const bool over = round == 2 && T > o.cap.rows_per_peer;
-      EXPECT_EQ(got.status, over ? uint32_t(kFaultEpCapacity) : 0u);
-    }
+    std::vector<RankOut> got;
+    for (auto& rank : ranks) got.push_back(rank->collect());
+    expect_replay_round(cfg, o, T, round, d, got);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

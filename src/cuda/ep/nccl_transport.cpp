@@ -39,6 +39,23 @@ NcclTransport::NcclTransport(ncclComm_t comm, bool owns) : comm_(comm), owns_(ow
   GROUPMM_CHECK(comm != nullptr, "NcclTransport: comm is null");
   GROUPMM_CHECK_NCCL(ncclCommUserRank(comm, &rank_));
   GROUPMM_CHECK_NCCL(ncclCommCount(comm, &size_));
+  // NCCL connects two ranks on their first exchange, which allocates and maps buffers and so
+  // cannot run under stream capture (NCCL reports an internal error there). One small all-to-all
+  // now connects every pair, so that a capacity-mode step can be captured first thing.
+  try {
+    std::vector<int64_t> zeros(size_t(size_), 0), got(size_t(size_), 0);
+    all_to_all_counts(zeros.data(), got.data(), 1);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void NcclTransport::release() noexcept {
+  if (count_buf_ != nullptr) cudaFree(count_buf_);
+  if (count_stream_ != nullptr) cudaStreamDestroy(count_stream_);
+  count_buf_ = nullptr;
+  count_stream_ = nullptr;
 }
 
 std::unique_ptr<NcclTransport> NcclTransport::create(const ncclUniqueId& id, int ranks, int rank) {
@@ -61,8 +78,7 @@ ncclUniqueId NcclTransport::unique_id() {
 }
 
 NcclTransport::~NcclTransport() {
-  if (count_buf_ != nullptr) cudaFree(count_buf_);
-  if (count_stream_ != nullptr) cudaStreamDestroy(count_stream_);
+  release();
   if (owns_) ncclCommDestroy(comm_);
 }
 
