@@ -50,6 +50,7 @@ void grouped_gemm_dequantized(Context& ctx, GemmPass pass, const std::vector<flo
 namespace groupmm::cuda {
 // CUTLASS SM90 engine (src/cuda/gemm/).
 size_t cutlass_gemm_workspace_size(const GemmLaunch& l, int sm_count);
+// The caller's workspace, or (null) the Context's, grown to what the launch needs.
 void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
                           size_t workspace_bytes);
 std::string cutlass_config_name(const GemmLaunch& l);

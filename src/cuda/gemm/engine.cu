@@ -225,16 +225,24 @@ size_t cutlass_gemm_workspace_size(const GemmLaunch& l, int sms) {
 
 void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
                           size_t workspace_bytes) {
+  // One pick per call (a repeated call's host time is the budget: the kernel parameters are
+  // cached per configuration, sm90_grouped.cuh).
   const Plan p = pick(l);
+  const size_t first = p.first.workspace_size(l.dims, ctx.sm_count());
+  const size_t need =
+      p.split ? aligned(first) + p.second.workspace_size(l.dims, ctx.sm_count()) : first;
+  if (workspace == nullptr) {
+    workspace = ctx.workspace(need);
+    workspace_bytes = ctx.workspace_size();
+  }
+  GROUPMM_CHECK(workspace_bytes >= need, "grouped_gemm: workspace_bytes=", workspace_bytes,
+                " must be >= ", need, " (grouped_gemm_workspace_size)");
   if (!p.split) {
     p.first.run(ctx, l, workspace, workspace_bytes, sm90::LaunchPart{});
     return;
   }
   // Two launches in stream order, each over its class of experts; one setup kernel (the first
   // launch's) writes the arrays of both, and each has its own CUTLASS workspace.
-  const size_t first = aligned(p.first.workspace_size(l.dims, ctx.sm_count()));
-  GROUPMM_CHECK(first <= workspace_bytes, "grouped_gemm: workspace too small (", workspace_bytes,
-                " < ", first, ")");
   sm90::LaunchPart one;
   one.row_class = p.first_class;
   one.write_other = true;
@@ -242,8 +250,9 @@ void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
   two.row_class = p.first_class;
   two.row_class.outside = !two.row_class.outside;
   two.shared = reinterpret_cast<void*>(sm90::align_up(reinterpret_cast<uintptr_t>(workspace), 256));
-  p.first.run(ctx, l, workspace, first, one);
-  p.second.run(ctx, l, static_cast<char*>(workspace) + first, workspace_bytes - first, two);
+  p.first.run(ctx, l, workspace, aligned(first), one);
+  p.second.run(ctx, l, static_cast<char*>(workspace) + aligned(first),
+               workspace_bytes - aligned(first), two);
 }
 
 std::string cutlass_config_name(const GemmLaunch& l) {

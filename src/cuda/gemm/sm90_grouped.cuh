@@ -83,9 +83,36 @@ template <class Cfg>
 struct ParamsCache {
   ParamsKey key{};
   typename Cfg::Gemm::Params params{};
+  dim3 grid;        // the persistent grid for these parameters
   size_t need = 0;  // workspace bytes the launch uses
   bool valid = false;
 };
+
+// The launch of GemmUniversalAdapter::run(params, stream) for our kernels, less its per-launch
+// host work: it calls cudaFuncSetAttribute(NonPortableClusterSizeAllowed) before every cluster
+// launch (our clusters have 1 or 2 CTAs, within the portable size) and recomputes the grid. The
+// dynamic shared memory attribute is set by initialize(), which ran for these parameters.
+template <class Cfg>
+cudaError_t launch_gemm(const ParamsCache<Cfg>& c, cudaStream_t stream) {
+  using Kernel = typename Cfg::GemmKernel;
+  using Cluster = typename Cfg::Cluster;
+  static_assert(size(Cluster{}) <= 8, "a portable cluster size (no opt-in attribute)");
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = size<0>(Cluster{});
+  attr[0].val.clusterDim.y = size<1>(Cluster{});
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = c.grid;
+  lc.blockDim = Kernel::get_block_shape();
+  lc.dynamicSmemBytes = Kernel::SharedStorageSize;
+  lc.stream = stream;
+  lc.attrs = attr;
+  lc.numAttrs = size(Cluster{}) > 1 ? 1 : 0;  // 1x1: a plain launch, as CUTLASS does
+  void* args[] = {const_cast<typename Cfg::Gemm::Params*>(&c.params)};
+  return cudaLaunchKernelExC(&lc, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>),
+                             args);
+}
 
 // The setup kernel of one launch: the per-expert arrays from the device splits.
 template <class Cfg>
@@ -166,16 +193,17 @@ void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes, const Lau
     GROUPMM_CHECK(st == cutlass::Status::kSuccess, "grouped_gemm: CUTLASS initialize failed for ",
                   Cfg::name(), ": ", cutlassGetStatusString(st));
     cache.params = gemm.params();
+    cache.grid = Cfg::Gemm::get_grid_shape(cache.params);
     cache.need = arrays_bytes + cws + 256;
     cache.key = key;
     cache.valid = true;
   }
   GROUPMM_CHECK(cache.need <= ws_bytes, "grouped_gemm: workspace too small (", ws_bytes, " < ",
                 cache.need, ")");
-  const cutlass::Status st = Cfg::Gemm::run(cache.params, ctx.stream());
-  GROUPMM_CHECK(st == cutlass::Status::kSuccess, "grouped_gemm: CUTLASS run failed for ",
-                Cfg::name(), ": ", cutlassGetStatusString(st));
-  GROUPMM_CHECK_LAUNCH();
+  const cudaError_t st = launch_gemm(cache, ctx.stream());
+  if (st != cudaSuccess) (void)cudaGetLastError();  // reported here, not by the next op's check
+  GROUPMM_CHECK(st == cudaSuccess, "grouped_gemm: launch failed for ", Cfg::name(), ": ",
+                cudaGetErrorString(st));
 }
 
 // ---- registry of instantiated configurations ---------------------------------------------------
