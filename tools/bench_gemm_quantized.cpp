@@ -71,13 +71,24 @@ class DenseFp8 {
 }  // namespace
 
 double calc_diff_device(const TensorView& x, const TensorView& y) {
-  std::vector<uint16_t> hx(size_t(x.numel())), hy(hx.size());
-  copy(TensorView(hx.data(), DType::bf16, Device::CPU, {x.numel()}), x);
-  copy(TensorView(hy.data(), DType::bf16, Device::CPU, {y.numel()}), y);
+  const auto host_floats = [](const TensorView& v) {
+    std::vector<float> f(size_t(v.numel()));
+    if (v.dtype == DType::fp32) {
+      copy(TensorView(f.data(), DType::fp32, Device::CPU, {v.numel()}), v);
+      return f;
+    }
+    GROUPMM_CHECK(v.dtype == DType::bf16, "calc_diff_device: bf16 or fp32 views, got ",
+                  dtype_name(v.dtype));
+    std::vector<uint16_t> h(f.size());
+    copy(TensorView(h.data(), DType::bf16, Device::CPU, {v.numel()}), v);
+    for (size_t i = 0; i < h.size(); ++i) f[i] = bf16_bits_to_float(h[i]);
+    return f;
+  };
+  const std::vector<float> hx = host_floats(x), hy = host_floats(y);
   double xy = 0, xx = 0, yy = 0;
 #pragma omp parallel for reduction(+ : xy, xx, yy)
   for (int64_t i = 0; i < x.numel(); ++i) {
-    const double a = bf16_bits_to_float(hx[size_t(i)]), b = bf16_bits_to_float(hy[size_t(i)]);
+    const double a = hx[size_t(i)], b = hy[size_t(i)];
     xy += a * b;
     xx += a * a;
     yy += b * b;
@@ -135,13 +146,15 @@ int bench_gemm_quantized(const QuantBenchOptions& o, cudaStream_t stream) {
                     : Tensor::empty({G, N, K}, DType::bf16, Device::CUDA, stream);
       fill_uniform(ctx, a, -1.0f, 1.0f, seed++);
       fill_uniform(ctx, b, -0.05f, 0.05f, seed++);
+      if (o.out_fp32 && !wg) continue;  // the FP8 GEMMs into fp32 are the wgrads
+      const DType out_t = o.out_fp32 ? DType::fp32 : DType::bf16;
       const int64_t out_el = wg ? G * N * K : M * (fwd ? N : K);
-      Tensor out = Tensor::empty({out_el}, DType::bf16, Device::CUDA, stream);
-      Tensor ref = Tensor::empty({out_el}, DType::bf16, Device::CUDA, stream);
+      Tensor out = Tensor::empty({out_el}, out_t, Device::CUDA, stream);
+      Tensor ref = Tensor::empty({out_el}, out_t, Device::CUDA, stream);
       Tensor dsplits = Tensor::empty({G}, DType::int64, Device::CUDA, stream);
       auto out_view = [&](const Tensor& t) {
-        return wg ? TensorView(t.data(), DType::bf16, Device::CUDA, {G, N, K})
-                  : TensorView(t.data(), DType::bf16, Device::CUDA, {M, out_el / M});
+        return wg ? TensorView(t.data(), out_t, Device::CUDA, {G, N, K})
+                  : TensorView(t.data(), out_t, Device::CUDA, {M, out_el / M});
       };
       // Quantized operands in the copies the pass reads.
       QuantizeConfig qa, qb;

@@ -102,6 +102,7 @@ int run_quantized(const GemmOptions& o, cudaStream_t stream) {
   q.json_path = o.json_path;
   q.fast_accum = o.fast_accum;
   q.config = o.config;
+  q.out_fp32 = o.out == "fp32";
   return bench_gemm_quantized(q, stream);
 }
 
@@ -176,9 +177,9 @@ int run_bench_gemm(const GemmOptions& options) {
   } else if (o.config.find(',') != std::string::npos) {
     throw UsageError("--config with several names is a bf16 sweep (got --recipe " + o.recipe + ")");
   }
-  if (o.out != "bf16" && o.recipe != "bf16")
-    throw UsageError("--out " + o.out + " applies to the bf16 suite (got --recipe " + o.recipe +
-                     ")");
+  if (o.out != "bf16" && o.recipe != "bf16" && o.pass != "wgrad")
+    throw UsageError("--out " + o.out + " with --recipe " + o.recipe +
+                     " needs --pass wgrad (the FP8 GEMMs into fp32 are the wgrads: main_grad)");
   if (o.quick && o.recipe != "bf16")
     throw UsageError("--quick applies to the bf16 suite (got --recipe " + o.recipe + ")");
   GROUPMM_CHECK(cuda_available(), "bench gemm: needs an sm_90 GPU (none visible)");
@@ -448,7 +449,8 @@ void add_gemm_options(CLI::App& app, GemmOptions& o) {
              "bf16, moe for --recipe)");
   add_choice(app, "--out", o.out, {"bf16", "fp32"},
              "output dtype of the bf16 suite's passes (fp32: wgrad's main_grad, fp32 forward and "
-             "dgrad outputs)")
+             "dgrad outputs); with an FP8 --recipe, of its wgrad (--pass wgrad; the dense "
+             "ceiling stays bf16-out)")
       ->capture_default_str();
   app.add_flag("--quick", o.quick,
                "tuning sweeps: skip the validation and the cuBLAS loop (relerr -1, xloop 0)");

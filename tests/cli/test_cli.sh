@@ -62,7 +62,7 @@ expect 2 "--case 'ragged' matches no case \(cases: dsv3_gate_up, " -- bench gemm
 expect 2 "--config 'fwd_x' is not a kernel configuration" -- bench gemm --config auto,fwd_x
 expect 2 "--config wgrad_bf16_bf16_128x256_coop_c21 is not a configuration of --pass fwd" -- bench gemm --pass fwd --config auto,wgrad_bf16_bf16_128x256_coop_c21
 expect 2 "--config with several names is a bf16 sweep" -- bench gemm --recipe fp8_current --config a,b
-expect 2 "--out fp32 applies to the bf16 suite" -- bench gemm --recipe mxfp8 --out fp32
+expect 2 "--out fp32 with --recipe mxfp8 needs --pass wgrad" -- bench gemm --recipe mxfp8 --out fp32
 expect 2 "--quick applies to the bf16 suite" -- bench gemm --recipe fp8_current --quick
 expect 2 "--recipe: 'nvfp4' is not one of" -- bench layer --recipe nvfp4
 expect 2 "--recipe fp8_current needs a GPU" -- bench layer --cpu --recipe fp8_current

@@ -18,10 +18,11 @@
 //    faster than 128x128 for per-expert forward, dgrad and wgrad into bf16 (bench/RESULTS.md,
 //    "FP8 tiles"). Blockwise scaling keeps 128x128: its scale registers make 128x192 (and 128x160)
 //    spill, and its weight scales have a granularity of 128 along N anyway. The per-expert wgrad
-//    into an fp32 main_grad keeps 128x128 (not measured at 128x192: the bench's FP8 wgrad writes
-//    bf16). Clusters as measured on the DeepSeek-V3 shapes: forward 2x1 (1x2 is 2-7% slower at
-//    128x192), per-expert dgrad 1x1, blockwise dgrad and wgrad 1x2, per-expert wgrad 2x1. Fast
-//    accumulation (inference) has no second accumulator set and runs the 128x256 tile.
+//    into an fp32 main_grad runs 128x192 too (1-10% faster than 128x128 in 7 of 8 cases, 1%
+//    slower on DSv3 gate_up balanced). Clusters as measured on the DeepSeek-V3 shapes: forward 2x1
+//    (1x2 is 2-7% slower at 128x192), per-expert dgrad 1x1, blockwise dgrad and wgrad 1x2,
+//    per-expert wgrad 2x1. Fast accumulation (inference) has no second accumulator set and runs the
+//    128x256 tile.
 //  - bf16 forward with an odd number of 256-wide N tiles (ragged widths such as 2816 or 5184) or
 //    experts' weights far larger than L2 (N*K >= 64M): the cluster pairs along M (2x1) instead.
 //  - wgrad reduces over each expert's tokens (K' = m_g); fp32 or 16-bit output. bf16: a 128x128

@@ -40,8 +40,8 @@ struct KernelEntry;
   X(fwdswap_e4m3_bf16_128x32_pp_c11, forward, fp8e4m3, fp8e4m3, bf16, fp8_current, false)     \
   X(dgrad_e4m3_bf16_128x192_coop_c11, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
   X(dgrad_e5m2xe4m3_bf16_128x192_coop_c11, dgrad, fp8e5m2, fp8e4m3, bf16, fp8_current, false) \
-  X(wgrad_e4m3_f32_128x128_coop_c21, wgrad, fp8e4m3, fp8e4m3, fp32, fp8_current, false)       \
-  X(wgrad_e5m2xe4m3_f32_128x128_coop_c21, wgrad, fp8e5m2, fp8e4m3, fp32, fp8_current, false)  \
+  X(wgrad_e4m3_f32_128x192_coop_c21, wgrad, fp8e4m3, fp8e4m3, fp32, fp8_current, false)       \
+  X(wgrad_e5m2xe4m3_f32_128x192_coop_c21, wgrad, fp8e5m2, fp8e4m3, fp32, fp8_current, false)  \
   X(wgrad_e4m3_bf16_128x192_coop_c21, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
   X(wgrad_e5m2xe4m3_bf16_128x192_coop_c21, wgrad, fp8e5m2, fp8e4m3, bf16, fp8_current, false) \
   X(fwd_e4m3_bf16_block_128x128_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
