@@ -215,6 +215,45 @@ TEST(GemmGpuConfig, Fp32OutPicksTheFp32Kernels) {
   }
 }
 
+// The heuristic's shape rules of round 2 (host-known shapes only): a short-reduction bf16 forward
+// runs the ping-pong tile, a 16-bit-out bf16 wgrad whose width 192 divides and 256 does not runs
+// 128x192, and the alternatives stay where they measured better. Each picked kernel is run
+// against the CPU reference (a bias in the forward, so the ping-pong epilogue adds it).
+TEST(GemmGpuConfig, ShortReductionAndRaggedWidthPicks) {
+  GROUPMM_REQUIRE_GPU();
+  Context ctx(Device::CUDA);
+  struct Pick {
+    GemmPass pass;
+    DType t, out;
+    int64_t rows, N, K;
+    const char* want;
+  };
+  const Pick picks[] = {
+      {GemmPass::forward, DType::bf16, DType::bf16, 64, 256, 768, "fwd_bf16_128x128_pp_c12"},
+      {GemmPass::forward, DType::bf16, DType::bf16, 64, 256, 1536, "fwd_bf16_128x128_pp_c12"},
+      {GemmPass::forward, DType::bf16, DType::bf16, 64, 256, 2048, "fwd_bf16_128x256_coop_c12"},
+      {GemmPass::forward, DType::fp16, DType::fp16, 64, 256, 768, "fwd_fp16_128x256_coop_c12"},
+      {GemmPass::forward, DType::bf16, DType::bf16, 16, 256, 768, "fwdswap_bf16_128x32_pp_c11"},
+      {GemmPass::wgrad, DType::bf16, DType::bf16, 256, 256, 1920,
+       "wgrad_bf16_bf16_128x192_coop_c21"},
+      {GemmPass::wgrad, DType::bf16, DType::fp32, 256, 256, 1920, "wgrad_bf16_f32_128x128_pp_c21"},
+      {GemmPass::wgrad, DType::bf16, DType::bf16, 256, 256, 1408, "wgrad_bf16_bf16_128x128_pp_c21"},
+  };
+  for (const Pick& k : picks) {
+    SCOPED_TRACE(std::string(k.want) + " K=" + std::to_string(k.K));
+    const int64_t G = 4;
+    GemmProblem p =
+        GemmProblem::make(k.pass, k.t, G, make_splits(Pattern::zero_middle, G, G * k.rows), k.N,
+                          k.K, k.pass == GemmPass::forward, 0, k.out);
+    DeviceProblem d(p);
+    const GroupedGemmArgs a = d.args(p);
+    EXPECT_EQ(gemm_config_name(ctx, a), k.want);
+    grouped_gemm(ctx, a);
+    ctx.check();
+    expect_matches_reference(p, d.out_bytes());
+  }
+}
+
 // ---- launch parameters kept between calls
 // -------------------------------------------------------- The engine keeps each configuration's
 // last CUTLASS parameters per thread and rebuilds them when the workspace, the shape, alpha, beta

@@ -23,6 +23,9 @@
 //    (1x2 is 2-7% slower at 128x192), per-expert dgrad 1x1, blockwise dgrad and wgrad 1x2,
 //    per-expert wgrad 2x1. Fast accumulation (inference) has no second accumulator set and runs the
 //    128x256 tile.
+//  - bf16 forward with a short reduction (K <= 1536, from 33 rows per expert): a 128x128
+//    ping-pong tile (1x2 cluster), which overlaps one warpgroup's epilogue with the other's
+//    mainloop.
 //  - bf16 forward with an odd number of 256-wide N tiles (ragged widths such as 2816 or 5184) or
 //    experts' weights far larger than L2 (N*K >= 64M): the cluster pairs along M (2x1) instead.
 //  - wgrad reduces over each expert's tokens (K' = m_g); fp32 or 16-bit output. bf16: a 128x128
@@ -128,6 +131,11 @@ std::string heuristic_16bit(const GemmLaunch& l) {
     case GemmPass::forward:
       if (f32) return bf ? "fwd_bf16_f32_128x256_coop_c12" : "fwd_fp16_f32_128x256_coop_c12";
       if (rows <= 32) return bf ? "fwdswap_bf16_128x32_pp_c11" : "fwdswap_fp16_128x32_pp_c11";
+      // A short reduction (K <= 1536, 24 steps of 64: down projections of fine-grained experts)
+      // makes the epilogue a large share of each tile; ping-pong overlaps one warpgroup's
+      // epilogue with the other's mainloop: 2-9% faster at K 768 and 1408, even to 40% slower
+      // from K 1920 up (bench/RESULTS.md).
+      if (bf && d.K <= 1536) return "fwd_bf16_128x128_pp_c12";
       // 2x1 cluster (the pair shares the weight tile) instead of 1x2 (sharing the activation
       // tile): when the N tiles are odd in number (a 1x2 pair would idle a CTA), and when an
       // expert's weight (>= 64M elements, Mixtral and Llama 4 gate_up) is far larger than L2, so

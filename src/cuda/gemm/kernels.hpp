@@ -28,6 +28,7 @@ struct KernelEntry;
   X(fwd_bf16_128x256_coop_c21, forward, bf16, bf16)      \
   X(wgrad_bf16_bf16_128x128_pp_c21, wgrad, bf16, bf16)   \
   X(wgrad_bf16_bf16_128x192_coop_c21, wgrad, bf16, bf16) \
+  X(fwd_bf16_128x128_pp_c12, forward, bf16, bf16)        \
   X(wgrad_bf16_f32_128x128_pp_c21, wgrad, bf16, fp32)
 
 // Scaled operands. recipe: fp8_current (per-expert scales in the epilogue) or fp8_block (block
