@@ -93,20 +93,11 @@ inline void expect_replay_round(const EpConfig& cfg, const RunOpts& o, int64_t T
   RunOpts ref_o = o;
   ref_o.identity = true;
   const std::vector<RankOut> want = run_layer(cfg, d, ref_o);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t r = 0; r < got.size(); ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    EXPECT_EQ(got[r].splits, want[r].splits);
-    EXPECT_TRUE(same_bits(got[r].x_grouped, want[r].x_grouped)) << "x_grouped";
-    EXPECT_TRUE(same_bits(got[r].out, want[r].out)) << "out";
-    EXPECT_TRUE(same_bits(got[r].d_y_grouped, want[r].d_y_grouped)) << "d_y_grouped";
-    EXPECT_TRUE(same_bits(got[r].d_weights, want[r].d_weights)) << "d_weights";
-    EXPECT_TRUE(same_bits(got[r].dx, want[r].dx)) << "dx";
-    EXPECT_EQ(got[r].status, want[r].status);
-    // Rank r overflows exactly when it sends rank 0 more than C rows (the hot round, R >= 2).
-    const bool over = round == 2 && T > o.cap.rows_per_peer;
-    EXPECT_EQ(got[r].status, over ? uint32_t(kFaultEpCapacity) : 0u);
-  }
+  expect_same_steps(got, want, false);
+  // Rank r overflows exactly when it sends rank 0 more than C rows (the hot round, R >= 2).
+  const bool over = round == 2 && T > o.cap.rows_per_peer;
+  for (size_t r = 0; r < got.size(); ++r)
+    EXPECT_EQ(got[r].status, over ? uint32_t(kFaultEpCapacity) : 0u) << "rank " << r;
 }
 
 // The seed of the replay rounds' routing.

@@ -279,4 +279,26 @@ inline std::vector<RankOut> run_layer(const EpConfig& cfg, const std::vector<Ran
   return res;
 }
 
+// Every output of the ranks' steps bit for bit; the bytes each rank sent only where both sides
+// counted them (the in-process transport does, NCCL and a captured step do not).
+inline void expect_same_steps(const std::vector<RankOut>& got, const std::vector<RankOut>& want,
+                              bool sent_bytes) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t r = 0; r < got.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(got[r].rows, want[r].rows);
+    EXPECT_EQ(got[r].splits, want[r].splits);
+    EXPECT_TRUE(same_bits(got[r].x_grouped, want[r].x_grouped)) << "x_grouped";
+    EXPECT_TRUE(same_bits(got[r].out, want[r].out)) << "out";
+    EXPECT_TRUE(same_bits(got[r].d_y_grouped, want[r].d_y_grouped)) << "d_y_grouped";
+    EXPECT_TRUE(same_bits(got[r].d_weights, want[r].d_weights)) << "d_weights";
+    EXPECT_TRUE(same_bits(got[r].dx, want[r].dx)) << "dx";
+    EXPECT_TRUE(same_bits(got[r].probs, want[r].probs)) << "probs";
+    EXPECT_EQ(got[r].status, want[r].status);
+    if (sent_bytes) {
+      EXPECT_EQ(got[r].sent_bytes, want[r].sent_bytes);
+    }
+  }
+}
+
 }  // namespace groupmm::test::ep_harness

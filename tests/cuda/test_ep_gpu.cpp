@@ -11,23 +11,6 @@ namespace {
 
 using namespace ep_harness;
 
-void expect_same(const std::vector<RankOut>& got, const std::vector<RankOut>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t r = 0; r < got.size(); ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    EXPECT_EQ(got[r].rows, want[r].rows);
-    EXPECT_EQ(got[r].splits, want[r].splits);
-    EXPECT_TRUE(same_bits(got[r].x_grouped, want[r].x_grouped)) << "x_grouped";
-    EXPECT_TRUE(same_bits(got[r].out, want[r].out)) << "out";
-    EXPECT_TRUE(same_bits(got[r].d_y_grouped, want[r].d_y_grouped)) << "d_y_grouped";
-    EXPECT_TRUE(same_bits(got[r].d_weights, want[r].d_weights)) << "d_weights";
-    EXPECT_TRUE(same_bits(got[r].dx, want[r].dx)) << "dx";
-    EXPECT_TRUE(same_bits(got[r].probs, want[r].probs)) << "probs";
-    EXPECT_EQ(got[r].status, want[r].status);
-    EXPECT_EQ(got[r].sent_bytes, want[r].sent_bytes);
-  }
-}
-
 struct GpuCase {
   EpConfig cfg;
   RunOpts o;
@@ -62,7 +45,8 @@ TEST(EpGpu, MatchesCpuBitForBit) {
                  " " + c.o.cap.to_string());
     std::mt19937_64 g(seed_for("ep_gpu") + uint64_t(c.cfg.ranks * 131 + c.cfg.hidden));
     const std::vector<RankData> d = make_case(c.cfg, c.o.dt, c.routing, g, c.max_tokens);
-    expect_same(run_layer(c.cfg, d, c.o, Device::CUDA), run_layer(c.cfg, d, c.o, Device::CPU));
+    expect_same_steps(run_layer(c.cfg, d, c.o, Device::CUDA), run_layer(c.cfg, d, c.o, Device::CPU),
+                      true);
   }
 }
 
