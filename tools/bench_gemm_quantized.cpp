@@ -140,13 +140,13 @@ int bench_gemm_quantized(const QuantBenchOptions& o, cudaStream_t stream) {
       if (pass != GemmPass::forward && s.decode) continue;
       if (o.fast_accum && pass != GemmPass::forward) continue;
       const bool wg = pass == GemmPass::wgrad, fwd = pass == GemmPass::forward;
+      if (o.out_fp32 && !wg) continue;  // the FP8 GEMMs into fp32 are the wgrads
       const int64_t a_cols = fwd ? K : N;
       Tensor a = Tensor::empty({M, a_cols}, DType::bf16, Device::CUDA, stream);
       Tensor b = wg ? Tensor::empty({M, K}, DType::bf16, Device::CUDA, stream)
                     : Tensor::empty({G, N, K}, DType::bf16, Device::CUDA, stream);
       fill_uniform(ctx, a, -1.0f, 1.0f, seed++);
       fill_uniform(ctx, b, -0.05f, 0.05f, seed++);
-      if (o.out_fp32 && !wg) continue;  // the FP8 GEMMs into fp32 are the wgrads
       const DType out_t = o.out_fp32 ? DType::fp32 : DType::bf16;
       const int64_t out_el = wg ? G * N * K : M * (fwd ? N : K);
       Tensor out = Tensor::empty({out_el}, out_t, Device::CUDA, stream);

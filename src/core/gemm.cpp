@@ -165,11 +165,6 @@ size_t grouped_gemm_workspace_size(const Context& ctx, const GroupedGemmArgs& ar
              : 0;
 }
 
-// The engine checks the workspace (null: the Context's, grown to what the launch needs).
-void run_cutlass_gemm(Context& ctx, const GemmLaunch& l, void* workspace, size_t ws_bytes) {
-  cuda::cutlass_grouped_gemm(ctx, l, workspace, ws_bytes);
-}
-
 void grouped_gemm(Context& ctx, const GroupedGemmArgs& args, void* workspace, size_t ws_bytes) {
   const GemmDims d = validate_gemm_args(ctx, args);
   if (ctx.device() == Device::CPU) {
@@ -177,7 +172,7 @@ void grouped_gemm(Context& ctx, const GroupedGemmArgs& args, void* workspace, si
   } else if (args.engine == GemmEngine::cublas_loop) {
     cuda::cublas_loop_gemm(ctx, args, d);
   } else {
-    run_cutlass_gemm(ctx, make_launch(args, d), workspace, ws_bytes);
+    cuda::cutlass_grouped_gemm(ctx, make_launch(args, d), workspace, ws_bytes);
   }
   ctx.after_op();
 }

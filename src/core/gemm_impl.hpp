@@ -31,8 +31,6 @@ struct GemmLaunch {
 };
 
 GemmLaunch make_launch(const GroupedGemmArgs& args, const GemmDims& dims);
-// Runs a launch on the CUTLASS engine with the caller's workspace (null: the Context's).
-void run_cutlass_gemm(Context& ctx, const GemmLaunch& l, void* workspace, size_t workspace_bytes);
 
 }  // namespace groupmm
 

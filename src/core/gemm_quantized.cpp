@@ -303,7 +303,7 @@ void grouped_gemm(Context& ctx, const QuantizedGemmArgs& args, void* workspace, 
     cpu::grouped_gemm_dequantized(ctx, args.pass, A, B, args.splits, r.d, args.alpha, args.beta,
                                   args.bias, args.out, use_fp8_rules(args) ? 16 : 1);
   } else if (use_fp8_kernels(ctx, args)) {
-    run_cutlass_gemm(ctx, fp8_launch(args, r), workspace, ws_bytes);
+    cuda::cutlass_grouped_gemm(ctx, fp8_launch(args, r), workspace, ws_bytes);
   } else {
     DequantPlan probe = dequant_plan(args, r, nullptr, DType::bf16);
     const size_t need = dequant_workspace(ctx, probe, r.d);

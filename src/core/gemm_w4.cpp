@@ -235,8 +235,8 @@ void grouped_gemm(Context& ctx, const W4GemmArgs& args, void* ws, size_t ws_byte
     const Prefill p = prefill_plan(args, d, ws);
     char* base = static_cast<char*>(ws);
     cuda::w4_dequantize_weights(ctx, l, base, reinterpret_cast<float*>(base + p.wide_bytes));
-    run_cutlass_gemm(ctx, p.gemm, base + p.wide_bytes + p.factor_bytes,
-                     ws_bytes - p.wide_bytes - p.factor_bytes);
+    cuda::cutlass_grouped_gemm(ctx, p.gemm, base + p.wide_bytes + p.factor_bytes,
+                               ws_bytes - p.wide_bytes - p.factor_bytes);
   }
   ctx.after_op();
 }

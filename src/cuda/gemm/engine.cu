@@ -224,12 +224,21 @@ size_t aligned(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
+// A plan's workspace: the first launch's part (256-aligned when a second launch follows), then
+// the second's.
+struct PlanWorkspace {
+  size_t first = 0, total = 0;
+};
+PlanWorkspace workspace_of(const Plan& p, const GemmDims& d, int sms) {
+  const size_t one = p.first.workspace_size(d, sms);
+  if (!p.split) return {one, one};
+  return {aligned(one), aligned(one) + p.second.workspace_size(d, sms)};
+}
+
 }  // namespace
 
 size_t cutlass_gemm_workspace_size(const GemmLaunch& l, int sms) {
-  const Plan p = pick(l);
-  const size_t first = p.first.workspace_size(l.dims, sms);
-  return p.split ? aligned(first) + p.second.workspace_size(l.dims, sms) : first;
+  return workspace_of(pick(l), l.dims, sms).total;
 }
 
 void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
@@ -237,15 +246,13 @@ void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
   // One pick per call (a repeated call's host time is the budget: the kernel parameters are
   // cached per configuration, sm90_grouped.cuh).
   const Plan p = pick(l);
-  const size_t first = p.first.workspace_size(l.dims, ctx.sm_count());
-  const size_t need =
-      p.split ? aligned(first) + p.second.workspace_size(l.dims, ctx.sm_count()) : first;
+  const PlanWorkspace need = workspace_of(p, l.dims, ctx.sm_count());
   if (workspace == nullptr) {
-    workspace = ctx.workspace(need);
+    workspace = ctx.workspace(need.total);
     workspace_bytes = ctx.workspace_size();
   }
-  GROUPMM_CHECK(workspace_bytes >= need, "grouped_gemm: workspace_bytes=", workspace_bytes,
-                " must be >= ", need, " (grouped_gemm_workspace_size)");
+  GROUPMM_CHECK(workspace_bytes >= need.total, "grouped_gemm: workspace_bytes=", workspace_bytes,
+                " must be >= ", need.total, " (grouped_gemm_workspace_size)");
   if (!p.split) {
     p.first.run(ctx, l, workspace, workspace_bytes, sm90::LaunchPart{});
     return;
@@ -259,9 +266,9 @@ void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
   two.row_class = p.first_class;
   two.row_class.outside = !two.row_class.outside;
   two.shared = reinterpret_cast<void*>(sm90::align_up(reinterpret_cast<uintptr_t>(workspace), 256));
-  p.first.run(ctx, l, workspace, aligned(first), one);
-  p.second.run(ctx, l, static_cast<char*>(workspace) + aligned(first),
-               workspace_bytes - aligned(first), two);
+  p.first.run(ctx, l, workspace, need.first, one);
+  p.second.run(ctx, l, static_cast<char*>(workspace) + need.first, workspace_bytes - need.first,
+               two);
 }
 
 std::string cutlass_config_name(const GemmLaunch& l) {
