@@ -108,6 +108,20 @@ GROUPMM_HD uint32_t bf16x2_of_exact(float v) {
 GROUPMM_HD uint32_t w4_nvfp4_multiplier(uint8_t s_b) {
   return bf16x2_of_exact(e4m3_decode(s_b) * bits_float((127u + 126u - kW4NvfpShift) << 23));
 }
+// The multipliers of the two scale bytes of sv (low byte first): on the device one
+// cvt.rn.f16x2.e4m3x2 decodes both, the rest as in w4_nvfp4_multiplier (the same values).
+GROUPMM_HD void w4_nvfp4_multipliers(uint32_t sv, uint32_t (&m)[2]) {
+#if defined(__CUDA_ARCH__)
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(sv)));
+  const float f = bits_float((127u + 126u - kW4NvfpShift) << 23);
+  m[0] = bf16x2_of_exact(__half2float(__ushort_as_half(static_cast<unsigned short>(h2))) * f);
+  m[1] = bf16x2_of_exact(__half2float(__ushort_as_half(static_cast<unsigned short>(h2 >> 16))) * f);
+#else
+  m[0] = w4_nvfp4_multiplier(static_cast<uint8_t>(sv));
+  m[1] = w4_nvfp4_multiplier(static_cast<uint8_t>(sv >> 8));
+#endif
+}
 // mxfp4: 2^(e - 1) = 2^126 * 2^(e - 127) as two bf16 factors m1 * m2: m1 = 2^(min(e, 128) - 1),
 // m2 = 2^(e - 128) for e > 128 (NaN for e = 255), else 1. Exponents <= 128 (block amax <= 12, the
 // usual weights) need the first factor only (w4_mxfp4_needs_two).

@@ -104,6 +104,8 @@ std::vector<W4Case> cases() {
       add(1, {77}, 200, 352, "odd_shape");  // N % 16 != 0, K % 128 != 0
       add(256, make_splits(Pattern::quarter_empty, 256, 512), 64, 128, "G256");
       add(1, {5}, 256, 2048, "splitk");  // few items: K is split
+      // Many experts, no split-K: the plan and the item search over 1100 experts.
+      add(1100, make_splits(Pattern::quarter_empty, 1100, 1500), 64, 128, "G1100");
       W4Spec* b = add(8, make_splits(Pattern::random_odd, 8, 50), 256, 256, "bias_alpha");
       b->bias = true;
       b->alpha = 0.5f;

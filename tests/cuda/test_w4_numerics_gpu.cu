@@ -1,7 +1,7 @@
 // The GEMM form of 4-bit weights (core/w4_numerics.hpp) on the device, where it runs bf16x2
 // multiplies (mul.rn.bf16x2: bf16 subnormal raw codes must survive) and cvt.rn.bf16x2.f32:
-// every (code, scale byte) pair of both formats, both mxfp4 multiplier forms, against the host
-// rule.
+// every (code, scale byte) pair of both formats, both mxfp4 multiplier forms and the two-byte
+// nvfp4 form, against the host rule.
 #include "common/test_util.hpp"
 #include "core/w4_numerics.hpp"
 
@@ -9,7 +9,8 @@ namespace groupmm::test {
 namespace {
 
 // out[s][i] for scale byte s: the 4 weight words of codes 0..7 (i < 4) and 8..15 (i >= 4);
-// kind 0: nvfp4, 1: mxfp4 one factor, 2: mxfp4 two factors.
+// kind 0: nvfp4, 1: mxfp4 one factor, 2: mxfp4 two factors, 3: nvfp4 with s as the low (half 0)
+// or high (half 1) byte of a w4_nvfp4_multipliers pair.
 __global__ void w4_weights_kernel(int kind, uint32_t* out) {
   const int s = blockIdx.x, half = threadIdx.x;  // 256 x 2
   const uint32_t q = half ? 0xFEDCBA98u : 0x76543210u;
@@ -19,18 +20,24 @@ __global__ void w4_weights_kernel(int kind, uint32_t* out) {
   if (kind == 1) qnum::w4_weights8(q, qnum::w4_mxfp4_multiplier1(b), w);
   if (kind == 2)
     qnum::w4_weights8(q, qnum::w4_mxfp4_multiplier1(b), qnum::w4_mxfp4_multiplier2(b), w);
+  if (kind == 3) {
+    const uint32_t other = 255u - b;  // the pair's other byte: every value, both positions
+    uint32_t m[2];
+    qnum::w4_nvfp4_multipliers(half ? (uint32_t(b) << 8) | other : b | (other << 8), m);
+    qnum::w4_weights8(q, m[half], w);
+  }
   for (int i = 0; i < 4; ++i) out[s * 8 + half * 4 + i] = w[i];
 }
 
 TEST(W4NumericsGpu, WeightsEqualTheRuleForEveryCodeAndScale) {
   GROUPMM_REQUIRE_GPU();
   Tensor d = Tensor::empty({256 * 8}, DType::int32, Device::CUDA);
-  for (int kind = 0; kind < 3; ++kind) {
+  for (int kind = 0; kind < 4; ++kind) {
     w4_weights_kernel<<<256, 2>>>(kind, d.ptr<uint32_t>());
     GROUPMM_CHECK_LAUNCH();
     std::vector<uint32_t> got(256 * 8);
     copy(TensorView(got.data(), DType::int32, Device::CPU, {256 * 8}), d);
-    const QuantRecipe r = kind == 0 ? QuantRecipe::nvfp4 : QuantRecipe::mxfp4;
+    const QuantRecipe r = kind == 0 || kind == 3 ? QuantRecipe::nvfp4 : QuantRecipe::mxfp4;
     for (int s = 0; s < 256; ++s) {
       if (kind == 1 && qnum::w4_mxfp4_needs_two(uint8_t(s))) continue;  // one factor: e <= 128
       for (int half = 0; half < 2; ++half)

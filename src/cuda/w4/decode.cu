@@ -76,7 +76,7 @@ DecodeGeometry decode_geometry(const W4Launch& l, int sm_count) {
   const int64_t tokens = 8 * geo.token_tiles;
   geo.row_groups = static_cast<int>(qnum::ceil_div(d.N, DecodeConfig::kRows));
   geo.steps = static_cast<int>(qnum::ceil_div(d.K, DecodeConfig::kStepK));
-  const int64_t resident = int64_t(std::max(sm_count, 1)) * DecodeConfig::kMinBlocks;
+  const int64_t resident = int64_t(std::max(sm_count, 1)) * decode_blocks_per_sm(geo.token_tiles);
   const int64_t active = std::max<int64_t>(1, std::min(d.G, d.M));
   const int64_t balanced_items =
       geo.row_groups * active * std::max<int64_t>(1, qnum::ceil_div(d.M, active * tokens));
@@ -130,6 +130,18 @@ void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws, size_t) {
   p.ksplit = geo.ksplit;
   p.steps = geo.steps;
   p.steps_per_split = geo.steps_per_split;
+  {  // row_scale_col_offset is linear in the column for whole groups of 4 columns
+    const int blk = l.recipe == QuantRecipe::nvfp4 ? 16 : 32;
+    const int step_cols = DecodeConfig::kStepK / blk, sub_cols = DecodeConfig::kSubK / blk;
+    static_assert(DecodeConfig::kSubK / 32 % 4 == 0, "sub-blocks hold whole 4-column groups");
+    p.scale_step = static_cast<int>(qnum::row_scale_col_offset(l.L, step_cols));
+    p.scale_sub = static_cast<int>(qnum::row_scale_col_offset(l.L, sub_cols));
+    p.scale_row8 = static_cast<int>(l.L.swizzled ? 8 * 16 : 8 * l.L.row_ncols);
+    p.w_row8 = 8 * d.K / 2;
+    const int64_t tile = 128 * (l.L.swizzled ? l.L.row_kp : l.L.row_ncols);
+    p.scale_expert = l.L.swizzled ? p.w.tiles_per_expert * tile : d.N * l.L.row_ncols;
+    p.scale_tile = tile;
+  }
   find_launch(l.recipe, geo.token_tiles)(ctx, p, geo.grid);
   if (geo.ksplit == 1) return;
   ReduceParams r{p.partial, p.plan, p.bias, p.out, d.M, d.N, d.G, geo.ksplit};

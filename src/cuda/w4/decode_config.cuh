@@ -13,7 +13,8 @@
 // (the later ones from L2). A zero-row expert has no items. The persistent CTAs take items b,
 // b + grid, ...; an item runs in steps of kStepK, and the next step's weights are loaded (into
 // registers) and its activations copied (cp.async into shared memory) while the current one is
-// multiplied.
+// multiplied. A thread's load addresses are computed once per item (decode_item); a step adds
+// constants to them.
 //
 // A warp owns 16 rows of the item (one m16n8k16 tile along N): lane (gid, t) = (lane / 4,
 // lane % 4) loads rows gid and gid + 8, at K offsets 128 i + 32 t of the step (one 16-byte load
@@ -41,13 +42,7 @@ struct DecodeConfig {
   static constexpr int kSubs = 2;                   // sub-blocks per step
   static constexpr int kStepK = kSubs * kSubK;      // K per step
   static constexpr int kWords = kThreadK / 8;       // 32-bit code words per load
-  // CTAs per SM: at most 85 registers (80 used, a few spill slots in some variants). The kernel
-  // is bound by the loads in flight; a third CTA per SM measured 2-14% faster than two (100-128
-  // registers, no spills) and than four (64 registers, more spills); doubling kSubs with two
-  // CTAs did not help (bench/logs/w4_occupancy_2026-11-24_h100.txt), nor did bulk L2 prefetches
-  // of the weights 1, 2 or 4 steps ahead: 13-18% slower (w4_l2prefetch_2026-11-24_h100.txt).
-  static constexpr int kMinBlocks = 3;
-  static constexpr int kPieceK = 8;  // activations per 16-byte staging piece
+  static constexpr int kPieceK = 8;                 // activations per 16-byte staging piece
   static constexpr int kPiecesPerToken = kStepK / kPieceK;
   static_assert(kWarpRows == 16, "one m16n8k16 A tile (16 rows) per warp");
   static_assert(kSubK == 128 && kWords == 4, "4 lanes x 32 codes per row and sub-block");
@@ -55,10 +50,25 @@ struct DecodeConfig {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
 };
 
+// CTAs per SM of the variant with kTokenTiles token tiles (its __launch_bounds__; the host's
+// grid uses the same number). The kernel is bound by instruction issue (about 470 instructions
+// per warp and step, two thirds of them the dequantization), not by loads in flight: a ring of
+// 3-4 cp.async stages per CTA (48-96 KiB in flight per SM) was 15-60% slower than one
+// register-held step ahead, deeper rings with fewer CTAs slower still
+// (bench/logs/w4_decode_ring_2026-11-25_h100.txt), and bulk L2 prefetches 13-18% slower
+// (w4_l2prefetch_2026-11-24_h100.txt). So the most warps that fit without spilling in the step
+// loop win: three CTAs (80 registers) with 8 or 16 tokens per pass; with 32 the accumulators
+// spill there, and two CTAs (128 registers) measured 9% faster; four CTAs (64 registers) spill
+// and lose 4-9% (w4_decode_occupancy_2026-11-25_h100.txt).
+constexpr int decode_blocks_per_sm(int token_tiles) {
+  return token_tiles == 4 ? 2 : 3;
+}
+
 // A variant: the weight format and the tokens of a pass (8 per mma N tile).
 template <QuantRecipe kRecipe_, int kTokenTiles_>
 struct DecodeVariant {
   using Cfg = DecodeConfig;
+  static constexpr int kMinBlocks = decode_blocks_per_sm(kTokenTiles_);  // CTAs per SM
   static constexpr QuantRecipe kRecipe = kRecipe_;
   static constexpr int kTokenTiles = kTokenTiles_;
   static constexpr int kTokens = 8 * kTokenTiles;
@@ -93,6 +103,11 @@ struct DecodeParams {
   int ksplit;      // K ranges per item row group
   int steps;       // ceil(K / kStepK)
   int steps_per_split;
+  int scale_step,
+      scale_sub;   // scale-byte offset of one step / one sub-block along K (the layout's)
+  int scale_row8;  // ... of 8 rows on, inside a 32-row group
+  int64_t w_row8;  // code bytes of 8 rows
+  int64_t scale_expert, scale_tile;  // scale bytes of one expert / one 128-row tile
 };
 
 // Launch geometry (host-known: M, N, K, G, the SM count).

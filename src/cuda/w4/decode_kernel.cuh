@@ -12,36 +12,73 @@ namespace groupmm::cuda::w4 {
 
 using Cfg = DecodeConfig;
 
-// One item as a CTA runs it (the thread's scale row bases included). 32-bit where the host
-// checks bound the values (M, N, K, G and the item count below 2^31).
+// One item as a CTA runs it, with the thread's load addresses at the item's first step: per step
+// and sub-block they only advance by constants, so the steps spend no instructions on index math
+// (that math was a third of a step's instructions). 32-bit where the host checks bound the values
+// (M, N, K, G and the item count below 2^31).
+template <class V>
 struct Item {
   int g, row0, n0;  // expert, first activation row of the pass, first W row
   int tokens;       // rows of the pass, 1 .. kTokens
-  int ks, step0, nsteps;
-  int64_t srow[2];  // rows gid, gid + 8 of the warp: scale index of column 0
+  int ks, nsteps;
+  const uint8_t* w;   // row gid of the warp: the thread's codes at (step 0, sub 0); row gid + 8
+                      // is DecodeParams::w_row8 bytes on
+  const uint8_t* sc;  // ... and its scale bytes (row gid + 8: DecodeParams::scale_row8 on)
+  int kleft[2];       // rows gid, gid + 8: K left after the thread's first code (0 past N)
+  const uint16_t* x[V::kPiecesPerThread];  // the thread's activation pieces at step 0
+  int xleft[V::kPiecesPerThread];          // K left after the piece (0 for tokens past the pass)
 };
 
 template <class V>
-__device__ __forceinline__ Item decode_item(const DecodeParams& p, int id, int warp, int lane) {
+__device__ __forceinline__ Item<V> decode_item(const DecodeParams& p, int id, int warp, int lane,
+                                               int tid) {
   const DecodePlan& pl = p.plan;
-  const int gid = lane >> 2;
-  Item it;
+  const int gid = lane >> 2, t = lane & 3;
+  Item<V> it;
   // On the critical path: the next item's weight loads wait for it (warp-parallel search).
   it.g = static_cast<int>(find_expert_warp(pl.item_start, p.G, id, lane));
   const int rows = static_cast<int>(pl.rows[it.g]);
+  const int start = static_cast<int>(pl.start[it.g]);  // loaded with rows: one round trip
   const int passes = (rows + V::kTokens - 1) / V::kTokens;
   const int local = static_cast<int>(id - pl.item_start[it.g]);
-  const int pass = local % passes, rest = local / passes;
-  it.ks = rest % p.ksplit;
-  it.n0 = rest / p.ksplit * Cfg::kRows;
-  it.row0 = static_cast<int>(pl.start[it.g]) + pass * V::kTokens;
+  // Item switches cost a twelfth of the instructions: no divisions where the usual case (one
+  // pass, no split-K) needs none (warp-uniform branches), no layout dispatch (host strides).
+  int pass = 0, rest = local;
+  if (passes > 1) {
+    pass = local % passes;
+    rest = local / passes;
+  }
+  it.ks = 0;
+  if (p.ksplit > 1) {
+    it.ks = rest % p.ksplit;
+    rest /= p.ksplit;
+  }
+  it.n0 = rest * Cfg::kRows;
+  it.row0 = start + pass * V::kTokens;
   it.tokens = min(V::kTokens, rows - pass * V::kTokens);
-  it.step0 = it.ks * p.steps_per_split;
-  it.nsteps = min(p.steps_per_split, p.steps - it.step0);
+  const int step0 = it.ks * p.steps_per_split;
+  it.nsteps = min(p.steps_per_split, p.steps - step0);
+  const int k0 = step0 * Cfg::kStepK + t * Cfg::kThreadK;  // the thread's first code
+  // Rows gid and gid + 8 share a 32-row group of the swizzled layout (16-row warp blocks).
+  const int r = warp * Cfg::kWarpRows + gid;  // row in the item's 128-row tile
+  const int64_t n = it.n0 + r;
+  const bool ok = n < p.N;         // then row gid + 8 is below N too if N - n > 8
+  const int c0 = k0 / V::kBlockK;  // the thread's first scale column
+  const int64_t in_tile = p.w.L.swizzled ? (r & 31) * 16 + (r >> 5) * 4 + (c0 >> 2) * 512 + (c0 & 3)
+                                         : int64_t(r) * p.w.L.row_ncols + c0;
+  it.w = ok ? p.w.codes + ((it.g * p.N + n) * p.K + k0) / 2 : p.w.codes;
+  it.sc =
+      ok ? p.w.scales + it.g * p.scale_expert + (it.n0 >> 7) * p.scale_tile + in_tile : p.w.scales;
+  it.kleft[0] = ok ? static_cast<int>(p.K) - k0 : 0;
+  it.kleft[1] = n + 8 < p.N ? it.kleft[0] : 0;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t n = it.n0 + warp * Cfg::kWarpRows + gid + 8 * r;
-    it.srow[r] = n < p.N ? p.w.scale_row(it.g, n) : 0;
+  for (int q = 0; q < V::kPiecesPerThread; ++q) {
+    const int piece = tid + q * Cfg::kThreads;
+    const int token = piece / Cfg::kPiecesPerToken;
+    const int k = step0 * Cfg::kStepK + (piece % Cfg::kPiecesPerToken) * Cfg::kPieceK;
+    const bool ok = token < it.tokens;
+    it.x[q] = ok ? p.x + int64_t(it.row0 + token) * p.K + k : p.x;
+    it.xleft[q] = ok ? static_cast<int>(p.K) - k : 0;
   }
   return it;
 }
@@ -54,19 +91,17 @@ struct StepRegs {
 };
 
 template <class V>
-__device__ __forceinline__ void load_weights(const DecodeParams& p, const Item& it, int s, int warp,
-                                             int gid, int t, StepRegs& r) {
-  const int64_t k_step = int64_t(it.step0 + s) * Cfg::kStepK;
+__device__ __forceinline__ void load_weights(const DecodeParams& p, const Item<V>& it, int s,
+                                             StepRegs& r) {
+  const int k_step = s * Cfg::kStepK;
 #pragma unroll
   for (int row = 0; row < 2; ++row) {
-    const int64_t n = it.n0 + warp * Cfg::kWarpRows + gid + 8 * row;
 #pragma unroll
     for (int i = 0; i < Cfg::kSubs; ++i) {
-      const int64_t k = k_step + i * Cfg::kSubK + t * Cfg::kThreadK;
-      const bool ok = n < p.N && k < p.K;
-      r.w[row][i] = ldg_stream16(p.w.codes_at(it.g, n, k), ok);
-      const uint8_t* sp =
-          p.w.scales + it.srow[row] + qnum::row_scale_col_offset(p.w.L, k / V::kBlockK);
+      const int k = k_step + i * Cfg::kSubK;
+      const bool ok = k < it.kleft[row];
+      r.w[row][i] = ldg_stream16(it.w + (row ? p.w_row8 : 0) + k / 2, ok);
+      const uint8_t* sp = it.sc + (row ? p.scale_row8 : 0) + s * p.scale_step + i * p.scale_sub;
       uint32_t sv = 0;
       if (ok) sv = V::kNvfp4 ? __ldg(reinterpret_cast<const uint16_t*>(sp)) : __ldg(sp);
       r.s[row][i] = sv;
@@ -78,17 +113,14 @@ __device__ __forceinline__ void load_weights(const DecodeParams& p, const Item& 
 // the raw buffer (zeros past the pass or K); each thread later permutes its own pieces (no
 // barrier: a thread reads back only what it copied).
 template <class V>
-__device__ __forceinline__ void copy_x_async(const DecodeParams& p, const Item& it, int s, int tid,
-                                             uint4* raw) {
-  const int64_t k_step = int64_t(it.step0 + s) * Cfg::kStepK;
+__device__ __forceinline__ void copy_x_async(const DecodeParams& p, const Item<V>& it, int s,
+                                             int tid, uint4* raw) {
+  const int k_step = s * Cfg::kStepK;
 #pragma unroll
   for (int q = 0; q < V::kPiecesPerThread; ++q) {
-    const int piece = tid + q * Cfg::kThreads;
-    const int token = piece / Cfg::kPiecesPerToken;
-    const int64_t k = k_step + (piece % Cfg::kPiecesPerToken) * Cfg::kPieceK;
-    const bool ok = token < it.tokens && k < p.K;
-    const uint16_t* src = ok ? p.x + int64_t(it.row0 + token) * p.K + k : p.x;
-    cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(raw + piece)), src, ok ? 16 : 0);
+    const bool ok = k_step < it.xleft[q];
+    cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(raw + tid + q * Cfg::kThreads)),
+               ok ? it.x[q] + k_step : p.x, ok ? 16 : 0);
   }
   cp_async_commit();
 }
@@ -124,8 +156,7 @@ __device__ __forceinline__ void multiply(const StepRegs& r, const uint4* stage, 
     for (int row = 0; row < 2; ++row) {
       const uint32_t sv = r.s[row][i];
       if constexpr (V::kNvfp4) {
-        m[row][0] = qnum::w4_nvfp4_multiplier(static_cast<uint8_t>(sv));
-        m[row][1] = qnum::w4_nvfp4_multiplier(static_cast<uint8_t>(sv >> 8));
+        qnum::w4_nvfp4_multipliers(sv, m[row]);
       } else {
         m[row][0] = m[row][1] = qnum::w4_mxfp4_multiplier1(static_cast<uint8_t>(sv));
         m2[row] = qnum::w4_mxfp4_multiplier2(static_cast<uint8_t>(sv));
@@ -153,8 +184,8 @@ __device__ __forceinline__ void multiply(const StepRegs& r, const uint4* stage, 
 
 // The item's outputs: y = bf16(acc * factor_g + bias) (ksplit 1) or the fp32 partial sums.
 template <class V>
-__device__ __forceinline__ void store_item(const DecodeParams& p, const Item& it, int warp, int gid,
-                                           int t, float (&acc)[V::kTokenTiles][4]) {
+__device__ __forceinline__ void store_item(const DecodeParams& p, const Item<V>& it, int warp,
+                                           int gid, int t, float (&acc)[V::kTokenTiles][4]) {
   const float f = p.plan.factor[it.g];
 #pragma unroll
   for (int c = 0; c < V::kTokenTiles; ++c) {
@@ -185,24 +216,24 @@ struct DecodeLoop {
   uint4* stage;  // [2][kStage16] permuted activations, then [kStage16] raw copies
   int total;
   int tid, lane, warp, gid, t;
-  Item it;
+  Item<V> it;
   int id;
   int s = 0, buf = 0;
   float acc[V::kTokenTiles][4] = {};
   static constexpr int kStage16 = V::kStageBytes / 16;
 
   __device__ __forceinline__ bool step(const StepRegs& cur, StepRegs& nxt) {
-    Item nit = it;
+    Item<V> nit = it;
     int ns = s + 1;
     int nid = id;
     if (ns == it.nsteps) {
       nid = id + static_cast<int>(gridDim.x);
       ns = 0;
-      if (nid < total) nit = decode_item<V>(p, nid, warp, lane);
+      if (nid < total) nit = decode_item<V>(p, nid, warp, lane, tid);
     }
     const bool more = nid < total;
     if (more) {
-      load_weights<V>(p, nit, ns, warp, gid, t, nxt);
+      load_weights<V>(p, nit, ns, nxt);
       copy_x_async<V>(p, nit, ns, tid, stage + 2 * kStage16);
     }
     if (it.n0 + warp * Cfg::kWarpRows < p.N) {  // warp-uniform: rows past N have no work
@@ -235,17 +266,17 @@ struct DecodeLoop {
 };
 
 template <class V>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) w4_decode_kernel(DecodeParams p) {
-  extern __shared__ uint4 stage[];  // DecodeLoop::stage
+__global__ void __launch_bounds__(Cfg::kThreads, V::kMinBlocks) w4_decode_kernel(DecodeParams p) {
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
-  pdl_wait();  // the plan kernel
+  pdl_wait();                       // the plan kernel
+  extern __shared__ uint4 stage[];  // DecodeLoop::stage
   DecodeLoop<V> L{p,         stage,   static_cast<int>(p.plan.item_start[p.G]), tid, lane, tid >> 5,
                   lane >> 2, lane & 3};
   L.id = static_cast<int>(blockIdx.x);
   if (L.id >= L.total) return;
-  L.it = decode_item<V>(p, L.id, L.warp, lane);
+  L.it = decode_item<V>(p, L.id, L.warp, lane, tid);
   StepRegs ra, rb;
-  load_weights<V>(p, L.it, 0, L.warp, L.gid, L.t, ra);
+  load_weights<V>(p, L.it, 0, ra);
   copy_x_async<V>(p, L.it, 0, tid, stage + 2 * L.kStage16);
   stage_x<V>(stage, stage + 2 * L.kStage16, tid);
   __syncthreads();

@@ -87,8 +87,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) w4_dequant_kernel(DequantParams
     const unsigned j = chunk * Cfg::kRunsPerCta + u * Cfg::kThreads + threadIdx.x;
     uint32_t m[2], m2 = 0;  // the multipliers of codes 0..15 and 16..31
     if constexpr (kRecipe == QuantRecipe::nvfp4) {
-      m[0] = qnum::w4_nvfp4_multiplier(static_cast<uint8_t>(sv[u]));
-      m[1] = qnum::w4_nvfp4_multiplier(static_cast<uint8_t>(sv[u] >> 8));
+      qnum::w4_nvfp4_multipliers(sv[u], m);
     } else {
       m[0] = m[1] = qnum::w4_mxfp4_multiplier1(static_cast<uint8_t>(sv[u]));
       m2 = qnum::w4_mxfp4_multiplier2(static_cast<uint8_t>(sv[u]));
