@@ -25,8 +25,8 @@ struct Item {
                       // is DecodeParams::w_row8 bytes on
   const uint8_t* sc;  // ... and its scale bytes (row gid + 8: DecodeParams::scale_row8 on)
   int kleft[2];       // rows gid, gid + 8: K left after the thread's first code (0 past N)
-  const uint16_t* x[V::kPiecesPerThread];  // the thread's activation pieces at step 0
-  int xleft[V::kPiecesPerThread];          // K left after the piece (0 for tokens past the pass)
+  const uint16_t* x;  // the thread's first activation piece at step 0 (piece q: 8 q rows on)
+  int xleft;          // K left after the thread's pieces (their K offset is the same)
 };
 
 template <class V>
@@ -71,15 +71,13 @@ __device__ __forceinline__ Item<V> decode_item(const DecodeParams& p, int id, in
       ok ? p.w.scales + it.g * p.scale_expert + (it.n0 >> 7) * p.scale_tile + in_tile : p.w.scales;
   it.kleft[0] = ok ? static_cast<int>(p.K) - k0 : 0;
   it.kleft[1] = n + 8 < p.N ? it.kleft[0] : 0;
-#pragma unroll
-  for (int q = 0; q < V::kPiecesPerThread; ++q) {
-    const int piece = tid + q * Cfg::kThreads;
-    const int token = piece / Cfg::kPiecesPerToken;
-    const int k = step0 * Cfg::kStepK + (piece % Cfg::kPiecesPerToken) * Cfg::kPieceK;
-    const bool ok = token < it.tokens;
-    it.x[q] = ok ? p.x + int64_t(it.row0 + token) * p.K + k : p.x;
-    it.xleft[q] = ok ? static_cast<int>(p.K) - k : 0;
-  }
+  // The thread's pieces are (token warp + 8 q, the same K): one address and one bound for all
+  // (per-piece copies cost the 16- and 32-token variants spills).
+  static_assert(Cfg::kThreads == 8 * Cfg::kPiecesPerToken, "piece q is 8 tokens after q - 1");
+  const int k = step0 * Cfg::kStepK + (tid % Cfg::kPiecesPerToken) * Cfg::kPieceK;
+  const bool xok = warp < it.tokens;  // token of piece 0
+  it.x = xok ? p.x + int64_t(it.row0 + warp) * p.K + k : p.x;
+  it.xleft = xok ? static_cast<int>(p.K) - k : 0;
   return it;
 }
 
@@ -118,9 +116,10 @@ __device__ __forceinline__ void copy_x_async(const DecodeParams& p, const Item<V
   const int k_step = s * Cfg::kStepK;
 #pragma unroll
   for (int q = 0; q < V::kPiecesPerThread; ++q) {
-    const bool ok = k_step < it.xleft[q];
+    // Piece q's token is (tid / 32) + 8 q; it.xleft is 0 when piece 0's token is past the pass.
+    const bool ok = k_step < it.xleft && (tid >> 5) + 8 * q < it.tokens;
     cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(raw + tid + q * Cfg::kThreads)),
-               ok ? it.x[q] + k_step : p.x, ok ? 16 : 0);
+               ok ? it.x + 8 * q * p.K + k_step : p.x, ok ? 16 : 0);
   }
   cp_async_commit();
 }
