@@ -78,6 +78,13 @@ GROUPMM_HD int64_t row_scale_index(const Layout& L, const Geom& g, int64_t lr, i
 GROUPMM_HD int64_t row_scale_col_offset(const Layout& L, int64_t sc) {
   return L.swizzled ? (sc >> 2) * 512 + (sc & 3) : sc;
 }
+// The row part of row_scale_index for row r (0 <= r < 128) of a 128-row tile, for the plain and
+// swizzled 1-byte layouts: index(r, sc) = index(0, 0) + row_scale_row_in_tile(L, r) +
+// row_scale_col_offset(L, sc) within one tile.
+GROUPMM_HD int64_t row_scale_row_in_tile(const Layout& L, int r) {
+  const unsigned ur = static_cast<unsigned>(r);
+  return L.swizzled ? int64_t((ur & 31u) * 16u + (ur >> 5) * 4u) : int64_t(ur) * L.row_ncols;
+}
 // row_scale_index of row r (0 <= r < 128) of the expert's row tile lt and scale column sc < 2^16:
 // the tile's part in 64 bits, the in-tile part in 32 (the kernels' per-thread form).
 GROUPMM_HD int64_t row_scale_index_in_tile(const Layout& L, const Geom& g, int64_t lt, int r,

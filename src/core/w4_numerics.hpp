@@ -105,18 +105,21 @@ GROUPMM_HD uint32_t bf16x2_of_exact(float v) {
 // The per-block multipliers, as bf16x2 words (the same factor in both halves).
 // nvfp4: s_b * 2^(126 - kW4NvfpShift) (at most 448 * 2^116: a bf16 value; NaN for a NaN scale),
 // so raw * it = e2m1(c) * s_b * 2^-10.
+GROUPMM_HD uint32_t w4_nvfp4_multiplier_of(float s_b) {  // s_b: the decoded scale
+  return bf16x2_of_exact(s_b * bits_float((127u + 126u - kW4NvfpShift) << 23));
+}
 GROUPMM_HD uint32_t w4_nvfp4_multiplier(uint8_t s_b) {
-  return bf16x2_of_exact(e4m3_decode(s_b) * bits_float((127u + 126u - kW4NvfpShift) << 23));
+  return w4_nvfp4_multiplier_of(e4m3_decode(s_b));
 }
 // The multipliers of the two scale bytes of sv (low byte first): on the device one
-// cvt.rn.f16x2.e4m3x2 decodes both, the rest as in w4_nvfp4_multiplier (the same values).
+// cvt.rn.f16x2.e4m3x2 decodes both (the same values as w4_nvfp4_multiplier).
 GROUPMM_HD void w4_nvfp4_multipliers(uint32_t sv, uint32_t (&m)[2]) {
 #if defined(__CUDA_ARCH__)
   uint32_t h2;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(sv)));
-  const float f = bits_float((127u + 126u - kW4NvfpShift) << 23);
-  m[0] = bf16x2_of_exact(__half2float(__ushort_as_half(static_cast<unsigned short>(h2))) * f);
-  m[1] = bf16x2_of_exact(__half2float(__ushort_as_half(static_cast<unsigned short>(h2 >> 16))) * f);
+  m[0] = w4_nvfp4_multiplier_of(__half2float(__ushort_as_half(static_cast<unsigned short>(h2))));
+  m[1] =
+      w4_nvfp4_multiplier_of(__half2float(__ushort_as_half(static_cast<unsigned short>(h2 >> 16))));
 #else
   m[0] = w4_nvfp4_multiplier(static_cast<uint8_t>(sv));
   m[1] = w4_nvfp4_multiplier(static_cast<uint8_t>(sv >> 8));

@@ -136,11 +136,15 @@ void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws, size_t) {
     static_assert(DecodeConfig::kSubK / 32 % 4 == 0, "sub-blocks hold whole 4-column groups");
     p.scale_step = static_cast<int>(qnum::row_scale_col_offset(l.L, step_cols));
     p.scale_sub = static_cast<int>(qnum::row_scale_col_offset(l.L, sub_cols));
-    p.scale_row8 = static_cast<int>(l.L.swizzled ? 8 * 16 : 8 * l.L.row_ncols);
+    // The scale index's strides, from the layout's own (row, tile, expert) index.
+    auto index = [&](int64_t g, int64_t lt, int r) {
+      const qnum::Geom geom{g * d.N, d.N, g * p.w.tiles_per_expert, 0, 0};
+      return qnum::row_scale_index_in_tile(l.L, geom, lt, r, 0);
+    };
+    p.scale_row8 = static_cast<int>(index(0, 0, 8) - index(0, 0, 0));
+    p.scale_tile = index(0, 1, 0) - index(0, 0, 0);
+    p.scale_expert = index(1, 0, 0) - index(0, 0, 0);
     p.w_row8 = 8 * d.K / 2;
-    const int64_t tile = 128 * (l.L.swizzled ? l.L.row_kp : l.L.row_ncols);
-    p.scale_expert = l.L.swizzled ? p.w.tiles_per_expert * tile : d.N * l.L.row_ncols;
-    p.scale_tile = tile;
   }
   find_launch(l.recipe, geo.token_tiles)(ctx, p, geo.grid);
   if (geo.ksplit == 1) return;

@@ -42,7 +42,7 @@ __device__ __forceinline__ Item<V> decode_item(const DecodeParams& p, int id, in
   const int passes = (rows + V::kTokens - 1) / V::kTokens;
   const int local = static_cast<int>(id - pl.item_start[it.g]);
   // Item switches cost a twelfth of the instructions: no divisions where the usual case (one
-  // pass, no split-K) needs none (warp-uniform branches), no layout dispatch (host strides).
+  // pass, no split-K) needs none (warp-uniform branches); the scale strides come from the host.
   int pass = 0, rest = local;
   if (passes > 1) {
     pass = local % passes;
@@ -64,9 +64,9 @@ __device__ __forceinline__ Item<V> decode_item(const DecodeParams& p, int id, in
   const int64_t n = it.n0 + r;
   const bool ok = n < p.N;         // then row gid + 8 is below N too if N - n > 8
   const int c0 = k0 / V::kBlockK;  // the thread's first scale column
-  const int64_t in_tile = p.w.L.swizzled ? (r & 31) * 16 + (r >> 5) * 4 + (c0 >> 2) * 512 + (c0 & 3)
-                                         : int64_t(r) * p.w.L.row_ncols + c0;
-  it.w = ok ? p.w.codes + ((it.g * p.N + n) * p.K + k0) / 2 : p.w.codes;
+  const int64_t in_tile =
+      qnum::row_scale_row_in_tile(p.w.L, r) + qnum::row_scale_col_offset(p.w.L, c0);
+  it.w = ok ? p.w.codes_at(it.g, n, k0) : p.w.codes;
   it.sc =
       ok ? p.w.scales + it.g * p.scale_expert + (it.n0 >> 7) * p.scale_tile + in_tile : p.w.scales;
   it.kleft[0] = ok ? static_cast<int>(p.K) - k0 : 0;
