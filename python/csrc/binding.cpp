@@ -4,6 +4,8 @@
 // extension links libc10/libtorch_cpu alone and builds against CPU-only and CUDA torch alike.
 #include "binding.hpp"
 
+#include <ATen/EmptyTensor.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -164,8 +166,20 @@ groupmm::TensorView Call::out(const at::Tensor& t, const char* arg) {
   return view_of(t, core_device(), op_, arg);
 }
 
+// Straight from the device's registered allocator (torch's caching allocator on CUDA: stream
+// ordered, graph-pool aware), which is where at::empty ends up after its dispatch. An op allocates
+// up to six tensors, and the dispatcher round trip of each was host time of the op (issue 20's
+// <= 10 us per op). The op's device is current (guard_), so the allocator serves that device.
+// Under torch.use_deterministic_algorithms with fill_uninitialized_memory, at::empty's own fill
+// is kept (rows past sum(splits) are left unwritten by the ops).
 at::Tensor Call::empty(at::IntArrayRef shape, at::ScalarType dtype) {
-  return at::empty(shape, opts_.dtype(dtype));
+  const auto& g = at::globalContext();
+  if (g.deterministicAlgorithms() && g.deterministicFillUninitializedMemory())
+    return at::empty(shape, opts_.dtype(dtype));
+  if (device_.is_cpu()) return at::detail::empty_cpu(shape, dtype);
+  return at::detail::empty_generic(shape, c10::GetAllocator(device_.type()),
+                                   c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype,
+                                   std::nullopt);
 }
 
 at::Tensor Call::empty(const groupmm::TensorSpec& s, bool zeroed) {
@@ -184,7 +198,7 @@ at::Tensor Call::empty(const groupmm::TensorSpec& s, bool zeroed) {
 
 void* Call::workspace(size_t bytes) {
   if (bytes == 0) return nullptr;
-  keep_.push_back(at::empty({static_cast<int64_t>(bytes)}, opts_.dtype(at::kByte)));
+  keep_.push_back(empty({static_cast<int64_t>(bytes)}, at::kByte));
   return keep_.back().data_ptr();
 }
 

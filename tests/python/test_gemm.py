@@ -139,3 +139,27 @@ def test_dbias_accumulate_into_fp32_main_grad(device):
     once = ops.group_dbias(dy, splits, torch.float32)
     torch.testing.assert_close(main, 0.25 + 2 * once, rtol=1e-6, atol=1e-6)
     assert torch.all(main[1] == 0.25)  # a zero-row expert's bias grad is left unchanged
+
+
+@pytest.mark.parametrize("deterministic_fill", [False, True])
+def test_outputs_from_the_allocator(device, deterministic_fill):
+    """The binding allocates outputs straight from the device's allocator (at::empty only under
+    torch's deterministic fill of uninitialized memory): either way they land on the op's device
+    and hold the op's values."""
+    x, w, b = inputs(device)
+    splits = make_splits(COUNTS, device)
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    old = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(deterministic_fill)
+        torch.utils.deterministic.fill_uninitialized_memory = deterministic_fill
+        y = ops.grouped_mm(x, w, splits, b)
+        q = ops.group_quantize(x, splits, "mxfp8")
+    finally:
+        torch.use_deterministic_algorithms(old)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+    assert y.device == x.device and y.is_contiguous() and y.dtype == x.dtype
+    assert_close(y, ref_grouped_mm(x, w, COUNTS, b))
+    assert all(t.device == x.device for t in q)
+    back = ops.group_dequantize(*q, splits, list(x.shape), "mxfp8")
+    torch.testing.assert_close(back.float(), x.float(), rtol=0.07, atol=1e-2)
