@@ -1,5 +1,6 @@
 // ops_autograd.cpp: the autograd formulas of the differentiable ops (grouped_mm, swiglu,
-// weighted_swiglu, router, permute, unpermute), registered in C++ for the Autograd key.
+// weighted_swiglu, router, permute, unpermute), registered in C++ for the Autograd key, and the
+// Autograd kernels of the non-differentiable ones (quantize, dequantize, plans, offsets).
 //
 // Each kernel takes the fast path when no graph is recorded (grad mode off, or no input that
 // requires grad): one redispatch below autograd to the CPU / CUDA kernel (or to the fake kernel
@@ -307,9 +308,56 @@ Tensor unpermute_autograd(c10::DispatchKeySet ks, const Tensor& y_perm, const Te
   return Unpermute::apply(y_perm, dest_row, row_start, kept, splits, align, capacity, add);
 }
 
+// ---- the non-differentiable ops
+// ------------------------------------------------------------------
+
+// Quantized tensors, plans and offsets carry no gradient. Their Autograd kernel only steps below
+// autograd (torch's rule for a non-differentiable op): without one, every call ran the
+// dispatcher's boxed autograd fallback, the arguments and outputs boxed into IValues (host time of
+// each call). Outputs never require grad (fp8 / e8m0 / integer data, and scales of a constant).
+template <const char* kName, class Sig>
+struct NonDifferentiable;
+template <const char* kName, class R, class... A>
+struct NonDifferentiable<kName, R(A...)> {
+  static R call(c10::DispatchKeySet ks, A... args) {
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(kName, "").template typed<R(A...)>();
+    return below_autograd(op, ks, std::forward<A>(args)...);
+  }
+};
+
+using Tensors2 = std::tuple<Tensor, Tensor>;
+using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
+using Tensors4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
+using Tensors5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+using QuantizeSig = Tensors5(const Tensor&, const OptTensor&, c10::string_view, OptDtype,
+                             c10::string_view, c10::string_view, bool, bool);
+using DequantizeSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&, const OptTensor&, c10::ArrayRef<int64_t>,
+                             c10::string_view, OptDtype, c10::string_view, bool, bool, OptDtype);
+using QuantizeW4Sig = Tensors3(const Tensor&, c10::string_view, c10::string_view);
+using CheckpointSig = Tensors2(const Tensor&, const Tensor&, c10::string_view);
+using OffsetsSig = Tensors2(const Tensor&);
+using PermutePlanSig = Tensors4(const Tensor&, int64_t, int64_t, int64_t);
+
+constexpr char kGroupQuantize[] = "groupmm::group_quantize";
+constexpr char kGroupDequantize[] = "groupmm::group_dequantize";
+constexpr char kGroupQuantizeW4[] = "groupmm::group_quantize_w4";
+constexpr char kImportMxfp4[] = "groupmm::import_mxfp4_weights";
+constexpr char kExportMxfp4[] = "groupmm::export_mxfp4_weights";
+constexpr char kGroupOffsets[] = "groupmm::group_offsets";
+constexpr char kPermutePlan[] = "groupmm::permute_plan";
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(groupmm, Autograd, m) {
+  m.impl("group_quantize", TORCH_FN((NonDifferentiable<kGroupQuantize, QuantizeSig>::call)));
+  m.impl("group_dequantize", TORCH_FN((NonDifferentiable<kGroupDequantize, DequantizeSig>::call)));
+  m.impl("group_quantize_w4", TORCH_FN((NonDifferentiable<kGroupQuantizeW4, QuantizeW4Sig>::call)));
+  m.impl("import_mxfp4_weights", TORCH_FN((NonDifferentiable<kImportMxfp4, CheckpointSig>::call)));
+  m.impl("export_mxfp4_weights", TORCH_FN((NonDifferentiable<kExportMxfp4, CheckpointSig>::call)));
+  m.impl("group_offsets", TORCH_FN((NonDifferentiable<kGroupOffsets, OffsetsSig>::call)));
+  m.impl("permute_plan", TORCH_FN((NonDifferentiable<kPermutePlan, PermutePlanSig>::call)));
   m.impl("grouped_mm", TORCH_FN(grouped_mm_autograd));
   m.impl("swiglu", TORCH_FN(swiglu_autograd));
   m.impl("weighted_swiglu", TORCH_FN(weighted_swiglu_autograd));

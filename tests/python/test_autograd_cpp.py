@@ -11,6 +11,11 @@ from conftest import make_splits
 
 ops = torch.ops.groupmm
 DIFFERENTIABLE = ["grouped_mm", "swiglu", "weighted_swiglu", "router", "permute", "unpermute"]
+# No gradient by nature; their Autograd kernel only steps below autograd (without one, the
+# dispatcher's boxed fallback ran on every call).
+NON_DIFFERENTIABLE = ["group_quantize", "group_dequantize", "group_quantize_w4",
+                      "import_mxfp4_weights", "export_mxfp4_weights", "group_offsets",
+                      "permute_plan"]
 
 
 def autograd_kernel_line(op):
@@ -18,7 +23,7 @@ def autograd_kernel_line(op):
     return next((line for line in lines if line.startswith("Autograd")), "")
 
 
-@pytest.mark.parametrize("op", DIFFERENTIABLE)
+@pytest.mark.parametrize("op", DIFFERENTIABLE + NON_DIFFERENTIABLE)
 def test_autograd_kernel_is_registered_in_cpp(op):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(f"groupmm::{op}", "Autograd")
     line = autograd_kernel_line(op)
@@ -27,11 +32,23 @@ def test_autograd_kernel_is_registered_in_cpp(op):
     assert "ops_autograd.cpp" in line and "unboxed" in line, line
 
 
-def test_only_the_differentiable_ops_have_an_autograd_kernel():
+def test_which_ops_have_an_autograd_kernel():
+    """The backward ops and the in-place accumulations keep torch's fallback (it bumps the
+    version counters of mutated inputs and warns if a second-order gradient reaches them)."""
     names = [n.split("::")[1] for n in torch._C._dispatch_get_all_op_names()
              if n.startswith("groupmm::")]
     with_kernel = sorted(n for n in names if autograd_kernel_line(n))
-    assert with_kernel == sorted(DIFFERENTIABLE)
+    assert with_kernel == sorted(DIFFERENTIABLE + NON_DIFFERENTIABLE)
+
+
+def test_non_differentiable_outputs_do_not_require_grad(device):
+    x = torch.randn(32, 64, device=device, requires_grad=True)
+    splits = make_splits([8, 0, 24], device)
+    q = ops.group_quantize(x, splits, "fp8_current")
+    assert not any(t.requires_grad for t in q)
+    y = ops.group_dequantize(*q, splits, list(x.shape), "fp8_current", out_dtype=torch.float32)
+    assert not y.requires_grad and y.grad_fn is None
+    torch.testing.assert_close(y, x.detach(), rtol=0.07, atol=1e-2)
 
 
 def mm_inputs(device, requires_grad):
