@@ -275,7 +275,12 @@ INSTANTIATE_TEST_SUITE_P(
                       PermuteCase{"all_one_expert", 500, 1, 8, 1, 0, 72, 1, DType::bf16},
                       PermuteCase{"odd_h", 301, 3, 7, 1, 0, 13, 0, DType::bf16},
                       PermuteCase{"t1_k1_e1", 1, 1, 1, 1, 0, 24, 0, DType::bf16},
-                      PermuteCase{"dsv3_h", 64, 8, 32, 1, 0, 7168, 0, DType::bf16}),
+                      PermuteCase{"dsv3_h", 64, 8, 32, 1, 0, 7168, 0, DType::bf16},
+                      // Rows wider than a CTA's threads times the gather's vectors per thread
+                      // (4 for k = 2..3, 2 for k = 4..7, 8 for k = 1), ending mid-batch.
+                      PermuteCase{"mixtral_h_ragged", 300, 2, 8, 1, 0, 4416, 0, DType::bf16},
+                      PermuteCase{"k5_h_ragged", 200, 5, 16, 16, 0, 2056, 2, DType::fp16},
+                      PermuteCase{"k1_wide", 90, 1, 4, 1, 0, 8200, 0, DType::bf16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(PermuteGpuFaults, BadExpertIdIsSkippedAndReported) {
