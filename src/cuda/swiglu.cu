@@ -2,13 +2,14 @@
 // (8 bf16/fp16 or 4 fp32 values) of the [M, I] side; each vector reads its gate and up halves.
 #include "core/swiglu_impl.hpp"
 #include "cuda/common/element.cuh"
+#include "cuda/common/occupancy.cuh"
 
 namespace groupmm::cuda {
 namespace {
 
 struct SwigluConfig {
   static constexpr int kThreads = 256;
-  static constexpr int kBlocksPerSm = 8;  // grid = min(vectors / threads, SMs * this)
+  static constexpr int kBlocksPerSm = 8;  // grid: min(vectors / threads, SMs * this, resident)
   static_assert(kThreads % 32 == 0, "whole warps");
 };
 
@@ -67,13 +68,10 @@ void launch(Context& ctx, const SwigluParams& p) {
   const int64_t vectors = p.M * (vec ? p.I / kVec : p.I);
   if (vectors == 0) return;
   const int64_t want = (vectors + SwigluConfig::kThreads - 1) / SwigluConfig::kThreads;
-  const int64_t cap = int64_t(ctx.sm_count()) * SwigluConfig::kBlocksPerSm;
-  const unsigned blocks = static_cast<unsigned>(want < cap ? want : cap);
-  if (vec) {
-    swiglu_kernel<E, kVec, kBackward><<<blocks, SwigluConfig::kThreads, 0, ctx.stream()>>>(p);
-  } else {
-    swiglu_kernel<E, 1, kBackward><<<blocks, SwigluConfig::kThreads, 0, ctx.stream()>>>(p);
-  }
+  auto kernel = vec ? swiglu_kernel<E, kVec, kBackward> : swiglu_kernel<E, 1, kBackward>;
+  const unsigned blocks =
+      resident_grid(ctx, kernel, SwigluConfig::kThreads, want, SwigluConfig::kBlocksPerSm);
+  kernel<<<blocks, SwigluConfig::kThreads, 0, ctx.stream()>>>(p);
   GROUPMM_CHECK_LAUNCH();
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/moe_impl.hpp"
 #include "core/swiglu_impl.hpp"
+#include "cuda/common/occupancy.cuh"
 #include "cuda/moe/moe_common.cuh"
 
 namespace groupmm::cuda {
@@ -16,7 +17,7 @@ using namespace moe;
 struct WeightedSwigluConfig {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlocksPerSm = 8;  // grid = min(rows / kWarps, SMs * this)
+  static constexpr int kBlocksPerSm = 8;  // grid: min(rows / kWarps, SMs * this, resident)
   static_assert(kThreads <= 1024, "block size");
 };
 
@@ -87,13 +88,11 @@ void launch(Context& ctx, DType t, const WeightedSwigluParams& p) {
     const bool vec = p.I % kVec == 0 && aligned16(p.gate_up) && aligned16(p.out) &&
                      (p.dout == nullptr || aligned16(p.dout));
     const int64_t want = qnum::ceil_div(p.M, WeightedSwigluConfig::kWarps);
-    const unsigned grid = grid_size(
-        std::min<int64_t>(want, int64_t(ctx.sm_count()) * WeightedSwigluConfig::kBlocksPerSm));
     constexpr int kT = WeightedSwigluConfig::kThreads;
-    if (vec)
-      weighted_swiglu_kernel<E, kVec, kBackward><<<grid, kT, 0, ctx.stream()>>>(p);
-    else
-      weighted_swiglu_kernel<E, 1, kBackward><<<grid, kT, 0, ctx.stream()>>>(p);
+    auto kernel =
+        vec ? weighted_swiglu_kernel<E, kVec, kBackward> : weighted_swiglu_kernel<E, 1, kBackward>;
+    const unsigned grid = resident_grid(ctx, kernel, kT, want, WeightedSwigluConfig::kBlocksPerSm);
+    kernel<<<grid, kT, 0, ctx.stream()>>>(p);
     GROUPMM_CHECK_LAUNCH();
   });
 }
