@@ -17,7 +17,7 @@ int resident_ctas_per_sm(const void* kernel, int threads, size_t smem);
 // second wave that then runs at low occupancy (the weighted SwiGLU, capped at 8 CTAs per SM where
 // its 38 registers fit 6, moved 80-83% of copy bandwidth).
 template <class... KArgs>
-unsigned resident_grid(Context& ctx, void (*kernel)(KArgs...), int threads, int64_t want,
+unsigned resident_grid(const Context& ctx, void (*kernel)(KArgs...), int threads, int64_t want,
                        int max_per_sm, size_t smem = 0) {
   const int fit = resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), threads, smem);
   const int64_t per_sm = std::max(1, std::min(max_per_sm, fit));

@@ -92,10 +92,13 @@ void ep_combine_backward_expert(Context& ctx, const EpPlan& plan, const void* dy
     ScaleParams s{d_y_grouped.data, dy_recv, w_recv,
                   grouped_entry,    k,       RowGeometry(ctx, plan.rows, vec ? H / kVec : H)};
     if (s.geo.grid > 0) {
-      if (vec)
+      if (vec) {
+        s.geo.fit(ctx, scale_rows_kernel<E, kVec>);
         scale_rows_kernel<E, kVec><<<s.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(s);
-      else
+      } else {
+        s.geo.fit(ctx, scale_rows_kernel<E, 1>);
         scale_rows_kernel<E, 1><<<s.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(s);
+      }
       GROUPMM_CHECK_LAUNCH();
     }
     if (dw_send == nullptr) return;  // unweighted: no d_weights

@@ -8,6 +8,7 @@
 #include "core/ep_impl.hpp"
 #include "core/quantize_layout.hpp"  // qnum::ceil_div
 #include "cuda/common/element.cuh"
+#include "cuda/common/occupancy.cuh"
 #include "cuda/common/status.cuh"
 
 namespace groupmm::ep::cuda {
@@ -23,7 +24,7 @@ constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 struct MoverConfig {
   static constexpr int kThreads = 256;
-  static constexpr int kCtasPerSm = 8;  // grid cap; the kernels loop over the remaining rows
+  static constexpr int kCtasPerSm = 8;  // grid cap (and residency); the kernels loop over the rest
   static_assert(kThreads % 32 == 0, "whole warps");
 };
 
@@ -39,6 +40,15 @@ struct RowGeometry {
     threads_per_row = MoverConfig::kThreads / rows_per_cta;
     const int64_t cap = int64_t(std::max(ctx.sm_count(), 1)) * MoverConfig::kCtasPerSm;
     grid = n > 0 ? unsigned(std::min(qnum::ceil_div(n, int64_t(rows_per_cta)), cap)) : 0u;
+  }
+  // Caps the grid at the CTAs of `kernel` resident at once (occupancy.cuh: the kernels hold 32-46
+  // registers, so 8 CTAs of 256 threads per SM do not all fit, and the rest would run as a
+  // second wave at low occupancy). Host only, before the launch.
+  template <class... KArgs>
+  void fit(const Context& ctx, void (*kernel)(KArgs...)) {
+    if (grid > 0)
+      grid = groupmm::cuda::resident_grid(ctx, kernel, MoverConfig::kThreads, grid,
+                                          MoverConfig::kCtasPerSm);
   }
   // Calls f(row, lane) for this thread's rows (lane: its place within the row, 0 ..
   // threads_per_row - 1); the spare threads of a CTA do nothing.

@@ -44,6 +44,7 @@ void launch_gather(Context& ctx, GatherParams p, int64_t n, int64_t row_bytes, i
   p.dst_stride = dst_stride / int64_t(sizeof(V));
   p.src_stride = src_stride / int64_t(sizeof(V));
   if (p.geo.grid == 0) return;
+  p.geo.fit(ctx, gather_rows_kernel<V>);
   gather_rows_kernel<V><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
   GROUPMM_CHECK_LAUNCH();
 }
@@ -128,10 +129,13 @@ void ep_weighted_sum(Context& ctx, const TensorView& out, const void* rows,
         H % kVec == 0 && aligned_to(out.data, 16) && aligned_to(rows, 16) && aligned_to(add, 16);
     SumParams p{out.data, rows, slot_entry, w, add, k, RowGeometry(ctx, T, vec ? H / kVec : H)};
     if (p.geo.grid == 0) return;
-    if (vec)
+    if (vec) {
+      p.geo.fit(ctx, weighted_sum_kernel<E, kVec>);
       weighted_sum_kernel<E, kVec><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
-    else
+    } else {
+      p.geo.fit(ctx, weighted_sum_kernel<E, 1>);
       weighted_sum_kernel<E, 1><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+    }
     GROUPMM_CHECK_LAUNCH();
   });
 }
