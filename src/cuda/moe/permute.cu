@@ -18,7 +18,8 @@ using namespace moe;
 
 struct MoverConfig {
   static constexpr int kThreads = 128;
-  static constexpr int kBatch = 8;  // gather: source rows whose loads are issued together
+  static constexpr int kBatch = 8;     // gather: source rows whose loads are issued together
+  static constexpr int kScatterU = 4;  // scatter: vectors of a row per thread, loaded together
   static constexpr int kZeroCtasPerSm = 2;
   static_assert(kThreads % 32 == 0, "whole warps");
 };
@@ -52,11 +53,20 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) scatter_kernel(MoverPar
     const int64_t t = int64_t(blockIdx.x) * p.rows_per_cta + r;
     if (t >= p.T) return;
     const int32_t* dest = p.dest_row + t * p.k;
-    for (int64_t v = lv; v < V; v += p.threads_per_row) {
-      const P val = src[t * V + v];
+    // kScatterU vectors of the row per thread, their loads issued before the stores.
+    constexpr int U = MoverConfig::kScatterU;
+    const int64_t step = p.threads_per_row;
+    for (int64_t v0 = lv; v0 < V; v0 += step * U) {
+      P val[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (v0 + u * step < V) val[u] = src[t * V + v0 + u * step];
       for (int64_t j = 0; j < p.k; ++j) {
         const int64_t d = dest[j];
-        if (d >= 0) dst[d * V + v] = val;
+        if (d < 0) continue;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (v0 + u * step < V) dst[d * V + v0 + u * step] = val[u];
       }
     }
     if (p.probs != nullptr && lv == 0)
