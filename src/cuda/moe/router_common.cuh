@@ -53,6 +53,18 @@ __device__ __forceinline__ Cand warp_best(Cand c) {
   }
   return c;
 }
+// The rank of item (v, id) as one integer: rank_key(a) > rank_key(b) exactly when
+// router::better(a, b) (the larger value first, -0 equal to +0, NaN after every number, then the
+// lower index). The high word orders the values (NaN: 0, below -inf's 0x007FFFFF), the low word is
+// ~id. 0 is no item (it would be a NaN of id -1).
+__device__ __forceinline__ uint64_t rank_key(float v, int id) {
+  uint32_t hi = 0;  // NaN
+  if (v == v) {
+    const uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
+    hi = (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
+  }
+  return (uint64_t(hi) << 32) | uint32_t(~static_cast<uint32_t>(id));
+}
 // True when candidate (v, id) ranks after the previous winner (the next round's eligibility).
 __device__ __forceinline__ bool after(const Cand& prev, float v, int id) {
   return prev.id == INT_MAX || rn::better(prev.v, prev.id, v, id);

@@ -120,26 +120,39 @@ __global__ void __launch_bounds__(Cfg::kThreads) router_fwd_kernel(RouterFwdPara
       keep = keep_groups(p, mine, lane);
       __syncwarp();  // `mine` is rewritten with the aux-loss terms below
     }
-    // top-k rounds: the best selectable item ranking after the previous round's winner
-    Cand prev = no_cand();
+    // top-k rounds over 64-bit rank keys (rank_key: one integer max per comparison instead of
+    // router::better's NaN and tie branches); a round's winner is cleared from its lane. The same
+    // selection as rounds of "the best item ranking after the previous winner" (a strict total
+    // order), at about a third of the instructions.
+    uint64_t key[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane + 32 * i;
+      key[i] = e < p.E && ((keep >> (e / Eg)) & 1u) ? rank_key(sel[i], e) : 0;
+    }
     float wsum = 0.0f, my_w = 0.0f;
     int my_id = -1;
     uint8_t hit[kPer] = {};
     for (int j = 0; j < p.k; ++j) {
-      Cand best = no_cand();
+      uint64_t best = 0;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int e = lane + 32 * i;
-        if (e < p.E && ((keep >> (e / Eg)) & 1u) && after(prev, sel[i], e) &&
-            beats(sel[i], e, best))
-          best = {sel[i], ts.s[i], e};
+      for (int i = 0; i < kPer; ++i) best = key[i] > best ? key[i] : best;
+#pragma unroll
+      for (int step = 16; step >= 1; step /= 2) {
+        const uint64_t o = __shfl_xor_sync(kFullMask, best, step);
+        best = o > best ? o : best;
       }
-      best = warp_best(best);
-      if (lane == j) my_id = best.id, my_w = best.s;
-      wsum = rn::add(wsum, best.s);
+      int id = INT_MAX;  // no candidate left (as router::better's search would give)
+      float s = 0.0f;
+      if (best != 0) {  // warp-uniform
+        id = static_cast<int>(~static_cast<uint32_t>(best));
+        s = warp_item<kPer>(ts.s, id);
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) hit[i] |= lane + 32 * i == best.id ? 1 : 0;
-      prev = best;
+        for (int i = 0; i < kPer; ++i)
+          if (key[i] == best) key[i] = 0, hit[i] = 1;
+      }
+      if (lane == j) my_id = id, my_w = s;
+      wsum = rn::add(wsum, s);
     }
     wsum = rn::add(wsum, rn::kRenormEps);
     if (lane < p.k) {
