@@ -3,6 +3,7 @@
 // within rounding), router GEMMs, permute plan (bit for bit: empty experts, all tokens on one
 // expert, padding, capacity, T = 1, k = 1, E = 1), the row movers (bit for bit, odd H), and the
 // weighted SwiGLU (within an ulp; dprob deterministic).
+#include <algorithm>
 #include <cmath>
 
 #include "common/test_util.hpp"
@@ -152,6 +153,51 @@ INSTANTIATE_TEST_SUITE_P(
                       RouterCase{"t0", 0, 16, 2, RouterScore::softmax, 1, 1, false, false, true,
                                  true, false, 1.0f}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// The top-k compares 64-bit rank keys on the device and router::better on the host: special
+// values must rank the same (NaN after every number and NaNs by index, +-inf, exact ties).
+// Softmax with a +inf logit makes a whole row NaN; sigmoid keeps the NaN to its expert.
+TEST(RouterGpuSpecialValues, SelectionEqualsTheCpuReference) {
+  GROUPMM_REQUIRE_GPU();
+  const float nan = std::nanf(""), inf = INFINITY;
+  for (RouterScore score : {RouterScore::sigmoid, RouterScore::softmax}) {
+    SCOPED_TRACE(score == RouterScore::sigmoid ? "sigmoid" : "softmax");
+    const int64_t T = 257, E = 64, k = 6;
+    const RouterConfig c{.experts = E, .topk = k, .score = score, .renormalize = true};
+    Context cpu(Device::CPU), gpu(Device::CUDA);
+    Pair logits(DType::fp32, {T, E}), bias(DType::fp32, {E}), ids(DType::int32, {T, k}),
+        w(DType::fp32, {T, k}), counts(DType::int32, {E});
+    std::vector<float> l = randn(size_t(T * E), 2.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = l.data() + t * E;
+      const int64_t a = t % E;
+      // Row kinds by t % 5: two NaNs; tied +inf; -inf and a NaN; all tied; signed zeros.
+      const int kind = int(t % 5);
+      if (kind == 0) row[a] = nan, row[(a + 7) % E] = nan;
+      if (kind == 1) row[a] = inf, row[(a + 3) % E] = inf;
+      if (kind == 2) row[a] = -inf, row[(a + 1) % E] = nan;
+      if (kind == 3) std::fill(row, row + E, 0.5f);
+      if (kind == 4) row[a] = -0.0f, row[(a + 9) % E] = 0.0f;
+    }
+    logits.fill_floats(l);
+    auto args = [&](bool dev) {
+      auto v = [&](Pair& p) -> TensorView { return dev ? p.dev.view() : p.host; };
+      return RouterArgs{
+          .logits = v(logits), .expert_ids = v(ids), .weights = v(w), .counts = v(counts)};
+    };
+    moe_router_forward(cpu, c, args(false));
+    moe_router_forward(gpu, c, args(true));
+    EXPECT_NO_THROW(gpu.check());
+    ids.expect_same("expert ids");
+    counts.expect_same("counts");
+    const std::vector<float> gw = to_host<float>(w.dev);
+    for (int64_t i = 0; i < T * k; ++i) {  // NaN payloads may differ between the backends
+      const float a = gw[size_t(i)], b = w.h<float>()[i];
+      EXPECT_TRUE((std::isnan(a) && std::isnan(b)) || float_bits(a) == float_bits(b))
+          << "weight " << i << ": gpu " << a << ", cpu " << b;
+    }
+  }
+}
 
 TEST(RouterGemmGpu, LogitsAndBackwardMatchCpu) {
   GROUPMM_REQUIRE_GPU();
