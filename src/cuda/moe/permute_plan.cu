@@ -22,6 +22,7 @@ struct PlanConfig {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kScanThreads = 1024;  // one expert per thread (E <= 1024)
   static constexpr int kMaxExperts = 1024;
+  static constexpr int kIdBatch = 8;  // count / rank: steps of 32 entries whose ids load together
   static_assert(kScanThreads >= kMaxExperts, "the scan kernel gives each expert a thread");
   static_assert(kScanThreads % 32 == 0, "whole warps");
 };
@@ -54,22 +55,36 @@ __global__ void __launch_bounds__(PlanConfig::kThreads) plan_chunk_kernel(PlanPa
   for (int e = lane; e < p.E; e += 32) cnt[e] = kRank ? p.hist[e * p.NC + c] : 0;
   __syncwarp();
   const int64_t end = min(p.T, (c + 1) * kPlanChunkTokens) * p.k;
-  for (int64_t base = c * kPlanChunkTokens * p.k; base < end; base += 32) {
-    const int64_t i = base + lane;
-    const bool in = i < end;
-    const int e = in ? p.ids[i] : -1;
-    const bool valid = in && e >= 0 && e < p.E;
-    if (!kRank && in && !valid)
-      report_fault(p.status, kFaultBadIndex, OpId::moe_permute, int32_t(i / p.k), e);
-    // lanes naming the same expert: the lower lanes are earlier entries
-    const unsigned peers = __match_any_sync(kFullMask, valid ? e : -1);
-    const int before = __popc(peers & ((1u << lane) - 1u));
-    const int rank = valid ? cnt[e] + before : 0;
-    __syncwarp();  // every lane has read its counter before the group's first lane bumps it
-    if (valid && before == 0) cnt[e] += __popc(peers);
-    __syncwarp();
-    if (kRank && in)
-      p.dest[i] = valid && (p.capacity == 0 || rank < p.capacity) ? starts[e] + rank : -1;
+  // The ids of kIdBatch steps are loaded before the first of them is ranked: one global-load
+  // latency per batch, not per step (the steps are serial through the counters).
+  constexpr int B = PlanConfig::kIdBatch;
+  for (int64_t base0 = c * kPlanChunkTokens * p.k; base0 < end; base0 += 32 * B) {
+    int32_t batch[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int64_t i = base0 + 32 * b + lane;
+      batch[b] = i < end ? p.ids[i] : -1;
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int64_t base = base0 + 32 * b;
+      if (base >= end) break;  // warp-uniform
+      const int64_t i = base + lane;
+      const bool in = i < end;
+      const int e = batch[b];
+      const bool valid = in && e >= 0 && e < p.E;
+      if (!kRank && in && !valid)
+        report_fault(p.status, kFaultBadIndex, OpId::moe_permute, int32_t(i / p.k), e);
+      // lanes naming the same expert: the lower lanes are earlier entries
+      const unsigned peers = __match_any_sync(kFullMask, valid ? e : -1);
+      const int before = __popc(peers & ((1u << lane) - 1u));
+      const int rank = valid ? cnt[e] + before : 0;
+      __syncwarp();  // every lane has read its counter before the group's first lane bumps it
+      if (valid && before == 0) cnt[e] += __popc(peers);
+      __syncwarp();
+      if (kRank && in)
+        p.dest[i] = valid && (p.capacity == 0 || rank < p.capacity) ? starts[e] + rank : -1;
+    }
   }
   if constexpr (!kRank) {
     for (int e = lane; e < p.E; e += 32) p.hist[e * p.NC + c] = cnt[e];
