@@ -308,8 +308,7 @@ Tensor unpermute_autograd(c10::DispatchKeySet ks, const Tensor& y_perm, const Te
   return Unpermute::apply(y_perm, dest_row, row_start, kept, splits, align, capacity, add);
 }
 
-// ---- the non-differentiable ops
-// ------------------------------------------------------------------
+// ---- the non-differentiable ops --------------------------------------------------------------
 
 // Quantized tensors, plans and offsets carry no gradient. Their Autograd kernel only steps below
 // autograd (torch's rule for a non-differentiable op): without one, every call ran the

@@ -41,9 +41,9 @@ struct RowGeometry {
     const int64_t cap = int64_t(std::max(ctx.sm_count(), 1)) * MoverConfig::kCtasPerSm;
     grid = n > 0 ? unsigned(std::min(qnum::ceil_div(n, int64_t(rows_per_cta)), cap)) : 0u;
   }
-  // Caps the grid at the CTAs of `kernel` resident at once (occupancy.cuh: the kernels hold 32-46
-  // registers, so 8 CTAs of 256 threads per SM do not all fit, and the rest would run as a
-  // second wave at low occupancy). Host only, before the launch.
+  // Caps the grid at the CTAs of `kernel` resident at once (occupancy.cuh: 8 CTAs of 256 threads
+  // per SM fit only kernels of at most 32 registers; the rest would run as a second wave at low
+  // occupancy). Host only, before the launch.
   template <class... KArgs>
   void fit(const Context& ctx, void (*kernel)(KArgs...)) {
     if (grid > 0)

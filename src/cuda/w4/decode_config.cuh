@@ -51,15 +51,11 @@ struct DecodeConfig {
 };
 
 // CTAs per SM of the variant with kTokenTiles token tiles (its __launch_bounds__; the host's
-// grid uses the same number). The kernel is bound by instruction issue (about 470 instructions
-// per warp and step, two thirds of them the dequantization), not by loads in flight: a ring of
-// 3-4 cp.async stages per CTA (48-96 KiB in flight per SM) was 15-60% slower than one
-// register-held step ahead, deeper rings with fewer CTAs slower still
-// (bench/logs/w4_decode_ring_2026-11-25_h100.txt), and bulk L2 prefetches 13-18% slower
-// (w4_l2prefetch_2026-11-24_h100.txt). So the most warps that fit without spilling in the step
-// loop win: three CTAs (80 registers) with 8 or 16 tokens per pass; with 32 the accumulators
-// spill there, and two CTAs (128 registers) measured 9% faster; four CTAs (64 registers) spill
-// and lose 4-9% (w4_decode_occupancy_2026-11-25_h100.txt).
+// grid uses the same number). The kernel is bound by instruction issue (most of a step is the
+// dequantization), not by loads in flight: cp.async rings and bulk L2 prefetches measured slower
+// than one register-held step ahead. So the most warps that fit without spilling in the step loop
+// win: three CTAs with 8 or 16 tokens per pass; two with 32, whose accumulators spill at three;
+// four spill at every size. The measurements: bench/RESULTS.md, "4-bit decode".
 constexpr int decode_blocks_per_sm(int token_tiles) {
   return token_tiles == 4 ? 2 : 3;
 }
