@@ -61,7 +61,10 @@
 //                          element offset K*cb_start_g, scale (k, j) at K*(cb_start_g + j) + k;
 //                          buffer [M/128 + G, K]. 128x128: per expert [nb_g, K/128].
 // Per-expert padding inside a swizzled block is written as 0. Entries of a scale buffer past the
-// last expert's block (the slack of the host-known bound) are left unwritten.
+// last expert's blocks (the slack of the host-known bound; for mn_major rowwise scales, each scale
+// column's entries past the splits' sum) are written 0, so no byte of a scale buffer depends on
+// what its allocator handed out. Exception: plain 1xB rowwise scales ([M, K/B]) leave the rows
+// past sum(splits) unwritten, as the data rows.
 // fp8_current: scale_inv [G] fp32 serves both copies; amax [G] fp32 is written.
 // nvfp4: amax [G] and global_scale [G] (S_enc) fp32 are written; dequant = q * fp32(s_b) / S_enc,
 // and a GEMM's per-expert alpha is (1/S_enc_a) * (1/S_enc_b). mxfp4 has no per-expert scalars.
@@ -211,7 +214,9 @@ size_t group_dequantize_workspace_size(const Context& ctx, const GroupDequantize
 // Converts grouped 1-byte scales (e8m0 or fp8e4m3) between the plain and the swizzled layout
 // described above. columnwise=false: rowwise scales, plain [M, C] <-> swizzled
 // [M + 127*G, roundup(C,4)]. columnwise=true: per-expert [K, nb_g] (nb_g = ceil(m_g/block)) plain
-// <-> swizzled (C = K). Swizzling writes padding as 0. Graph safe as group_quantize.
+// <-> swizzled (C = K). Swizzling writes padding and the slack past the last expert's blocks as
+// 0; unswizzling writes the plain columnwise slack as 0 (plain rowwise rows past sum(splits) stay
+// unwritten). Graph safe as group_quantize.
 struct SwizzleScalesArgs {
   TensorView splits;       // [G] device row counts of the quantized tensor, or absent (weights):
   int64_t groups = 0;      // then G = groups uniform groups of rows_total / G rows
@@ -238,10 +243,11 @@ size_t swizzle_scales_workspace_size(int64_t G);
 //   scales [G, N, K/32]      each block's E8M0 exponent: the plain rowwise scale layout.
 // import_mxfp4_weights relays them into the rowwise copy that group_quantize writes for weights
 // with config {mxfp4, rowwise, weights.scale_layout} (plain: copies; swizzled: the 128x4 layout
-// with zero padding); export_mxfp4_weights is the inverse. A relayout, never a requantization:
-// import then export returns the checkpoint's bytes, and importing the blocks and scales of values
-// equals quantizing those values. Both backends; stream-ordered copies (graph safe; the swizzled
-// layout needs swizzle_scales_workspace_size(G) bytes of workspace, or the Context's).
+// with zero padding and zero slack); export_mxfp4_weights is the inverse. A relayout, never a
+// requantization: import then export returns the checkpoint's bytes, and importing the blocks and
+// scales of values equals quantizing those values. Both backends; stream-ordered copies (graph
+// safe; the swizzled layout needs swizzle_scales_workspace_size(G) bytes of workspace, or the
+// Context's).
 struct Mxfp4CheckpointArgs {
   int64_t G = 0, N = 0, K = 0;  // the weights' shape; K a multiple of 32
   // Checkpoint side: any views of the right byte count (a TensorView has rank <= 3; view blocks

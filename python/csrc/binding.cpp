@@ -182,18 +182,11 @@ at::Tensor Call::empty(at::IntArrayRef shape, at::ScalarType dtype) {
                                    std::nullopt);
 }
 
-at::Tensor Call::empty(const groupmm::TensorSpec& s, bool zeroed) {
+at::Tensor Call::empty(const groupmm::TensorSpec& s) {
   if (!s.present()) return empty({0}, at::kFloat);
   std::vector<int64_t> shape(s.shape.begin(), s.shape.begin() + s.rank);
   if (s.dtype == groupmm::DType::fp4e2m1x2) shape.back() = (shape.back() + 1) / 2;
-  at::Tensor t = empty(shape, torch_dtype(s.dtype));
-  // Zeroed with the core's fill (a cudaMemsetAsync on the op's stream, or a memset): a tensor
-  // zero_() goes through the dispatcher and a TensorIterator fill kernel, several us of host time.
-  if (zeroed && t.nbytes() > 0)
-    groupmm::fill_bytes(groupmm::TensorView(t.data_ptr(), groupmm::DType::e8m0, core_device(),
-                                            {static_cast<int64_t>(t.nbytes())}),
-                        0, ctx_->stream());
-  return t;
+  return empty(shape, torch_dtype(s.dtype));
 }
 
 void* Call::workspace(size_t bytes) {

@@ -75,10 +75,9 @@ class Call {
   // A new output tensor from torch's allocator, and its view.
   at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype);
   // A new tensor for a quantized output of group_quantize_shapes (an absent spec gives an absent
-  // tensor; packed fp4 data is uint8 [rows, K/2]). Scale buffers are asked for zeroed: the core
-  // leaves their slack (the host-known bound past the last expert's blocks) unwritten, and
-  // results should not depend on what the allocator hands out.
-  at::Tensor empty(const groupmm::TensorSpec& spec, bool zeroed = false);
+  // tensor; packed fp4 data is uint8 [rows, K/2]). Not zeroed: the ops write every scale byte,
+  // the slack past the last expert's blocks included (quantize.hpp "Layouts").
+  at::Tensor empty(const groupmm::TensorSpec& spec);
   // Workspace bytes from torch's allocator (stream-ordered on CUDA, graph-pool aware while
   // capturing), alive until the Call ends; nullptr for 0 bytes.
   void* workspace(size_t bytes);

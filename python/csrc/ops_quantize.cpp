@@ -65,13 +65,9 @@ Bound bind_group_quantize(Call& call, const at::Tensor& input,
   const int64_t G = splits ? splits->size(0) : input.size(0);
   const int64_t K = input.size(-1), rows = input.numel() / std::max<int64_t>(K, 1);
   const auto s = groupmm::group_quantize_shapes(rows, K, G, a.config);
-  // Plain 1xB rowwise scales ([M, K/B], mxfp8 and fp8_block) have no slack: the core writes
-  // every row it writes data for (rows past sum(splits) are unwritten in both), so they are not
-  // zeroed (one fill kernel less per call); the other scale layouts have slack and are.
-  const bool row_slack = a.config.scale_layout != groupmm::ScaleLayout::plain || block_2d ||
-                         a.config.recipe == groupmm::QuantRecipe::fp8_current;
-  std::vector<at::Tensor> q{call.empty(s.data), call.empty(s.scale_inv, row_slack),
-                            call.empty(s.columnwise_data), call.empty(s.columnwise_scale_inv, true),
+  // Nothing is zeroed here: the core writes every scale byte, slack included (quantize.hpp).
+  std::vector<at::Tensor> q{call.empty(s.data), call.empty(s.scale_inv),
+                            call.empty(s.columnwise_data), call.empty(s.columnwise_scale_inv),
                             call.empty(s.amax)};
   a.out.data = maybe_view(call, q[0], "data");
   a.out.scale_inv = maybe_view(call, q[1], "scale_inv");

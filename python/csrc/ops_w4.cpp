@@ -49,7 +49,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_quantize_w4(const at::Tenso
   a.config = w4_config(w4_recipe_of(recipe, op), layout_of(scale_layout, op));
   const int64_t G = w.size(0), N = w.size(1), K = w.size(2);
   const auto s = groupmm::group_quantize_shapes(G * N, K, G, a.config);
-  at::Tensor data = call.empty(s.data), scale = call.empty(s.scale_inv, true);
+  at::Tensor data = call.empty(s.data), scale = call.empty(s.scale_inv);  // the core writes slack
   at::Tensor amax = call.empty(s.amax), global = call.empty(s.global_scale);
   a.out.data = call.bytes(data, "data", groupmm::DType::fp4e2m1x2, {G * N, K});
   a.out.scale_inv = call.out(scale, "scale_inv");
@@ -157,7 +157,7 @@ std::tuple<at::Tensor, at::Tensor> import_mxfp4_weights(const at::Tensor& blocks
   a.scales = call.bytes(scales, "scales", groupmm::DType::e8m0, {c.G * c.N, c.K / 32});
   const auto cfg = w4_config(groupmm::QuantRecipe::mxfp4, layout_of(scale_layout, op));
   const auto s = groupmm::group_quantize_shapes(c.G * c.N, c.K, c.G, cfg);
-  at::Tensor data = call.empty(s.data), scale = call.empty(s.scale_inv, true);
+  at::Tensor data = call.empty(s.data), scale = call.empty(s.scale_inv);  // the core writes slack
   a.weights.data = call.bytes(data, "data", groupmm::DType::fp4e2m1x2, {c.G * c.N, c.K});
   a.weights.scale_inv = call.out(scale, "scale_inv");
   a.weights.scale_layout = cfg.scale_layout;

@@ -256,6 +256,29 @@ qnum::Layout make_layout(const QuantizeConfig& c, int64_t M, int64_t K, int64_t 
   return L;
 }
 
+qnum::ScaleSlack scale_slack(const qnum::Layout& L, const TensorSpec& s, bool columnwise) {
+  qnum::ScaleSlack z;
+  if (!s.present() || L.recipe == QuantRecipe::fp8_current) return z;
+  const int64_t esize = dtype_bits(s.dtype) / 8;
+  z.lines = 1;
+  z.line_bytes = s.numel() * esize;
+  if (columnwise) {  // per expert blocks at K * cb_start (swizzled: roundup(K, 128) * cs4_start)
+    z.unit = L.swizzled ? qnum::SlackUnit::col_blocks4 : qnum::SlackUnit::col_blocks;
+    z.unit_bytes = L.swizzled ? L.col_k128 : (L.fp8_2d ? L.K / 128 : L.K) * esize;
+  } else if (L.mn_major) {  // [K/128, ld]: each scale column's tokens (or 128-row blocks)
+    z.lines = s.shape[0];
+    z.line_bytes = s.shape[1] * esize;
+    z.unit = L.fp8_2d ? qnum::SlackUnit::tiles : qnum::SlackUnit::rows;
+    z.unit_bytes = esize;
+  } else if (L.fp8_2d || L.swizzled) {  // per 128-row tile of an expert
+    z.unit = qnum::SlackUnit::tiles;
+    z.unit_bytes = L.fp8_2d ? L.row_ncols * esize : 128 * L.row_kp;
+  } else {  // plain 1xB: rows past the splits' sum stay unwritten, as their data
+    z.lines = 0;
+  }
+  return z;
+}
+
 static void check_out(const char* op, const char* arg, const TensorView& v, const TensorSpec& s,
                       Device dev, bool aligned16) {
   if (!s.present()) return;
@@ -321,6 +344,8 @@ QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs&
   check_out(op, detail::cat(qname, ".amax").c_str(), a.out.amax, s.amax, d, false);
   check_out(op, detail::cat(qname, ".global_scale").c_str(), a.out.global_scale, s.global_scale, d,
             false);
+  if (p.rowwise) p.row_slack = scale_slack(p.L, s.scale_inv, false);
+  if (p.columnwise) p.col_slack = scale_slack(p.L, s.columnwise_scale_inv, true);
   return p;
 }
 

@@ -12,7 +12,11 @@ struct QuantProblem {
   bool uniform = false;  // weights: every expert has M/G rows
   qnum::Layout L;
   bool rowwise = false, columnwise = false;
+  qnum::ScaleSlack row_slack, col_slack;  // of the scale buffers this call writes (lines 0: none)
 };
+
+// The slack of a scale buffer of spec `s` (group_quantize_shapes) in layout L.
+qnum::ScaleSlack scale_slack(const qnum::Layout& L, const TensorSpec& s, bool columnwise);
 
 // iname / qname: how messages name the bf16/fp16/fp32 tensor and the quantized GroupedTensor.
 QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs& a, const char* op,
@@ -25,7 +29,7 @@ namespace groupmm::cpu {
 void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem& p,
                     const TensorView& dbias);
 void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantProblem& p);
-void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a);
+void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, const qnum::ScaleSlack& dest_slack);
 }  // namespace groupmm::cpu
 
 namespace groupmm::cuda {
@@ -40,5 +44,6 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
                     const TensorView& dbias, void* ws, size_t ws_bytes);
 void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantProblem& p, void* ws,
                       size_t ws_bytes);
-void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t ws_bytes);
+void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, const qnum::ScaleSlack& dest_slack,
+                    void* ws, size_t ws_bytes);
 }  // namespace groupmm::cuda

@@ -112,6 +112,31 @@ GROUPMM_HD int64_t col_scale_index(const Layout& L, const Geom& g, int64_t nb, i
   return col_scale_index_swizzled(L, g, nb, k, j);
 }
 
+// ---- Scale slack ------------------------------------------------------------------------------
+// A scale buffer is sized for any routing (host-known bounds); its entries past the blocks the
+// experts own are the slack, and group_quantize writes them 0 (quantize.hpp "Layouts"), so a
+// buffer's bytes never depend on what an allocator handed out. The slack is the tail of `lines`
+// runs of `line_bytes` each (one run; one per scale column for the mn_major rowwise layout, whose
+// tokens are contiguous): run l owns its first unit_bytes * (a total of `end`, the geometry after
+// the last expert) bytes. lines = 0: nothing written (fp8_current's [G] scales have no slack; plain
+// 1xB rowwise scales leave rows past the splits' sum unwritten, as their data rows).
+enum class SlackUnit : uint8_t { rows, tiles, col_blocks, col_blocks4 };
+struct ScaleSlack {
+  int64_t lines = 0;
+  int64_t line_bytes = 0;
+  int64_t unit_bytes = 0;
+  SlackUnit unit = SlackUnit::rows;
+};
+// The first slack byte of each run, given the end geometry (the plan's entry G).
+GROUPMM_HD int64_t slack_start(const ScaleSlack& s, const Geom& end) {
+  const int64_t n = s.unit == SlackUnit::rows         ? end.start
+                    : s.unit == SlackUnit::tiles      ? end.tile_start
+                    : s.unit == SlackUnit::col_blocks ? end.cb_start
+                                                      : end.cs4_start;
+  const int64_t b = n * s.unit_bytes;
+  return b < s.line_bytes ? b : s.line_bytes;
+}
+
 // Dequantization in two parts, so that a kernel can read a block's scale once for all of its
 // elements and still compute exactly dequant_value: the scale part every element of one scale
 // block shares (value = canon_nan(q * mul), or canon_nan((q * mul) / div) for nvfp4; mxfp4: e2m1

@@ -72,8 +72,24 @@ void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t w
                ctx.device());
   check_scales("swizzled", a.swizzled,
                swizzled_scales_numel(a.rows_total, a.cols, G, a.columnwise, a.block), ctx.device());
+  // The destination's slack (quantize.hpp "Layouts"), written 0 by both backends: swizzled scales;
+  // plain columnwise scales (plain rowwise ones leave rows past the splits' sum unwritten).
+  qnum::ScaleSlack slack;
+  if (!a.unswizzle || a.columnwise) {
+    slack.lines = 1;
+    if (!a.unswizzle) {
+      slack.line_bytes = swizzled_scales_numel(a.rows_total, a.cols, G, a.columnwise, a.block);
+      slack.unit = a.columnwise ? qnum::SlackUnit::col_blocks4 : qnum::SlackUnit::tiles;
+      slack.unit_bytes =
+          a.columnwise ? qnum::round_up(a.cols, 128) : 128 * qnum::round_up(a.cols, 4);
+    } else {
+      slack.line_bytes = plain_scales_numel(a.rows_total, a.cols, G, true, a.block);
+      slack.unit = qnum::SlackUnit::col_blocks;
+      slack.unit_bytes = a.cols;
+    }
+  }
   if (ctx.device() == Device::CPU) {
-    cpu::swizzle_scales(ctx, a);
+    cpu::swizzle_scales(ctx, a, slack);
   } else {
     const size_t need = swizzle_scales_workspace_size(G);
     if (ws == nullptr) {
@@ -81,7 +97,7 @@ void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t w
       ws_bytes = need;
     }
     GROUPMM_CHECK(ws_bytes >= need, op, ": workspace_bytes=", ws_bytes, " must be >= ", need);
-    cuda::swizzle_scales(ctx, a, ws, ws_bytes);
+    cuda::swizzle_scales(ctx, a, slack, ws, ws_bytes);
   }
   ctx.after_op();
 }

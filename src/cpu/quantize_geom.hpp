@@ -35,4 +35,14 @@ inline std::vector<qnum::Geom> quant_geoms(Context& ctx, const TensorView& split
   return out;
 }
 
+// The geometry after the last expert (the plan kernel's entry G): the totals of rows, tiles and
+// column blocks.
+inline qnum::Geom quant_end_geom(const std::vector<qnum::Geom>& geo, int col_block) {
+  if (geo.empty()) return {};
+  const qnum::Geom& l = geo.back();
+  const int64_t nb = qnum::ceil_div(l.rows, col_block);
+  return {l.start + l.rows, 0, l.tile_start + qnum::ceil_div(l.rows, qnum::kTileRows),
+          l.cb_start + nb, l.cs4_start + qnum::round_up(nb, 4)};
+}
+
 }  // namespace groupmm::cpu

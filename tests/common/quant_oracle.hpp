@@ -217,7 +217,7 @@ struct Problem {
 
 // Where an expected byte comes from: the buffer, the expert, and (row, column) in the expert's
 // un-transposed [m_g, K] (data), or (row, block column) / (block row, column) (scales).
-enum class Part : uint8_t { data, scale, col_data, col_scale, scale_pad, col_scale_pad };
+enum class Part : uint8_t { data, scale, col_data, col_scale, scale_pad, col_scale_pad, slack };
 inline uint64_t tag(Part part, int64_t g, int64_t r, int64_t c) {
   return (uint64_t(part) + 1) << 60 | uint64_t(g & 0xFFFF) << 44 | uint64_t(r & 0x3FFFFF) << 22 |
          uint64_t(c & 0x3FFFFF);
@@ -228,14 +228,15 @@ inline std::string describe(uint64_t t) {
                                 "columnwise_data",
                                 "columnwise_scale_inv",
                                 "scale_inv padding",
-                                "columnwise_scale_inv padding"};
+                                "columnwise_scale_inv padding",
+                                "scale slack"};
   if (t == 0) return "unspecified byte";
   return std::string(names[(t >> 60) - 1]) + " of expert " + std::to_string((t >> 44) & 0xFFFF) +
          " at (" + std::to_string((t >> 22) & 0x3FFFFF) + ", " + std::to_string(t & 0x3FFFFF) + ")";
 }
 
-// Expected bytes of one output buffer; tag 0 marks bytes the library need not write (the slack
-// past the last expert).
+// Expected bytes of one output buffer; tag 0 marks bytes the library need not write (rows past
+// the splits' sum of data and plain 1xB rowwise scales).
 struct Expected {
   std::vector<uint8_t> bytes;
   std::vector<uint64_t> tags;
@@ -442,6 +443,31 @@ inline Outputs quantize(const Problem& p, const QuantizeConfig& cfg,
     tile_start += (m + 127) / 128;
     cb_start += nb;
     cs4_start += Jp;
+  }
+  // The scale buffers' slack, written 0 (quantize.hpp "Layouts"): bytes [from, to) of each buffer.
+  auto slack = [&](Expected& E, int64_t from, int64_t to) {
+    for (int64_t i = from; i < to; ++i)
+      if (!E.set(i, 0, tag(Part::slack, 0, 0, i))) fail(tag(Part::slack, 0, 0, i));
+  };
+  const int64_t es = R == QuantRecipe::fp8_block ? 4 : 1;  // scale bytes
+  const auto row_bytes = static_cast<int64_t>(o.scale_inv.bytes.size());
+  const auto col_bytes = static_cast<int64_t>(o.columnwise_scale_inv.bytes.size());
+  if (R != QuantRecipe::fp8_current && has_rowwise(cfg.direction)) {
+    if (mn) {  // per scale column c: its entries past the last expert's rows (128-row blocks)
+      const int64_t ld = fp8_2d ? rs_ld_2d : Mp, used = fp8_2d ? tile_start : start;
+      for (int64_t c = 0; c < ncols; ++c)
+        slack(o.scale_inv, es * (c * ld + used), es * (c + 1) * ld);
+    } else if (fp8_2d) {
+      slack(o.scale_inv, es * tile_start * ncols, row_bytes);
+    } else if (swz) {
+      slack(o.scale_inv, tile_start * 128 * Kp, row_bytes);
+    }
+  }
+  if (R != QuantRecipe::fp8_current && has_columnwise(cfg.direction)) {
+    if (swz)
+      slack(o.columnwise_scale_inv, (K + 127) / 128 * 128 * cs4_start, col_bytes);
+    else
+      slack(o.columnwise_scale_inv, es * (fp8_2d ? K / 128 : K) * cb_start, col_bytes);
   }
   return o;
 }

@@ -145,6 +145,8 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.q_col = static_cast<uint8_t*>(a.out.columnwise_data.data);
   tp.s_row = a.out.scale_inv.data;
   tp.s_col = a.out.columnwise_scale_inv.data;
+  tp.slack_row = p.row_slack;
+  tp.slack_col = p.col_slack;
   tp.amax_bits = amax_bits;
   tp.slots = pa.amax_slots;
   tp.scale_inv_g =

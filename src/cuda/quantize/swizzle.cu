@@ -1,8 +1,10 @@
 // CUDA swizzle_scales: one CTA per 128-row block of an expert's padded scale matrix (rowwise: one
 // per 128-row tile of the expert; columnwise: one per (expert, 128 rows of K)). Swizzling writes
-// every padded entry (0 for padding); unswizzling writes only the real entries.
+// every padded entry (0 for padding); unswizzling writes only the real entries. Every CTA first
+// zeroes its share of the destination's slack (slack.cuh).
 #include "core/quantize_impl.hpp"
 #include "cuda/quantize/plan.cuh"
+#include "cuda/quantize/slack.cuh"
 
 namespace groupmm::cuda {
 namespace {
@@ -16,13 +18,21 @@ struct SwizzleParams {
   bool unswizzle;
   uint8_t* plain;
   uint8_t* swz;
+  qnum::ScaleSlack slack;  // of the destination, zeroed by every CTA's share
 };
+
+__device__ __forceinline__ void zero_dest_slack(const SwizzleParams& p, int64_t block,
+                                                int64_t blocks, int threads) {
+  zero_scale_slack(p.unswizzle ? p.plain : p.swz, p.slack, p.plan.geom(p.plan.G),
+                   block * threads + threadIdx.x, blocks * threads);
+}
 
 // blockIdx.x: global row tile (rowwise).
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) swizzle_rows_kernel(SwizzleParams p) {
   const int64_t G = p.plan.G;
   const int64_t t = blockIdx.x;
+  zero_dest_slack(p, t, gridDim.x, Cfg::kThreads);
   if (t >= p.plan.tile_start[G]) return;
   const qnum::Geom g = p.plan.geom(find_expert(p.plan.tile_start, G, t));
   const int64_t lt = t - g.tile_start;
@@ -44,6 +54,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) swizzle_rows_kernel(SwizzlePara
 // blockIdx.x: 128-row block of K, blockIdx.y: expert (columnwise [K, nb_g] matrices).
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) swizzle_cols_kernel(SwizzleParams p) {
+  zero_dest_slack(p, int64_t(blockIdx.y) * gridDim.x + blockIdx.x, int64_t(gridDim.x) * gridDim.y,
+                  Cfg::kThreads);
   const qnum::Geom g = p.plan.geom(blockIdx.y);
   if (g.rows == 0) return;
   const int64_t K = p.cols, nb = qnum::ceil_div(g.rows, p.block), Jp = qnum::round_up(nb, 4);
@@ -64,7 +76,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) swizzle_cols_kernel(SwizzlePara
 
 }  // namespace
 
-void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t) {
+void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, const qnum::ScaleSlack& dest_slack,
+                    void* ws, size_t) {
   const int64_t G = a.splits.present() ? a.splits.dim(0) : a.groups;
   const QuantPlan plan = plan_view(ws, G);
   QuantPlanArgs pa;
@@ -78,7 +91,8 @@ void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t) 
                   a.block,
                   a.unswizzle,
                   static_cast<uint8_t*>(a.plain.data),
-                  static_cast<uint8_t*>(a.swizzled.data)};
+                  static_cast<uint8_t*>(a.swizzled.data),
+                  dest_slack};
   if (a.columnwise) {
     const dim3 grid(static_cast<unsigned>(qnum::ceil_div(a.cols, 128)), static_cast<unsigned>(G));
     swizzle_cols_kernel<SwizzleConfig><<<grid, SwizzleConfig::kThreads, 0, ctx.stream()>>>(p);

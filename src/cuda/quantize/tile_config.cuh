@@ -9,6 +9,7 @@
 //   tile_rows.cuh      the rowwise copy of a tile
 //   tile_columns.cuh   the columnwise copy of a tile and its bias-gradient sums
 //   tile_kernel.cuh    the kernel body and its launcher
+//   slack.cuh          the scale buffers' slack, zeroed by every CTA (also used by swizzle.cu)
 // instances_<recipe>.cu instantiate the variants; dispatch.cu picks one per call.
 //
 // Work items are tiles of 128 expert-local rows x 128 columns (row tile t of the expert's
@@ -124,6 +125,7 @@ struct TileParams {
   uint8_t* q_col;
   void* s_row;
   void* s_col;
+  qnum::ScaleSlack slack_row, slack_col;  // written 0 by the kernel (quantize_layout.hpp)
   uint32_t* amax_bits;   // [G] per-expert amax (fused: output; else complete on entry)
   uint32_t* slots;       // fused: [items] each amax item's maximum, kSlotEmpty until written
   float* scale_inv_g;    // fp8_current [G]

@@ -5,6 +5,7 @@
 #include <array>
 
 #include "cuda/common/launch.cuh"
+#include "cuda/quantize/slack.cuh"
 #include "cuda/quantize/tile_columns.cuh"
 #include "cuda/quantize/tile_rows.cuh"
 
@@ -92,7 +93,20 @@ __global__ void __launch_bounds__(TileConfig::kThreads, V::kMinBlocks)
     }
   }
   __syncthreads();
-  if (ring[0].kind == kItemNone) return;
+  // The scale buffers' slack: every CTA's share once its items are done (also a CTA without
+  // items). Not before the loop: the values live into the loop left no registers for it (spills
+  // under the 64-register budget).
+  auto zero_slack = [&] {
+    const qnum::Geom end = sched.plan.geom(p.plan.G);
+    const int64_t worker = int64_t(blockIdx.x) * Cfg::kThreads + threadIdx.x;
+    const int64_t workers = int64_t(gridDim.x) * Cfg::kThreads;
+    if (p.rowwise) zero_scale_slack(p.s_row, p.slack_row, end, worker, workers);
+    if (p.colwise) zero_scale_slack(p.s_col, p.slack_col, end, worker, workers);
+  };
+  if (ring[0].kind == kItemNone) {
+    zero_slack();
+    return;
+  }
 
   auto load_item = [&](const uint8_t* buf, const ItemInfo& it) {
     S::load_async(buf, it, tid, row_elems);
@@ -177,6 +191,7 @@ __global__ void __launch_bounds__(TileConfig::kThreads, V::kMinBlocks)
     if (!has_next) break;
     buf_index = buf_index + 1 == kStages ? 0 : buf_index + 1;
   }
+  zero_slack();
 }
 
 namespace tile {
