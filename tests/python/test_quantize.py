@@ -48,6 +48,34 @@ def test_round_trip(device, recipe, layout, from_columnwise):
     assert all(torch.equal(a.view(torch.uint8), b) for a, b in zip(q, before))  # inputs unchanged
 
 
+@pytest.mark.parametrize("recipe,layout,weights", [
+    ("mxfp8", "plain", False), ("mxfp8", "swizzled", False), ("fp8_block", "plain", False),
+    ("fp8_block", "mn_major", False), ("fp8_block", "plain", True), ("fp8_block", "mn_major", True)])
+def test_every_output_byte_is_written(device, recipe, layout, weights):
+    """The core writes every byte of group_quantize's outputs when the splits cover all rows,
+    including the scales' slack past the last expert's blocks (quantize.hpp), and the binding
+    fills nothing: the bytes equal those written into buffers that torch's deterministic mode
+    filled first (at::empty with fill_uninitialized_memory: NaN / max-value bytes)."""
+    if weights:
+        x, splits = torch.randn(3, 96, K, device=device, dtype=torch.bfloat16), None
+    else:
+        x, splits = activations(device), make_splits(COUNTS, device)
+    kw = dict(scale_layout=layout, block_2d=weights)
+    torch.empty(1 << 20, device=device, dtype=torch.uint8).fill_(0x5A)  # dirty freed memory
+    plain = [t.view(torch.uint8).clone() for t in ops.group_quantize(x, splits, recipe, **kw)]
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    old = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        filled = ops.group_quantize(x, splits, recipe, **kw)
+    finally:
+        torch.use_deterministic_algorithms(old)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+    for a, b in zip(plain, filled):
+        assert torch.equal(a, b.view(torch.uint8))
+
+
 def test_weights_are_quantized_per_expert(device):
     w = torch.randn(3, 32, K, device=device, dtype=torch.bfloat16)
     w[1] *= 100
