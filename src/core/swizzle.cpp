@@ -72,22 +72,20 @@ void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, void* ws, size_t w
                ctx.device());
   check_scales("swizzled", a.swizzled,
                swizzled_scales_numel(a.rows_total, a.cols, G, a.columnwise, a.block), ctx.device());
-  // The destination's slack (quantize.hpp "Layouts"), written 0 by both backends: swizzled scales;
-  // plain columnwise scales (plain rowwise ones leave rows past the splits' sum unwritten).
-  qnum::ScaleSlack slack;
-  if (!a.unswizzle || a.columnwise) {
-    slack.lines = 1;
-    if (!a.unswizzle) {
-      slack.line_bytes = swizzled_scales_numel(a.rows_total, a.cols, G, a.columnwise, a.block);
-      slack.unit = a.columnwise ? qnum::SlackUnit::col_blocks4 : qnum::SlackUnit::tiles;
-      slack.unit_bytes =
-          a.columnwise ? qnum::round_up(a.cols, 128) : 128 * qnum::round_up(a.cols, 4);
-    } else {
-      slack.line_bytes = plain_scales_numel(a.rows_total, a.cols, G, true, a.block);
-      slack.unit = qnum::SlackUnit::col_blocks;
-      slack.unit_bytes = a.cols;
-    }
-  }
+  // The destination's slack (quantize.hpp "Layouts"), written 0 by both backends: the layout
+  // group_quantize writes for these 1-byte scales (mxfp8's, or nvfp4's for 16-row column blocks).
+  QuantizeConfig c;
+  c.recipe = a.columnwise && a.block == 16 ? QuantRecipe::nvfp4 : QuantRecipe::mxfp8;
+  c.scale_layout = a.unswizzle ? ScaleLayout::plain : ScaleLayout::swizzled;
+  const int64_t K = a.columnwise ? a.cols : a.cols * c.row_block();
+  TensorSpec dest;
+  dest.dtype = DType::e8m0;
+  dest.rank = 1;
+  dest.shape[0] = a.unswizzle
+                      ? plain_scales_numel(a.rows_total, a.cols, G, a.columnwise, a.block)
+                      : swizzled_scales_numel(a.rows_total, a.cols, G, a.columnwise, a.block);
+  const qnum::ScaleSlack slack =
+      scale_slack(make_layout(c, a.rows_total, K, G), dest, a.columnwise);
   if (ctx.device() == Device::CPU) {
     cpu::swizzle_scales(ctx, a, slack);
   } else {

@@ -56,7 +56,9 @@ struct Quantizer {
 void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem& p,
                     const TensorView& dbias) {
   const Layout& L = p.L;
-  const std::vector<Geom> geo = quant_geoms(ctx, a.splits, p.M, p.G, L.cb, OpId::group_quantize);
+  Geom end;  // after the last expert: where the scales' slack starts
+  const std::vector<Geom> geo =
+      quant_geoms(ctx, a.splits, p.M, p.G, L.cb, OpId::group_quantize, &end);
   Quantizer Q{a, p, L, to_floats(a.input)};
   const bool fp4 = qnum::is_fp4(L.recipe);
   const bool need_expert_amax =
@@ -147,16 +149,8 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
       for (int64_t k = 0; k < p.K; ++k) store_f(dbias, gi * p.K + k, d[static_cast<size_t>(k)]);
     }
   }
-  // The scale buffers' slack (qnum::ScaleSlack), as the CUDA tile kernel writes it.
-  const qnum::Geom end = quant_end_geom(geo, L.cb);
-  auto zero_slack = [&](const TensorView& t, const qnum::ScaleSlack& s) {
-    const int64_t from = qnum::slack_start(s, end);
-    for (int64_t l = 0; l < s.lines; ++l)
-      std::fill(t.ptr<uint8_t>() + l * s.line_bytes + from,
-                t.ptr<uint8_t>() + (l + 1) * s.line_bytes, uint8_t(0));
-  };
-  if (p.rowwise) zero_slack(a.out.scale_inv, p.row_slack);
-  if (p.columnwise) zero_slack(a.out.columnwise_scale_inv, p.col_slack);
+  if (p.rowwise) zero_scale_slack(a.out.scale_inv.ptr<uint8_t>(), p.row_slack, end);
+  if (p.columnwise) zero_scale_slack(a.out.columnwise_scale_inv.ptr<uint8_t>(), p.col_slack, end);
 }
 
 }  // namespace groupmm::cpu

@@ -2,16 +2,19 @@
 // kernel: negative splits count 0, rows clamped to the buffer; faults reported against `op`).
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
-#include "core/quantize_numerics.hpp"
+#include "core/quantize_layout.hpp"
 #include "cpu/cpu_util.hpp"
 
 namespace groupmm::cpu {
 
 // splits absent: G experts of rows_total / G rows each (weights).
+// end (optional): the geometry after the last expert (the plan kernel's entry G), the totals.
 inline std::vector<qnum::Geom> quant_geoms(Context& ctx, const TensorView& splits,
-                                           int64_t rows_total, int64_t G, int col_block, OpId op) {
+                                           int64_t rows_total, int64_t G, int col_block, OpId op,
+                                           qnum::Geom* end = nullptr) {
   std::vector<RowRange> rr;
   if (splits.present()) {
     rr = expert_rows(ctx, splits, rows_total, op);
@@ -32,17 +35,15 @@ inline std::vector<qnum::Geom> quant_geoms(Context& ctx, const TensorView& split
     cbs += nb;
     cs4 += qnum::round_up(nb, 4);
   }
+  if (end != nullptr) *end = {G > 0 ? out.back().start + out.back().rows : 0, 0, tiles, cbs, cs4};
   return out;
 }
 
-// The geometry after the last expert (the plan kernel's entry G): the totals of rows, tiles and
-// column blocks.
-inline qnum::Geom quant_end_geom(const std::vector<qnum::Geom>& geo, int col_block) {
-  if (geo.empty()) return {};
-  const qnum::Geom& l = geo.back();
-  const int64_t nb = qnum::ceil_div(l.rows, col_block);
-  return {l.start + l.rows, 0, l.tile_start + qnum::ceil_div(l.rows, qnum::kTileRows),
-          l.cb_start + nb, l.cs4_start + qnum::round_up(nb, 4)};
+// Writes a scale buffer's slack (qnum::ScaleSlack) as 0, as the CUDA kernels do.
+inline void zero_scale_slack(uint8_t* base, const qnum::ScaleSlack& s, const qnum::Geom& end) {
+  const int64_t from = qnum::slack_start(s, end);
+  for (int64_t l = 0; l < s.lines; ++l)
+    std::fill(base + l * s.line_bytes + from, base + (l + 1) * s.line_bytes, uint8_t(0));
 }
 
 }  // namespace groupmm::cpu

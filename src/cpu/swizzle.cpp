@@ -1,6 +1,4 @@
 // CPU reference of swizzle_scales: walk every entry of each expert's padded swizzled block.
-#include <algorithm>
-
 #include "core/quantize_impl.hpp"
 #include "cpu/quantize_geom.hpp"
 
@@ -8,8 +6,9 @@ namespace groupmm::cpu {
 
 void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, const qnum::ScaleSlack& dest_slack) {
   const int64_t G = a.splits.present() ? a.splits.dim(0) : a.groups;
+  qnum::Geom end;
   const auto geo = quant_geoms(ctx, a.splits, a.rows_total, G, a.columnwise ? a.block : 128,
-                               OpId::swizzle_scales);
+                               OpId::swizzle_scales, &end);
   uint8_t* plain = a.plain.ptr<uint8_t>();
   uint8_t* swz = a.swizzled.ptr<uint8_t>();
   for (const qnum::Geom& g : geo) {
@@ -39,13 +38,7 @@ void swizzle_scales(Context& ctx, const SwizzleScalesArgs& a, const qnum::ScaleS
         }
       }
   }
-  // The destination's slack past the last expert's blocks.
-  const int64_t from =
-      qnum::slack_start(dest_slack, quant_end_geom(geo, a.columnwise ? a.block : 128));
-  uint8_t* dest = a.unswizzle ? plain : swz;
-  for (int64_t l = 0; l < dest_slack.lines; ++l)
-    std::fill(dest + l * dest_slack.line_bytes + from, dest + (l + 1) * dest_slack.line_bytes,
-              uint8_t(0));
+  zero_scale_slack(a.unswizzle ? plain : swz, dest_slack, end);  // past the last expert's blocks
 }
 
 }  // namespace groupmm::cpu
