@@ -53,6 +53,20 @@ def cases(device, quick, grad=False):
     ]
 
 
+def reference_cases(device, quick):
+    """(name, call): torch's own ops and groupmm ops without a core-call hook, tiny tensors."""
+    T, E, k = (32, 4, 2) if quick else (128, 8, 2)
+    logits = torch.randn(T, E, device=device)
+    splits = torch.full((E,), 4, dtype=torch.int32, device=device)
+    ids = ops.router(logits, None, k, renormalize=True)[0]
+    return [
+        ("torch: logits + logits", lambda: logits + logits),
+        ("torch: topk(logits, k)", lambda: torch.topk(logits, k)),
+        ("groupmm: group_offsets", lambda: ops.group_offsets(splits)),
+        ("groupmm: permute_plan", lambda: ops.permute_plan(ids, E, 1, 0)),
+    ]
+
+
 def host_us_per_call(fn, device, n):
     fn()
     common.sync(device)
@@ -85,10 +99,19 @@ def main():
             result["ops"].append(dict(op=name, torch_us=torch_us, core_us=core_us,
                                       overhead_us=torch_us - core_us,
                                       met=torch_us - core_us <= 10.0))
+        # The host's own speed, to read the figures above against (the lent machine's host varies
+        # by up to 2x between calls): whole calls of torch's own ops on the same tiny tensors,
+        # kernel launch included, and ops of ours that the hook does not time.
+        result["reference"] = [
+            dict(op=name, torch_us=statistics.median(
+                host_us_per_call(call, device, n) for _ in range(reps)))
+            for name, call in reference_cases(device, args.quick)]
     print(f"host us per call{' (graph recorded)' if args.grad else ''}, median of {reps} loops "
           f"of {n} calls, {result['device']}, "
           f"torch {result['torch']} (target: overhead <= 10 us)")
     print(common.table(["op", "torch_us", "core_us", "overhead_us", "met"], result["ops"]))
+    print("host reference (whole calls through torch, us):")
+    print(common.table(["op", "torch_us"], result["reference"]))
     common.write_json(args.json, result)
 
 
