@@ -16,6 +16,9 @@
 // would overflow) then gives the weights above; the product is exact, so it equals the rule's value
 // rounded to bf16, which is the value itself. tests/cpu/test_w4_numerics.cpp checks every (code,
 // scale) pair on the host, tests/cuda/test_w4_numerics_gpu.cu on the device.
+// The multiply must come before the tensor core sees the weights: raw words are subnormal or tiny,
+// and a decode variant that fed them to the mma directly (block scales applied to the
+// accumulator) gave wrong sums (bench/RESULTS.md, "4-bit decode", session 19).
 #pragma once
 
 #include <cstdint>
