@@ -4,9 +4,13 @@
 // Every call must either succeed or throw groupmm::Error; Context::check() after it too. Any other
 // exception fails the run (exit 1); a crash fails it too (the failing case is printed first).
 //
-//   groupmm_fuzz [--seconds S] [--seed N] [--case I] [--verbose]
+//   groupmm_fuzz [--seconds S] [--seed N] [--case I --op NAME] [--verbose]
 //
-// --case I replays the one case a failure names (with its --seed).
+// --case I --op NAME replays the one case a failure names (with its --seed). Each case draws its
+// op family from its own seed, but a family that has taken more than a third of the run's time
+// gives way to the one furthest behind: drawn by count alone, the quantized GEMM (whose CPU
+// reference costs a hundred times a view check) took 88% of a run, and the other families got a
+// few hundred cases in the CI's 20 s. Which family a case ran is therefore part of its name.
 //
 // Buffers are allocated exactly to what their views claim (so AddressSanitizer sees any read or
 // write past them: scripts/sanitize_cpu.sh). A view's claim is only ever larger than its buffer
@@ -381,6 +385,7 @@ int run(int argc, char** argv) {
   uint64_t seed = 1;
   bool verbose = false;
   long only_case = -1;
+  const char* only_op = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc)
       seconds = std::atof(argv[++i]);
@@ -388,10 +393,14 @@ int run(int argc, char** argv) {
       seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--case") && i + 1 < argc)
       only_case = std::atol(argv[++i]);
+    else if (!std::strcmp(argv[i], "--op") && i + 1 < argc)
+      only_op = argv[++i];
     else if (!std::strcmp(argv[i], "--verbose"))
       verbose = true;
     else {
-      std::fprintf(stderr, "usage: groupmm_fuzz [--seconds S] [--seed N] [--case I] [--verbose]\n");
+      std::fprintf(
+          stderr,
+          "usage: groupmm_fuzz [--seconds S] [--seed N] [--case I --op NAME] [--verbose]\n");
       return 2;
     }
   }
@@ -420,6 +429,28 @@ int run(int argc, char** argv) {
     double seconds = 0;
   };
   std::map<std::string, Stat> stats;
+  size_t forced = ops.size();
+  if (only_op != nullptr) {
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (!std::strcmp(ops[i].first, only_op)) forced = i;
+    if (forced == ops.size()) {
+      std::fprintf(stderr, "groupmm_fuzz: --op %s is not an op family\n", only_op);
+      return 2;
+    }
+  }
+  // The family of a case: forced (a replay), else the drawn one unless it has taken more than
+  // kMaxShare of the time so far; then the family furthest behind in time runs instead.
+  constexpr double kMaxShare = 1.0 / 3;
+  auto family = [&](size_t drawn) {
+    if (forced < ops.size()) return forced;
+    size_t behind = 0;
+    double total = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      total += stats[ops[i].first].seconds;
+      if (stats[ops[i].first].seconds < stats[ops[behind].first].seconds) behind = i;
+    }
+    return stats[ops[drawn].first].seconds > kMaxShare * total ? behind : drawn;
+  };
   Context ctx(Device::CPU);
   const auto t0 = std::chrono::steady_clock::now();
   long n = 0;
@@ -431,9 +462,11 @@ int run(int argc, char** argv) {
     }
     const uint64_t case_seed = seed * 1000003ull + uint64_t(n);
     Gen g(case_seed);
-    const auto& [name, op] = ops[size_t(g.pick(0, int64_t(ops.size()) - 1))];
-    std::snprintf(g_case_text, sizeof g_case_text, "%s (--seed %llu, case %ld)", name,
-                  (unsigned long long)seed, n);
+    // The draw is made in every mode, so that a replay's generator is in the same state after it.
+    const size_t drawn = size_t(g.pick(0, int64_t(ops.size()) - 1));
+    const auto& [name, op] = ops[family(drawn)];
+    std::snprintf(g_case_text, sizeof g_case_text, "%s (--seed %llu --case %ld --op %s)", name,
+                  (unsigned long long)seed, n, name);
     g_current = name;
     if (verbose) std::fprintf(stderr, "%s\n", g_case_text);
     Arena arena;
