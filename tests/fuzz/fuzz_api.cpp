@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -428,7 +427,8 @@ int run(int argc, char** argv) {
     long ok = 0, rejected = 0;
     double seconds = 0;
   };
-  std::map<std::string, Stat> stats;
+  std::vector<Stat> stats(ops.size());  // by family, in the order of ops
+  double total_seconds = 0;
   size_t forced = ops.size();
   if (only_op != nullptr) {
     for (size_t i = 0; i < ops.size(); ++i)
@@ -438,18 +438,15 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
-  // The family of a case: forced (a replay), else the drawn one unless it has taken more than
-  // kMaxShare of the time so far; then the family furthest behind in time runs instead.
+  // The family of a case: the drawn one unless it has taken more than kMaxShare of the time so
+  // far; then the family furthest behind in time runs instead (a replay forces its family).
   constexpr double kMaxShare = 1.0 / 3;
   auto family = [&](size_t drawn) {
-    if (forced < ops.size()) return forced;
+    if (stats[drawn].seconds <= kMaxShare * total_seconds) return drawn;
     size_t behind = 0;
-    double total = 0;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      total += stats[ops[i].first].seconds;
-      if (stats[ops[i].first].seconds < stats[ops[behind].first].seconds) behind = i;
-    }
-    return stats[ops[drawn].first].seconds > kMaxShare * total ? behind : drawn;
+    for (size_t i = 1; i < ops.size(); ++i)
+      if (stats[i].seconds < stats[behind].seconds) behind = i;
+    return behind;
   };
   Context ctx(Device::CPU);
   const auto t0 = std::chrono::steady_clock::now();
@@ -464,13 +461,14 @@ int run(int argc, char** argv) {
     Gen g(case_seed);
     // The draw is made in every mode, so that a replay's generator is in the same state after it.
     const size_t drawn = size_t(g.pick(0, int64_t(ops.size()) - 1));
-    const auto& [name, op] = ops[family(drawn)];
+    const size_t f = forced < ops.size() ? forced : family(drawn);
+    const auto& [name, op] = ops[f];
     std::snprintf(g_case_text, sizeof g_case_text, "%s (--seed %llu --case %ld --op %s)", name,
                   (unsigned long long)seed, n, name);
     g_current = name;
     if (verbose) std::fprintf(stderr, "%s\n", g_case_text);
     Arena arena;
-    Stat& st = stats[name];
+    Stat& st = stats[f];
     const auto c0 = std::chrono::steady_clock::now();
     try {
       op(g, arena, ctx);
@@ -488,12 +486,17 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "groupmm_fuzz: FAILED: %s threw a non-exception\n", g_case_text);
       return 1;
     }
-    st.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    st.seconds += dt;
+    total_seconds += dt;
   }
   // The families first, the total last (scripts/sanitize_cpu.sh reports a log's last line).
-  for (const auto& [name, s] : stats)
-    std::printf("  %-16s %6ld ok %6ld rejected %7.2f s\n", name.c_str(), s.ok, s.rejected,
-                s.seconds);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Stat& st = stats[i];
+    if (st.ok + st.rejected > 0)
+      std::printf("  %-16s %6ld ok %6ld rejected %7.2f s\n", ops[i].first, st.ok, st.rejected,
+                  st.seconds);
+  }
   std::printf(
       "groupmm_fuzz: %ld cases in %.1f s (seed %llu), each succeeded or threw groupmm::Error\n", n,
       seconds, (unsigned long long)seed);
