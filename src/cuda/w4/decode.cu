@@ -1,10 +1,11 @@
-// The decode GEMM's host side: geometry from host-known values, the launches (setup kernel, the
-// decode kernel variant, the split-K reduction), the workspace. Graph safe: no host read of
-// splits, grids sized from M, N, K, G.
+// The decode GEMM's host side: geometry from host-known values, the tensor maps, the launches
+// (setup kernel, the decode kernel variant, the split-K reduction), the workspace. Graph safe: no
+// host read of splits, grids sized from M, N, K, G.
 #include <algorithm>
 
 #include "cuda/common/launch.cuh"
 #include "cuda/common/splits_scan.cuh"
+#include "cuda/common/tma.cuh"
 #include "cuda/w4/decode.cuh"
 
 namespace groupmm::cuda::w4 {
@@ -113,11 +114,12 @@ void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws, size_t) {
   const DecodeGeometry geo = decode_geometry(l, ctx.sm_count());
   GROUPMM_CHECK(geo.item_bound + geo.grid < (int64_t(1) << 31), "grouped_gemm: M=", d.M,
                 ", N=", d.N, " gives too many decode items (", geo.item_bound, ")");
+  GROUPMM_CHECK(d.G * d.N < (int64_t(1) << 31), "grouped_gemm: G * N = ", d.G, " * ", d.N,
+                " weight rows exceed the decode kernel's 32-bit copy coordinates");
   DecodeParams p{};
   p.plan = DecodeWorkspace::plan(ws, d.G);
   launch_decode_plan(ctx, l, geo, p.plan);
   if (geo.grid == 0) return;  // no rows
-  p.x = static_cast<const uint16_t*>(l.x);
   p.w = W4Weights::of(l);
   p.bias = static_cast<const uint16_t*>(l.bias);
   p.out = static_cast<uint16_t*>(l.out);
@@ -144,9 +146,14 @@ void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws, size_t) {
     p.scale_row8 = static_cast<int>(index(0, 0, 8) - index(0, 0, 0));
     p.scale_tile = index(0, 1, 0) - index(0, 0, 0);
     p.scale_expert = index(1, 0, 0) - index(0, 0, 0);
-    p.w_row8 = 8 * d.K / 2;
   }
-  find_launch(l.recipe, geo.token_tiles)(ctx, p, geo.grid);
+  DecodeTmaParams tp{};
+  tp.p = p;
+  tp.codes = make_tensor_map_2d("grouped_gemm (decode, w.data)", l.w, 1, d.K / 2, d.G * d.N,
+                                d.K / 2, DecodeConfig::kSubK / 2, DecodeConfig::kRows);
+  tp.x = make_tensor_map_2d("grouped_gemm (decode, x)", l.x, 2, d.K, d.M, d.K * 2,
+                            DecodeConfig::kStepK, 8 * geo.token_tiles);
+  find_launch(l.recipe, geo.token_tiles)(ctx, tp, geo.grid);
   if (geo.ksplit == 1) return;
   ReduceParams r{p.partial, p.plan, p.bias, p.out, d.M, d.N, d.G, geo.ksplit};
   const int64_t threads = d.M * (d.N / 4);

@@ -7,7 +7,7 @@
 namespace groupmm::cuda::w4 {
 
 // A launcher of the decode kernel: one variant, on ctx's stream, `grid` persistent CTAs.
-using DecodeLaunch = void (*)(Context&, const DecodeParams&, int grid);
+using DecodeLaunch = void (*)(Context&, const DecodeTmaParams&, int grid);
 // The launcher of weight format kRecipe's variant with 1, 2 or 4 token tiles (defined in
 // decode_kernel.cuh, instantiated by decode_<format>.cu).
 template <QuantRecipe kRecipe>

@@ -11,19 +11,26 @@
 // the pass's activations. Items of one expert and rows differ only in the pass and are numbered
 // consecutively, so the CTAs of an expert with more rows than one pass read its weights together
 // (the later ones from L2). A zero-row expert has no items. The persistent CTAs take items b,
-// b + grid, ...; an item runs in steps of kStepK, and the next step's weights are loaded (into
-// registers) and its activations copied (cp.async into shared memory) while the current one is
-// multiplied. A thread's load addresses are computed once per item (decode_item); a step adds
-// constants to them.
+// b + grid, ...; an item runs in units of kStepK along K.
+//
+// Copies. A unit's weights (128 rows x kStepK codes) and raw activations (kTokens x kStepK bf16)
+// arrive in a ring slot of shared memory by bulk tensor copies (TMA), which one thread issues
+// kDepth - 1 units ahead; a barrier per slot counts the bytes. So the threads spend neither
+// instructions nor registers on weight loads (the kernel is bound by instruction issue: a unit's
+// dequantization and mma are most of its instructions); only the scale bytes go through
+// registers, one unit ahead. Past K, M or the last weight row the copies fill zeros; rows of
+// the next expert or pass that a box covers only reach output columns that are never stored.
 //
 // A warp owns 16 rows of the item (one m16n8k16 tile along N): lane (gid, t) = (lane / 4,
-// lane % 4) loads rows gid and gid + 8, at K offsets 128 i + 32 t of the step (one 16-byte load
-// each: a warp instruction covers 64 contiguous bytes of 8 rows). The K order inside a 128-wide
-// sub-block is permuted (qnum::e2m1x8_raw): logical columns 2t.. of mma (j, h) are the codes of
-// thread t's word j. The activations of the step are staged in shared memory in that order by
-// every thread (qnum::w4_x_pairs), one 16-byte B fragment per (sub-block, word, token, t), so a
-// warp's B load is 512 contiguous bytes.
+// lane % 4) reads rows gid and gid + 8, at K offsets 128 i + 32 t of the unit (16 bytes each; a
+// sub-block's rows are 64 bytes apart in the slot, so a quarter warp reads 128 contiguous
+// bytes). The K order inside a 128-wide sub-block is permuted (qnum::e2m1x8_raw): logical
+// columns 2t.. of mma (j, h) are the codes of thread t's word j. Every thread stages its share of
+// the activations in that order (qnum::w4_x_pairs), one 16-byte B fragment per (sub-block, word,
+// token, t), so a warp's B load is 512 contiguous bytes.
 #pragma once
+
+#include <cuda.h>
 
 #include <cstdint>
 #include <string>
@@ -50,12 +57,14 @@ struct DecodeConfig {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
 };
 
-// CTAs per SM of the variant with kTokenTiles token tiles (its __launch_bounds__; the host's
-// grid uses the same number). The kernel is bound by instruction issue (most of a step is the
-// dequantization), not by loads in flight: cp.async rings and bulk L2 prefetches measured slower
-// than one register-held step ahead. So the most warps that fit without spilling in the step loop
-// win: three CTAs with 8 or 16 tokens per pass; two with 32, whose accumulators spill at three;
-// four spill at every size. The measurements: bench/RESULTS.md, "4-bit decode".
+// Ring slots and CTAs per SM of the variant with kTokenTiles token tiles, within an SM's 227 KiB
+// of shared memory. The most warps that fit without spilling win (three CTAs, two with 32 tokens
+// whose accumulators spill at three); then the deepest ring that still fits them. Measured
+// (bench/RESULTS.md, "4-bit decode"): with 8 tokens, 3 slots and 3 CTAs beat 2 slots and 4 CTAs
+// (64 registers, spills) by 12% and 4 slots and 2 CTAs by 5%.
+constexpr int decode_depth(int token_tiles) {
+  return token_tiles == 1 ? 3 : 2;
+}
 constexpr int decode_blocks_per_sm(int token_tiles) {
   return token_tiles == 4 ? 2 : 3;
 }
@@ -64,7 +73,6 @@ constexpr int decode_blocks_per_sm(int token_tiles) {
 template <QuantRecipe kRecipe_, int kTokenTiles_>
 struct DecodeVariant {
   using Cfg = DecodeConfig;
-  static constexpr int kMinBlocks = decode_blocks_per_sm(kTokenTiles_);  // CTAs per SM
   static constexpr QuantRecipe kRecipe = kRecipe_;
   static constexpr int kTokenTiles = kTokenTiles_;
   static constexpr int kTokens = 8 * kTokenTiles;
@@ -72,11 +80,33 @@ struct DecodeVariant {
   static constexpr int kBlockK = kNvfp4 ? 16 : 32;                // codes per scale
   static constexpr int kPieces = kTokens * Cfg::kPiecesPerToken;  // staging pieces per step
   static constexpr int kPiecesPerThread = kPieces / Cfg::kThreads;
-  static constexpr int kStageBytes = kTokens * Cfg::kStepK * 2;  // bf16 activations of a step
-  static constexpr int kSmemBytes = 3 * kStageBytes;  // two permuted stages, the raw copies
+  static constexpr int kStageBytes = kTokens * Cfg::kStepK * 2;  // bf16 activations of a unit
   static_assert(kRecipe == QuantRecipe::nvfp4 || kRecipe == QuantRecipe::mxfp4, "4-bit weights");
   static_assert(kTokenTiles == 1 || kTokenTiles == 2 || kTokenTiles == 4, "8, 16 or 32 tokens");
   static_assert(kPieces % Cfg::kThreads == 0, "every thread stages whole pieces");
+};
+
+// The shared memory of a variant: kDepth slots = [sub-block 0: 128 rows x 64 code bytes]
+// [sub-block 1][raw activations], then the two permuted activation stages, then one barrier
+// per slot.
+template <class V, int kDepth_ = decode_depth(V::kTokenTiles),
+          int kMinBlocks_ = decode_blocks_per_sm(V::kTokenTiles)>
+struct DecodeShape {
+  using Cfg = DecodeConfig;
+  static constexpr int kDepth = kDepth_;
+  static constexpr int kMinBlocks = kMinBlocks_;    // CTAs per SM (__launch_bounds__)
+  static constexpr int kRowBytes = Cfg::kSubK / 2;  // a weight row of one sub-block
+  static constexpr int kSubBytes = Cfg::kRows * kRowBytes;
+  static constexpr int kCodeBytes = Cfg::kSubs * kSubBytes;
+  static constexpr int kSlotBytes = kCodeBytes + V::kStageBytes;
+  static constexpr int kStage16 = V::kStageBytes / 16;
+  static constexpr int kRingBytes = kDepth * kSlotBytes;
+  static constexpr int kSmemBytes = kRingBytes + 2 * V::kStageBytes + kDepth * 8;
+  static_assert(kRowBytes == 64 && Cfg::kThreadK / 2 == 16,
+                "a lane's codes: 16 of a row's 64 bytes");
+  static_assert(kSubBytes % 128 == 0 && V::kStageBytes % 128 == 0, "copies land 128-byte aligned");
+  static_assert(kDepth >= 2, "one slot in use, one being filled");
+  static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "the CTAs fit an SM");
 };
 
 // Per-expert arrays in the workspace, written by the setup kernel (decode_plan.cu).
@@ -88,8 +118,7 @@ struct DecodePlan {
 };
 
 struct DecodeParams {
-  W4Weights w;           // [G, N, K]
-  const uint16_t* x;     // [M, K] bf16
+  W4Weights w;           // [G, N, K] (the codes also through DecodeTmaParams::codes)
   const uint16_t* bias;  // [G, N] bf16 or null
   uint16_t* out;         // [M, N] bf16
   float* partial;        // [ksplit, M, N] fp32 when ksplit > 1
@@ -102,8 +131,16 @@ struct DecodeParams {
   int scale_step,
       scale_sub;   // scale-byte offset of one step / one sub-block along K (the layout's)
   int scale_row8;  // ... of 8 rows on, inside a 32-row group
-  int64_t w_row8;  // code bytes of 8 rows
   int64_t scale_expert, scale_tile;  // scale bytes of one expert / one 128-row tile
+};
+
+// The kernel's arguments: DecodeParams and the tensor maps of the codes ([G * N, K / 2] bytes,
+// boxes of 128 rows x 64 bytes) and of the activations ([M, K] bf16, boxes of kTokens rows x
+// kStepK), made on the host for each call (they hold the pointers, not the splits).
+struct DecodeTmaParams {
+  DecodeParams p;
+  CUtensorMap codes;
+  CUtensorMap x;
 };
 
 // Launch geometry (host-known: M, N, K, G, the SM count).
