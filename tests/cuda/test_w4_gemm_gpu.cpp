@@ -1,9 +1,9 @@
 // The 4-bit weight GEMM on the GPU, both formats and both paths (forced), against the CPU
 // reference (bf16 x exactly dequantized weights, fp64 sums): split patterns (balanced, Zipf, top-1,
-// zero-row experts, all but one empty, all empty), G = 1 to 256, N and K off 128, bias and alpha,
-// swizzled scales, weights over many binades (MXFP4 exponents past 128), split-K. Outputs are
-// poisoned first and checked fully written. Also: graph replay with new routings equals eager bit
-// for bit, device faults, GPU-only argument checks, the layer recipes.
+// zero-row experts, all but one empty, all empty), G = 1 to 256, N and K off 128, K = 32, bias and
+// alpha, swizzled scales, weights over many binades (MXFP4 exponents past 128), split-K. Outputs
+// are poisoned first and checked fully written. Also: graph replay with new routings equals eager
+// bit for bit, device faults, GPU-only argument checks, the layer recipes.
 #include <algorithm>
 
 #include "common/w4_case.hpp"
@@ -102,6 +102,9 @@ std::vector<W4Case> cases() {
       add(32, one, 256, 512, "all_but_one_empty");
       add(5, make_splits(Pattern::zero_all, 5, 0), 128, 128, "zero_all");
       add(1, {77}, 200, 352, "odd_shape");  // N % 16 != 0, K % 128 != 0
+      // K below one copy box (the decode kernel's boxes cover 128 codes and 256 activations of
+      // a row: the rest is the copies' zero fill), N below one 128-row box.
+      add(3, make_splits(Pattern::random_odd, 3, 21), 72, 32, "k32");
       add(256, make_splits(Pattern::quarter_empty, 256, 512), 64, 128, "G256");
       add(1, {5}, 256, 2048, "splitk");  // few items: K is split
       // Many experts, no split-K: the plan and the item search over 1100 experts.

@@ -289,8 +289,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, S::kMinBlocks)
     }
     const bool more = nid < total;
     if (more) load_scales<V>(p, nit, ns, nxt);
+    // Unit u's slot is complete: every thread waited on its barrier to stage its activations
+    // (in unit u - 1, or before the loop), and the codes arrive on the same barrier phase.
     if (it.pl.n0 + warp * Cfg::kWarpRows < p.N) {  // warp-uniform: rows past N have no work
-      mbar_wait(&full[u % S::kDepth], (u / S::kDepth) & 1);
       const uint8_t* codes = slot(u) + (warp * Cfg::kWarpRows + gid) * S::kRowBytes + t * 16;
       StepRegs r;
 #pragma unroll
