@@ -2,8 +2,9 @@
 // variants, the device plan and the kernel arguments. The parts:
 //   decode_config.cuh  this file
 //   decode_plan.cu     the setup kernel: splits -> per-expert rows, work items, fp32 factors
-//   decode_kernel.cuh  the kernel: loads, the activation stage, the mma loop, the epilogue
-//   decode.cu          host side: geometry, launches, the split-K reduction kernel
+//   decode_kernel.cuh  the kernel: items, the copies, the activation stage, the mma loop, the
+//                      epilogue
+//   decode.cu          host side: geometry, tensor maps, launches, the split-K reduction kernel
 //   decode_<format>.cu the variants of one weight format
 //
 // Work. An item is (expert g, 128 rows of W_g, a range of K, a pass of up to kTokens of the
@@ -18,8 +19,9 @@
 // kDepth - 1 units ahead; a barrier per slot counts the bytes. So the threads spend neither
 // instructions nor registers on weight loads (the kernel is bound by instruction issue: a unit's
 // dequantization and mma are most of its instructions); only the scale bytes go through
-// registers, one unit ahead. Past K, M or the last weight row the copies fill zeros; rows of
-// the next expert or pass that a box covers only reach output columns that are never stored.
+// registers, one unit ahead. Past K, M or the last weight row the copies fill zeros; the weight
+// rows of the next expert and the activation rows of the next pass that a box also covers only
+// reach outputs that are never stored (y columns past N, y rows past the pass).
 //
 // A warp owns 16 rows of the item (one m16n8k16 tile along N): lane (gid, t) = (lane / 4,
 // lane % 4) reads rows gid and gid + 8, at K offsets 128 i + 32 t of the unit (16 bytes each; a
