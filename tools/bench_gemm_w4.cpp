@@ -5,9 +5,11 @@
 // with rows, plus the activations) as a fraction of the device-to-device copy bandwidth measured
 // in the same run. Each case is validated first against the bf16 GEMM of the dequantized weights
 // (DeepGEMM's diff < 1e-3).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
+#include <string>
 
 #include "bench_common.hpp"
 #include "bench_gemm_quantized.hpp"
@@ -23,8 +25,8 @@ namespace {
 struct W4Shape {
   const char* name;
   int64_t G, N, K;
-  const char* routing;  // balanced, top2, zipf
-  int64_t rows;         // balanced / zipf: M; top2: tokens (M = 2 * tokens)
+  const char* routing;  // balanced, zipf, topK (K = 2, 4, ...: K distinct experts per token)
+  int64_t rows;         // balanced / zipf: M; topK: tokens (M = K * tokens)
   bool decode;          // a decode case (else prefill: fewer timed runs)
   bool targets;         // the targets apply (its own cases)
 };
@@ -36,21 +38,28 @@ const W4Shape kCases[] = {
     // Larger decode batches: the 16- and 32-token passes of the decode kernel.
     {"decode_qwen3_16rows", 128, 1536, 2048, "balanced", 2048, true, false},
     {"decode_qwen3_32rows", 128, 1536, 2048, "balanced", 4096, true, false},
+    // gpt-oss-120b's experts (MXFP4 checkpoints: 128 experts, top-4, hidden and expert width
+    // 2880, so K is not a multiple of the kernel's 256-wide steps), 64 tokens.
+    {"decode_gptoss_gate_up_64tok", 128, 5760, 2880, "top4", 64, true, false},
+    {"decode_gptoss_down_64tok", 128, 2880, 2880, "top4", 64, true, false},
     {"prefill_qwen3_2048rows", 128, 1536, 2048, "balanced", 128 * 2048, false, true},
     {"prefill_dsv3_2048rows", 32, 4096, 7168, "balanced", 32 * 2048, false, true},
 };
 
 std::vector<int64_t> routing(const W4Shape& s) {
-  if (std::string(s.routing) != "top2") return bench_splits(s.routing, s.G, s.rows);
+  const std::string r = s.routing;
+  if (r.rfind("top", 0) != 0) return bench_splits(r, s.G, s.rows);
+  const int k = std::stoi(r.substr(3));
   std::mt19937_64 rng(11);
   std::uniform_int_distribution<int64_t> e(0, s.G - 1);
   std::vector<int64_t> sp(size_t(s.G), 0);
   for (int64_t t = 0; t < s.rows; ++t) {
-    const int64_t a = e(rng);
-    int64_t b = e(rng);
-    while (b == a) b = e(rng);
-    ++sp[size_t(a)];
-    ++sp[size_t(b)];
+    std::vector<int64_t> chosen;
+    while (static_cast<int>(chosen.size()) < k) {
+      const int64_t c = e(rng);
+      if (std::find(chosen.begin(), chosen.end(), c) == chosen.end()) chosen.push_back(c);
+    }
+    for (int64_t c : chosen) ++sp[size_t(c)];
   }
   return sp;
 }
