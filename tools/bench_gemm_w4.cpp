@@ -6,6 +6,7 @@
 // in the same run. Each case is validated first against the bf16 GEMM of the dequantized weights
 // (DeepGEMM's diff < 1e-3).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -64,6 +65,22 @@ std::vector<int64_t> routing(const W4Shape& s) {
   return sp;
 }
 
+// Host time of one call without sync (the device queue absorbs the launches): the best of five
+// batches of 20, the device drained between batches (a full queue would block the host).
+template <class Call>
+double host_us_per_call(Context& ctx, Call call) {
+  double best = 1e30;
+  for (int batch = 0; batch < 5; ++batch) {
+    const int n = 20;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) call();
+    const auto t1 = std::chrono::steady_clock::now();
+    ctx.synchronize();
+    best = std::min(best, std::chrono::duration<double, std::micro>(t1 - t0).count() / n);
+  }
+  return best;
+}
+
 }  // namespace
 
 std::vector<std::string> w4_bench_case_names() {
@@ -91,7 +108,7 @@ int bench_gemm_w4(const W4BenchOptions& o, cudaStream_t stream) {
          << "\", \"copy_gbs\": " << copy_gbs << ", \"cases\": [\n";
   }
   int failures = 0;
-  bool first = true;
+  bool first = true, host_timed = false;
   uint64_t seed = 21;
   for (const W4Shape& s : kCases) {
     if (!o.filter.empty() && std::string(s.name).find(o.filter) == std::string::npos) continue;
@@ -176,6 +193,15 @@ int bench_gemm_w4(const W4BenchOptions& o, cudaStream_t stream) {
         ok ? "" : "  FAILED");
     std::printf("    %s | bf16: %s\n", gemm_config_name(ctx, a).c_str(),
                 gemm_config_name(ctx, h).c_str());
+    if (s.decode && !host_timed) {  // once: the first decode case
+      host_timed = true;
+      const double w4_host = host_us_per_call(ctx, [&] { grouped_gemm(ctx, a); });
+      const double bf16_host = host_us_per_call(ctx, [&] { grouped_gemm(ctx, h); });
+      std::printf(
+          "    host time per call (no sync, best of 5 batches of 20): %.2f us (bf16 engine: "
+          "%.2f us)\n",
+          w4_host, bf16_host);
+    }
     std::fflush(stdout);
     if (json.is_open()) {
       json << (first ? "" : ",\n") << "{\"case\": \"" << s.name << "\", \"G\": " << G
