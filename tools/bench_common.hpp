@@ -109,6 +109,25 @@ double time_us(const Context& ctx, int warmup, int iters, F&& fn) {
   return t[t.size() / 2];
 }
 
+// Host time per call of fn, called `calls` times in a row without sync, in `batches` batches with
+// the device drained before each (a full launch queue would block the host and be counted):
+// the per-call times of the batches, sorted.
+template <class F>
+std::vector<double> host_batch_us(Context& ctx, int batches, int calls, F&& fn) {
+  std::vector<double> t;
+  for (int b = 0; b < batches; ++b) {
+    ctx.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int c = 0; c < calls; ++c) fn();
+    t.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        calls);
+  }
+  ctx.synchronize();
+  std::sort(t.begin(), t.end());
+  return t;
+}
+
 // Copies of the inputs needed so that rotating through them touches more than 3x L2.
 inline int rotation_copies(int64_t input_bytes) {
   int dev = 0, l2 = 0;

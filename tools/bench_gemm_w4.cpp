@@ -6,7 +6,6 @@
 // in the same run. Each case is validated first against the bf16 GEMM of the dequantized weights
 // (DeepGEMM's diff < 1e-3).
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -63,22 +62,6 @@ std::vector<int64_t> routing(const W4Shape& s) {
     for (int64_t c : chosen) ++sp[size_t(c)];
   }
   return sp;
-}
-
-// Host time of one call without sync (the device queue absorbs the launches): the best of five
-// batches of 20, the device drained between batches (a full queue would block the host).
-template <class Call>
-double host_us_per_call(Context& ctx, Call call) {
-  double best = 1e30;
-  for (int batch = 0; batch < 5; ++batch) {
-    const int n = 20;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < n; ++i) call();
-    const auto t1 = std::chrono::steady_clock::now();
-    ctx.synchronize();
-    best = std::min(best, std::chrono::duration<double, std::micro>(t1 - t0).count() / n);
-  }
-  return best;
 }
 
 }  // namespace
@@ -195,8 +178,8 @@ int bench_gemm_w4(const W4BenchOptions& o, cudaStream_t stream) {
                 gemm_config_name(ctx, h).c_str());
     if (s.decode && !host_timed) {  // once: the first decode case
       host_timed = true;
-      const double w4_host = host_us_per_call(ctx, [&] { grouped_gemm(ctx, a); });
-      const double bf16_host = host_us_per_call(ctx, [&] { grouped_gemm(ctx, h); });
+      const double w4_host = host_batch_us(ctx, 5, 20, [&] { grouped_gemm(ctx, a); }).front();
+      const double bf16_host = host_batch_us(ctx, 5, 20, [&] { grouped_gemm(ctx, h); }).front();
       std::printf(
           "    host time per call (no sync, best of 5 batches of 20): %.2f us (bf16 engine: "
           "%.2f us)\n",

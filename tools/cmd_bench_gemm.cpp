@@ -6,7 +6,6 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -402,18 +401,9 @@ int bench_gemm(const GemmOptions& o, cudaStream_t stream) {
     void* wsp = ctx.workspace(ws);
     for (int i = 0; i < 5; ++i) grouped_gemm(ctx, x_args, wsp, ws);
     ctx.synchronize();
-    // Five batches of 20 calls, the device drained between batches (a full launch queue would
-    // block the host and be counted); the best batch is the host cost, the spread is printed.
-    std::vector<double> batch_us;
-    for (int batch = 0; batch < 5; ++batch) {
-      const int n = 20;
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < n; ++i) grouped_gemm(ctx, x_args, wsp, ws);
-      const auto t1 = std::chrono::steady_clock::now();
-      ctx.synchronize();
-      batch_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / n);
-    }
-    std::sort(batch_us.begin(), batch_us.end());
+    // Five batches of 20 calls: the best batch is the host cost, the spread is printed.
+    const std::vector<double> batch_us =
+        host_batch_us(ctx, 5, 20, [&] { grouped_gemm(ctx, x_args, wsp, ws); });
     if (fwd) host_us = batch_us.front();
     std::printf(
         "host time per grouped_gemm call (%s, %s, no sync): %.2f us (best of 5 batches of 20; "

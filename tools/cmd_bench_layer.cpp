@@ -3,7 +3,6 @@
 // sum of the same grouped GEMMs called directly, measured in the same run, and the host time of
 // one eager forward. Targets (issue 5): layer time <= 1.10x the GEMM sum; host time per forward
 // <= 30 us (no graphs). Each case is validated first against the cuBLAS per-expert loop.
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -16,8 +15,6 @@
 
 namespace groupmm::tool {
 namespace {
-
-using clock_type = std::chrono::steady_clock;
 
 struct LayerShape {
   const char* name;
@@ -156,17 +153,8 @@ int run_bench_layer(const LayerOptions& o) {
         const double sum_us = fwd_us + dgrad_us + wgrad_us, ratio = layer_us / sum_us;
 
         // host time per eager forward: batches of 16 calls without sync, median per call
-        std::vector<double> host;
-        for (int b = 0; b < (on_cpu ? 1 : 20); ++b) {
-          ctx.synchronize();
-          const int calls = on_cpu ? 1 : 16;
-          const auto t0 = clock_type::now();
-          for (int c = 0; c < calls; ++c) layer.forward(ctx, x, sp);
-          host.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() /
-                         calls);
-        }
-        ctx.synchronize();
-        std::sort(host.begin(), host.end());
+        const std::vector<double> host = host_batch_us(ctx, on_cpu ? 1 : 20, on_cpu ? 1 : 16,
+                                                       [&] { layer.forward(ctx, x, sp); });
         const double host_us = host[host.size() / 2];
         const double flops = 6.0 * double(rows) * double(N) * double(K);
         char shape[64];
