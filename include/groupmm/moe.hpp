@@ -205,8 +205,10 @@ void swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gat
 //   forward:  out[m][i] = swiglu(gate, up) * prob[m]
 //   backward: dgate_up  = swiglu_backward(dout * prob[m])  (element formulas as above)
 //             dprob[m]  = sum_i dout[m][i] * swiglu(gate, up)[m][i]   (fp32)
-// Element math is swiglu's (one source, src/core/swiglu_impl.hpp), so the same one-ulp CPU/CUDA
-// agreement holds for out and dgate_up. dprob is a per-row sum in a fixed order on CUDA (one warp a
+// Element math is swiglu's formulas (src/core/swiglu_impl.hpp); the CUDA kernel divides with the
+// hardware's fast reciprocal (__fdividef: at most 2 ulp, where swiglu divides exactly), which keeps
+// CUDA and CPU within one ulp of bf16/fp16 outputs and a few ulp of fp32 (a sigmoid below 2^-126
+// becomes 0 on CUDA). dprob is a per-row sum in a fixed order on CUDA (one warp a
 // row: lane-strided partial sums, then a butterfly), deterministic run to run; the CPU sums in
 // column order (agreement within fp32 sum-order rounding). Same dtypes, layouts, vectorization and
 // aliasing rules as swiglu; graph safe, one launch per direction.

@@ -32,6 +32,27 @@ GROUPMM_SWIGLU_HD void swiglu_bwd_elem(float dout, float g, float u, float& dg, 
   dg = dout * u * (s * (1.0f + g * (1.0f - s)));
 }
 
+#if defined(__CUDACC__)
+// The router-weighted SwiGLU's element math on the device (src/cuda/moe/weighted_swiglu.cu):
+// swiglu's formulas, the sigmoid's division by __fdividef (at most 2 ulp, no slow path) instead of
+// an IEEE division. The kernel is bound by instruction issue, not by bandwidth (it took as long on
+// an H200 as on an H100), and the IEEE division's slow-path check after every element was the
+// largest part of it: 12-20% faster forward and backward on an H200 (bench/RESULTS.md, session
+// 21). A sigmoid below 2^-126 (g < -87.3) becomes 0.
+__device__ __forceinline__ float weighted_swiglu_sigmoid(float g) {
+  return __fdividef(1.0f, 1.0f + expf(-g));
+}
+__device__ __forceinline__ float weighted_swiglu_fwd_elem(float g, float u) {
+  return g * weighted_swiglu_sigmoid(g) * u;
+}
+__device__ __forceinline__ void weighted_swiglu_bwd_elem(float dout, float g, float u, float& dg,
+                                                         float& du) {
+  const float s = weighted_swiglu_sigmoid(g);
+  du = dout * (g * s);
+  dg = dout * u * (s * (1.0f + g * (1.0f - s)));
+}
+#endif
+
 // Validation shared with weighted_swiglu: gate_up [M, 2I] (bf16/fp16/fp32) and a [M, I] partner
 // `half` of the same dtype on ctx's device; returns I.
 int64_t check_swiglu_pair(const Context& ctx, const char* op, const TensorView& gate_up,

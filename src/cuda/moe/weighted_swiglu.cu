@@ -1,7 +1,9 @@
 // CUDA router-weighted SwiGLU: one warp per row (grid-stride over rows), 16-byte vectors of the
 // gate and up halves. The backward's dprob is the row's sum of dout * swiglu in a fixed order:
 // each lane adds its vectors (lane-strided) element by element, then a butterfly, so it is
-// deterministic run to run and independent of the grid. Element math: swiglu_impl.hpp.
+// deterministic run to run and independent of the grid. Element math: swiglu_impl.hpp's
+// weighted_swiglu_* (the sigmoid's division without the IEEE slow path: this kernel is bound by
+// instruction issue, not bandwidth; see there).
 #include <algorithm>
 
 #include "core/moe_impl.hpp"
@@ -43,33 +45,39 @@ __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
     const P* __restrict__ gate =
         reinterpret_cast<const P*>(static_cast<const S*>(p.gate_up) + m * 2 * p.I);
     const P* __restrict__ up = gate + V;
+    const P* __restrict__ dout =
+        kBackward ? reinterpret_cast<const P*>(static_cast<const S*>(p.dout) + m * p.I) : nullptr;
     const float w = p.prob[m];
     float dp = 0.0f;
-#pragma unroll 2
-    for (int64_t v = lane; v < V; v += 32) {
-      const P g = gate[v], u = up[v];
+    auto one = [&](int64_t v, const P& g, const P& u, const P& d) {
       if constexpr (!kBackward) {
         P o;
 #pragma unroll
         for (int n = 0; n < N; ++n)
-          o.v[n] = E::from_float(swiglu_fwd_elem(E::to_float(g.v[n]), E::to_float(u.v[n])) * w);
+          o.v[n] =
+              E::from_float(weighted_swiglu_fwd_elem(E::to_float(g.v[n]), E::to_float(u.v[n])) * w);
         reinterpret_cast<P*>(static_cast<S*>(p.out) + m * p.I)[v] = o;
       } else {
-        const P d = reinterpret_cast<const P*>(static_cast<const S*>(p.dout) + m * p.I)[v];
         P dg, du;
 #pragma unroll
         for (int n = 0; n < N; ++n) {
           const float gf = E::to_float(g.v[n]), uf = E::to_float(u.v[n]), df = E::to_float(d.v[n]);
           float a, b;
-          swiglu_bwd_elem(df * w, gf, uf, a, b);
+          weighted_swiglu_bwd_elem(df * w, gf, uf, a, b);
           dg.v[n] = E::from_float(a);
           du.v[n] = E::from_float(b);
-          dp += df * swiglu_fwd_elem(gf, uf);
+          dp += df * weighted_swiglu_fwd_elem(gf, uf);
         }
         P* dgu = reinterpret_cast<P*>(static_cast<S*>(p.out) + m * 2 * p.I);
         dgu[v] = dg;
         dgu[V + v] = du;
       }
+    };
+#pragma unroll 2
+    for (int64_t v = lane; v < V; v += 32) {
+      P d{};
+      if constexpr (kBackward) d = dout[v];
+      one(v, gate[v], up[v], d);
     }
     if constexpr (kBackward) {
 #pragma unroll
