@@ -82,7 +82,12 @@ std::vector<std::string> config_list(const std::string& csv) {
 }
 
 bool config_of_pass(const std::string& config, const char* pass_name) {
-  return config == "auto" || config.rfind(pass_name, 0) == 0;
+  return config.rfind("auto", 0) == 0 || config.rfind(pass_name, 0) == 0;
+}
+
+// "auto" = the heuristic's choice (an empty config), "auto@along_n" its kernel in that tile order.
+std::string config_arg(const std::string& c) {
+  return c.rfind("auto", 0) == 0 ? c.substr(4) : c;
 }
 
 // The quantized-operand suite (bench_gemm_quantized.cpp) on the same shapes.
@@ -167,7 +172,11 @@ int run_bench_gemm(const GemmOptions& options) {
   if (!o.config.empty() && o.recipe == "bf16") {
     const auto names = gemm_config_names();
     for (const std::string& c : config_list(o.config)) {
-      if (c != "auto" && std::find(names.begin(), names.end(), c) == names.end())
+      const size_t at = c.find('@');  // "@along_m|n": the tile order
+      const std::string base = c.substr(0, at);
+      if (at != std::string::npos && c.substr(at) != "@along_m" && c.substr(at) != "@along_n")
+        throw UsageError("--config '" + c + "': a tile order suffix is @along_m or @along_n");
+      if (base != "auto" && std::find(names.begin(), names.end(), base) == names.end())
         throw UsageError("--config '" + c +
                          "' is not a kernel configuration (list them with --list-configs)");
       if (!o.pass.empty() && !config_of_pass(c, o.pass.c_str()))
@@ -318,7 +327,7 @@ int bench_gemm(const GemmOptions& o, cudaStream_t stream) {
         // sweep does not favour one of them.
         std::vector<std::string> mine;
         for (const std::string& c : configs)
-          if (config_of_pass(c, pass_name)) mine.push_back(c == "auto" ? "" : c);
+          if (config_of_pass(c, pass_name)) mine.push_back(config_arg(c));
         std::vector<double> err(mine.size(), -1.0);  // --quick: not validated
         if (!o.quick) {
           for (size_t ci = 0; ci < mine.size(); ++ci) {
@@ -431,7 +440,8 @@ void add_gemm_options(CLI::App& app, GemmOptions& o) {
   app.add_option("--config", o.config,
                  "time these kernel configurations (comma-separated; auto = the heuristic's "
                  "choice) instead of the heuristic's alone, on the cases of their passes "
-                 "(names from --list-configs)")
+                 "(names from --list-configs; a name may end in @along_m or @along_n to force "
+                 "the tile order)")
       ->type_name("NAME[,NAME...]");
   add_choice(app, "--suite", o.suite, {"moe", "ragged", "fine", "all"},
              "cases: the MoE model shapes, ragged widths (not multiples of the tile), "

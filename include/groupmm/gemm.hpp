@@ -61,7 +61,9 @@ struct GroupedGemmArgs {
   GemmEngine engine = GemmEngine::automatic;
   // cutlass_sm90 only: run this kernel configuration instead of the heuristic's choice (names as
   // printed by gemm_config_names(); tuning and tests). Empty = heuristic. A configuration for
-  // another pass or dtype is an error.
+  // another pass or dtype is an error. A name (or an empty one) may end in "@along_m" or
+  // "@along_n": the order in which the kernel visits each expert's output tiles (the heuristic
+  // picks it from the shapes otherwise; results are bit-identical in either order).
   std::string config;
   std::string to_string() const;
 };
@@ -90,7 +92,8 @@ void gemm_wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const T
                 const TensorView& dw, bool accumulate);
 
 // The cutlass_sm90 configuration these args run (args.config, or the heuristic's choice), e.g.
-// "fwd_bf16_128x256_coop_c12", for logs, benchmarks and tests.
+// "fwd_bf16_128x256_coop_c12", or "wgrad_bf16_bf16_128x256_coop_c21@along_n" where the tiles
+// are visited across N; for logs, benchmarks and tests.
 std::string gemm_config_name(const Context& ctx, const GroupedGemmArgs& args);
 // Every instantiated cutlass_sm90 configuration (for GroupedGemmArgs::config).
 std::vector<std::string> gemm_config_names();
@@ -143,7 +146,7 @@ struct QuantizedGemmArgs {
   float beta = 0.0f;        // wgrad only: 0 or 1 (1 = accumulate into an fp32 out)
   bool fast_accum = false;  // fp8_current forward only: no periodic fp32 promotion
   GemmEngine engine = GemmEngine::automatic;  // automatic, cutlass_sm90 (CUDA), reference (CPU)
-  std::string config;                         // cutlass_sm90 kernel name; empty = heuristic
+  std::string config;  // cutlass_sm90 kernel name; empty = heuristic; "@along_m|n" as above
   std::string to_string() const;
 };
 

@@ -60,6 +60,8 @@ expect 2 "--case 'nope' matches no case \(cases: fine_g512_r64, fine_g2048_r16\)
 expect 2 "--case 'fine' matches no case \(cases: dsv3_gate_up, " -- bench gemm --recipe fp8_current --case fine
 expect 2 "--case 'ragged' matches no case \(cases: dsv3_gate_up, " -- bench gemm --suite moe --case ragged
 expect 2 "--config 'fwd_x' is not a kernel configuration" -- bench gemm --config auto,fwd_x
+expect 2 "--config 'fwd_x@along_n' is not a kernel configuration" -- bench gemm --config fwd_x@along_n
+expect 2 "--config 'auto@along_k': a tile order suffix is @along_m or @along_n" -- bench gemm --config auto@along_k
 expect 2 "--config wgrad_bf16_bf16_128x256_coop_c21 is not a configuration of --pass fwd" -- bench gemm --pass fwd --config auto,wgrad_bf16_bf16_128x256_coop_c21
 expect 2 "--config with several names is a bf16 sweep" -- bench gemm --recipe fp8_current --config a,b
 expect 2 "--out fp32 with --recipe mxfp8 needs --pass wgrad" -- bench gemm --recipe mxfp8 --out fp32

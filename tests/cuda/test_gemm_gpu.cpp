@@ -256,6 +256,53 @@ TEST(GemmGpuConfig, ShortReductionAndRaggedWidthPicks) {
   }
 }
 
+// The tile order changes which CTA computes a tile and when, never the tile's arithmetic: each
+// pass run in both orders gives the same bytes, equal to the CPU reference (a split wgrad, a
+// wgrad into an fp32 main_grad with beta = 1, a forward with bias, a dgrad; zero-row experts).
+// The heuristic's order shows in the name; an unknown order suffix is an error naming it.
+TEST(GemmGpuConfig, TileOrderIsBitIdentical) {
+  GROUPMM_REQUIRE_GPU();
+  Context ctx(Device::CUDA);
+  struct Order {
+    GemmPass pass;
+    DType out;
+    int64_t rows, N, K;
+    float beta;
+    bool along_n;  // the heuristic's order: wgrad grids at least 1.5x taller than wide
+  };
+  const Order cases[] = {
+      {GemmPass::wgrad, DType::bf16, 300, 896, 256, 0.0f, true},  // split (129-1024 rows)
+      {GemmPass::wgrad, DType::fp32, 1100, 640, 512, 1.0f, true},
+      {GemmPass::wgrad, DType::bf16, 1100, 256, 1024, 0.0f, false},  // wide grid
+      {GemmPass::forward, DType::bf16, 300, 384, 512, 0.0f, false},
+      {GemmPass::dgrad, DType::bf16, 300, 384, 512, 0.0f, false},
+  };
+  for (const Order& c : cases) {
+    SCOPED_TRACE(std::string(gemm_pass_name(c.pass)) + " N=" + std::to_string(c.N));
+    const int64_t G = 6;
+    GemmProblem p =
+        GemmProblem::make(c.pass, DType::bf16, G, make_splits(Pattern::zero_middle, G, G * c.rows),
+                          c.N, c.K, c.pass == GemmPass::forward, c.beta, c.out);
+    DeviceProblem d(p);
+    GroupedGemmArgs a = d.args(p);
+    const std::string auto_name = gemm_config_name(ctx, a);
+    const std::string base = auto_name.substr(0, auto_name.find('@'));
+    EXPECT_EQ(auto_name, c.along_n ? base + "@along_n" : base);
+    std::vector<std::vector<uint8_t>> got;
+    for (const char* order : {"@along_m", "@along_n"}) {
+      d.reset_out(p);
+      a.config = base + order;
+      grouped_gemm(ctx, a);
+      ctx.check();
+      got.push_back(d.out_bytes());
+    }
+    EXPECT_TRUE(got[0] == got[1]) << base;
+    expect_matches_reference(p, got[0]);
+    a.config = base + "@along_k";
+    EXPECT_THROW_MSG(grouped_gemm(ctx, a), "ends in '@along_k', not @along_m or @along_n");
+  }
+}
+
 // ---- launch parameters kept between calls
 // -------------------------------------------------------- The engine keeps each configuration's
 // last CUTLASS parameters per thread and rebuilds them when the workspace, the shape, alpha, beta

@@ -38,6 +38,12 @@
 //    keeps the base tiles (one kernel less each to compile; fp16 MoE training is rare).
 //  - forward/dgrad with an fp32 out: the tiles and clusters of their 16-bit-out kernels, not tuned
 //    separately (the fp32 epilogue's larger shared memory is carved out of the mainloop stages).
+//  - tile order (sm90_setup.cuh, LaunchPart::along_n): down M' (CUTLASS's default for grouped
+//    problems), except a wgrad whose output grid is much taller than wide: there across N', so a
+//    wave of CTAs covers a few whole rows of the grid and reads fewer distinct operand blocks
+//    (heuristic_along_n; bench/RESULTS.md, "wgrad tile order"). Forward and dgrad measured slower
+//    across N' (their weight tiles lose the sharing between an expert's M tiles). A config name
+//    may end in "@along_m" or "@along_n" to force the order (tuning and tests).
 #include <algorithm>
 
 #include "cuda/gemm/kernels.hpp"
@@ -172,6 +178,18 @@ std::string heuristic_16bit(const GemmLaunch& l) {
   return "";
 }
 
+// wgrad's tile order. Every expert's output dW is the same grid of tm = N/128 by tn = K/256 tiles;
+// only the reduction (its tokens) differs, and a tile reads a dy block (128 columns) and an x
+// block (256 columns) of the expert's tokens. A wave of W CTAs down M' reads min(W, tm) dy blocks
+// and about W/tm x blocks; across N' about W/tn dy blocks and tn x blocks. So a grid taller than
+// wide reads fewer blocks per wave across N' (Mixtral and Llama 4 gate_up, DeepSeek-V3 down), a
+// wide one fewer down M' (Mixtral down); grids within 1.5x of square measured even either way.
+bool heuristic_along_n(const GemmLaunch& l) {
+  if (l.pass != GemmPass::wgrad) return false;
+  const int64_t tm = tiles(l.dims.N, 128), tn = tiles(l.dims.K, 256);
+  return 2 * tm >= 3 * tn;
+}
+
 std::string heuristic(const GemmLaunch& l) {
   if (l.recipe == QuantRecipe::none) return heuristic_16bit(l);
   // FP8: one kernel per (pass, dtypes, recipe), plus the swapped forward for decode (few rows per
@@ -189,12 +207,36 @@ std::string heuristic(const GemmLaunch& l) {
   return "";
 }
 
-// What one grouped GEMM runs: one kernel over every expert, or two over complementary classes.
+// What one grouped GEMM runs: one kernel over every expert, or two over complementary classes,
+// in one tile order.
 struct Plan {
   sm90::KernelEntry first, second;
   sm90::RowClass first_class;
   bool split = false;
+  bool along_n = false;
 };
+
+// ---- configuration names ------------------------------------------------------------------------
+// "<kernel or split>[@along_m|@along_n]": the suffix forces the tile order; without it the
+// heuristic's order for the launch's shapes. A bare "@along_m|n" is the heuristic's kernel.
+constexpr const char kAlongM[] = "@along_m";
+constexpr const char kAlongN[] = "@along_n";
+
+struct Choice {
+  std::string name;
+  bool along_n = false;
+};
+
+Choice choose(const GemmLaunch& l) {
+  if (l.config.empty()) return {heuristic(l), heuristic_along_n(l)};
+  const size_t at = l.config.find('@');
+  if (at == std::string::npos) return {l.config, heuristic_along_n(l)};
+  const std::string order = l.config.substr(at);
+  GROUPMM_CHECK(order == kAlongM || order == kAlongN, "grouped_gemm: config '", l.config,
+                "' ends in '", order, "', not ", kAlongM, " or ", kAlongN);
+  const std::string name = l.config.substr(0, at);  // empty: the heuristic's kernel
+  return {name.empty() ? heuristic(l) : name, order == kAlongN};
+}
 
 sm90::KernelEntry checked(const std::string& name, const GemmLaunch& l) {
   const TableEntry& e = by_name(name);
@@ -205,8 +247,10 @@ sm90::KernelEntry checked(const std::string& name, const GemmLaunch& l) {
 }
 
 Plan pick(const GemmLaunch& l) {
-  const std::string name = l.config.empty() ? heuristic(l) : l.config;
+  const Choice c = choose(l);
+  const std::string& name = c.name;
   Plan p;
+  p.along_n = c.along_n;
   if (const SplitEntry* s = find_split(name)) {
     p.first = checked(s->inside, l);
     p.second = checked(s->outside, l);
@@ -254,7 +298,9 @@ void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
   GROUPMM_CHECK(workspace_bytes >= need.total, "grouped_gemm: workspace_bytes=", workspace_bytes,
                 " must be >= ", need.total, " (grouped_gemm_workspace_size)");
   if (!p.split) {
-    p.first.run(ctx, l, workspace, workspace_bytes, sm90::LaunchPart{});
+    sm90::LaunchPart whole;
+    whole.along_n = p.along_n;
+    p.first.run(ctx, l, workspace, workspace_bytes, whole);
     return;
   }
   // Two launches in stream order, each over its class of experts; one setup kernel (the first
@@ -262,17 +308,20 @@ void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
   sm90::LaunchPart one;
   one.row_class = p.first_class;
   one.write_other = true;
+  one.along_n = p.along_n;
   sm90::LaunchPart two;
   two.row_class = p.first_class;
   two.row_class.outside = !two.row_class.outside;
   two.shared = reinterpret_cast<void*>(sm90::align_up(reinterpret_cast<uintptr_t>(workspace), 256));
+  two.along_n = p.along_n;
   p.first.run(ctx, l, workspace, need.first, one);
   p.second.run(ctx, l, static_cast<char*>(workspace) + need.first, workspace_bytes - need.first,
                two);
 }
 
 std::string cutlass_config_name(const GemmLaunch& l) {
-  return l.config.empty() ? heuristic(l) : l.config;
+  const Choice c = choose(l);
+  return c.along_n ? c.name + kAlongN : c.name;
 }
 
 std::vector<std::string> cutlass_config_names() {

@@ -13,7 +13,8 @@ namespace groupmm::cuda::sm90 {
 // ---- host side ----------------------------------------------------------------------------------
 template <class Cfg>
 typename Cfg::Gemm::Arguments make_arguments(const DeviceArrays<Cfg>& arr, int G, float alpha,
-                                             float beta, bool has_bias, int device, int sms) {
+                                             float beta, bool has_bias, int device, int sms,
+                                             bool along_n) {
   constexpr bool kPerExpert = Cfg::kScaling == Scaling::per_expert;
   cutlass::KernelHardwareInfo hw;
   hw.device_id = device;
@@ -54,13 +55,16 @@ typename Cfg::Gemm::Arguments make_arguments(const DeviceArrays<Cfg>& arr, int G
     f = {{{alpha}}, {}, {has_bias ? arr.ptr_bias : nullptr}, {}};
   }
   args.hw_info = hw;
+  // Set either way: the scheduler's heuristic would read host problem shapes, which we never have.
+  using Raster = decltype(args.scheduler.raster_order);
+  args.scheduler.raster_order = along_n ? Raster::AlongN : Raster::AlongM;
   return args;
 }
 
 template <class Cfg>
 size_t workspace_size(const GemmDims& d, int sms) {
   DeviceArrays<Cfg> arr = carve<Cfg>(nullptr, d.G, d.N, d.K);
-  auto args = make_arguments<Cfg>(arr, static_cast<int>(d.G), 1.0f, 0.0f, false, 0, sms);
+  auto args = make_arguments<Cfg>(arr, static_cast<int>(d.G), 1.0f, 0.0f, false, 0, sms, false);
   return arr.bytes + Cfg::Gemm::get_workspace_size(args) + 256;
 }
 
@@ -72,10 +76,11 @@ struct ParamsKey {
   float alpha, beta;
   bool bias;
   int device, sms;
+  bool along_n;
   bool operator==(const ParamsKey& o) const {
     return problems == o.problems && cutlass_ws == o.cutlass_ws && G == o.G && N == o.N &&
            K == o.K && alpha == o.alpha && beta == o.beta && bias == o.bias && device == o.device &&
-           sms == o.sms;
+           sms == o.sms && along_n == o.along_n;
   }
 };
 
@@ -175,13 +180,13 @@ void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes, const Lau
   // Building them (TMA descriptor encoding, the shared-memory attribute) costs microseconds of
   // host time per launch, so each thread keeps the last ones per configuration.
   const ParamsKey key{
-      arr.problems,      arr.cutlass_ws,     d.G,           d.N, d.K, a.alpha, a.beta,
-      a.bias != nullptr, ctx.device_index(), ctx.sm_count()};
+      arr.problems,       arr.cutlass_ws, d.G,         d.N, d.K, a.alpha, a.beta, a.bias != nullptr,
+      ctx.device_index(), ctx.sm_count(), part.along_n};
   thread_local ParamsCache<Cfg> cache;
   if (!cache.valid || !(cache.key == key)) {
     cache.valid = false;
     auto args = make_arguments<Cfg>(arr, static_cast<int>(d.G), a.alpha, a.beta, key.bias,
-                                    key.device, key.sms);
+                                    key.device, key.sms, key.along_n);
     typename Cfg::Gemm gemm;
     const size_t cws = Cfg::Gemm::get_workspace_size(args);
     GROUPMM_CHECK(arrays_bytes + cws + 256 <= ws_bytes, "grouped_gemm: workspace too small (",

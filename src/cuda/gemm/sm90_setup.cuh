@@ -118,10 +118,16 @@ struct RowClass {
 // the first one's arrays (`shared`, the first launch's aligned workspace base), so the pair costs
 // one setup launch. Both configurations of a split have the same operand, output and stride
 // types, so their arrays have one layout (engine.cu checks KernelEntry::layout_id).
+//
+// The tile order (CUTLASS's group scheduler raster) only decides which CTA computes which output
+// tile and when, never a tile's arithmetic: the results are bit-identical in either order.
+// along_m: consecutive tiles of an expert step down M' (the scheduler's default); along_n: across
+// N'. engine.cu picks it from host-known shapes.
 struct LaunchPart {
   RowClass row_class;
   bool write_other = false;      // first of a split: also fill problems_other
   const void* shared = nullptr;  // second of a split: the first launch's arrays
+  bool along_n = false;          // tile order (above)
 };
 
 template <class Cfg>
