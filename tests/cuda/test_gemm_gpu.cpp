@@ -258,8 +258,9 @@ TEST(GemmGpuConfig, ShortReductionAndRaggedWidthPicks) {
 
 // The tile order changes which CTA computes a tile and when, never the tile's arithmetic: each
 // pass run in both orders gives the same bytes, equal to the CPU reference (a split wgrad, a
-// wgrad into an fp32 main_grad with beta = 1, a forward with bias, a dgrad; zero-row experts).
-// The heuristic's order shows in the name; an unknown order suffix is an error naming it.
+// wgrad into an fp32 main_grad with beta = 1, a wgrad with a wide dW grid, a forward with bias, a
+// dgrad; zero-row experts). The heuristic's order shows in the name (across N only for the tall
+// wgrad grids); an unknown order suffix is an error naming it.
 TEST(GemmGpuConfig, TileOrderIsBitIdentical) {
   GROUPMM_REQUIRE_GPU();
   Context ctx(Device::CUDA);
