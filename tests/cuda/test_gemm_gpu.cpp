@@ -304,11 +304,11 @@ TEST(GemmGpuConfig, TileOrderIsBitIdentical) {
   }
 }
 
-// ---- launch parameters kept between calls
-// -------------------------------------------------------- The engine keeps each configuration's
-// last CUTLASS parameters per thread and rebuilds them when the workspace, the shape, alpha, beta
-// or the bias change; operands and splits reach the kernel through device arrays. Calls that
-// alternate all of these must each match the reference.
+// ---- launch parameters kept between calls -------------------------------------------------------
+// The engine keeps each configuration's last CUTLASS parameters per thread and rebuilds them when
+// the workspace, the shape, alpha, beta, the bias or the tile order change; operands and splits
+// reach the kernel through device arrays. Calls that alternate all of these (but the order, whose
+// results are the same bytes either way) must each match the reference.
 TEST(GemmGpuConfig, KeptLaunchParametersFollowEveryCall) {
   GROUPMM_REQUIRE_GPU();
   Context ctx(Device::CUDA);
