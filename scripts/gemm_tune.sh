@@ -3,6 +3,7 @@
 #   TESTS=ON GTEST_FILTER="*GemmGpu*" bash scripts/gemm_tune.sh build gtest sweep bench peers
 #   build: library + CLI into build-dev (TESTS=ON: the test binaries too)
 #   sweep: interleaved --quick sweeps of the heuristic against the candidate tiles
+#   order: the same for the wgrad tile order (the heuristic, then each order forced)
 #   gtest: the GPU GoogleTest binary in one process (GTEST_FILTER), sanitize: memcheck on a filter
 #   bench: the full bf16 suite (validated) as JSON; peers: torch._grouped_mm on the same cases
 #   (bench and peers in one call: $OUT is new on every call)
@@ -24,6 +25,11 @@ sweep)
   { timeout 150 $B bench gemm --quick --suite all --pass wgrad --config $W
     timeout 100 $B bench gemm --quick --suite moe --pass wgrad --out fp32 --config $W32; } > "$OUT/sweep.txt" 2>&1
   stamp sweep ;;
+order)
+  O=auto,auto@along_m,auto@along_n
+  { timeout 150 $B bench gemm --quick --suite all --pass wgrad --config $O
+    timeout 100 $B bench gemm --quick --suite moe --pass wgrad --out fp32 --config $O; } > "$OUT/order.txt" 2>&1
+  stamp order ;;
 gtest)
   timeout ${GTEST_TIMEOUT:-300} ./build-dev/groupmm_tests_gpu --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gtest.log" 2>&1
   echo "gtest rc $?"; stamp gtest; grep -E "PASSED|FAILED|tests ran" "$OUT/gtest.log" | tail -8 ;;
