@@ -324,7 +324,9 @@ int bench_gemm(const GemmOptions& o, cudaStream_t stream) {
         bytes += pass == GemmPass::wgrad ? double(b_el) * 2 : double(active) * double(N * K) * 2;
         // Each configuration of this pass: validated once, then timed. Several configurations
         // are timed in interleaved rounds (median of the rounds) so that clock drift during the
-        // sweep does not favour one of them.
+        // sweep does not favour one of them. Each round starts one configuration later, so that
+        // none always runs first, after the pause between cases: a power-limited GPU's clock
+        // depends on the load just before.
         std::vector<std::string> mine;
         for (const std::string& c : configs)
           if (config_of_pass(c, pass_name)) mine.push_back(config_arg(c));
@@ -338,10 +340,12 @@ int bench_gemm(const GemmOptions& o, cudaStream_t stream) {
             err[ci] = rel_err_device(view_out(out), view_out(ref));
           }
         }
-        const int rounds = mine.size() > 1 ? 3 : 1;
-        std::vector<std::vector<double>> times(mine.size());
+        const size_t n_cfg = mine.size();
+        const int rounds = n_cfg > 1 ? int(std::max<size_t>(3, n_cfg)) : 1;
+        std::vector<std::vector<double>> times(n_cfg);
         for (int round = 0; round < rounds; ++round) {
-          for (size_t ci = 0; ci < mine.size(); ++ci) {
+          for (size_t j = 0; j < n_cfg; ++j) {
+            const size_t ci = (size_t(round) + j) % n_cfg;
             config = mine[ci];
             const size_t ws_need =
                 grouped_gemm_workspace_size(ctx, make(0, GemmEngine::cutlass_sm90, out));
