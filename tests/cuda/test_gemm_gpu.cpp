@@ -458,7 +458,8 @@ TEST(GemmGpuErrors, AlignmentAndShapes) {
 // The heuristic picks among these by shape; each one must be right on its own, on the shapes the
 // issue-22 heuristic sends to it: ragged widths (not multiples of the tile), thousands of experts
 // with 0-64 rows, and row counts on both sides of the split configurations' class bounds (129,
-// 1024), accumulating and not. Two runs are bit-identical (no run-to-run reduction order).
+// 768 into bf16, 1024 into fp32), accumulating and not. Two runs are bit-identical (no run-to-run
+// reduction order).
 struct ConfigCase {
   std::string config;
   std::string shape;  // ragged | many_small | class_bounds | class_bounds_accum
@@ -513,8 +514,8 @@ TEST_P(GemmGpuConfigs, MatchesCpuReferenceAndRepeatsBitExact) {
     std::uniform_int_distribution<int64_t> rows(0, 64);
     for (int g = 0; g < 4096; ++g) splits.push_back(rows(rng()));
     N = 64, K = 128;
-  } else {  // both sides of 129 and 1024, empty experts first, middle and last
-    splits = {0, 1, 64, 128, 129, 500, 0, 1024, 1025, 2000, 300, 7, 0};
+  } else {  // both sides of 129, 768 and 1024, empty experts first, middle and last
+    splits = {0, 1, 64, 128, 129, 500, 0, 768, 769, 1024, 1025, 2000, 300, 7, 0};
     N = 256, K = 384;
   }
   const float beta = c.shape == "class_bounds_accum" ? 1.0f : 0.0f;

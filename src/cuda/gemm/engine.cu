@@ -30,12 +30,13 @@
 //    experts' weights far larger than L2 (N*K >= 64M): the cluster pairs along M (2x1) instead.
 //  - wgrad reduces over each expert's tokens (K' = m_g); fp32 or 16-bit output. bf16: a 128x128
 //    ping-pong tile (2x1 cluster), whose two warpgroups overlap one's epilogue (the dW write) with
-//    the other's mainloop, for the experts with 129-1024 rows and the 128x256 cooperative tile
-//    for the rest: two launches, the experts sorted into them on the device (kSplits), used when
-//    the average is 65-1024 rows. An output width K that is not a multiple of 256 runs the
-//    ping-pong tile for every expert (from an average of 129 rows), or into bf16 where 192
-//    divides K (1920 wide experts) a 128x192 cooperative tile (no waste along K, 5-7% faster). fp16
-//    keeps the base tiles (one kernel less each to compile; fp16 MoE training is rare).
+//    the other's mainloop, for the experts with 129-1024 rows (129-768 into bf16, where the
+//    cooperative tile's wider epilogue subtile makes it faster from 1024) and the 128x256
+//    cooperative tile for the rest: two launches, the experts sorted into them on the device
+//    (kSplits), used when the average is 65-1024 rows. An output width K that is not a multiple of
+//    256 runs the ping-pong tile for every expert (from an average of 129 rows), or into bf16 where
+//    192 divides K (1920 wide experts) a 128x192 cooperative tile (no waste along K, 5-7% faster).
+//    fp16 keeps the base tiles (one kernel less each to compile; fp16 MoE training is rare).
 //  - forward/dgrad with an fp32 out: the tiles and clusters of their 16-bit-out kernels, not tuned
 //    separately (the fp32 epilogue's larger shared memory is carved out of the mainloop stages).
 //  - tile order (sm90_setup.cuh, LaunchPart::along_n): down M' (CUTLASS's default for grouped
@@ -85,9 +86,12 @@ struct SplitEntry {
   int64_t lo, hi;
 };
 
+// Into bf16 the cooperative tile writes dW through a 128x128 epilogue subtile (its kernel file says
+// why), which makes it the faster tile from 1024 rows: ping-pong keeps the experts of 129-768
+// rows (measured: ping-pong faster at 512, cooperative at 1024; 768 lies between).
 const SplitEntry kSplits[] = {
     {"wgrad_bf16_bf16_split_pp128x128_coop128x256", "wgrad_bf16_bf16_128x128_pp_c21",
-     "wgrad_bf16_bf16_128x256_coop_c21", 129, 1024},
+     "wgrad_bf16_bf16_128x256_coop_c21", 129, 768},
     {"wgrad_bf16_f32_split_pp128x128_coop128x256", "wgrad_bf16_f32_128x128_pp_c21",
      "wgrad_bf16_f32_128x256_coop_c21", 129, 1024},
 };

@@ -64,7 +64,7 @@ const char* element_name() {
 // ---- kernel configuration ----------------------------------------------------------------------
 template <class ElementA_, class ElementB_, class ElementD_, Role kRole_, class Tile_,
           class Cluster_, Schedule kSched_, Scaling kScaling_ = Scaling::none,
-          bool kFastAccum_ = false>
+          bool kFastAccum_ = false, int kEpiTileN_ = 0>
 struct Sm90GroupedConfig {
   using ElementA = ElementA_;
   using ElementB = ElementB_;
@@ -75,6 +75,10 @@ struct Sm90GroupedConfig {
   static constexpr Schedule kSched = kSched_;
   static constexpr Scaling kScaling = kScaling_;
   static constexpr bool kFastAccum = kFastAccum_;
+  // Epilogue subtile width: 0 = CUTLASS's choice (32 columns for a 16-bit out); else the tile's
+  // M by kEpiTileN. A wider subtile stages the output in fewer, larger TMA stores (fewer barriers
+  // per tile), at the cost of shared memory taken from the mainloop's stages.
+  static constexpr int kEpiTileN = kEpiTileN_;
   static constexpr bool kFp8 = is_fp8_v<ElementA>;
 
   static_assert(kFp8 == is_fp8_v<ElementB>, "both operands are FP8 or neither");
@@ -98,6 +102,10 @@ struct Sm90GroupedConfig {
                 "cooperative schedules split M over two warpgroups");
   static_assert(kScaling != Scaling::blockwise || size<2>(Tile{}) == 128,
                 "blockwise scales are applied per 128-deep K tile");
+  static_assert(
+      kEpiTileN == 0 || (kSched == Schedule::cooperative && kEpiTileN % 32 == 0 &&
+                         size<1>(Tile{}) % kEpiTileN == 0),
+      "an explicit epilogue subtile is a cooperative tile's full M by a divisor of its N");
 
   // FP8 wgmma reads K-major shared memory only: every FP8 pass is TN (see the mapping above).
   using LayoutA = std::conditional_t<kRole == Role::wgrad && !kFp8, cutlass::layout::ColumnMajor,
@@ -176,10 +184,13 @@ struct Sm90GroupedConfig {
   using LinComb = cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementD, float>;
   using FusionOp = std::conditional_t<kRole == Role::wgrad, LinComb, BiasEVT>;
 
+  using EpilogueTile =
+      std::conditional_t<kEpiTileN == 0, cutlass::epilogue::collective::EpilogueTileAuto,
+                         Shape<decltype(size<0>(Tile{})), Int<(kEpiTileN > 0 ? kEpiTileN : 1)>>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, LayoutD*, kAlignD,
-      ElementD, LayoutD*, kAlignD, EpilogueSchedule, FusionOp>::CollectiveOp;
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpilogueTile, float,
+      float, ElementC, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD, EpilogueSchedule,
+      FusionOp>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, MainloopLayoutA, kAlignA,
@@ -207,12 +218,14 @@ struct Sm90GroupedConfig {
     const char* scaling = kScaling == Scaling::per_expert  ? " per-expert scaled"
                           : kScaling == Scaling::blockwise ? " block scaled"
                                                            : "";
-    return detail::cat("sm90 ", role, " ", element_name<ElementA>(), "x", element_name<ElementB>(),
-                       "->", element_name<ElementD>(), scaling, kFastAccum ? " fast-accum" : "",
-                       " tile ", int(size<0>(Tile{})), "x", int(size<1>(Tile{})), "x",
-                       int(size<2>(Tile{})), " cluster ", int(size<0>(Cluster{})), "x",
-                       int(size<1>(Cluster{})), " ",
-                       kSched == Schedule::cooperative ? "cooperative" : "pingpong");
+    return detail::cat(
+        "sm90 ", role, " ", element_name<ElementA>(), "x", element_name<ElementB>(), "->",
+        element_name<ElementD>(), scaling, kFastAccum ? " fast-accum" : "", " tile ",
+        int(size<0>(Tile{})), "x", int(size<1>(Tile{})), "x", int(size<2>(Tile{})), " cluster ",
+        int(size<0>(Cluster{})), "x", int(size<1>(Cluster{})), " ",
+        kSched == Schedule::cooperative ? "cooperative" : "pingpong",
+        kEpiTileN == 0 ? std::string()
+                       : detail::cat(" epilogue ", int(size<0>(Tile{})), "x", kEpiTileN));
   }
 };
 

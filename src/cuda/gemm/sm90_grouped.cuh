@@ -228,13 +228,19 @@ KernelEntry entry() {
 
 // One translation unit per configuration (they are slow to compile): each defines a function
 // returning its KernelEntry, declared in kernels.hpp.
+// GROUPMM_SM90_KERNEL_EPI: a 16-bit kernel with an explicit epilogue subtile width (EPI_N).
 #define GROUPMM_SM90_KERNEL(fn, EAB, ED, ROLE, TM, TN, TK, CM, CN, SCHED) \
   GROUPMM_SM90_KERNEL_SCALED(fn, EAB, EAB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, none, false)
+#define GROUPMM_SM90_KERNEL_EPI(fn, EAB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, EPI_N) \
+  GROUPMM_SM90_KERNEL_IMPL(fn, EAB, EAB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, none, false, EPI_N)
 #define GROUPMM_SM90_KERNEL_SCALED(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST) \
+  GROUPMM_SM90_KERNEL_IMPL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST, 0)
+#define GROUPMM_SM90_KERNEL_IMPL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST,   \
+                                 EPI_N)                                                            \
   namespace groupmm::cuda::sm90 {                                                                  \
   KernelEntry fn() {                                                                               \
     return entry<Sm90GroupedConfig<EA, EB, ED, Role::ROLE, Shape<Int<TM>, Int<TN>, Int<TK>>,       \
                                    Shape<Int<CM>, Int<CN>, _1>, Schedule::SCHED, Scaling::SCALING, \
-                                   FAST>>();                                                       \
+                                   FAST, EPI_N>>();                                                \
   }                                                                                                \
   }
