@@ -4,6 +4,12 @@ in the same device call, and prints the merged table with our ratio to it.
 
     build/groupmm bench gemm --json out/gemm.json && python3 bench/peers_torch.py out/gemm.json
 
+--ours (16-bit cases; needs the groupmm package, PYTHONPATH=python after scripts/build_python.sh):
+also times our engine through torch.ops.groupmm on the same tensors, in rounds that alternate
+which of the two runs first, and reports the ratio of the medians of that process instead of the
+ratio to the JSON's time (a GPU's clock differs from one process to the next by more than the
+margins being measured). Ours runs the heuristic's configuration, whatever the JSON's config was.
+
 forward: x[M,K] @ W^T (2d x 3d, W given as [G,K,N] view of [G,N,K]); dgrad: dy[M,N] @ W[G,N,K]
 (2d x 3d); wgrad: dy^T[N,M] @ x[M,K] (2d x 2d, offs over M) -> [G,N,K]. bf16 in and out, fp32 accumulation.
 """
@@ -33,7 +39,17 @@ def rotation(nbytes):
     return max(1, min(16, math.ceil(3 * l2 / max(nbytes, 1))))
 
 
-def time_case(c):
+def same_process(fns, rounds=6):
+    """Median over `rounds` of each fn's median_ms, the order of the fns rotating every round."""
+    times = [[] for _ in fns]
+    for r in range(rounds):
+        for j in range(len(fns)):
+            i = (r + j) % len(fns)
+            times[i].append(median_ms(fns[i]))
+    return [statistics.median(t) for t in times]
+
+
+def time_case(c, ours=False):
     G, M, N, K = c["G"], c["M"], c["N"], c["K"]
     dev = "cuda"
     offs = torch.tensor(c["splits"], dtype=torch.int64, device=dev).cumsum(0).to(torch.int32)
@@ -66,6 +82,20 @@ def time_case(c):
         state["i"] += 1
         return torch._grouped_mm(a, b, offs=offs, out_dtype=out_dtype)
 
+    # ours on the same tensors: W [G,N,K] as stored, dy [M,N] row-major
+    mine = [(xs[i], ws[i]) if c["pass"] == "fwd" else (dys[i], ws[i]) if c["pass"] == "dgrad"
+            else (dys[i], xs[i]) for i in range(R)]
+    splits = torch.tensor(c["splits"], dtype=torch.int64, device=dev)
+
+    def run_ours():
+        a, b = mine[state["i"] % R]
+        state["i"] += 1
+        if c["pass"] == "fwd":
+            return torch.ops.groupmm.grouped_mm(a, b, splits)
+        if c["pass"] == "dgrad":
+            return torch.ops.groupmm.grouped_mm_dgrad(a, b, splits)
+        return torch.ops.groupmm.grouped_mm_wgrad(a, b, splits, out_dtype=out_dtype)
+
     try:
         run()
     except Exception as e:  # layout requirement: retry with a contiguous copy (outside timing)
@@ -77,8 +107,11 @@ def time_case(c):
         try:
             run()
         except Exception as e2:
-            return None, f"torch failed: {msg} / {str(e2).splitlines()[0][:120]}"
-    return median_ms(run) * 1e3, None
+            return None, f"torch failed: {msg} / {str(e2).splitlines()[0][:120]}", None
+    if not ours:
+        return median_ms(run) * 1e3, None, None
+    t_torch, t_ours = same_process([run, run_ours])
+    return t_torch * 1e3, None, t_ours * 1e3
 
 
 def time_case_fp8(c, fast_accum):
@@ -116,8 +149,8 @@ def time_case_fp8(c, fast_accum):
     try:
         run()
     except Exception as e:
-        return None, f"torch failed: {str(e).splitlines()[0][:160]}"
-    return median_ms(run) * 1e3, None
+        return None, f"torch failed: {str(e).splitlines()[0][:160]}", None
+    return median_ms(run) * 1e3, None, None
 
 
 def compare(data, path, time_fn, peer, dense_key, dense_label):
@@ -129,8 +162,10 @@ def compare(data, path, time_fn, peer, dense_key, dense_label):
           f"{dense_label:>8} {'TFLOP/s':>8}")
     ratios = {"fwd": [], "dgrad": [], "wgrad": []}
     for c in data["cases"]:
-        t, err = time_fn(c)
+        t, err, t_ours = time_fn(c)
         c["torch_us"] = t
+        if t_ours is not None:  # --ours: both timed in this process; the JSON's time is replaced
+            c["us_bench"], c["us"] = c["us"], t_ours
         if t is None:
             print(f"{c['case']:22} {c['pass']:6} {c['pattern']:8} {c['us']:9.1f}  {err}")
             continue
@@ -149,14 +184,20 @@ def compare(data, path, time_fn, peer, dense_key, dense_label):
 
 
 def main():
-    path = sys.argv[1]
+    ours = "--ours" in sys.argv[1:]
+    path = [a for a in sys.argv[1:] if a != "--ours"][0]
     data = json.load(open(path))
     if data.get("recipe", "bf16") != "bf16":
         fast = bool(data.get("fast_accum", False))
         return compare(data, path, lambda c: time_case_fp8(c, fast),
                        f"torch._scaled_grouped_mm (rowwise scales, use_fast_accum={fast}); "
                        f"{data['recipe']}", "dense_fp8_us", "x_dense8")
-    compare(data, path, time_case, "torch._grouped_mm", "dense_us", "x_dense")
+    if ours:
+        import groupmm  # noqa: F401  (registers torch.ops.groupmm)
+        peer = "torch._grouped_mm; ours and torch timed in this process, alternating (--ours)"
+    else:
+        peer = "torch._grouped_mm"
+    compare(data, path, lambda c: time_case(c, ours), peer, "dense_us", "x_dense")
 
 
 if __name__ == "__main__":
