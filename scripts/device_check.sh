@@ -62,7 +62,10 @@ if has cli; then
 fi
 if has bench-gemm; then
   timeout 420 ./$B/groupmm bench gemm --json "$OUT/gemm.json" ${BENCH_GEMM_ARGS:-} 2>&1 | tee "$OUT/bench_gemm.txt" | tail -5
-  PYTHONUNBUFFERED=1 timeout 300 python3 bench/peers_torch.py "$OUT/gemm.json" 2>&1 | tee "$OUT/bench_gemm_torch.txt" | tail -8
+  # torch's ratio from one process (--ours), which needs the extension; else from the JSON's times
+  ours=""
+  GROUPMM_BUILD_DIR=$B timeout 300 bash scripts/build_python.sh >"$OUT/build_python.txt" 2>&1 && ours=--ours
+  PYTHONUNBUFFERED=1 PYTHONPATH=python timeout 300 python3 bench/peers_torch.py $ours "$OUT/gemm.json" 2>&1 | tee "$OUT/bench_gemm_torch.txt" | tail -8
 fi
 if has bench-quant; then timeout 200 ./$B/groupmm bench quantize 2>&1 | tee "$OUT/bench_quant.txt" | tail -30; fi
 if has ncu-quant; then  # NCU_CASES="recipe/direction ..." on [65536, 7168]
