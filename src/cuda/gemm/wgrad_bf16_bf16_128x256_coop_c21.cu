@@ -1,7 +1,7 @@
 // SM90 grouped GEMM instantiation: wgrad_bf16_bf16_128x256_coop_c21
 // Epilogue subtile 128x128 (CUTLASS would pick 128x32): a wgrad's reduction per expert is short,
 // so the dW write is a large share of each tile; the wider subtile measured faster on the MoE
-// shapes (bench/RESULTS.md, "wgrad epilogue tile"). The fp32 main_grad kernel keeps CUTLASS's
+// shapes (bench/RESULTS.md, "wgrad epilogue subtile"). The fp32 main_grad kernel keeps CUTLASS's
 // choice: its C source stages make a wider fp32 subtile take the mainloop's shared memory.
 #include "cuda/gemm/sm90_grouped.cuh"
 
