@@ -5,6 +5,8 @@ formulas of permute and quantize mirror moe_permuted_rows and group_quantize_sha
 compares these against the real kernels).
 """
 
+import math
+
 import torch
 from torch.library import register_fake
 
@@ -80,6 +82,15 @@ def _(logits, expert_bias, topk, score="softmax", n_group=1, topk_group=1, renor
 @register_fake("groupmm::router_backward")
 def _(logits, expert_ids, counts, d_weights, *args):
     return torch.empty_like(logits, dtype=torch.float32)
+
+
+def moe_capacity(tokens, topk, experts, capacity_factor):
+    """Tokens each expert keeps under a capacity factor (the core's moe_capacity):
+    ceil(capacity_factor * tokens * topk / experts), at least 1; 0 (dropless) for a factor <= 0."""
+    if capacity_factor <= 0:
+        return 0
+    # The core's double arithmetic in its order: (factor * (T k)) / E, then ceil.
+    return max(1, math.ceil(float(capacity_factor) * float(tokens * topk) / float(experts)))
 
 
 def permuted_rows(tokens, topk, experts, align=1, capacity=0):

@@ -82,6 +82,47 @@ def test_fullgraph_recipes_and_main_grad_match_eager(device, recipe, main_grad, 
             torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_first_microbatch_keeps_the_quantized_weights(device, backend):
+    # Compiled with is_first_microbatch=True, the layer quantizes the weights and keeps them (the
+    # graph's outputs); with False it reads them back instead of quantizing: a weight change in
+    # between shows in a True or None call, not in a False one. Values and gradients are eager's.
+    torch._dynamo.reset()
+    splits = make_splits([16, 0, 32, 16], device)
+    x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    layers = []
+    for _ in range(2):  # the compiled one and its eager twin
+        torch.manual_seed(4)
+        layers.append(groupmm.nn.GroupedLinear(G, 128, 128, recipe="fp8_current", device=device))
+
+    def run(fn, layer, first):
+        xg = x.clone().requires_grad_()
+        layer.zero_grad()
+        loss = fn(layer, xg, first)
+        loss.backward()
+        return [loss.detach(), xg.grad, layer.weight.grad, layer.bias.grad]
+
+    def step(layer, x, first):
+        return layer(x, splits, is_first_microbatch=first).float().square().mean()
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    got = [run(compiled, layers[0], True)]
+    want = [run(step, layers[1], True)]
+    for layer in layers:
+        with torch.no_grad():
+            layer.weight.mul_(-0.5)  # not re-quantized by a False call
+    got.append(run(compiled, layers[0], False))
+    want.append(run(step, layers[1], None))  # eager None: the version changed, re-quantized
+    assert torch.equal(got[1][1], got[0][1])  # dx from the kept (old) weights: as before
+    got.append(run(compiled, layers[0], None))  # quantized in the graph: the new weights
+    assert not torch.equal(got[2][1], got[0][1])
+    torch.testing.assert_close(got[2][0], want[1][0])
+    for c, e in zip(got[2][1:], want[1][1:]):
+        assert torch.equal(c, e)
+    for c, e in zip(got[0][1:], want[0][1:]):
+        assert torch.equal(c, e)
+
+
 def test_delay_wgrad_is_eager_only(device):
     layer = groupmm.nn.GroupedLinear(G, K, F, delay_wgrad=True, device=device)
     x = torch.randn(16, K, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -97,14 +138,18 @@ def test_delay_wgrad_is_eager_only(device):
     assert layer.weight.grad is not None
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "mxfp8"])
-def test_fullgraph_moe_matches_eager(device, recipe):
+@pytest.mark.parametrize("recipe,balancing", [("bf16", False), ("mxfp8", False), ("bf16", True)])
+def test_fullgraph_moe_matches_eager(device, recipe, balancing):
     # router, permute_plan, permute, weighted SwiGLU, unpermute and a shared expert, with both
-    # router losses: every C++ autograd formula under AOTAutograd's tracing.
+    # router losses: every C++ autograd formula under AOTAutograd's tracing. balancing: the
+    # selection-only expert bias, its token count (a buffer written in the graph) and a capacity.
     torch._dynamo.reset()
     torch.manual_seed(3)
+    extra = dict(expert_bias=True, capacity_factor=0.75) if balancing else {}
     moe = groupmm.nn.MoE(64, 32, 4, 2, shared_ffn_hidden=32, aux_loss_coeff=0.01,
-                         z_loss_coeff=0.001, recipe=recipe, device=device)
+                         z_loss_coeff=0.001, recipe=recipe, device=device, **extra)
+    if balancing:
+        moe.expert_bias.copy_(torch.tensor([0.0, 0.1, -0.05, 0.02]))
     x = torch.randn(16, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
 
     def step(x):
@@ -117,5 +162,10 @@ def test_fullgraph_moe_matches_eager(device, recipe):
         x.grad = None
         fn(x).backward()
         results.append([x.grad.clone()] + [p.grad.clone() for p in moe.parameters()])
+        if balancing:
+            results[-1].append(moe.tokens_per_expert.clone())
+            moe.tokens_per_expert.zero_()
     for c, e in zip(*results):
         assert torch.equal(c, e)
+    if balancing:
+        assert results[0][-1].sum() == 16 * 2  # every (token, slot), counted once per step

@@ -1,5 +1,6 @@
 """groupmm.nn.MoE against a pure-PyTorch MoE with the same weights: values and gradients (router
-weight included), with a shared expert and padded experts."""
+weight included), with a shared expert, padded experts, the selection-only expert bias and its
+update, and a capacity that drops tokens."""
 
 import pytest
 import torch
@@ -10,12 +11,27 @@ import groupmm
 T, H, FF, E, K = 24, 32, 16, 4, 2
 
 
-def reference(moe, x):
+def reference(moe, x, bias=None, capacity=0):
+    """The block from torch ops: softmax scores, top-k of the scores (+ the selection-only bias),
+    renormalized unbiased weights; with a capacity, each expert keeps its first `capacity`
+    (token, slot) pairs in token order."""
     logits = x.float() @ moe.router.weight.float().t()
-    w, ids = logits.softmax(-1).topk(K, dim=-1)
+    scores = logits.softmax(-1)
+    ids = (scores if bias is None else scores + bias).topk(K, dim=-1).indices
+    w = scores.gather(1, ids)
     w = w / w.sum(-1, keepdim=True)
-    gate, up = moe.shared_up(x).float().chunk(2, -1)
-    y = (F.silu(gate) * up) @ moe.shared_down.weight.float().t()
+    if capacity:
+        ids, seen = ids.clone(), [0] * E  # (the gather above keeps ids for its backward)
+        for t in range(x.shape[0]):
+            for j in range(K):
+                e = int(ids[t, j])
+                if seen[e] >= capacity:
+                    ids[t, j] = -1  # dropped
+                seen[e] += 1
+    y = torch.zeros(x.shape[0], H, device=x.device)
+    if moe.shared_up is not None:
+        gate, up = moe.shared_up(x).float().chunk(2, -1)
+        y = (F.silu(gate) * up) @ moe.shared_down.weight.float().t()
     for e in range(E):
         tok, j = (ids == e).nonzero(as_tuple=True)
         gate, up = (x[tok].float() @ moe.gate_up.weight[e].float().t()).chunk(2, -1)
@@ -24,20 +40,90 @@ def reference(moe, x):
     return y
 
 
-@pytest.mark.parametrize("align", [1, 8])
-def test_moe_matches_reference(device, align):
-    moe = groupmm.nn.MoE(H, FF, E, K, shared_ffn_hidden=FF, align=align, device=device)
-    x = torch.randn(T, H, device=device, dtype=torch.bfloat16, requires_grad=True)
-    y, aux = moe(x)
+def check_values_and_grads(moe, x, ref_fn):
+    y, _ = moe(x)
     x_ref = x.detach().clone().requires_grad_()
-    ref = reference(moe, x_ref)
+    ref = ref_fn(x_ref)
     torch.testing.assert_close(y.float(), ref, rtol=3e-2, atol=3e-2)
-    assert aux.shape == () and aux.item() == 0.0  # no loss coefficients
     dy = torch.randn_like(y)
     grads = torch.autograd.grad(y, [x, moe.router.weight, moe.gate_up.weight], dy)
     refs = torch.autograd.grad(ref, [x_ref, moe.router.weight, moe.gate_up.weight], dy.float())
     for got, want in zip(grads, refs):
         torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("align", [1, 8])
+def test_moe_matches_reference(device, align):
+    moe = groupmm.nn.MoE(H, FF, E, K, shared_ffn_hidden=FF, align=align, device=device)
+    x = torch.randn(T, H, device=device, dtype=torch.bfloat16, requires_grad=True)
+    _, aux = moe(x)
+    assert aux.shape == () and aux.item() == 0.0  # no loss coefficients
+    check_values_and_grads(moe, x, lambda xr: reference(moe, xr))
+
+
+def test_expert_bias_steers_selection_not_weights(device):
+    moe = groupmm.nn.MoE(H, FF, E, K, expert_bias=True, device=device)
+    assert "expert_bias" in moe.state_dict() and "tokens_per_expert" in moe.state_dict()
+    assert not any(p is moe.expert_bias for p in moe.parameters())
+    # A bias past the scores' range picks experts 1 and 3 for every token; the weights are still
+    # the unbiased scores of those two, renormalized.
+    moe.expert_bias.copy_(torch.tensor([0.0, 2.0, 0.0, 2.0]))
+    x = torch.randn(T, H, device=device, dtype=torch.bfloat16, requires_grad=True)
+    check_values_and_grads(moe, x, lambda xr: reference(moe, xr, bias=moe.expert_bias))
+    # The training forward counted its tokens (before any capacity); eval and no_grad do not.
+    want = torch.tensor([0.0, T, 0.0, T], device=device)
+    assert torch.equal(moe.tokens_per_expert, want)
+    with torch.no_grad():
+        moe(x)
+    moe.eval()
+    moe(x)
+    assert torch.equal(moe.tokens_per_expert, want)
+
+
+def test_update_expert_bias(device):
+    moe = groupmm.nn.MoE(H, FF, E, K, expert_bias=True, device=device)
+    moe.tokens_per_expert.copy_(torch.tensor([5.0, 1.0, 3.0, 3.0]))  # mean 3
+    moe.expert_bias.copy_(torch.tensor([0.5, 0.0, -0.25, 0.0]))
+    moe.update_expert_bias(0.125)
+    # over the mean: down by the rate; under: up; at the mean: unchanged
+    assert torch.equal(moe.expert_bias.cpu(), torch.tensor([0.375, 0.125, -0.25, 0.0]))
+    assert torch.equal(moe.tokens_per_expert.cpu(), torch.zeros(E))
+    plain = groupmm.nn.MoE(H, FF, E, K, device=device)
+    assert plain.expert_bias is None and "expert_bias" not in plain.state_dict()
+    with pytest.raises(RuntimeError, match="update_expert_bias: .*expert_bias=True"):
+        plain.update_expert_bias(0.1)
+
+
+def test_expert_bias_balances_a_skewed_router(device):
+    # The router weight sends most of 64 tokens to expert 0 (top-1); updates of the bias spread
+    # them to about the mean, 16 (20 seeds: 37-50 at first, 16-20.5 after 50 updates).
+    torch.manual_seed(5)
+    moe = groupmm.nn.MoE(H, FF, E, 1, expert_bias=True, device=device)
+    x = torch.randn(64, H, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        moe.router.weight[0] += x.float().mean(0).to(moe.router.weight.dtype) * 3
+    most = []
+    for _ in range(60):
+        moe(x)
+        most.append(moe.tokens_per_expert.max().item())
+        moe.update_expert_bias(0.01)
+    assert most[0] >= 36 and sum(most[-10:]) / 10 <= 24, most
+
+
+def test_capacity_drops_overflow_in_token_order(device):
+    cf = 0.5
+    cap = groupmm.moe_capacity(T, K, E, cf)
+    assert cap == 6  # ceil(0.5 * 24 * 2 / 4)
+    assert groupmm.moe_capacity(T, K, E, 0.0) == 0 and groupmm.moe_capacity(1, 1, 64, 0.01) == 1
+    moe = groupmm.nn.MoE(H, FF, E, K, shared_ffn_hidden=FF, capacity_factor=cf, align=4,
+                         device=device)
+    x = torch.randn(T, H, device=device, dtype=torch.bfloat16, requires_grad=True)
+    logits = x.detach().float() @ moe.router.weight.float().t()
+    loads = torch.bincount(logits.topk(K, -1).indices.flatten().cpu(), minlength=E)
+    assert loads.max() > cap  # the capacity bites
+    check_values_and_grads(moe, x, lambda xr: reference(moe, xr, capacity=cap))
+    with pytest.raises(ValueError, match="capacity_factor=-1.0 must be finite and >= 0"):
+        groupmm.nn.MoE(H, FF, E, K, capacity_factor=-1.0)
 
 
 def test_aux_loss_has_gradient(device):

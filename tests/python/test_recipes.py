@@ -107,6 +107,46 @@ def test_weights_are_quantized_once_until_they_change():
         assert torch.equal(y2, fresh(x, splits)) and not torch.equal(y1, y2)
 
 
+@pytest.mark.parametrize("recipe", ["fp8_current", "mxfp8", "nvfp4_weight"])
+def test_is_first_microbatch_keeps_the_quantized_weights(recipe):
+    layer, x, _, splits = layer_and_inputs(recipe)
+    with pytest.raises(RuntimeError, match="is_first_microbatch=False needs quantized weights"):
+        layer(x, splits, is_first_microbatch=False)
+    with torch.no_grad():
+        y1 = layer(x, splits, is_first_microbatch=True)
+        kept = layer._exec.weights.get(layer.weight, False)
+        assert torch.equal(layer(x, splits, is_first_microbatch=False), y1)
+        assert layer._exec.weights.get(layer.weight, False) is kept  # reused, not remade
+        assert torch.equal(layer(x, splits), y1)  # None: the weights did not change, ...
+        assert layer._exec.weights.get(layer.weight, False) is kept  # ... so none were remade
+        layer.weight.mul_(2)  # an optimizer step
+        # False after a change would use stale weights: eager refuses
+        with pytest.raises(RuntimeError, match="is_first_microbatch=False, but the weights"):
+            layer(x, splits, is_first_microbatch=False)
+        y2 = layer(x, splits, is_first_microbatch=True)
+        assert layer._exec.weights.get(layer.weight, False) is not kept
+        assert torch.equal(layer(x, splits, is_first_microbatch=False), y2)
+    fresh = groupmm.nn.GroupedLinear(G, K, N, recipe=recipe, device="cpu")
+    fresh.load_state_dict(layer.state_dict())
+    with torch.no_grad():
+        assert torch.equal(y2, fresh(x, splits)) and not torch.equal(y1, y2)
+
+
+def test_is_first_microbatch_in_training_and_bf16():
+    # Two micro-batches of a quantized layer (True, then False) give the gradients of two plain
+    # calls; the bf16 recipe takes the argument and ignores it.
+    for recipe in ("fp8_block", "bf16"):
+        a, x, dy, splits = layer_and_inputs(recipe)
+        b = groupmm.nn.GroupedLinear(G, K, N, recipe=recipe, device="cpu")
+        b.load_state_dict(a.state_dict())
+        for first in (True, False):
+            xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+            a(xa, splits, is_first_microbatch=first).backward(dy)
+            b(xb, splits).backward(dy)
+            assert torch.equal(xa.grad, xb.grad)
+        assert torch.equal(a.weight.grad, b.weight.grad) and torch.equal(a.bias.grad, b.bias.grad)
+
+
 @pytest.mark.parametrize("recipe", ["bf16", "fp8_block"])
 def test_delayed_wgrad_queues_micro_batches(device, recipe):
     plain, x, dy, splits = layer_and_inputs(recipe, device)

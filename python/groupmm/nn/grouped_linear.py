@@ -18,9 +18,14 @@ RECIPES = TRAINING_RECIPES + INFERENCE_RECIPES
 # quantized_recipe.cpp, w4_recipe.cpp) op for op, with the same quantize configs, so that on the
 # CPU the package gives the core layer's results bit for bit (tests/python/test_recipes.py checks
 # it against the core layer itself). Each keeps, at forward, only what its wgrad reads.
+# prepare(weight, first) gives the weight operand forward reads (the quantized copies, from the
+# cache); it runs outside the layer's autograd.Function, where a compiled graph may store state.
 
 class _HighPrecision:
     """bf16/fp16 (fp32 on the CPU) operands straight into the grouped GEMMs."""
+
+    def prepare(self, weight, first):
+        return weight
 
     def forward(self, x, weight, bias, splits):
         return ops.grouped_mm(x, weight, splits, bias), (x, weight)
@@ -46,21 +51,41 @@ def _columnwise(q):
 
 
 class _WeightCache:
-    """The quantized weights, made once and reused until weight._version (an optimizer step, a
-    load_state_dict, any in-place write) or the tensor itself changes."""
+    """The quantized weights, made once and reused.
 
-    def __init__(self, quantize):
-        self._quantize, self._key, self._q = quantize, None, None
+    first (forward's is_first_microbatch) None: reused until weight._version (an optimizer step, a
+    load_state_dict, any in-place write) or the tensor itself changes; a compiled graph cannot read
+    those, so there the weights are quantized in the graph on every call. True: quantized now and
+    kept (a compiled graph stores them as its outputs). False: the kept copies, whatever the weight
+    holds now (eager raises where it can tell the weight changed since they were made)."""
 
-    def get(self, weight):
-        if torch.compiler.is_compiling():
-            # A compiled graph cannot hold state across calls: it quantizes the weights in the
-            # graph on every call (same values; the cache is eager-only).
-            return list(self._quantize(weight.detach()))
-        key = (weight._version, weight.data_ptr(), weight.device)
-        if key != self._key:
-            self._q, self._key = list(self._quantize(weight.detach())), key
-        return self._q
+    def __init__(self, recipe, quantize):
+        self._recipe, self._quantize, self._key, self._q = recipe, quantize, None, None
+
+    def get(self, weight, first=None):
+        compiling = torch.compiler.is_compiling()
+        if first is False:
+            if self._q is None:
+                raise RuntimeError(
+                    f"groupmm.nn.GroupedLinear(recipe='{self._recipe}'): is_first_microbatch="
+                    "False needs quantized weights kept by an earlier forward (pass True on the "
+                    "first micro-batch after the weights change)")
+            if not compiling and self._key is not None and self._key != self._key_of(weight):
+                raise RuntimeError(
+                    f"groupmm.nn.GroupedLinear(recipe='{self._recipe}'): is_first_microbatch="
+                    "False, but the weights changed since they were quantized (an optimizer step "
+                    "or an in-place write): pass True on the first micro-batch after a change")
+            return self._q
+        if first or not compiling:
+            key = None if compiling else self._key_of(weight)
+            if first or key != self._key:
+                self._q, self._key = list(self._quantize(weight.detach())), key
+            return self._q
+        return list(self._quantize(weight.detach()))
+
+    @staticmethod
+    def _key_of(weight):
+        return (weight._version, weight.data_ptr(), weight.device)
 
     def clear(self):
         self._key = self._q = None
@@ -73,14 +98,16 @@ class _Quantized:
 
     def __init__(self, recipe, grad_dtype, pow2_scales):
         self.recipe, self.grad_dtype, self.pow2 = recipe, grad_dtype, pow2_scales
-        self.weights = _WeightCache(self._quantize_weights)
+        self.weights = _WeightCache(recipe, self._quantize_weights)
 
     def _quantize_weights(self, w):
         return ops.group_quantize(w, None, self.recipe, pow2_scales=self.pow2,
                                   block_2d=self.recipe == "fp8_block")
 
-    def forward(self, x, weight, bias, splits):
-        qw = self.weights.get(weight)
+    def prepare(self, weight, first):
+        return self.weights.get(weight, first)
+
+    def forward(self, x, qw, bias, splits):
         qx = ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2)
         y = ops.grouped_mm_fp8(list(qx), qw, splits, self.recipe, bias=bias)
         return y, (_columnwise(qx), qw)
@@ -111,13 +138,16 @@ class _W4:
 
     def __init__(self, recipe):
         self.name, self.format = recipe, recipe.split("_")[0]
-        self.weights = _WeightCache(self._quantize_weights)
+        self.weights = _WeightCache(recipe, self._quantize_weights)
 
     def _quantize_weights(self, w):
         return ops.group_quantize_w4(w, self.format)
 
-    def forward(self, x, weight, bias, splits):
-        return ops.grouped_mm_w4(x, self.weights.get(weight), splits, self.format, bias=bias), None
+    def prepare(self, weight, first):
+        return self.weights.get(weight, first)
+
+    def forward(self, x, qw, bias, splits):
+        return ops.grouped_mm_w4(x, qw, splits, self.format, bias=bias), None
 
     def dgrad(self, dy, state, splits, need_dx):
         raise RuntimeError(
@@ -129,12 +159,13 @@ class _W4:
 
 
 class _GroupedLinearFn(torch.autograd.Function):
-    """The layer's forward through its executor; backward computes dx and db, and dW now or, with
-    delay_wgrad, queues what wgrad needs for layer.backward_dw()."""
+    """The layer's forward through its executor (w_op: what prepare() made of weight); backward
+    computes dx and db, and dW now or, with delay_wgrad, queues what wgrad needs for
+    layer.backward_dw()."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, splits, layer):
-        y, state = layer._exec.forward(x, weight, bias, splits)
+    def forward(ctx, x, weight, bias, splits, layer, w_op):
+        y, state = layer._exec.forward(x, w_op, bias, splits)
         ctx.layer, ctx.state = layer, state
         ctx.save_for_backward(splits)
         return y
@@ -158,7 +189,7 @@ class _GroupedLinearFn(torch.autograd.Function):
             else:
                 dw = layer._exec.wgrad(dy_kept, state, splits, layer._main_grad())
         ctx.state = None
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 def _check(cond, recipe, message):
@@ -178,7 +209,8 @@ class GroupedLinear(torch.nn.Module):
       'fp8_current'   FP8 with per-expert current scaling; 'fp8_block' DeepSeek-V3 1x128 / 128x128
                       blocks; 'mxfp8' MX blocks of 32 (training: forward quantizes x, the weights
                       are quantized once and reused until weight._version changes, backward
-                      quantizes dy in grad_dtype, e4m3 or e5m2; pow2_scales for the FP8 recipes).
+                      quantizes dy in grad_dtype, e4m3 or e5m2; pow2_scales for the FP8 recipes;
+                      forward's is_first_microbatch keeps them across calls of a compiled graph).
                       bfloat16 layers; in/out features multiples of 16 (mxfp8: 32, fp8_block:
                       128); every split a multiple of 16 (pad experts: MoE(align=16 or 128));
       'nvfp4_weight', 'mxfp4_weight'   inference with 4-bit weights (quantized once, cached like
@@ -242,19 +274,25 @@ class GroupedLinear(torch.nn.Module):
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
 
-    def forward(self, x, splits):
+    def forward(self, x, splits, is_first_microbatch=None):
+        """x [M, K], splits [G] -> y [M, N]. is_first_microbatch (quantized recipes; ignored by
+        'bf16'): None reuses the quantized weights until they change (eager) or quantizes them on
+        every call (compiled); True quantizes them and keeps them; False reuses the kept ones.
+        Pass True on an optimizer step's first micro-batch and False on the others: then a
+        compiled step quantizes the weights once per optimizer step, as eager does."""
         plain = self.recipe == "bf16" and not self.accumulate_into_main_grad
         if plain and not self.delay_wgrad:
             # The registered op's own autograd formula: traceable by torch.compile end to end.
             return ops.grouped_mm(x, self.weight, splits, self.bias)
+        w_op = self._exec.prepare(self.weight, is_first_microbatch)
         if not torch.is_grad_enabled():
-            return self._exec.forward(x, self.weight, self.bias, splits)[0]
+            return self._exec.forward(x, w_op, self.bias, splits)[0]
         if self.delay_wgrad and torch.compiler.is_compiling():
             raise RuntimeError(
                 "groupmm.nn.GroupedLinear(delay_wgrad=True) is eager-only: its backward queues "
                 "the wgrad operands for backward_dw() (a side effect that a compiled backward "
                 "cannot make); compile the layer with delay_wgrad=False, or run it eagerly")
-        return _GroupedLinearFn.apply(x, self.weight, self.bias, splits, self)
+        return _GroupedLinearFn.apply(x, self.weight, self.bias, splits, self, w_op)
 
     def backward_dw(self):
         """With delay_wgrad: computes the weight gradients that backward queued, in order, into
