@@ -22,14 +22,20 @@ GROUPMM_SWIGLU_HD float swiglu_sigmoid(float g) {
   return 1.0f / (1.0f + std::exp(-g));
 #endif
 }
+// The formulas given the sigmoid s = sigmoid(g), so that each sigmoid variant shares them.
+GROUPMM_SWIGLU_HD float swiglu_fwd_given(float g, float u, float s) {
+  return g * s * u;
+}
+GROUPMM_SWIGLU_HD void swiglu_bwd_given(float dout, float g, float u, float s, float& dg,
+                                        float& du) {
+  du = dout * (g * s);
+  dg = dout * u * (s * (1.0f + g * (1.0f - s)));
+}
 GROUPMM_SWIGLU_HD float swiglu_fwd_elem(float g, float u) {
-  return g * swiglu_sigmoid(g) * u;
+  return swiglu_fwd_given(g, u, swiglu_sigmoid(g));
 }
 GROUPMM_SWIGLU_HD void swiglu_bwd_elem(float dout, float g, float u, float& dg, float& du) {
-  const float s = swiglu_sigmoid(g);
-  const float silu = g * s;
-  du = dout * silu;
-  dg = dout * u * (s * (1.0f + g * (1.0f - s)));
+  swiglu_bwd_given(dout, g, u, swiglu_sigmoid(g), dg, du);
 }
 
 #if defined(__CUDACC__)
@@ -43,13 +49,11 @@ __device__ __forceinline__ float weighted_swiglu_sigmoid(float g) {
   return __fdividef(1.0f, 1.0f + expf(-g));
 }
 __device__ __forceinline__ float weighted_swiglu_fwd_elem(float g, float u) {
-  return g * weighted_swiglu_sigmoid(g) * u;
+  return swiglu_fwd_given(g, u, weighted_swiglu_sigmoid(g));
 }
 __device__ __forceinline__ void weighted_swiglu_bwd_elem(float dout, float g, float u, float& dg,
                                                          float& du) {
-  const float s = weighted_swiglu_sigmoid(g);
-  du = dout * (g * s);
-  dg = dout * u * (s * (1.0f + g * (1.0f - s)));
+  swiglu_bwd_given(dout, g, u, weighted_swiglu_sigmoid(g), dg, du);
 }
 #endif
 
