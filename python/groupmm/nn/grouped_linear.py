@@ -76,12 +76,12 @@ class _WeightCache:
                     "False, but the weights changed since they were quantized (an optimizer step "
                     "or an in-place write): pass True on the first micro-batch after a change")
             return self._q
-        if first or not compiling:
-            key = None if compiling else self._key_of(weight)
-            if first or key != self._key:
-                self._q, self._key = list(self._quantize(weight.detach())), key
-            return self._q
-        return list(self._quantize(weight.detach()))
+        if first is None and compiling:
+            return list(self._quantize(weight.detach()))  # nothing kept across graph calls
+        key = None if compiling else self._key_of(weight)
+        if first or key != self._key:
+            self._q, self._key = list(self._quantize(weight.detach())), key
+        return self._q
 
     @staticmethod
     def _key_of(weight):
@@ -91,7 +91,14 @@ class _WeightCache:
         self._key = self._q = None
 
 
-class _Quantized:
+class _CachedWeights:
+    """An executor whose weight operand is its cached quantized copies (self.weights)."""
+
+    def prepare(self, weight, first):
+        return self.weights.get(weight, first)
+
+
+class _Quantized(_CachedWeights):
     """fp8_current, fp8_block, mxfp8 (quantized_recipe.cpp): x and dy quantized in both directions
     (rowwise for forward / dgrad, columnwise kept for wgrad), W in both (128x128 blocks for
     fp8_block), plain scales; dy in grad_dtype."""
@@ -103,9 +110,6 @@ class _Quantized:
     def _quantize_weights(self, w):
         return ops.group_quantize(w, None, self.recipe, pow2_scales=self.pow2,
                                   block_2d=self.recipe == "fp8_block")
-
-    def prepare(self, weight, first):
-        return self.weights.get(weight, first)
 
     def forward(self, x, qw, bias, splits):
         qx = ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2)
@@ -132,7 +136,7 @@ class _Quantized:
         return ops.grouped_mm_fp8_wgrad(qdy, qx, splits, self.recipe, out_dtype=torch.bfloat16)
 
 
-class _W4:
+class _W4(_CachedWeights):
     """nvfp4_weight, mxfp4_weight (w4_recipe.cpp): the weights quantized once (rowwise, plain
     scales), the 4-bit weight GEMM; forward only."""
 
@@ -142,9 +146,6 @@ class _W4:
 
     def _quantize_weights(self, w):
         return ops.group_quantize_w4(w, self.format)
-
-    def prepare(self, weight, first):
-        return self.weights.get(weight, first)
 
     def forward(self, x, qw, bias, splits):
         return ops.grouped_mm_w4(x, qw, splits, self.format, bias=bias), None
