@@ -105,7 +105,7 @@ int run_quantized(const GemmOptions& o, cudaStream_t stream) {
   q.iters = o.iters;
   q.json_path = o.json_path;
   q.fast_accum = o.fast_accum;
-  q.config = o.config;
+  q.config = config_arg(o.config);  // "auto": the heuristic's kernel, "auto@along_n" its order
   q.out_fp32 = o.out == "fp32";
   return bench_gemm_quantized(q, stream);
 }
@@ -169,7 +169,10 @@ int run_bench_gemm(const GemmOptions& options) {
   }
   if (o.fast_accum && o.recipe != "fp8_current")
     throw UsageError("--fast-accum needs --recipe fp8_current (got --recipe " + o.recipe + ")");
-  if (!o.config.empty() && o.recipe == "bf16") {
+  if (!o.config.empty()) {
+    if (o.recipe != "bf16" && o.config.find(',') != std::string::npos)
+      throw UsageError("--config with several names is a bf16 sweep (got --recipe " + o.recipe +
+                       ")");
     const auto names = gemm_config_names();
     for (const std::string& c : config_list(o.config)) {
       const size_t at = c.find('@');  // "@along_m|n": the tile order
@@ -182,8 +185,6 @@ int run_bench_gemm(const GemmOptions& options) {
       if (!o.pass.empty() && !config_of_pass(c, o.pass.c_str()))
         throw UsageError("--config " + c + " is not a configuration of --pass " + o.pass);
     }
-  } else if (o.config.find(',') != std::string::npos) {
-    throw UsageError("--config with several names is a bf16 sweep (got --recipe " + o.recipe + ")");
   }
   if (o.out != "bf16" && o.recipe != "bf16" && o.pass != "wgrad")
     throw UsageError("--out " + o.out + " with --recipe " + o.recipe +
