@@ -1,6 +1,7 @@
 // `groupmm bench moe`: the MoE block suite (tools/moe_bench.cpp): forward and forward + backward
 // of one CUDA graph each, the per-stage breakdown and the row movers against a copy of the same
 // run. --json is read by bench/peers_torch_moe.py (a plain PyTorch block on the same shapes).
+// --ep: the block over ranks, one process per GPU (tools/moe_bench_ep.cpp).
 #include "cli.hpp"
 #include "moe_tools.hpp"
 
@@ -10,6 +11,7 @@ namespace {
 struct BenchMoeOptions {
   MoeBenchOptions o;
   CLI::Option* iters_opt = nullptr;
+  CLI::Option* capacity_opt = nullptr;
 };
 
 // Bytes one case allocates, roughly: the routed rows' activations (x, gate_up, act, down and their
@@ -25,6 +27,12 @@ int run(const BenchMoeOptions& b) {
   if (o.tokens > 0)  // the largest case: DeepSeek-V3-like, k=8, H=7168, F=2048, 32 experts
     check_fits_memory("bench moe", moe_bytes(o.tokens, 8, 7168, 2048, 32),
                       o.cpu ? Device::CPU : Device::CUDA, "--tokens");
+  if (o.ep.empty() &&
+      (o.ranks > 1 || o.rank >= 0 || !o.id_file.empty() || b.capacity_opt->count() > 0))
+    throw UsageError(
+        "--ranks, --rank, --id-file and --capacity-factor need --ep capacity|throughput");
+  if (o.ep == "throughput" && b.capacity_opt->count() > 0)
+    throw UsageError("--capacity-factor applies to --ep capacity (got --ep throughput)");
   if (!o.json.empty()) {
     std::ofstream probe = open_json(o.json);  // a wrong path fails before any work
   }
@@ -41,6 +49,23 @@ void add_options(CLI::App& app, BenchMoeOptions& b) {
   b.iters_opt = add_iters(app, b.o.iters, "timed runs per measurement, median (default 20)");
   app.add_flag("--cpu", b.o.cpu, "smoke run on the CPU reference backend (tiny shapes)");
   add_json(app, b.o.json);
+  add_choice(app, "--ep", b.o.ep, {"capacity", "throughput"},
+             "expert parallelism: every case as one rank of a group (E / R experts and T tokens a "
+             "rank; one process per GPU over NCCL, e.g. torchrun --no-python --nproc-per-node R "
+             "groupmm bench moe --ep capacity --id-file F; --cpu: ranks as threads). capacity: "
+             "fixed per-peer budgets, one CUDA graph; throughput: exact exchange, eager");
+  add_int(app, "--ranks", b.o.ranks, 1, 1024,
+          "with --ep: ranks in the group (default: WORLD_SIZE, else 1; --cpu: threads, default 2)");
+  add_int(app, "--rank", b.o.rank, 0, 1023,
+          "with --ep: this process's rank (default: RANK, else 0)");
+  app.add_option(
+      "--id-file", b.o.id_file,
+      "with --ep and several ranks: rank 0 writes the NCCL unique id here and the others "
+      "read it (a fresh path every run, seen by every process)");
+  b.capacity_opt = app.add_option("--capacity-factor", b.o.capacity_factor,
+                                  "with --ep capacity: the per-peer budgets over the uniform "
+                                  "routing's expected rows and entries (default 2)")
+                       ->check(CLI::Range(1.0, 64.0));
 }
 
 Register reg_cmd_bench_moe(command<BenchMoeOptions>(

@@ -5,13 +5,9 @@
 #include "ep_bench.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -20,13 +16,11 @@
 
 #include "bench_common.hpp"
 #include "cli.hpp"
+#include "ep_tools.hpp"
 #include "groupmm/ep.hpp"
 #include "groupmm/quantize.hpp"
 #include "groupmm/random.hpp"
 #include "groupmm/version.hpp"
-#if GROUPMM_WITH_NCCL
-#include "groupmm/ep_nccl.hpp"
-#endif
 
 namespace groupmm::tool {
 namespace {
@@ -38,11 +32,6 @@ struct EpCase {
 const EpCase kEpCases[] = {{"dsv3", 7168, 256, 8}, {"qwen3", 2048, 128, 8}};
 // (--cpu: H a multiple of 128 for dsv3, so that the FP8 dispatch runs in the smoke run too.)
 const EpCase kCpuCases[] = {{"dsv3", 128, 32, 8}, {"qwen3", 32, 16, 4}};
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
 
 // k distinct experts per token, uniform; every weight 1/k (a power of two for k = 1, 2, 4, 8, ...,
 // so the identity-expert check below is exact).
@@ -266,35 +255,6 @@ bool report(const std::vector<CaseReport>& reps, int R, const EpBenchOptions& o)
   return ok;
 }
 
-#if GROUPMM_WITH_NCCL
-// Rank 0 makes the NCCL unique id and writes it to `path` (atomically, through a rename); the
-// other ranks wait for it there.
-ncclUniqueId shared_unique_id(int rank, const std::string& path) {
-  ncclUniqueId id;
-  if (rank == 0) {
-    id = ep::NcclTransport::unique_id();
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f.write(reinterpret_cast<const char*>(&id), sizeof(id));
-      GROUPMM_CHECK(f.good(), "bench ep: cannot write the NCCL unique id to ", tmp);
-    }
-    std::filesystem::rename(tmp, path);
-    return id;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::ifstream f(path, std::ios::binary);
-    if (f && f.read(reinterpret_cast<char*>(&id), sizeof(id)) && f.gcount() == sizeof(id))
-      return id;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  GROUPMM_CHECK(false, "bench ep: rank ", rank, " waited 120 s for the NCCL unique id in ", path,
-                " (rank 0 writes it)");
-  return id;
-}
-#endif
-
 int run_cpu(const EpBenchOptions& o) {
   const int R = o.ranks > 0 ? o.ranks : 2;
   auto group = ep::make_in_process_group(R);
@@ -323,26 +283,11 @@ int run_bench_ep(const EpBenchOptions& o) {
   GROUPMM_CHECK(cuda_available(),
                 "bench ep: needs an sm_90 GPU (none visible); --cpu runs a smoke "
                 "version with ranks as threads on the CPU");
-  const int R = o.ranks > 0 ? o.ranks : env_int("WORLD_SIZE", 1);
-  const int me = o.rank >= 0 ? o.rank : env_int("RANK", 0);
-  if (me < 0 || me >= R)
-    throw UsageError(detail::cat("bench ep: rank ", me, " must be in [0, ranks=", R, ")"));
-  int devices = 0;
-  GROUPMM_CHECK_CUDA(cudaGetDeviceCount(&devices));
-  GROUPMM_CHECK_CUDA(cudaSetDevice(env_int("LOCAL_RANK", me % std::max(devices, 1))));
+  const RankGroup g = join_rank_group("bench ep", o.ranks, o.rank);
+  const int R = g.ranks, me = g.rank;
   cudaStream_t s = nullptr;
   GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::unique_ptr<ep::Transport> tr;
-#if GROUPMM_WITH_NCCL
-  if (R > 1 && o.id_file.empty())
-    throw UsageError("bench ep: ranks > 1 needs --id-file (a path every process sees)");
-  tr = ep::NcclTransport::create(
-      R > 1 ? shared_unique_id(me, o.id_file) : ep::NcclTransport::unique_id(), R, me);
-#else
-  if (R > 1)
-    throw UsageError("bench ep: ranks > 1 needs a build with NCCL (GROUPMM_WITH_NCCL is 0)");
-  tr = std::move(ep::make_in_process_group(1, Device::CUDA, s)[0]);
-#endif
+  std::unique_ptr<ep::Transport> tr = rank_transport("bench ep", g, o.id_file, s);
   int rc = 0;
   {
     Context ctx(Device::CUDA, s);

@@ -22,11 +22,6 @@ using nn::MoE;
 using nn::MoEConfig;
 using nn::MoEStage;
 
-struct MoeBenchCase {
-  const char* name;
-  MoEConfig cfg;
-};
-
 MoEConfig base(int64_t H, int64_t F, int64_t E, int64_t k, int64_t T) {
   MoEConfig c;
   c.hidden = H;
@@ -39,7 +34,9 @@ MoEConfig base(int64_t H, int64_t F, int64_t E, int64_t k, int64_t T) {
   return c;
 }
 
-std::vector<MoeBenchCase> all_cases(bool cpu) {
+}  // namespace
+
+std::vector<MoeBenchCase> moe_bench_cases(bool cpu) {
   MoEConfig q = base(2048, 768, 128, 8, 16384), d = base(7168, 2048, 32, 8, 8192),
             m = base(4096, 14336, 8, 2, 8192);
   d.score = RouterScore::sigmoid;  // DeepSeek-V3 routing, scaled to 32 local experts
@@ -56,6 +53,8 @@ std::vector<MoeBenchCase> all_cases(bool cpu) {
   }
   return {{"qwen3", q}, {"dsv3", d}, {"mixtral", m}};
 }
+
+namespace {
 
 struct Mover {
   const char* name;
@@ -117,6 +116,7 @@ double graph_replay_us(Context& ctx, int iters, const std::function<void()>& enq
 }
 
 int run_bench_moe(const MoeBenchOptions& o) {
+  if (!o.ep.empty()) return run_bench_moe_ep(o);
   const bool gpu = !o.cpu;
   GROUPMM_CHECK(!gpu || cuda_available(),
                 "bench moe: needs an sm_90 GPU (none visible); "
@@ -128,7 +128,7 @@ int run_bench_moe(const MoeBenchOptions& o) {
   std::ostringstream js;
   js << "{\"device\": \"" << (gpu ? "cuda" : "cpu") << "\", \"cases\": [";
   int rc = 0, n = 0;
-  for (const MoeBenchCase& bc : all_cases(o.cpu)) {
+  for (const MoeBenchCase& bc : moe_bench_cases(o.cpu)) {
     if (!o.cases.empty() && std::find(o.cases.begin(), o.cases.end(), bc.name) == o.cases.end())
       continue;
     MoEConfig c = bc.cfg;

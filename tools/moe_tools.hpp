@@ -21,13 +21,36 @@ struct MoeBenchOptions {
   int warmup = 3;
   bool cpu = false;  // smoke run on the CPU reference backend (tiny shapes, wall clock)
   std::string json;  // write the results here (bench/peers_torch_moe.py reads them)
+  // Expert parallelism (nn::MoE over ranks, moe_bench_ep.cpp): ep "capacity" or "throughput" runs
+  // every case as one rank of a group with E / R local experts and T tokens a rank; "" = one GPU,
+  // no EP (then ranks must be 1). The group as in `bench ep` (ep_tools.hpp): one process per GPU,
+  // ranks / rank from the options or torchrun's environment, the NCCL unique id through id_file;
+  // with cpu, `ranks` (default 2) threads on the CPU reference backend.
+  std::string ep;
+  int ranks = 0, rank = -1;
+  std::string id_file;
+  double capacity_factor = 2.0;  // capacity mode's budgets over the uniform routing's expectation
 };
+
+// The suite's cases: qwen3, dsv3, mixtral (cpu: shapes small enough for the reference backend).
+struct MoeBenchCase {
+  const char* name;
+  nn::MoEConfig cfg;
+};
+std::vector<MoeBenchCase> moe_bench_cases(bool cpu);
 // Prints per case: forward and forward+backward time (one CUDA graph each), the per-stage
 // breakdown (router, permute, expert GEMMs, activation, unpermute, shared expert) with each
 // stage's share, the non-GEMM share, and the four row movers' GB/s against a device-to-device copy
 // timed in the same run. Each case is validated first (sampled tokens against the CPU reference).
 // Returns 0 when every case ran and validated.
 int run_bench_moe(const MoeBenchOptions& o);
+
+// The block over ranks (MoeBenchOptions::ep set): per case, this rank's forward and forward +
+// backward time (capacity mode: one CUDA graph each; throughput mode: eager, its plan synchronizes)
+// and whether capacity overflowed; rank 0 prints and writes the JSON. Compare with `bench moe`
+// on one GPU (the same T tokens a rank with all E experts) for the weak scaling. Returns 0 when
+// every case ran.
+int run_bench_moe_ep(const MoeBenchOptions& o);
 
 struct MoeDemoOptions {
   bool cpu = false;  // run on the CPU reference backend (a scaled-down block)

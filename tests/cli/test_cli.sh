@@ -139,6 +139,20 @@ fp8 = [c for c in d["cases"] if c["mode"] == "throughput_fp8"]
 assert len(fp8) == 1 and fp8[0]["case"] == "dsv3", d  # H = 128 on the CPU; qwen3's 32 is no fp8
 PY
 expect 1 "bench ep: case dsv3 has E=32 experts, which ranks=3 does not divide" -- bench ep --cpu --ranks 3 --case dsv3
+# bench moe --ep: the block over ranks as threads (the block's EP numerics are the unit tests'
+# MoeEp suites; this checks the command runs every case in both modes and reports them)
+expect 0 "qwen3 +96 +16 +8 +4 .* C=180 C_e=384$" -- bench moe --cpu --ep capacity --json "$tmp/moe_ep.json"
+if python3 - "$tmp/moe_ep.json" <<'PY'; then pass=$((pass + 1)); else failed=$((failed + 1)); echo "FAIL: bench moe --ep --json"; fi
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ranks"] == 2 and d["ep"] == "capacity" and len(d["cases"]) == 3, d
+assert all(c["fwd_us"] > 0 and c["fwd_bwd_us"] > 0 and not c["overflow"] for c in d["cases"]), d
+PY
+expect 0 "mixtral +64 +4 +1 +2 .* -$" -- bench moe --cpu --ep throughput --ranks 4 --case mixtral
+expect 2 "--ranks, --rank, --id-file and --capacity-factor need --ep" -- bench moe --cpu --ranks 2
+expect 2 "--capacity-factor applies to --ep capacity" -- bench moe --cpu --ep throughput --capacity-factor 3
+expect 2 "--ep: 'dense' is not one of capacity, throughput" -- bench moe --ep dense
+expect 1 "bench moe: case qwen3 has E=16 experts, which ranks=3 does not divide" -- bench moe --cpu --ep capacity --ranks 3
 
 echo "cli: $pass checks passed, $failed failed"
 [ "$failed" = 0 ]

@@ -1,0 +1,32 @@
+// The process group of the expert-parallel benchmarks (`bench ep`, `bench moe --ranks`): one
+// process per GPU, the ranks from the command line or torchrun's environment, the NCCL unique id
+// shared through a file. Public API only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "groupmm/ep.hpp"
+
+namespace groupmm::tool {
+
+// An integer from the environment, or `fallback` when unset or empty.
+int env_int(const char* name, int fallback);
+
+struct RankGroup {
+  int ranks = 1, rank = 0;
+};
+// This process's place in the group: ranks / rank from the options when given (> 0 / >= 0), else
+// WORLD_SIZE / RANK, else 1 / 0; then selects its GPU (LOCAL_RANK, else rank % device count).
+// `cmd` names the command in errors.
+RankGroup join_rank_group(const char* cmd, int ranks, int rank);
+
+// This rank's end of the group on `stream`: NCCL when the build has it (with ranks > 1, rank 0
+// writes the unique id to `id_file` and the others read it there), else with one rank an
+// in-process transport; ranks > 1 without NCCL is a usage error.
+std::unique_ptr<ep::Transport> rank_transport(const char* cmd, const RankGroup& g,
+                                              const std::string& id_file, cudaStream_t stream);
+
+}  // namespace groupmm::tool
