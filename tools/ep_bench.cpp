@@ -7,12 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
-#include <thread>
 
 #include "bench_common.hpp"
 #include "cli.hpp"
@@ -257,22 +255,8 @@ bool report(const std::vector<CaseReport>& reps, int R, const EpBenchOptions& o)
 
 int run_cpu(const EpBenchOptions& o) {
   const int R = o.ranks > 0 ? o.ranks : 2;
-  auto group = ep::make_in_process_group(R);
-  std::vector<std::vector<CaseReport>> reps(static_cast<size_t>(R));
-  std::vector<std::exception_ptr> errs(static_cast<size_t>(R));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        Context ctx(Device::CPU);
-        reps[size_t(r)] = run_rank(ctx, *group[size_t(r)], o);
-      } catch (...) {
-        errs[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
+  const auto reps =
+      run_cpu_ranks(R, [&](Context& ctx, ep::Transport& tr) { return run_rank(ctx, tr, o); });
   return report(reps[0], R, o) ? 0 : 1;
 }
 

@@ -5,8 +5,12 @@
 
 #include <cuda_runtime.h>
 
+#include <exception>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "groupmm/ep.hpp"
 
@@ -28,5 +32,31 @@ RankGroup join_rank_group(const char* cmd, int ranks, int rank);
 // in-process transport; ranks > 1 without NCCL is a usage error.
 std::unique_ptr<ep::Transport> rank_transport(const char* cmd, const RankGroup& g,
                                               const std::string& id_file, cudaStream_t stream);
+
+// The CPU smoke runs: `ranks` ranks as threads of this process, each with its own CPU Context and
+// its end of an in-process group, calling fn(ctx, transport) (a collective: every rank the same
+// calls in the same order). Returns every rank's result; the first rank's error is rethrown after
+// all threads end.
+template <class Fn>
+auto run_cpu_ranks(int ranks, Fn&& fn) {
+  using Result = decltype(fn(std::declval<Context&>(), std::declval<ep::Transport&>()));
+  auto group = ep::make_in_process_group(ranks);
+  std::vector<Result> results(static_cast<size_t>(ranks));
+  std::vector<std::exception_ptr> errs(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Context ctx(Device::CPU);
+        results[size_t(r)] = fn(ctx, *group[size_t(r)]);
+      } catch (...) {
+        errs[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+  return results;
+}
 
 }  // namespace groupmm::tool

@@ -7,11 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <fstream>
 #include <memory>
 #include <sstream>
-#include <thread>
 
 #include "bench_common.hpp"
 #include "cli.hpp"
@@ -131,22 +129,8 @@ int report_moe_ep(const std::vector<EpCaseResult>& rs, int R, const MoeBenchOpti
 
 int run_moe_ep_cpu(const MoeBenchOptions& o) {
   const int R = o.ranks > 0 ? o.ranks : 2;
-  auto group = ep::make_in_process_group(R);
-  std::vector<std::vector<EpCaseResult>> rs(static_cast<size_t>(R));
-  std::vector<std::exception_ptr> errs(static_cast<size_t>(R));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        Context ctx(Device::CPU);
-        rs[size_t(r)] = run_moe_rank(ctx, *group[size_t(r)], o);
-      } catch (...) {
-        errs[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
+  const auto rs =
+      run_cpu_ranks(R, [&](Context& ctx, ep::Transport& tr) { return run_moe_rank(ctx, tr, o); });
   return report_moe_ep(rs[0], R, o);
 }
 
