@@ -108,6 +108,13 @@ void close_json(std::ofstream& f, const std::string& path) {
   GROUPMM_CHECK(!f.fail(), "--json ", path, ": writing the file failed");
 }
 
+void write_json(const std::string& path, const std::string& text) {
+  std::ofstream f = open_json(path);
+  f << text << "\n";
+  close_json(f, path);
+  std::printf("wrote %s\n", path.c_str());
+}
+
 std::string format_bytes(double bytes) {
   char s[32];
   if (bytes >= 1073741824.0)

@@ -87,6 +87,9 @@ CLI::Option* add_json(CLI::App& app, std::string& path);
 std::ofstream open_json(const std::string& path);
 // Throws groupmm::Error when a file written with open_json() failed (disk full, ...).
 void close_json(std::ofstream& f, const std::string& path);
+// A suite that builds its JSON text in memory: writes it (and a newline) to `path`, then prints
+// "wrote PATH".
+void write_json(const std::string& path, const std::string& text);
 
 // ---- limits ------------------------------------------------------------------------------------
 // Bytes the system can still give (host: MemAvailable; CUDA: free device memory).

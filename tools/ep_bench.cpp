@@ -5,9 +5,7 @@
 #include "ep_bench.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -76,12 +74,10 @@ ModeResult run_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg, ep
     r.plan_us =
         time_us(ctx, warmup, iters, [&](int) { plan = ep::ep_dispatch_plan(ctx, tr, cfg, ids); });
   } else {
-    // Budgets over the uniform routing's expectation: rows a peer gets ~ T (1 - (1 - 1/R)^k),
-    // entries T k / R.
-    const double need = double(T) * (1.0 - std::pow(1.0 - 1.0 / double(R), double(k)));
-    r.C = std::max<int64_t>(1, int64_t(std::ceil(o.capacity_factor * need)));
-    r.Ce = std::max<int64_t>(1, int64_t(std::ceil(o.capacity_factor * double(T * k) / double(R))));
-    plan = ep::ep_capacity_plan_create(ctx, tr, cfg, ep::EpCapacity{r.C, r.Ce}, T, DType::bf16);
+    const ep::EpCapacity cap = uniform_ep_capacity(T, k, int(R), o.capacity_factor);
+    r.C = cap.rows_per_peer;
+    r.Ce = cap.entries_per_peer;
+    plan = ep::ep_capacity_plan_create(ctx, tr, cfg, cap, T, DType::bf16);
     r.plan_us = time_us(ctx, warmup, iters, [&](int) { ep::ep_capacity_plan(ctx, tr, ids, plan); });
   }
   Tensor xg = Tensor::empty({plan.rows, H}, DType::bf16, d, s);
@@ -245,10 +241,7 @@ bool report(const std::vector<CaseReport>& reps, int R, const EpBenchOptions& o)
       "fixed blocks of C rows / C_e entries to each peer; throughput_fp8: quantize + FP8 dispatch, "
       "wire rows of H fp8 bytes + H/128 fp32 scales, its combine is the 16-bit one above)\n");
   if (!o.json.empty()) {
-    std::ofstream f = open_json(o.json);
-    f << js.str() << "\n";
-    close_json(f, o.json);
-    std::printf("wrote %s\n", o.json.c_str());
+    write_json(o.json, js.str());
   }
   return ok;
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,12 @@ namespace groupmm::tool {
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+ep::EpCapacity uniform_ep_capacity(int64_t T, int64_t k, int R, double factor) {
+  const double rows = double(T) * (1.0 - std::pow(1.0 - 1.0 / double(R), double(k)));
+  return {std::max<int64_t>(1, int64_t(std::ceil(factor * rows))),
+          std::max<int64_t>(1, int64_t(std::ceil(factor * double(T * k) / double(R))))};
 }
 
 RankGroup join_rank_group(const char* cmd, int ranks, int rank) {

@@ -33,6 +33,10 @@ RankGroup join_rank_group(const char* cmd, int ranks, int rank);
 std::unique_ptr<ep::Transport> rank_transport(const char* cmd, const RankGroup& g,
                                               const std::string& id_file, cudaStream_t stream);
 
+// Capacity budgets over the uniform routing's expectation, times `factor`: a token goes to a peer
+// holding any of its k experts, T (1 - (1 - 1/R)^k) rows; T k / R (token, slot) entries.
+ep::EpCapacity uniform_ep_capacity(int64_t T, int64_t k, int R, double factor);
+
 // The CPU smoke runs: `ranks` ranks as threads of this process, each with its own CPU Context and
 // its end of an in-process group, calling fn(ctx, transport) (a collective: every rank the same
 // calls in the same order). Returns every rank's result; the first rank's error is rethrown after

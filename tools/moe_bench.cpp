@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "bench_common.hpp"
@@ -208,10 +207,8 @@ int run_bench_moe(const MoeBenchOptions& o) {
   }
   js << "]}";
   if (!o.json.empty()) {
-    std::ofstream f = open_json(o.json);
-    f << js.str() << "\n";
-    close_json(f, o.json);
-    std::printf("\nwrote %s\n", o.json.c_str());
+    std::printf("\n");
+    write_json(o.json, js.str());
   }
   if (stream) cudaStreamDestroy(stream);
   return rc;

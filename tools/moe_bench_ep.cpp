@@ -5,9 +5,7 @@
 // experts; compared with `groupmm bench moe` on one GPU (T tokens, all E experts: the same expert
 // GEMM work a rank), the time a rank takes for a step is the block's weak scaling over GPUs.
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <sstream>
 
@@ -28,14 +26,6 @@ struct EpCaseResult {
   bool overflow = false;  // capacity dropped (token, slot) entries (kFaultEpCapacity)
 };
 
-// Capacity budgets over the uniform routing's expectation, like `bench ep`: a token goes to a
-// peer holding any of its k experts, T (1 - (1 - 1/R)^k) rows; T k / R entries.
-ep::EpCapacity moe_ep_capacity(int64_t T, int64_t k, int R, double factor) {
-  const double rows = double(T) * (1.0 - std::pow(1.0 - 1.0 / double(R), double(k)));
-  return {std::max<int64_t>(1, int64_t(std::ceil(factor * rows))),
-          std::max<int64_t>(1, int64_t(std::ceil(factor * double(T * k) / double(R))))};
-}
-
 // Every chosen case on this rank (a collective: every rank runs the same cases in the same order).
 std::vector<EpCaseResult> run_moe_rank(Context& ctx, ep::Transport& tr, const MoeBenchOptions& o) {
   const int R = tr.size(), me = tr.rank();
@@ -55,7 +45,7 @@ std::vector<EpCaseResult> run_moe_rank(Context& ctx, ep::Transport& tr, const Mo
     c.ep.transport = &tr;
     c.ep.mode = mode;
     if (mode == ep::EpMode::capacity) {
-      c.ep.capacity = moe_ep_capacity(T, c.topk, R, o.capacity_factor);
+      c.ep.capacity = uniform_ep_capacity(T, c.topk, R, o.capacity_factor);
       r.C = c.ep.capacity.rows_per_peer;
       r.Ce = c.ep.capacity.entries_per_peer;
     }
@@ -119,10 +109,7 @@ int report_moe_ep(const std::vector<EpCaseResult>& rs, int R, const MoeBenchOpti
       "rank. tokens/s = R T / (fwd+bwd). Weak scaling: `bench moe` on one GPU with the same T, "
       "all experts, over this step time.)\n");
   if (!o.json.empty()) {
-    std::ofstream f = open_json(o.json);
-    f << js.str() << "\n";
-    close_json(f, o.json);
-    std::printf("wrote %s\n", o.json.c_str());
+    write_json(o.json, js.str());
   }
   return 0;
 }
@@ -149,7 +136,6 @@ int run_bench_moe_ep(const MoeBenchOptions& o) {
     std::unique_ptr<ep::Transport> tr = rank_transport("bench moe", g, o.id_file, s);
     Context ctx(Device::CUDA, s);
     const std::vector<EpCaseResult> rs = run_moe_rank(ctx, *tr, o);
-    ctx.check();
     if (g.rank == 0) rc = report_moe_ep(rs, g.ranks, o);
   }
   cudaStreamDestroy(s);
