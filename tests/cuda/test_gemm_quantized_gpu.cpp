@@ -126,6 +126,10 @@ std::vector<QCase> cases() {
         QGemmSpec o16 = spec(8, pat(Pattern::zipf, 8, 2048), 256, 512);
         o16.out = DType::bf16;
         add(o16);
+        // 16-bit dW with N, K off the tile and off the epilogue subtiles (128x64, 128x96).
+        QGemmSpec o16_odd = spec(4, pat(Pattern::random_odd, 4, 1000), n_odd, k_odd);
+        o16_odd.out = DType::bf16;
+        add(o16_odd, "odd");
       }
       if (r == QuantRecipe::fp8_current && pass != GemmPass::forward) {
         QGemmSpec e5 = spec(8, pat(Pattern::zipf, 8, 2048), 512, 512);

@@ -21,8 +21,11 @@
 //    into an fp32 main_grad runs 128x192 too (1-10% faster than 128x128 in 7 of 8 cases, 1%
 //    slower on DSv3 gate_up balanced). Clusters as measured on the DeepSeek-V3 shapes: forward 2x1
 //    (1x2 is 2-7% slower at 128x192), per-expert dgrad 1x1, blockwise dgrad and wgrad 1x2,
-//    per-expert wgrad 2x1. Fast accumulation (inference) has no second accumulator set and runs the
-//    128x256 tile.
+//    per-expert wgrad 2x1 (a 2x2 cluster was 5-12% slower for every blockwise pass). Fast
+//    accumulation (inference) has no second accumulator set and runs the 128x256 tile. Epilogue
+//    subtiles: blockwise kernels into bf16 128x64 (1-7% faster than CUTLASS's 128x32; 128x128
+//    takes a mainloop stage and is slower), the per-expert wgrad into bf16 128x96 (3-6%); the
+//    per-expert forward and dgrad and every fp32 main_grad wgrad keep 128x32 (wider was slower).
 //  - bf16 forward with a short reduction (K <= 1536, from 33 rows per expert): a 128x128
 //    ping-pong tile (1x2 cluster), which overlaps one warpgroup's epilogue with the other's
 //    mainloop.

@@ -104,7 +104,7 @@ struct Sm90GroupedConfig {
                 "blockwise scales are applied per 128-deep K tile");
   static_assert(
       kEpiTileN == 0 || (kSched == Schedule::cooperative && kEpiTileN % 32 == 0 &&
-                         size<1>(Tile{}) % kEpiTileN == 0),
+                         size<1>(Tile{}) % (kEpiTileN > 0 ? kEpiTileN : 1) == 0),
       "an explicit epilogue subtile is a cooperative tile's full M by a divisor of its N");
 
   // FP8 wgmma reads K-major shared memory only: every FP8 pass is TN (see the mapping above).
