@@ -112,6 +112,11 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverPara
   P* __restrict__ dst = static_cast<P*>(p.dst);
   const int64_t V = p.vecs, step = p.threads_per_row;
   const int32_t* dest = p.dest_row + t * p.k;
+  // d_weights: lane j loads choice j's d_prob before the row's loads and stores it after them, so
+  // the k gathers overlap the row (one lane gathering them after the row kept every CTA alive k
+  // load latencies longer). With more choices than lanes per row, the extra ones are done last.
+  const bool dw = p.d_weights != nullptr && lv < p.k;
+  const float dw0 = dw && dest[lv] >= 0 ? p.d_probs[dest[lv]] : 0.0f;
   for (int64_t v0 = lv; v0 < V; v0 += step * kU) {
     float acc[kU][N];
 #pragma unroll
@@ -155,9 +160,11 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverPara
       dst[t * V + v] = out;
     }
   }
-  if (p.d_weights != nullptr && lv == 0)
-    for (int64_t j = 0; j < p.k; ++j)
+  if (dw) {
+    p.d_weights[t * p.k + lv] = dw0;
+    for (int64_t j = lv + step; j < p.k; j += step)
       p.d_weights[t * p.k + j] = dest[j] >= 0 ? p.d_probs[dest[j]] : 0.0f;
+  }
 }
 
 // Vectors per thread of a gather: enough to keep kBatch loads in flight for top-k (k >= 8: one).
