@@ -326,7 +326,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // (4 for k = 2..3, 2 for k = 4..7, 8 for k = 1), ending mid-batch.
                       PermuteCase{"mixtral_h_ragged", 300, 2, 8, 1, 0, 4416, 0, DType::bf16},
                       PermuteCase{"k5_h_ragged", 200, 5, 16, 16, 0, 2056, 2, DType::fp16},
-                      PermuteCase{"k1_wide", 90, 1, 4, 1, 0, 8200, 0, DType::bf16}),
+                      PermuteCase{"k1_wide", 90, 1, 4, 1, 0, 8200, 0, DType::bf16},
+                      // One 16-byte vector per row: fewer lanes per row (1-2) than choices, so
+                      // the gather's lanes write several d_weights each.
+                      PermuteCase{"k6_h8", 333, 6, 16, 1, 0, 8, 0, DType::bf16},
+                      PermuteCase{"k5_h16_pad", 210, 5, 16, 16, 0, 16, 2, DType::bf16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(PermuteGpuFaults, BadExpertIdIsSkippedAndReported) {
