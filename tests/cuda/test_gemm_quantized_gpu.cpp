@@ -102,6 +102,14 @@ std::vector<QCase> cases() {
       const int64_t k_odd = blk ? 640 : r == QuantRecipe::mxfp8 ? 352 : 336;
       add(spec(8, pat(Pattern::zipf, 8, 2000), 512, 1024));
       add(spec(4, pat(Pattern::random_odd, 4, 1000), n_odd, k_odd));
+      if (blk && !wg) {
+        // The blockwise forward and dgrad overlap each K block's promotion with the next block
+        // (sm90_blockwise_mainloop.cuh): one and two K blocks per tile here, odd and even counts
+        // of three and more in the other cases; and the widths swapped against n_odd x k_odd.
+        add(spec(3, pat(Pattern::random_odd, 3, 500), 128, 128));
+        add(spec(3, pat(Pattern::random_odd, 3, 500), 256, 256));
+        add(spec(4, pat(Pattern::random_odd, 4, 1000), k_odd, n_odd));
+      }
       add(spec(1, pat(Pattern::balanced, 1, 777), 256, 512));
       add(spec(128, pat(Pattern::quarter_empty, 128, 4096), 256, 256));
       for (Pattern z : {Pattern::zero_first, Pattern::zero_last})

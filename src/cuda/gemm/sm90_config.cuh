@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "core/gemm_impl.hpp"
+#include "cuda/gemm/sm90_blockwise_mainloop.cuh"
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -64,7 +65,7 @@ const char* element_name() {
 // ---- kernel configuration ----------------------------------------------------------------------
 template <class ElementA_, class ElementB_, class ElementD_, Role kRole_, class Tile_,
           class Cluster_, Schedule kSched_, Scaling kScaling_ = Scaling::none,
-          bool kFastAccum_ = false, int kEpiTileN_ = 0>
+          bool kFastAccum_ = false, int kEpiTileN_ = 0, bool kOverlapPromotion_ = false>
 struct Sm90GroupedConfig {
   using ElementA = ElementA_;
   using ElementB = ElementB_;
@@ -79,6 +80,9 @@ struct Sm90GroupedConfig {
   // M by kEpiTileN. A wider subtile stages the output in fewer, larger TMA stores (fewer barriers
   // per tile), at the cost of shared memory taken from the mainloop's stages.
   static constexpr int kEpiTileN = kEpiTileN_;
+  // Blockwise forward/dgrad: promote each K block to fp32 while the next one's MMAs run
+  // (sm90_blockwise_mainloop.cuh) instead of CUTLASS's wait-then-promote.
+  static constexpr bool kOverlapPromotion = kOverlapPromotion_;
   static constexpr bool kFp8 = is_fp8_v<ElementA>;
 
   static_assert(kFp8 == is_fp8_v<ElementB>, "both operands are FP8 or neither");
@@ -106,6 +110,10 @@ struct Sm90GroupedConfig {
       kEpiTileN == 0 || (kSched == Schedule::cooperative && kEpiTileN % 32 == 0 &&
                          size<1>(Tile{}) % (kEpiTileN > 0 ? kEpiTileN : 1) == 0),
       "an explicit epilogue subtile is a cooperative tile's full M by a divisor of its N");
+  static_assert(!kOverlapPromotion || (kScaling == Scaling::blockwise &&
+                                       (kRole == Role::forward || kRole == Role::dgrad) &&
+                                       kSched == Schedule::cooperative),
+                "overlapped promotion: a cooperative blockwise forward or dgrad");
 
   // FP8 wgmma reads K-major shared memory only: every FP8 pass is TN (see the mapping above).
   using LayoutA = std::conditional_t<kRole == Role::wgrad && !kFp8, cutlass::layout::ColumnMajor,
@@ -192,12 +200,15 @@ struct Sm90GroupedConfig {
       float, ElementC, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD, EpilogueSchedule,
       FusionOp>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, MainloopLayoutA, kAlignA,
       ElementB, MainloopLayoutB, kAlignB, float, Tile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
+  using CollectiveMainloop =
+      std::conditional_t<kOverlapPromotion, BlockwiseOverlappedMainloop<BuiltMainloop>,
+                         BuiltMainloop>;
 
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using GemmKernel =
@@ -225,7 +236,8 @@ struct Sm90GroupedConfig {
         int(size<0>(Cluster{})), "x", int(size<1>(Cluster{})), " ",
         kSched == Schedule::cooperative ? "cooperative" : "pingpong",
         kEpiTileN == 0 ? std::string()
-                       : detail::cat(" epilogue ", int(size<0>(Tile{})), "x", kEpiTileN));
+                       : detail::cat(" epilogue ", int(size<0>(Tile{})), "x", kEpiTileN),
+        kOverlapPromotion ? " overlapped promotion" : "");
   }
 };
 

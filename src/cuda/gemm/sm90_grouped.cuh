@@ -235,12 +235,18 @@ KernelEntry entry() {
   GROUPMM_SM90_KERNEL_IMPL(fn, EAB, EAB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, none, false, EPI_N)
 #define GROUPMM_SM90_KERNEL_SCALED(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST) \
   GROUPMM_SM90_KERNEL_IMPL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST, 0)
-#define GROUPMM_SM90_KERNEL_IMPL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST,   \
-                                 EPI_N)                                                            \
+#define GROUPMM_SM90_KERNEL_IMPL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST,  \
+                                 EPI_N)                                                           \
+  GROUPMM_SM90_KERNEL_FULL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST, EPI_N, \
+                           false)
+// GROUPMM_SM90_KERNEL_FULL: every parameter, the last whether a blockwise forward or dgrad
+// overlaps its fp32 promotion with the next K block (sm90_blockwise_mainloop.cuh).
+#define GROUPMM_SM90_KERNEL_FULL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST,   \
+                                 EPI_N, OVERLAP)                                                   \
   namespace groupmm::cuda::sm90 {                                                                  \
   KernelEntry fn() {                                                                               \
     return entry<Sm90GroupedConfig<EA, EB, ED, Role::ROLE, Shape<Int<TM>, Int<TN>, Int<TK>>,       \
                                    Shape<Int<CM>, Int<CN>, _1>, Schedule::SCHED, Scaling::SCALING, \
-                                   FAST, EPI_N>>();                                                \
+                                   FAST, EPI_N, OVERLAP>>();                                       \
   }                                                                                                \
   }
