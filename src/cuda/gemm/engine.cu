@@ -17,7 +17,7 @@
 //    128x256 tile spilled, 128x192 fits (96 + 96 accumulators per thread, no stack) and is 8-18%
 //    faster than 128x128 for per-expert forward, dgrad and wgrad into bf16 (bench/RESULTS.md,
 //    "FP8 tiles"). Blockwise scaling keeps 128x128: its weight scales have a granularity of 128
-//    along N. Read repeated per 32 rows, a 128x160 tile fits but ran 26-33% slower (CUTLASS
+//    along N. Read repeated per 32 rows, a 128x160 tile fits but ran 27-33% slower (CUTLASS
 //    promotes with two scale tensors, a multiply more per element; bench/RESULTS.md). The
 //    per-expert wgrad into an fp32 main_grad runs 128x192 too (1-10% faster than 128x128 in 7 of 8
 //    cases, 1% slower on DSv3 gate_up balanced). Clusters as measured on the DeepSeek-V3 shapes:
