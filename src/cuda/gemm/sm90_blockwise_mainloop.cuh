@@ -3,20 +3,20 @@
 // Why: CUTLASS's blockwise consumer issues a 128-deep K block into one temporary accumulator set,
 // waits for it, and only then adds it, scaled, into the fp32 accumulators; the next block's MMAs
 // start after that. The two consumer warpgroups of a cooperative tile run in step, so the tensor
-// cores idle while both promote: 64 FFMAs per thread per 128 K, about a fifth of a K block's MMA
-// time at 128x128. Here each warpgroup keeps two temporary sets and issues block k+1 into one
-// before it promotes block k from the other (wgmma.wait_group 1, not 0), so the MMAs of k+1 run
-// during the promotion of k. Three accumulator sets of 64 floats per thread fit the consumer's 232
-// registers only when the weight's scale is one per tile (128x128 weight blocks, N' tile 128):
-// the per-row activation scales are 2 registers per thread, the weight's 1.
+// cores idle while both promote: 64 FFMAs per thread per 128 K, against 512 tensor-core cycles
+// for the K block of a 128x128 tile. Here each warpgroup keeps two temporary sets and issues block
+// k+1 into one before it promotes block k from the other (wgmma.wait_group 1, not 0), so the MMAs
+// of k+1 run during the promotion of k. Three accumulator sets of 64 floats per thread fit the
+// consumer's 232 registers only when the weight's scale is one per tile (128x128 weight blocks, N'
+// tile 128): the per-row activation scales are 2 registers per thread, the weight's 1.
 //
 // Same arithmetic as the in-place promotion, in the same order: acc += (sa_row * sb) * block_k
 // for k = 0, 1, ..., each block a fresh wgmma sum (ScaleOut::Zero on its first K step).
 //
 // Measured on an H200 (bench/RESULTS.md, "Blockwise promotion overlapped with the MMAs"), DSv3
 // shapes, TFLOP/s: forward gate_up 1208 -> 1282, down 1096 -> 1141; dgrad 1149 -> 1161,
-// 1160 -> 1215. ptxas still inserts one wgmma wait before the loop (C7517: the loop's entry copies
-// block 0's accumulators), so block 0 of each tile is promoted without overlap.
+// 1160 -> 1215. ptxas reports one wgmma wait it inserts before the loop (C7517), so block 0 of
+// each tile is likely promoted without overlap (not measured: at most 1 of 16-56 K blocks).
 //
 // The class derives from the CUTLASS collective and replaces only the consumer's mma(): loads,
 // pipeline, tensormaps, parameters and shared storage are the collective's. Contract kept with
