@@ -13,10 +13,9 @@
 // Same arithmetic as the in-place promotion, in the same order: acc += (sa_row * sb) * block_k
 // for k = 0, 1, ..., each block a fresh wgmma sum (ScaleOut::Zero on its first K step).
 //
-// Measured on an H200 (bench/RESULTS.md, "Blockwise promotion overlapped with the MMAs"), DSv3
-// shapes, TFLOP/s: forward gate_up 1208 -> 1282, down 1096 -> 1141; dgrad 1149 -> 1161,
-// 1160 -> 1215. ptxas reports one wgmma wait it inserts before the loop (C7517), so block 0 of
-// each tile is likely promoted without overlap (not measured: at most 1 of 16-56 K blocks).
+// Measurements: bench/RESULTS.md, "Blockwise promotion overlapped with the MMAs". ptxas reports
+// one wgmma wait it inserts before the loop (C7517), so block 0 of each tile is likely promoted
+// without overlap.
 //
 // The class derives from the CUTLASS collective and replaces only the consumer's mma(): loads,
 // pipeline, tensormaps, parameters and shared storage are the collective's. Contract kept with
