@@ -13,9 +13,11 @@
 // Same arithmetic as the in-place promotion, in the same order: acc += (sa_row * sb) * block_k
 // for k = 0, 1, ..., each block a fresh wgmma sum (ScaleOut::Zero on its first K step).
 //
-// Measurements: bench/RESULTS.md, "Blockwise promotion overlapped with the MMAs". ptxas reports
-// one wgmma wait it inserts before the loop (C7517), so block 0 of each tile is likely promoted
-// without overlap.
+// Measurements: bench/RESULTS.md, "Blockwise promotion overlapped with the MMAs". ptxas inserts
+// one wgmma wait after block 0 (C7517: block 0 is issued at its own site before the loop). A
+// loop with one issue site per set has no such wait but measured slower, and issuing the next
+// tile's block 0 before the epilogue makes ptxas wait before the epilogue; both in "Overlapping
+// the blockwise epilogue from the mainloop".
 //
 // The class derives from the CUTLASS collective and replaces only the consumer's mma(): loads,
 // pipeline, tensormaps, parameters and shared storage are the collective's. Contract kept with
