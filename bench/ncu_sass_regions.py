@@ -29,13 +29,16 @@ def opcode(src):
 
 
 def main(path):
-    rows = list(csv.reader(open(path)))
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
     header = rows[1]
     data = [dict(zip(header, r)) for r in rows[2:]]
     src = [d["Source"].strip() for d in data]
     samples = [count(d["# Samples"]) for d in data]
     total = sum(samples)
     mma = [i for i, s in enumerate(src) if opcode(s).startswith("QGMMA")]
+    if not mma:
+        sys.exit(f"{path}: no QGMMA in the source page (not an FP8 wgmma kernel?)")
     start = max(i for i in range(mma[0]) if "TRYWAIT" in src[i]) - 2
     end = next(i for i in range(mma[-1], len(src)) if opcode(src[i]) == "EXIT")
     epilogue = next(i for i in range(mma[-1], len(src)) if "BAR.SYNC" in src[i] or "UTMACCTL" in src[i]) - 30
