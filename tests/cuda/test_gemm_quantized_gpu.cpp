@@ -103,12 +103,18 @@ std::vector<QCase> cases() {
       add(spec(8, pat(Pattern::zipf, 8, 2000), 512, 1024));
       add(spec(4, pat(Pattern::random_odd, 4, 1000), n_odd, k_odd));
       if (blk && !wg) {
-        // The blockwise forward and dgrad overlap each K block's promotion with the next block
-        // (sm90_blockwise_mainloop.cuh): one and two K blocks per tile here, odd and even counts
-        // of three and more in the other cases; and the widths swapped against n_odd x k_odd.
+        // The blockwise forward and dgrad run a 128x192 tile over 128x128 weight blocks
+        // (sm90_blockwise_wide_mainloop.cuh): one to five K blocks per tile; output widths
+        // (N', the forward's N or the dgrad's K) with even and odd tiles (a tile's first 128 or
+        // 64 columns in one weight block), tiles that end past N' by 64 and 128 columns, and
+        // whole tiles only (1152); and the widths swapped against n_odd x k_odd.
         add(spec(3, pat(Pattern::random_odd, 3, 500), 128, 128));
         add(spec(3, pat(Pattern::random_odd, 3, 500), 256, 256));
         add(spec(4, pat(Pattern::random_odd, 4, 1000), k_odd, n_odd));
+        for (auto [n, k] : {std::pair<int64_t, int64_t>{896, 640}, {1152, 256}}) {
+          const bool fwd = pass == GemmPass::forward;
+          add(spec(5, pat(Pattern::random_odd, 5, 1500), fwd ? n : k, fwd ? k : n), "wide");
+        }
       }
       add(spec(1, pat(Pattern::balanced, 1, 777), 256, 512));
       add(spec(128, pat(Pattern::quarter_empty, 128, 4096), 256, 256));
@@ -262,7 +268,7 @@ TEST(QuantizedGemmGpuErrors, AlignmentAndKernelChoice) {
                    "computes forward fp8e4m3->bf16 (fp8_current), not forward fp8e4m3->bf16 "
                    "(fp8_block)");
   a.config = "";
-  EXPECT_EQ(gemm_config_name(ctx, a), "fwd_e4m3_bf16_block_128x128_coop_c21");
+  EXPECT_EQ(gemm_config_name(ctx, a), "fwd_e4m3_bf16_block_128x192_coop_c21");
   s.splits = {64, 64};  // <= 64 rows per expert: the weights fill the tile (swapped operands)
   QGemmDevice dec(ctx, s, make_inputs(s));
   EXPECT_EQ(gemm_config_name(ctx, dec.args(s)), "fwdswap_e4m3_bf16_block_128x32_pp_c11");

@@ -16,20 +16,20 @@
 //  - FP8: K 128. Promotion to fp32 every 128 K keeps a second accumulator set in registers: a
 //    128x256 tile spilled, 128x192 fits (96 + 96 accumulators per thread, no stack) and is 8-18%
 //    faster than 128x128 for per-expert forward, dgrad and wgrad into bf16 (bench/RESULTS.md,
-//    "FP8 tiles"). Blockwise scaling keeps 128x128: its weight scales have a granularity of 128
-//    along N. Read repeated per 32 rows, a 128x160 tile fits but ran slower (CUTLASS promotes
-//    with two scale tensors, a multiply more per element; bench/RESULTS.md). The
-//    per-expert wgrad into an fp32 main_grad runs 128x192 too (1-10% faster than 128x128 in 7 of 8
-//    cases, 1% slower on DSv3 gate_up balanced). Clusters as measured on the DeepSeek-V3 shapes:
-//    forward 2x1 (1x2 is 2-7% slower at 128x192), per-expert dgrad 1x1, blockwise dgrad and wgrad
-//    1x2, per-expert wgrad 2x1 (a 2x2 cluster was slower for every blockwise pass). Fast
-//    accumulation (inference) has no second accumulator set and runs the 128x256 tile. Epilogue
-//    subtiles: blockwise kernels into bf16 128x64 (faster than CUTLASS's 128x32; 128x128 takes
-//    a mainloop stage and is slower), the per-expert wgrad into bf16 128x96; the
-//    per-expert forward and dgrad and every fp32 main_grad wgrad keep 128x32 (wider was slower).
-//    The blockwise forward and dgrad promote each K block while the next one's MMAs run
-//    (sm90_blockwise_mainloop.cuh; measured faster); the blockwise wgrad cannot (its per-column
-//    weight-side scales leave no registers for a third accumulator set) and keeps CUTLASS's.
+//    "FP8 tiles"). The blockwise forward and dgrad run 128x192 too, on groupmm's own consumer
+//    mainloop and scale loader (sm90_blockwise_wide_mainloop.cuh: 128 does not divide 192, so a
+//    tile spans two 128x128 weight blocks, which CUTLASS's collective cannot scale); 0-25%
+//    faster than their 128x128 tile across the suite (bench/RESULTS.md, "The blockwise forward
+//    and dgrad on a 128x192 tile"). The blockwise wgrad keeps 128x128 (its weight-side scales
+//    are per output column). The per-expert wgrad into an fp32 main_grad runs 128x192 too
+//    (1-10% faster than 128x128 in 7 of 8 cases, 1% slower on DSv3 gate_up balanced). Clusters as
+//    measured on the DeepSeek-V3 shapes: forward 2x1 (1x2 is 2-7% slower at 128x192), dgrad 1x1
+//    (the blockwise 128x192 dgrad 0.5-9% slower with 1x2), blockwise wgrad 1x2, per-expert wgrad
+//    2x1 (a 2x2 cluster was slower for every blockwise pass). Fast accumulation (inference) has no
+//    second accumulator set and runs the 128x256 tile. Epilogue subtiles: blockwise kernels into
+//    bf16 128x64 (faster than CUTLASS's 128x32; 128x128 takes a mainloop stage and is slower), the
+//    per-expert wgrad into bf16 128x96; the per-expert forward and dgrad and every fp32 main_grad
+//    wgrad keep 128x32 (wider was slower).
 //  - bf16 forward with a short reduction (K <= 1536, from 33 rows per expert): a 128x128
 //    ping-pong tile (1x2 cluster), which overlaps one warpgroup's epilogue with the other's
 //    mainloop.

@@ -45,9 +45,9 @@ struct KernelEntry;
   X(wgrad_e5m2xe4m3_f32_128x192_coop_c21, wgrad, fp8e5m2, fp8e4m3, fp32, fp8_current, false)  \
   X(wgrad_e4m3_bf16_128x192_coop_c21, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_current, false)      \
   X(wgrad_e5m2xe4m3_bf16_128x192_coop_c21, wgrad, fp8e5m2, fp8e4m3, bf16, fp8_current, false) \
-  X(fwd_e4m3_bf16_block_128x128_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
+  X(fwd_e4m3_bf16_block_128x192_coop_c21, forward, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
+  X(dgrad_e4m3_bf16_block_128x192_coop_c11, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
   X(fwdswap_e4m3_bf16_block_128x32_pp_c11, forward, fp8e4m3, fp8e4m3, bf16, fp8_block, false) \
-  X(dgrad_e4m3_bf16_block_128x128_coop_c12, dgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
   X(wgrad_e4m3_f32_block_128x128_coop_c12, wgrad, fp8e4m3, fp8e4m3, fp32, fp8_block, false)   \
   X(wgrad_e4m3_bf16_block_128x128_coop_c12, wgrad, fp8e4m3, fp8e4m3, bf16, fp8_block, false)  \
   X(fwd_bf16_alpha_128x256_coop_c12, forward, bf16, bf16, bf16, nvfp4, false)

@@ -20,7 +20,7 @@
 #include <type_traits>
 
 #include "core/gemm_impl.hpp"
-#include "cuda/gemm/sm90_blockwise_mainloop.cuh"
+#include "cuda/gemm/sm90_blockwise_wide_mainloop.cuh"
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -65,7 +65,7 @@ const char* element_name() {
 // ---- kernel configuration ----------------------------------------------------------------------
 template <class ElementA_, class ElementB_, class ElementD_, Role kRole_, class Tile_,
           class Cluster_, Schedule kSched_, Scaling kScaling_ = Scaling::none,
-          bool kFastAccum_ = false, int kEpiTileN_ = 0, bool kOverlapPromotion_ = false>
+          bool kFastAccum_ = false, int kEpiTileN_ = 0, bool kWideBlockwise_ = false>
 struct Sm90GroupedConfig {
   using ElementA = ElementA_;
   using ElementB = ElementB_;
@@ -80,9 +80,10 @@ struct Sm90GroupedConfig {
   // M by kEpiTileN. A wider subtile stages the output in fewer, larger TMA stores (fewer barriers
   // per tile), at the cost of shared memory taken from the mainloop's stages.
   static constexpr int kEpiTileN = kEpiTileN_;
-  // Blockwise forward/dgrad: promote each K block to fp32 while the next one's MMAs run
-  // (sm90_blockwise_mainloop.cuh) instead of CUTLASS's wait-then-promote.
-  static constexpr bool kOverlapPromotion = kOverlapPromotion_;
+  // Blockwise forward/dgrad on a 128x192 tile: groupmm's consumer mainloop and scale loader
+  // (sm90_blockwise_wide_mainloop.cuh), which CUTLASS's collective cannot do with 128x128
+  // weight blocks.
+  static constexpr bool kWideBlockwise = kWideBlockwise_;
   static constexpr bool kFp8 = is_fp8_v<ElementA>;
 
   static_assert(kFp8 == is_fp8_v<ElementB>, "both operands are FP8 or neither");
@@ -110,10 +111,11 @@ struct Sm90GroupedConfig {
       kEpiTileN == 0 || (kSched == Schedule::cooperative && kEpiTileN % 32 == 0 &&
                          size<1>(Tile{}) % (kEpiTileN > 0 ? kEpiTileN : 1) == 0),
       "an explicit epilogue subtile is a cooperative tile's full M by a divisor of its N");
-  static_assert(!kOverlapPromotion || (kScaling == Scaling::blockwise &&
-                                       (kRole == Role::forward || kRole == Role::dgrad) &&
-                                       kSched == Schedule::cooperative),
-                "overlapped promotion: a cooperative blockwise forward or dgrad");
+  static_assert(!kWideBlockwise || (kScaling == Scaling::blockwise &&
+                                    (kRole == Role::forward || kRole == Role::dgrad) &&
+                                    kSched == Schedule::cooperative && size<0>(Tile{}) == 128 &&
+                                    size<1>(Tile{}) == 192),
+                "the wide blockwise mainloop: a cooperative 128x192 blockwise forward or dgrad");
 
   // FP8 wgmma reads K-major shared memory only: every FP8 pass is TN (see the mapping above).
   using LayoutA = std::conditional_t<kRole == Role::wgrad && !kFp8, cutlass::layout::ColumnMajor,
@@ -159,9 +161,13 @@ struct Sm90GroupedConfig {
   // columnwise per-expert [K, ceil(m_g/128)] blocks.
   // (Both K-major: CUTLASS 4.2 derives SFB's shared-memory strides from SFA's major, so mixed
   // majors would be wrong.)
-  // Rows per scale: 128 for the weights' 128x128 blocks (B, or A when swapped), else 1.
+  // Rows per scale: 128 for the weights' 128x128 blocks (B, or A when swapped), else 1. The wide
+  // blockwise tile declares 64 to get three scale slots per stage; its own loader reads the
+  // 128-row blocks.
   static constexpr int kScaleRowsA = kRole == Role::forward_swap ? 128 : 1;
-  static constexpr int kScaleRowsB = kRole == Role::wgrad || kRole == Role::forward_swap ? 1 : 128;
+  static constexpr int kScaleRowsB = kRole == Role::wgrad || kRole == Role::forward_swap ? 1
+                                     : kWideBlockwise                                    ? 64
+                                                                                         : 128;
   using ScaleConfig =
       cutlass::detail::Sm90BlockwiseScaleConfig<kScaleRowsA, kScaleRowsB, 128, cute::GMMA::Major::K,
                                                 cute::GMMA::Major::K>;
@@ -207,8 +213,7 @@ struct Sm90GroupedConfig {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
   using CollectiveMainloop =
-      std::conditional_t<kOverlapPromotion, BlockwiseOverlappedMainloop<BuiltMainloop>,
-                         BuiltMainloop>;
+      std::conditional_t<kWideBlockwise, BlockwiseWideMainloop<BuiltMainloop>, BuiltMainloop>;
 
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using GemmKernel =
@@ -237,7 +242,7 @@ struct Sm90GroupedConfig {
         kSched == Schedule::cooperative ? "cooperative" : "pingpong",
         kEpiTileN == 0 ? std::string()
                        : detail::cat(" epilogue ", int(size<0>(Tile{})), "x", kEpiTileN),
-        kOverlapPromotion ? " overlapped promotion" : "");
+        kWideBlockwise ? " wide blockwise mainloop" : "");
   }
 };
 

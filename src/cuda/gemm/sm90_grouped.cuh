@@ -239,14 +239,14 @@ KernelEntry entry() {
                                  EPI_N)                                                           \
   GROUPMM_SM90_KERNEL_FULL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST, EPI_N, \
                            false)
-// GROUPMM_SM90_KERNEL_FULL: every parameter, the last whether a blockwise forward or dgrad
-// overlaps its fp32 promotion with the next K block (sm90_blockwise_mainloop.cuh).
+// GROUPMM_SM90_KERNEL_FULL: every parameter, the last whether a 128x192 blockwise forward or
+// dgrad runs groupmm's mainloop (sm90_blockwise_wide_mainloop.cuh).
 #define GROUPMM_SM90_KERNEL_FULL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST,   \
-                                 EPI_N, OVERLAP)                                                   \
+                                 EPI_N, WIDE)                                                      \
   namespace groupmm::cuda::sm90 {                                                                  \
   KernelEntry fn() {                                                                               \
     return entry<Sm90GroupedConfig<EA, EB, ED, Role::ROLE, Shape<Int<TM>, Int<TN>, Int<TK>>,       \
                                    Shape<Int<CM>, Int<CN>, _1>, Schedule::SCHED, Scaling::SCALING, \
-                                   FAST, EPI_N, OVERLAP>>();                                       \
+                                   FAST, EPI_N, WIDE>>();                                          \
   }                                                                                                \
   }
