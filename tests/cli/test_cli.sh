@@ -65,7 +65,7 @@ expect 2 "--config 'auto@along_k': a tile order suffix is @along_m or @along_n" 
 expect 2 "--config wgrad_bf16_bf16_128x256_coop_c21 is not a configuration of --pass fwd" -- bench gemm --pass fwd --config auto,wgrad_bf16_bf16_128x256_coop_c21
 expect 2 "--config with several names is a bf16 sweep" -- bench gemm --recipe fp8_current --config a,b
 expect 2 "--config 'fwd_x' is not a kernel configuration" -- bench gemm --recipe fp8_block --config fwd_x
-expect 2 "--config dgrad_e4m3_bf16_block_128x128_coop_c12 is not a configuration of --pass wgrad" -- bench gemm --recipe fp8_block --pass wgrad --config dgrad_e4m3_bf16_block_128x128_coop_c12
+expect 2 "--config dgrad_e4m3_bf16_block_128x192_coop_c11 is not a configuration of --pass wgrad" -- bench gemm --recipe fp8_block --pass wgrad --config dgrad_e4m3_bf16_block_128x192_coop_c11
 expect 2 "--out fp32 with --recipe mxfp8 needs --pass wgrad" -- bench gemm --recipe mxfp8 --out fp32
 expect 2 "--quick applies to the bf16 suite" -- bench gemm --recipe fp8_current --quick
 expect 2 "--recipe: 'nvfp4' is not one of" -- bench layer --recipe nvfp4
