@@ -18,7 +18,7 @@
 //    faster than 128x128 for per-expert forward, dgrad and wgrad into bf16 (bench/RESULTS.md,
 //    "FP8 tiles"). The blockwise forward and dgrad run 128x192 too, on groupmm's own consumer
 //    mainloop and scale loader (sm90_blockwise_wide_mainloop.cuh: 128 does not divide 192, so a
-//    tile spans two 128x128 weight blocks, which CUTLASS's collective cannot scale); 0-25%
+//    tile spans two 128x128 weight blocks, which CUTLASS's collective cannot scale); 0-13%
 //    faster than their 128x128 tile across the suite (bench/RESULTS.md, "The blockwise forward
 //    and dgrad on a 128x192 tile"). The blockwise wgrad keeps 128x128 (its weight-side scales
 //    are per output column). The per-expert wgrad into an fp32 main_grad runs 128x192 too
