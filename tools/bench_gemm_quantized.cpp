@@ -2,7 +2,8 @@
 // operands. Each case quantizes bf16 inputs with group_quantize (not timed), checks the quantized
 // GEMM against our bf16 GEMM of the same inputs (DeepGEMM's diff < 1e-3), then times the quantized
 // GEMM and, as the ceiling, one dense cuBLASLt FP8 GEMM (e4m3, bf16 out, fp32 accumulation) of the
-// same total size. --json writes records for bench/peers_torch.py (torch._scaled_grouped_mm).
+// same total size, on the quantized operands' own bytes. --json writes records for
+// bench/peers_torch.py (torch._scaled_grouped_mm).
 #include <cublasLt.h>
 
 #include <cstdio>
@@ -211,14 +212,19 @@ int bench_gemm_quantized(const QuantBenchOptions& o, cudaStream_t stream) {
         const double t_h = median_ms(stream, 2, o.iters, [&](int) { grouped_gemm(ctx, h); });
         // dense FP8 ceiling of the same total size (forward shape: M x N x K)
         const int64_t dM = wg ? N : M, dN = wg ? K : (fwd ? N : K), dK = wg ? M : (fwd ? K : N);
-        Tensor da = Tensor::empty({dM * dK}, DType::fp8e4m3, Device::CUDA, stream);
-        Tensor db = Tensor::empty({dN * dK}, DType::fp8e4m3, Device::CUDA, stream);
+        // It reads the quantized operands' own bytes (their first dM x dK and dN x dK elements),
+        // not constant ones: tensor-core power depends on the data, and these GEMMs run at the
+        // GPU's power cap, where power sets the clock (bench/RESULTS.md, "the power cap").
+        const TensorView qa8 = ta.data.present() ? ta.data : ta.columnwise_data;
+        const TensorView qb8 = tb.data.present() ? tb.data : tb.columnwise_data;
+        GROUPMM_CHECK(qa8.dtype == DType::fp8e4m3 && qb8.dtype == DType::fp8e4m3 &&
+                          qa8.numel() >= dM * dK && qb8.numel() >= dN * dK,
+                      "bench gemm: the dense FP8 peer needs e4m3 operands of ", dM, "x", dK,
+                      " and ", dN, "x", dK, " (got ", qa8.numel(), " and ", qb8.numel(), ")");
         Tensor dd = Tensor::empty({dM * dN}, DType::bf16, Device::CUDA, stream);
-        fill_bytes(da, 0x38, stream);  // e4m3 1.0
-        fill_bytes(db, 0x30, stream);  // e4m3 0.5
         DenseFp8 dense(dM, dN, dK, stream);
         const double t_dense =
-            median_ms(stream, 2, o.iters, [&](int) { dense.run(da.data(), db.data(), dd.data()); });
+            median_ms(stream, 2, o.iters, [&](int) { dense.run(qa8.data, qb8.data, dd.data()); });
         const double flops = 2.0 * double(M) * double(N) * double(K);
         const std::string cfg = gemm_config_name(ctx, x);
         std::printf("%-22s %-6s %-8s %5lld %6lld %6lld %6lld %9.1f %8.1f %8.3f %8.3f %9.2e %s%s\n",
