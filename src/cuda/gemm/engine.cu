@@ -27,7 +27,9 @@
 //    (the blockwise 128x192 dgrad 0.5-9% slower with 1x2), blockwise wgrad 1x2, per-expert wgrad
 //    2x1 (a 2x2 cluster was slower for every blockwise pass). Fast accumulation (inference) has no
 //    second accumulator set and runs the 128x256 tile. Epilogue subtiles: blockwise kernels into
-//    bf16 128x64 (faster than CUTLASS's 128x32; 128x128 takes a mainloop stage and is slower), the
+//    bf16 128x64 (faster than CUTLASS's 128x32; 128x128 takes a mainloop stage and is slower; at
+//    the 128x192 tile 128x96 measured even, 128x192 slower, plain stores with no shared memory
+//    much slower: bench/RESULTS.md, "The blockwise epilogue, the power cap ..."), the
 //    per-expert wgrad into bf16 128x96; the per-expert forward and dgrad and every fp32 main_grad
 //    wgrad keep 128x32 (wider was slower).
 //  - bf16 forward with a short reduction (K <= 1536, from 33 rows per expert): a 128x128
