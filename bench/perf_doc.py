@@ -169,7 +169,7 @@ def gemm_w4(dd):
         n, m = rows_of(d, case=c, format="nvfp4")[0], rows_of(d, case=c, format="mxfp4")[0]
         cells = [c, n["path"]]
         for r in (n, m):
-            extra = f", {pct(r['of_copy'])} of copy" if r["path"] == "decode" else ""
+            extra = f", {100 * r['of_copy']:.0f}% of copy" if r["path"] == "decode" else ""
             cells.append(f"{r['us']:.1f} ({r['x_bf16']:.2f}x{extra})")
         cells.append(f"{n['bf16_us']:.1f}")
         body.append(cells)
