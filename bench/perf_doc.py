@@ -200,7 +200,7 @@ def quantize(dd):
                      f"{pct(frac(bal, rec, dr, True))} / {pct(frac(bal, rec, dr, False))}",
                      f"{pct(frac(zipf, rec, dr, True))} / {pct(frac(zipf, rec, dr, False))}",
                      f"{pct(r['large'])} / {pct(r['small'])}", pct(tgt) if tgt else "-"])
-    return (caption(bal) + caption(zipf) + caption(h100) + "\n" +
+    return ("<br>\n".join(caption(d).rstrip("\n") for d in (bal, zipf, h100)) + "\n\n" +
             table(["recipe", "direction", "H200 balanced", "H200 Zipf", "H100 balanced", "target"], body))
 
 
