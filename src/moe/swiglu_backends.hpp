@@ -43,8 +43,9 @@ GROUPMM_SWIGLU_HD void swiglu_bwd_elem(float dout, float g, float u, float& dg, 
 // The router-weighted SwiGLU's element math on the device (src/moe/cuda/weighted_swiglu.cu):
 // swiglu's formulas, the sigmoid's division by __fdividef (at most 2 ulp, no slow path) instead of
 // an IEEE division. Why: that kernel is bound by instruction issue, not bandwidth, and the IEEE
-// division's slow-path check after every element is a large part of its instructions
-// (measurements: bench/RESULTS.md, MoE block). A sigmoid below 2^-126 (g < -87.3) becomes 0.
+// division's slow-path check after every element is a large part of its instructions (see
+// docs/decisions.md, "MoE block: weighted SwiGLU's sigmoid by __fdividef"). A sigmoid below
+// 2^-126 (g < -87.3) becomes 0.
 // The plain swiglu keeps the IEEE division (the shared expert's activation, a small share).
 __device__ __forceinline__ float weighted_swiglu_sigmoid(float g) {
   return __fdividef(1.0f, 1.0f + expf(-g));

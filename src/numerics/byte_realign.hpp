@@ -56,7 +56,8 @@ GROUPMM_HD void realign_bytes(const uint32_t (&own)[N], const uint32_t (&next)[N
 // to the first boundary (col_run_head), then lane rg's realigned chunk at run + b + kB rg, whole
 // chunks by one vector store each, the head and the last partial chunk by byte stores spread
 // over the 8 lanes (store_col_run_edges): the store instructions of a partial chunk, not its
-// bytes, are what an unaligned run costs (bench/RESULTS.md, round 11). No byte outside
+// bytes, are what an unaligned run costs (see docs/decisions.md, "Quantize: columnwise runs
+// realigned on unaligned experts"). No byte outside
 // [run, run + len) is written: neighbouring runs belong to other tiles. The CPU tests run the 8
 // lanes for every misalignment and length.
 

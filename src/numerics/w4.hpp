@@ -18,7 +18,8 @@
 // scale) pair on the host, tests/cuda/test_w4_numerics_gpu.cu on the device.
 // The multiply must come before the tensor core sees the weights: raw words are subnormal or tiny,
 // and a decode variant that fed them to the mma directly (block scales applied to the
-// accumulator) gave wrong sums (bench/RESULTS.md, "4-bit decode", session 19).
+// accumulator) gave wrong sums (see docs/decisions.md, "4-bit decode: block scales applied to the
+// accumulator (not kept)").
 #pragma once
 
 #include <cstdint>

@@ -14,8 +14,8 @@ int resident_ctas_per_sm(const void* kernel, int threads, size_t smem);
 
 // The grid of a grid-stride kernel: `want` CTAs, at most max_per_sm per SM and never more than
 // are resident at once. A cap above residency is a trap: the CTAs that do not fit wait for a
-// second wave that then runs at low occupancy (bench/RESULTS.md, "SwiGLU grids capped at
-// residency").
+// second wave that then runs at low occupancy (see docs/decisions.md, "MoE kernels: grid-stride
+// grids capped at residency").
 template <class... KArgs>
 unsigned resident_grid(const Context& ctx, void (*kernel)(KArgs...), int threads, int64_t want,
                        int max_per_sm, size_t smem = 0) {

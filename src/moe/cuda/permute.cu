@@ -98,7 +98,8 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) scatter_kernel(MoverPar
 
 // kU vectors of a row per thread and kBatch / kU choices per batch: kBatch loads in flight per
 // thread whatever k is (with one vector per thread, top-2 kept only two 16-byte loads in flight;
-// bench/RESULTS.md, "The gather movers"). Each element still sums its choices in order.
+// see docs/decisions.md, "MoE movers: several vectors per thread in the gather"). Each element
+// still sums its choices in order.
 template <class E, int N, int kU>
 __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverParams p) {
   using P = ElementVec<E, N>;

@@ -44,9 +44,10 @@ struct TileConfig {
   static constexpr int kRowIters = kRows * kSlabsPerRow / kThreads;  // slabs per thread
   static constexpr int kColSeg = 16;                                 // columnwise rows / thread
   static constexpr int kColSegs = kRows / kColSeg;
-  // Input tile buffers: item i + 1 loads while item i runs. Two: a third queued more work per CTA
-  // when the tickets ran out and, under the fused amax schedule, moved an expert's amax reads
-  // further from its quantize re-reads (fewer L2 hits); bench/RESULTS.md has the measurements.
+  // Input tile buffers: item i + 1 loads while item i runs. Two: a third queues more work per CTA
+  // when the tickets run out and, under the fused amax schedule, moves an expert's amax reads
+  // further from its quantize re-reads (see docs/decisions.md, "Quantize: two input buffers, not
+  // three").
   static constexpr int kStages = 2;
   // Fused amax schedule: the early expert-amax reduction covers experts of at most
   // 32 * kPendSlots items (one warp, kPendSlots slot loads per lane).

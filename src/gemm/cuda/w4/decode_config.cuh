@@ -61,9 +61,9 @@ struct DecodeConfig {
 
 // Ring slots and CTAs per SM of the variant with kTokenTiles token tiles, within an SM's 227 KiB
 // of shared memory. The most warps that fit without spilling win (three CTAs, two with 32 tokens
-// whose accumulators spill at three); then the deepest ring that still fits them. Measured
-// (bench/RESULTS.md, "4-bit decode"): with 8 tokens, 3 slots and 3 CTAs beat 2 slots and 4 CTAs
-// (64 registers, spills) by 12% and 4 slots and 2 CTAs by 5%.
+// whose accumulators spill at three); then the deepest ring that still fits them (see
+// docs/decisions.md, "4-bit decode: weights fed by the TMA unit" and "4-bit decode: four CTAs
+// per SM (not kept)").
 constexpr int decode_depth(int token_tiles) {
   return token_tiles == 1 ? 3 : 2;
 }

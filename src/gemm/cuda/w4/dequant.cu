@@ -2,10 +2,11 @@
 // (numerics/w4.hpp), for the experts that have rows, plus every expert's fp32 accumulator
 // factor. A bandwidth kernel: one CTA per chunk of kRunsPerCta 16-byte runs (32 codes each) of
 // one expert, so an expert without rows costs its CTAs one split read; each thread issues the
-// loads of its kUnroll runs before converting any, and finds a run's row with one 32-bit division
-// (a grid-stride loop with 64-bit divisions per run ran at 47% of DRAM bandwidth,
-// bench/RESULTS.md). Graph safe: the splits are read on the device (a split <= 0 skips its expert;
-// clamping is the GEMM's business).
+// loads of its kUnroll runs before converting any, and finds a run's row with one 32-bit division;
+// a warp's output is staged in shared memory and stored as whole contiguous runs (see
+// docs/decisions.md, "4-bit prefill: dequantize stores staged through shared memory"). Graph
+// safe: the splits are read on the device (a split <= 0 skips its expert; clamping is the GEMM's
+// business).
 #include <algorithm>
 
 #include "gemm/w4_backends.hpp"
