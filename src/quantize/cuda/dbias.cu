@@ -7,7 +7,7 @@
 // That is dbias.hpp's summation order, the one bgrad_group_quantize uses, bit for bit. Tiles
 // never straddle two experts and there are at most tile_bound(M, G) of them (host-known), so a
 // skewed routing spreads over the whole GPU without atomics.
-#include "dbias/backends.hpp"
+#include "quantize/dbias_backends.hpp"
 #include "kernels/common/element.cuh"
 #include "quantize/cuda/dbias_reduce.cuh"
 #include "quantize/cuda/plan.cuh"

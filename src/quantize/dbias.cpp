@@ -1,5 +1,5 @@
 // group_dbias: validation and backend dispatch.
-#include "dbias/backends.hpp"
+#include "quantize/dbias_backends.hpp"
 
 namespace groupmm {
 

@@ -2,7 +2,7 @@
 // dbias.hpp (the same function as the bias gradient of bgrad_group_quantize).
 #include <vector>
 
-#include "dbias/backends.hpp"
+#include "quantize/dbias_backends.hpp"
 #include "base/cpu_util.hpp"
 
 namespace groupmm::cpu {
