@@ -78,6 +78,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,6 +126,10 @@ class InProcessHub;  // mailboxes + barrier shared by the ranks of one in-proces
 // use (one stream orders every rank's kernels and copies, so no events are needed; the copies are
 // graph capturable). Records the bytes of the last all_to_all_v, per peer (tests check that a row
 // crosses to a rank once).
+//
+// A rank that fails calls abort(why) (run_in_process_group does it for every exception): from then
+// on every collective of the group, on every rank, throws an Error naming the failed rank and the
+// cause instead of waiting for it, so no rank is left waiting on a peer that will not come.
 class InProcessTransport final : public Transport {
  public:
   InProcessTransport(std::shared_ptr<InProcessHub> hub, int rank);
@@ -139,8 +144,14 @@ class InProcessTransport final : public Transport {
                     cudaStream_t stream) override;
   // Bytes this rank sent to each peer (itself included) in its last all_to_all_v.
   const std::vector<int64_t>& last_sent_bytes() const { return last_sent_; }
+  // This rank has failed: releases every rank waiting in a collective of the group, and makes
+  // every later collective throw "rank <rank()> failed: <why>". The first abort of a group is the
+  // one reported. Thread safe.
+  void abort(const std::string& why);
 
  private:
+  friend void run_in_process_group(const char*, int, Device, cudaStream_t,
+                                   const std::function<void(InProcessTransport&)>&);
   std::shared_ptr<InProcessHub> hub_;
   int rank_;
   std::vector<int64_t> last_sent_;
@@ -150,6 +161,14 @@ class InProcessTransport final : public Transport {
 // group exchanges device buffers on `stream` (every rank's Context must be made on it).
 std::vector<std::unique_ptr<InProcessTransport>> make_in_process_group(
     int ranks, Device device = Device::CPU, cudaStream_t stream = nullptr);
+
+// Runs fn(transport) for every rank of a new in-process group, each on its own thread, and returns
+// when all have ended. A rank whose fn throws aborts the group (the others are released from their
+// collectives); a thread that cannot be started aborts it too, before any rank waits for it. Then
+// throws Error("<op>: rank r failed: <cause>") for the first rank that failed (an exception that is
+// not a std::exception is named as such); the other ranks' "released" errors are not reported.
+void run_in_process_group(const char* op, int ranks, Device device, cudaStream_t stream,
+                          const std::function<void(InProcessTransport&)>& fn);
 
 // ================================================================================================
 // Plans

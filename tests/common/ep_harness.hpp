@@ -3,9 +3,6 @@
 // layer step forward and backward with a toy expert (row * s_e) computed on the host between ops.
 #pragma once
 
-#include <exception>
-#include <thread>
-
 #include "common/test_util.hpp"
 #include "groupmm/ep.hpp"
 
@@ -22,24 +19,12 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-// Runs fn(rank, transport) on R threads; rethrows the first rank's exception, if any. A device
-// group runs on `stream`.
+// Runs fn(rank, transport) on R threads (ep::run_in_process_group: a rank that throws releases
+// the others, and its error is rethrown naming it). A device group runs on `stream`.
 template <class Fn>
 void run_ranks(int R, Fn fn, Device dev = Device::CPU, cudaStream_t stream = nullptr) {
-  auto group = ep::make_in_process_group(R, dev, stream);
-  std::vector<std::exception_ptr> errs(static_cast<size_t>(R));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r, *group[size_t(r)]);
-      } catch (...) {
-        errs[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
+  ep::run_in_process_group("run_ranks", R, dev, stream,
+                           [&](ep::InProcessTransport& tr) { fn(tr.rank(), tr); });
 }
 
 // Rounds to dt and back.

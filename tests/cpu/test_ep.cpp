@@ -425,6 +425,102 @@ void expect_dispatch_error(int R, const EpConfig& cfg, std::vector<int32_t> ids,
   });
 }
 
+// A transport that forwards to its rank's end of an in-process group and throws at its
+// `fail_at`-th collective (counting both kinds from 0; -1: never), as a rank that runs out of
+// memory or hits a bad argument there would.
+class FailingTransport final : public ep::Transport {
+ public:
+  FailingTransport(ep::Transport& inner, int fail_at) : inner_(inner), fail_at_(fail_at) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Device device() const override { return inner_.device(); }
+  void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) override {
+    step();
+    inner_.all_to_all_counts(send, recv, n);
+  }
+  void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
+                    void* recv, const int64_t* recv_counts, const int64_t* recv_offsets,
+                    cudaStream_t stream) override {
+    step();
+    inner_.all_to_all_v(send, send_counts, send_offsets, recv, recv_counts, recv_offsets, stream);
+  }
+  int calls() const { return calls_; }
+
+ private:
+  void step() {
+    GROUPMM_CHECK(calls_ != fail_at_, "injected failure before collective ", calls_);
+    ++calls_;
+  }
+  ep::Transport& inner_;
+  int fail_at_;
+  int calls_ = 0;
+};
+
+// Every step of an EP layer (plan, dispatch, combine and their backwards, both modes): one rank
+// fails before its n-th collective; the group returns (no rank is left waiting), and the error
+// names the failed rank and its cause, not a released peer.
+TEST(EpCpu, FailingRankReleasesTheOthersAtEveryStep) {
+  const int R = 4;
+  const EpConfig cfg{8, R, 16, 2};
+  std::mt19937_64 g(seed_for("ep_fail"));
+  const auto data = make_case(cfg, DType::fp32, Routing::mixed, g);
+  for (EpMode mode : {EpMode::throughput, EpMode::capacity}) {
+    RunOpts o;
+    o.mode = mode;
+    o.cap = EpCapacity{64, 64};
+    std::vector<int> collectives(static_cast<size_t>(R), 0);
+    run_ranks(R, [&](int r, ep::InProcessTransport& tr) {
+      Context ctx(Device::CPU);
+      FailingTransport counting(tr, -1);
+      run_rank(ctx, counting, cfg, data[size_t(r)], o);
+      collectives[size_t(r)] = counting.calls();
+    });
+    ASSERT_GT(collectives[0], 2);
+    for (int failing : {0, R - 1})
+      for (int n = 0; n < collectives[size_t(failing)]; ++n) {
+        SCOPED_TRACE(::testing::Message() << "mode " << int(mode) << ", rank " << failing
+                                          << " fails before collective " << n);
+        try {
+          run_ranks(R, [&](int r, ep::InProcessTransport& tr) {
+            Context ctx(Device::CPU);
+            FailingTransport t(tr, r == failing ? n : -1);
+            run_rank(ctx, t, cfg, data[size_t(r)], o);
+          });
+          ADD_FAILURE() << "no error";
+        } catch (const Error& e) {
+          const std::string msg = e.what();
+          EXPECT_NE(msg.find("run_ranks: rank " + std::to_string(failing) +
+                             " failed: injected failure before collective " + std::to_string(n)),
+                    std::string::npos)
+              << msg;
+        }
+      }
+  }
+}
+
+// A rank that returns while its peers wait in a collective (the ranks disagree on the sequence of
+// collectives) fails the group instead of leaving them waiting.
+TEST(EpCpu, RankThatLeavesEarlyReleasesTheOthers) {
+  EXPECT_THROW_MSG(run_ranks(3,
+                             [&](int r, ep::InProcessTransport& tr) {
+                               if (r == 1) return;
+                               std::vector<int64_t> send(3), recv(3);
+                               tr.all_to_all_counts(send.data(), recv.data(), 1);
+                             }),
+                   "run_ranks: rank 1 failed: it returned while other ranks waited for it");
+}
+
+// A rank that throws something that is not a std::exception is still reported.
+TEST(EpCpu, NonStandardExceptionIsReported) {
+  EXPECT_THROW_MSG(run_ranks(2,
+                             [&](int r, ep::InProcessTransport& tr) {
+                               if (r == 0) throw 42;
+                               std::vector<int64_t> send(2), recv(2);
+                               tr.all_to_all_counts(send.data(), recv.data(), 1);
+                             }),
+                   "rank 0 failed: an exception that is not a std::exception");
+}
+
 TEST(EpCpu, ValidationMessages) {
   // Every rank sees the same bad argument, so every rank fails before the first exchange.
   expect_dispatch_error(1, EpConfig{4, 1, 8, 2}, {0, 4}, 1, 1,
