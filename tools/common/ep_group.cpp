@@ -1,5 +1,5 @@
-// The expert-parallel benchmarks' process group (ep_tools.hpp).
-#include "ep_tools.hpp"
+// The expert-parallel benchmarks' process group (ep_group.hpp).
+#include "common/ep_group.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-// The process group of the expert-parallel benchmarks (`bench ep`, `bench moe --ranks`): one
+// The process group of the expert-parallel benchmarks (`bench ep`, `bench moe --ep`): one
 // process per GPU, the ranks from the command line or torchrun's environment, the NCCL unique id
 // shared through a file. Public API only.
 #pragma once

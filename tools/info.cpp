@@ -41,9 +41,8 @@ int run_info(const InfoOptions&) {
 
 void add_info_options(CLI::App&, InfoOptions&) {}
 
-Register reg_cmd_info(command<InfoOptions>("", "info",
-                                           "version, build configuration and visible GPUs",
-                                           add_info_options, run_info));
+Register reg_info(command<InfoOptions>("", "info", "version, build configuration and visible GPUs",
+                                       add_info_options, run_info));
 
 }  // namespace
 }  // namespace groupmm::tool
