@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Renders PNG charts from the `--json` files of `groupmm bench` (shown in bench/RESULTS.md).
+"""Renders PNG charts from the `--json` files of `groupmm bench` (bench/data/README.md).
 
     python3 bench/plot.py out/gemm_merged.json out/quantize.json out/layer.json [--out DIR]
 

@@ -114,7 +114,8 @@ inline bool has_columnwise(QuantDirection d) {
 //  - fused: one kernel whose amax items run `amax_lag` experts ahead of its quantize items, so
 //    that the quantize pass re-reads the tiles from L2;
 //  - automatic: the one measured faster for the recipe: fused for fp8_current, separate for
-//    nvfp4 (bench/RESULTS.md).
+//    nvfp4 (see docs/decisions.md, "Quantize: fused amax schedule for fp8_current, separate pass
+//    for nvfp4").
 enum class AmaxSchedule : uint8_t { automatic, separate, fused };
 const char* amax_schedule_name(AmaxSchedule s);
 

@@ -215,9 +215,11 @@ TEST(GemmGpuConfig, Fp32OutPicksTheFp32Kernels) {
   }
 }
 
-// The heuristic's shape rules of round 2 (host-known shapes only): a short-reduction bf16 forward
-// runs the ping-pong tile, a 16-bit-out bf16 wgrad whose width 192 divides and 256 does not runs
-// 128x192, and the alternatives stay where they measured better. Each picked kernel is run
+// The heuristic's shape rules for short reductions and ragged widths (host-known shapes only): a
+// short-reduction bf16 forward runs the ping-pong tile, a 16-bit-out bf16 wgrad whose width 192
+// divides and 256 does not runs 128x192, and the alternatives stay where they measured better
+// (see docs/decisions.md, "GEMM heuristic: short-reduction forward on a ping-pong tile" and "GEMM
+// heuristic: 128x192 wgrad for widths 192 divides and 256 does not"). Each picked kernel is run
 // against the CPU reference (a bias in the forward, so the ping-pong epilogue adds it).
 TEST(GemmGpuConfig, ShortReductionAndRaggedWidthPicks) {
   GROUPMM_REQUIRE_GPU();

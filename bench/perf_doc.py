@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""Renders the tables of docs/performance.md from the run records in bench/data/*.json.
+
+    python3 bench/perf_doc.py            # rewrite every table of the document in place
+    python3 bench/perf_doc.py --check    # exit 1 and print a diff if the document is stale
+
+Each table sits between `<!-- table:NAME -->` and `<!-- end -->`; NAME is one of TABLES below,
+and every NAME appears in the document exactly once. The text between the markers belongs to
+this script: edit the JSON record (or the renderer), never the rendered table. A record is
+
+    {"title": ..., "runs": [{"id", "device", "date", "commit", "command", "what"?}, ...],
+     "notes"?: ..., "rows" (or "cases", for `groupmm bench --json` records): [...]}
+
+and each rendered table opens with one line per run: device, date, commit and command.
+No third-party modules: the test (tests/python/test_perf_doc.py) runs without torch.
+"""
+import argparse
+import difflib
+import json
+import math
+import os
+import re
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+DATA = os.path.join(ROOT, "bench", "data")
+DOC = os.path.join(ROOT, "docs", "performance.md")
+PASSES = ("fwd", "dgrad", "wgrad")
+
+
+def load(name, data_dir):
+    with open(os.path.join(data_dir, name + ".json")) as f:
+        return json.load(f)
+
+
+def rows_of(d, **match):
+    rows = d.get("rows", d.get("cases", []))
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def caption(d, runs=None):
+    out = []
+    for r in d["runs"]:
+        if runs and r["id"] not in runs:
+            continue
+        where = ", ".join(x for x in (r["device"], r["date"], r.get("commit", "")) if x)
+        what = f" ({r['what']})" if r.get("what") else ""
+        out.append(f"*{where}:* `{r['command']}`{what}")
+    return "<br>\n".join(out) + "\n"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("" if c is None else str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def f0(x):
+    return "" if x is None else f"{x:.0f}"
+
+
+def f2(x):
+    return "" if x is None else f"{x:.2f}"
+
+
+def pct(x):
+    return "" if x is None or x == "" else f"{100 * x:.1f}%"
+
+
+def geomean(xs):
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def cases_in_order(rows):
+    seen = []
+    for r in rows:
+        if r["case"] not in seen:
+            seen.append(r["case"])
+    return seen
+
+
+# ---- renderers: one per table name --------------------------------------------------------------
+
+def gemm_bf16(dd):
+    d = load("gemm_bf16_h200", dd)
+    body = []
+    for c in cases_in_order(rows_of(d)):
+        r0 = rows_of(d, case=c)[0]
+        cells = [c, f"{r0['G']} x {r0['M']} x {r0['N']} x {r0['K']}"]
+        for p in PASSES:
+            r = rows_of(d, case=c, pattern="balanced", **{"pass": p})
+            if not r:
+                cells.append("")
+                continue
+            r = r[0]
+            xt = "torch refuses" if r["x_torch"] is None else f"{r['x_torch']:.2f}"
+            cells.append(f"{f0(r['tflops'])} ({xt} / {f2(r['x_dense'])})")
+        body.append(cells)
+    host = "; ".join(f"{k} {v:.1f} us" for k, v in d["host_us"].items())
+    return (caption(d) + "\nBalanced routing, per case:\n\n" +
+            table(["case", "G x rows x N x K", "fwd TFLOP/s (x torch / x dense)", "dgrad", "wgrad"], body) +
+            "\nPer pass, over every case and split pattern:\n\n" + gemm_bf16_summary(d) +
+            f"\nHost time per call (no sync, best of 5 batches of 20): {host}.\n")
+
+
+def gemm_bf16_summary(d):
+    body = []
+    for p in PASSES:
+        rs = [r for r in rows_of(d, **{"pass": p}) if r["x_torch"] is not None]
+        lo = min(rs, key=lambda r: r["x_torch"])
+        below = sum(r["x_torch"] < 1.0 for r in rs)
+        big = [r["x_dense"] for r in rows_of(d, case="contiguous_4x8192", **{"pass": p})]
+        body.append([p, len(rs), f"{geomean([r['x_torch'] for r in rs]):.3f}",
+                     f"{lo['x_torch']:.3f} ({lo['case']}, {lo['pattern']})", below,
+                     f"{min(big):.2f}-{max(big):.2f}"])
+    return table(["pass", "cases", "geomean x torch", "min x torch", "below 1.0", "x dense, 4 x 8192 rows"], body)
+
+
+def gemm_fp8_current(dd):
+    d = load("gemm_fp8_current_h200", dd)
+    body = []
+    for c in cases_in_order(rows_of(d)):
+        cells = [c]
+        for p in PASSES:
+            r = rows_of(d, case=c, run="b" if p == "wgrad" else "a", **{"pass": p})
+            cells.append(f0(r[0]["tflops"]) if r else "")
+        for p in PASSES:
+            r = rows_of(d, case=c, run="a", **{"pass": p})
+            cells.append(f2(r[0]["x_torch"]) if r else "")
+        body.append(cells)
+    gm = " / ".join(f"{geomean([r['x_torch'] for r in rows_of(d, run='a', **{'pass': p})]):.2f}"
+                    for p in PASSES)
+    return (caption(d) + "\n" +
+            table(["case", "fwd TFLOP/s", "dgrad", "wgrad", "fwd x torch", "dgrad x torch", "wgrad x torch"],
+                  body) + f"\nGeomean x torch._scaled_grouped_mm (fwd / dgrad / wgrad): {gm}.\n")
+
+
+def gemm_fp8_block(dd):
+    d = load("gemm_fp8_block_h200", dd)
+    body = []
+    for c in cases_in_order(rows_of(d)):
+        cells = [c]
+        for p in PASSES:
+            r = rows_of(d, case=c, **{"pass": p})
+            cells.append(f"{f0(r[0]['tflops'])} ({f2(r[0]['x_bf16'])})" if r else "")
+        body.append(cells)
+    return caption(d) + "\n" + table(["case", "fwd TFLOP/s (x our bf16)", "dgrad", "wgrad"], body)
+
+
+def fp8_power_cap(dd):
+    d = load("fp8_power_cap_h200", dd)
+    return caption(d) + "\n" + table(
+        ["kernel", "TFLOP/s, 2000 launches", "TFLOP/s, 20 launches", "power", "SM clock"],
+        [[r["kernel"], r["sustained"], r["short"], r["power"], r["clock"]] for r in rows_of(d)])
+
+
+def peers_deepgemm(dd):
+    d = load("peers_deepgemm_h200", dd)
+    return caption(d) + "\n" + table(
+        ["shape", "routing", "DeepGEMM", "groupmm fp8_block", "DeepGEMM / groupmm"],
+        [[r["case"], r["routing"], r["deepgemm"], r["groupmm"], f2(r["deepgemm"] / r["groupmm"])]
+         for r in rows_of(d)])
+
+
+def gemm_w4(dd):
+    d = load("gemm_w4_h200", dd)
+    body = []
+    for c in cases_in_order(rows_of(d)):
+        n, m = rows_of(d, case=c, format="nvfp4")[0], rows_of(d, case=c, format="mxfp4")[0]
+        cells = [c, n["path"]]
+        for r in (n, m):
+            extra = f", {100 * r['of_copy']:.0f}% of copy" if r["path"] == "decode" else ""
+            cells.append(f"{r['us']:.1f} ({r['x_bf16']:.2f}x{extra})")
+        cells.append(f"{n['bf16_us']:.1f}")
+        body.append(cells)
+    return caption(d) + "\n" + table(["case", "path", "nvfp4 us (x bf16)", "mxfp4 us (x bf16)", "bf16 us"], body)
+
+
+def peers_triton(dd):
+    d = load("peers_triton_mxfp4_h200", dd)
+    return caption(d) + "\n" + table(
+        ["tokens", "triton_kernels gate_up / down", "groupmm gate_up / down", "groupmm / peer speed"],
+        [[r["tokens"], r["peer"], r["groupmm"], r["ratio"]] for r in rows_of(d)]) + f"\n{d['notes']}\n"
+
+
+def quantize(dd):
+    bal, zipf, h100 = (load(n, dd) for n in ("quantize_balanced_h200", "quantize_zipf_h200",
+                                            "quantize_balanced_h100"))
+
+    def frac(d, recipe, direction, big):
+        for r in rows_of(d, recipe=recipe, direction=direction):
+            if r["shape"].startswith("[65536" if big else "[32768"):
+                return r["fraction_of_copy"]
+
+    body = []
+    for r in rows_of(h100):
+        rec, dr = r["recipe"], r["direction"]
+        tgt = next((c["target"] for c in rows_of(bal, recipe=rec, direction=dr)), 0)
+        body.append([rec, dr,
+                     f"{pct(frac(bal, rec, dr, True))} / {pct(frac(bal, rec, dr, False))}",
+                     f"{pct(frac(zipf, rec, dr, True))} / {pct(frac(zipf, rec, dr, False))}",
+                     f"{pct(r['large'])} / {pct(r['small'])}", pct(tgt) if tgt else "-"])
+    return ("<br>\n".join(caption(d).rstrip("\n") for d in (bal, zipf, h100)) + "\n\n" +
+            table(["recipe", "direction", "H200 balanced", "H200 Zipf", "H100 balanced", "target"], body))
+
+
+def layer_bf16(dd):
+    d = load("layer_bf16_h200", dd)
+    return caption(d) + "\n" + table(
+        ["case", "pattern", "layer us", "sum of its GEMMs us", "ratio", "host us per forward"],
+        [[r["case"], r["pattern"], r["layer_us"], r["gemm_sum_us"], f"{r['layer_us'] / r['gemm_sum_us']:.3f}",
+          r["host_us_per_forward"]] for r in rows_of(d)])
+
+
+def layer_fp8(dd):
+    d = load("layer_fp8_h200", dd)
+    body = []
+    for c in cases_in_order(rows_of(d)):
+        cells = [c]
+        for rec in ("fp8_current", "fp8_block"):
+            r = rows_of(d, case=c, recipe=rec)[0]
+            cells += [f"{r['bf16_us'] / r['new_w_us']:.2f}", f"{r['bf16_us'] / r['cached_w_us']:.2f}"]
+        body.append(cells)
+    return caption(d) + "\n" + table(["case", "fp8_current new W", "cached W", "fp8_block new W", "cached W"],
+                                     body)
+
+
+def layer_step_kernels(dd):
+    d = load("layer_step_kernels_h200", dd)
+    return caption(d) + "\n" + table(["stage", "bf16", "fp8_block"],
+                                     [[r["stage"], r["bf16"], r["fp8_block"]] for r in rows_of(d)])
+
+
+def moe_block(dd):
+    d = load("moe_block_h200", dd)
+    return caption(d) + "\n" + table(
+        ["case", "torch fwd / f+b us", "ours fwd / f+b us", "x fwd", "x f+b", "non-GEMM share", "movers, of copy"],
+        [[r["case"], f"{r['torch_fwd_us']} / {r['torch_fb_us']}", f"{r['fwd_us']} / {r['fb_us']}",
+          f2(r["torch_fwd_us"] / r["fwd_us"]), f2(r["torch_fb_us"] / r["fb_us"]), pct(r["non_gemm_share"]),
+          r["movers"]] for r in rows_of(d)])
+
+
+def moe_dense_bound(dd):
+    d = load("moe_dense_bound_h200", dd)
+    a = d["activation_bytes"]
+
+    def pc(x):
+        return f"{100 * x:.0f}%"
+
+    return (caption(d) + "\n" + table(
+        ["case", "fwd, share of bound", "fwd + bwd", "FP8 block vs bf16 block (fp8_current / fp8_block)"],
+        [[r["case"], pc(r["fwd"]), pc(r["fb"]),
+          "" if r["fp8_current"] is None else f"{r['fp8_current']:.2f}x / {r['fp8_block']:.2f}x"]
+         for r in rows_of(d)]) +
+            f"\nActivation bytes kept for backward ({a['case']}): groupmm {a['groupmm']}, "
+            f"plain PyTorch block {a['plain PyTorch block']}.\n")
+
+
+def ep_exchange(dd):
+    d = load("ep_exchange_h200x2", dd)
+    return caption(d) + "\n" + table(
+        ["case", "mode", "plan us", "dispatch us", "GB/s", "combine us", "GB/s"],
+        [[r["case"], r["mode"], r["plan_us"], r["dispatch_us"], r["dispatch_gbs"], r["combine_us"],
+          r["combine_gbs"]] for r in rows_of(d)]) + f"\n{d['notes']}\n"
+
+
+def ep_scaling(dd):
+    d = load("ep_scaling_h200x2", dd)
+    return caption(d) + "\n" + table(
+        ["case", "1 GPU fwd / f+b us", "capacity 2.0", "capacity 1.25", "capacity 1.1", "throughput"],
+        [[r["case"], r["one_gpu"], f2(r["cap2"]), f2(r["cap125"]), f2(r["cap11"]), f2(r["throughput"])]
+         for r in rows_of(d)])
+
+
+def python_overhead(dd):
+    d = load("python_overhead_h100", dd)
+    return caption(d) + "\n" + table(["op", "run 1", "run 2", "run 3"],
+                                     [[r["op"], r["run1"], r["run2"], r["run3"]] for r in rows_of(d)])
+
+
+TABLES = {f.__name__: f for f in (
+    gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
+    peers_deepgemm, gemm_w4, peers_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
+    moe_block, moe_dense_bound, ep_exchange, ep_scaling, python_overhead)}
+
+MARK = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- end -->)", re.S)
+
+
+def render(doc, data_dir):
+    """The document with every table rendered again; raises on unknown, missing or repeated names."""
+    names = [m.group(2) for m in MARK.finditer(doc)]
+    unknown = sorted(set(names) - set(TABLES))
+    missing = sorted(set(TABLES) - set(names))
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if unknown or missing or repeated:
+        raise SystemExit(f"perf_doc: table markers: unknown {unknown}, missing {missing}, repeated {repeated}")
+    return MARK.sub(lambda m: m.group(1) + TABLES[m.group(2)](data_dir) + m.group(4), doc)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 with a diff if the document is stale")
+    ap.add_argument("--doc", default=DOC)
+    ap.add_argument("--data", default=DATA)
+    a = ap.parse_args(argv)
+    with open(a.doc) as f:
+        doc = f.read()
+    new = render(doc, a.data)
+    if a.check:
+        if new != doc:
+            sys.stdout.writelines(difflib.unified_diff(doc.splitlines(True), new.splitlines(True),
+                                                       a.doc, a.doc + " (rendered from bench/data)"))
+            print(f"perf_doc: {a.doc} is stale; run python3 bench/perf_doc.py")
+            return 1
+        print(f"perf_doc: {a.doc} matches bench/data ({len(TABLES)} tables)")
+        return 0
+    if new != doc:
+        with open(a.doc, "w") as f:
+            f.write(new)
+        print(f"perf_doc: rewrote {a.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
