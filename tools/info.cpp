@@ -15,8 +15,14 @@ int run_info(const InfoOptions&) {
   cudaRuntimeGetVersion(&rt);
   cudaDriverGetVersion(&drv);
   std::printf("groupmm %s\n", GROUPMM_VERSION);
-  std::printf("  build: C++20, CUDA runtime %d.%d, kernels for %s, CUTLASS %s\n", rt / 1000,
-              (rt % 1000) / 10, GROUPMM_CUDA_ARCHS, GROUPMM_CUTLASS_VERSION);
+  if (GROUPMM_WITH_CUDA_KERNELS)
+    std::printf("  build: C++20, CUDA runtime %d.%d, kernels for %s, CUTLASS %s\n", rt / 1000,
+                (rt % 1000) / 10, GROUPMM_CUDA_ARCHS, GROUPMM_CUTLASS_VERSION);
+  else
+    std::printf(
+        "  build: C++20, CUDA runtime %d.%d, no CUDA kernels (a CPU-only library: "
+        "GROUPMM_CUDA_KERNELS=OFF)\n",
+        rt / 1000, (rt % 1000) / 10);
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
@@ -34,8 +40,9 @@ int run_info(const InfoOptions&) {
         p.totalGlobalMem / 1073741824.0, p.sharedMemPerBlockOptin / 1024,
         p.major == 9 ? "" : " (not sm_90: groupmm's CUDA kernels will not run here)");
   }
-  std::printf("  backend: %s\n",
-              groupmm::cuda_available() ? "CUDA (sm_90a kernels)" : "CPU reference (no sm_90 GPU)");
+  std::printf("  backend: %s\n", groupmm::cuda_available()   ? "CUDA (sm_90a kernels)"
+                                 : GROUPMM_WITH_CUDA_KERNELS ? "CPU reference (no sm_90 GPU)"
+                                                             : "CPU reference (a CPU-only build)");
   return 0;
 }
 
