@@ -26,21 +26,16 @@ stages (knobs are environment variables):
   test            the GPU tests: ctest -L gpu, or groupmm_tests_gpu --gtest_filter=$FILTER
   sanitize        compute-sanitizer memcheck on SANITIZE_FILTER; racecheck on RACECHECK_FILTER
   cli             every command's GPU path once on a small case (exit status, last lines)
-  bench-gemm      bench gemm per recipe of RECIPES (bf16) --json, then bench/peers_torch.py
-                  (BENCH_GEMM_ARGS; --ours when the torch extension builds)
+  bench-gemm      bench gemm per recipe of RECIPES (bf16) --json, bench/peers_torch.py (BENCH_GEMM_ARGS)
   bench-quantize  bench quantize --json (BENCH_QUANTIZE_ARGS)
   bench-layer     bench layer, and --recipe per quantized recipe of RECIPES (BENCH_LAYER_ARGS)
   bench-moe       bench moe --json, then bench/peers_torch_moe.py (BENCH_MOE_ARGS)
-  bench-ep        bench ep and bench moe --ep capacity: one process per GPU (torchrun) when
-                  several are visible, else one rank
+  bench-ep        bench ep, bench moe --ep capacity: a process per GPU (torchrun) when several
   bench-w4        bench gemm --weights nvfp4, then mxfp4 --json (ITERS)
   python          the torch extension against $BUILD_DIR, then pytest tests/python on the GPU
-  ncu             Nsight Compute on NCU_KERNEL (quantize_tile_kernel) of `groupmm NCU_CMD`, per
-                  case of NCU_CASES ("recipe/direction ...", bench quantize on [65536, 7168]);
-                  NCU_SOURCE=1: per-SASS-instruction CSV too
+  ncu             Nsight Compute: NCU_KERNEL of NCU_CMD (bench quantize) per NCU_CASES, NCU_SOURCE=1
   tune            bench gemm --quick sweeps: TUNE ("ARGS;ARGS;...", default the wgrad tiles)
-  ab              A/B of $AB_OLD (prepare-ab REV) against this tree: bench quantize and bench
-                  gemm (AB_GEMM_CASES) alternating old, new, new, old; the new/old table
+  ab              $AB_OLD (prepare-ab REV) vs this tree, old new new old: quantize, AB_GEMM_CASES
   demo            demo and demo moe at their GPU sizes
 EOF
 }
@@ -213,19 +208,18 @@ stage_ab() {
         bench $b --json "$OUT/ab/$i.$side.json"
     done
   done
-  python3 - "$OUT/ab" "$rev" <<'PY' | tee "$OUT/ab_table.txt"
+  python3 - "$OUT/ab" "$rev" <<'PY' | tee "$OUT/ab_table.txt"  # the faster run of each side
 import collections, glob, json, os, sys
-best = collections.defaultdict(dict)  # case -> side -> min us
+best = collections.defaultdict(dict)
 for f in glob.glob(os.path.join(sys.argv[1], "*.json")):
-    side = os.path.basename(f).split(".")[1]
     for c in json.load(open(f)).get("cases", []):
         key = " ".join(str(c.get(k, "")) for k in ("recipe", "direction", "shape", "case", "pass", "pattern"))
-        best[key][side] = min(float(c["us"]), best[key].get(side, float("inf")))
-print(f"old = {sys.argv[2] or '?'}; {'case':60s} {'old us':>10s} {'new us':>10s} {'new/old':>8s}")
+        side = best[key].setdefault(os.path.basename(f).split(".")[1], [])
+        side.append(float(c["us"]))
+print(f"old = {sys.argv[2] or '?'}: case, old us, new us, new/old (> 1.02: slower)")
 for key, v in sorted(best.items()):
     if "old" in v and "new" in v:
-        r = v["new"] / v["old"]
-        print(f"{key:60s} {v['old']:10.1f} {v['new']:10.1f} {r:8.3f}{'  <-- slower' if r > 1.02 else ''}")
+        print(f"{key:60s} {min(v['old']):10.1f} {min(v['new']):10.1f} {min(v['new']) / min(v['old']):8.3f}")
 PY
 }
 stage_demo() {
