@@ -174,7 +174,7 @@ std::string format_bytes(double bytes) {
 
 std::string format_us(double us) {
   char s[32];
-  if (us >= 1e7)
+  if (us >= 1e6)
     std::snprintf(s, sizeof s, "%.2f s", us * 1e-6);
   else if (us >= 1e4)
     std::snprintf(s, sizeof s, "%.1f ms", us * 1e-3);

@@ -109,7 +109,7 @@ double available_bytes(Device d);
 void check_fits_memory(const std::string& what, double bytes, Device d, const std::string& knobs);
 
 std::string format_bytes(double bytes);  // "1.5 GiB"
-// A time given in microseconds, in a unit that reads: "812.4 us", "907.3 ms", "12.35 s".
+// A time given in microseconds, in a unit that reads: "812.4 us", "907.3 ms", "5.74 s".
 std::string format_us(double us);
 
 }  // namespace groupmm::tool

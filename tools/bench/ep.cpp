@@ -290,13 +290,9 @@ int run_bench_ep(const BenchEpOptions& o) {
     return report_ep(reps[0], R, o, json) ? 0 : 1;
   }
   require_gpu("bench ep", "; --cpu runs a smoke version with ranks as threads on the CPU");
-  const RankGroup g = join_rank_group("bench ep", o.ranks, o.rank);
-  reject_option(g.ranks == 1 && !o.id_file.empty(), "--id-file",
-                "to one rank (the NCCL unique id is shared between several ranks)");
-  const GpuStream s;
-  std::unique_ptr<ep::Transport> tr = rank_transport("bench ep", g, o.id_file, s);
-  Context ctx(Device::CUDA, s);
-  const std::vector<EpCaseReport> reps = run_ep_rank(ctx, *tr, o);
+  const auto [g, reps] =
+      run_gpu_rank("bench ep", o.ranks, o.rank, o.id_file,
+                   [&](Context& ctx, ep::Transport& tr) { return run_ep_rank(ctx, tr, o); });
   if (g.rank != 0) return 0;
   std::printf("bench ep: %d rank(s), %s transport\n", g.ranks,
               GROUPMM_WITH_NCCL ? "NCCL" : "in-process");
@@ -314,13 +310,7 @@ void add_bench_ep_options(CLI::App& app, BenchEpOptions& o) {
            "capacity mode's per-peer budgets over the uniform routing's expected rows and "
            "entries (default 1.5)");
   add_iters(app, o.iters, "timed runs per measurement, median (default 20)");
-  add_int(app, "--ranks", o.ranks, 1, 1024,
-          "ranks in the group (default: WORLD_SIZE, else 1; --cpu: threads, default 2)");
-  add_int(app, "--rank", o.rank, 0, 1023,
-          "this process's rank (default: RANK, else 0; not with --cpu)");
-  app.add_option("--id-file", o.id_file,
-                 "with several ranks: rank 0 writes the NCCL unique id here and the others read it "
-                 "(a fresh path every run, seen by every process; not with --cpu)");
+  add_rank_group_options(app, o.ranks, o.rank, o.id_file, "");
   app.add_flag("--cpu", o.cpu, "smoke run: ranks as threads on the CPU reference backend");
   add_json(app, o.json);
 }

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "bench/suites.hpp"
+#include "common/ep_group.hpp"
 #include "common/moe_block.hpp"
 #include "groupmm/random.hpp"
 
@@ -258,13 +259,7 @@ void add_bench_moe_options(CLI::App& app, BenchMoeCommand& cmd) {
              "rank; one process per GPU over NCCL, e.g. torchrun --no-python --nproc-per-node R "
              "groupmm bench moe --ep capacity --id-file F; --cpu: ranks as threads). capacity: "
              "fixed per-peer budgets, one CUDA graph; throughput: exact exchange, eager");
-  add_int(app, "--ranks", o.ranks, 1, 1024,
-          "with --ep: ranks in the group (default: WORLD_SIZE, else 1; --cpu: threads, default 2)");
-  add_int(app, "--rank", o.rank, 0, 1023,
-          "with --ep: this process's rank (default: RANK, else 0; not with --cpu)");
-  app.add_option("--id-file", o.id_file,
-                 "with --ep and several ranks: rank 0 writes the NCCL unique id here and the "
-                 "others read it (a fresh path every run, seen by every process; not with --cpu)");
+  add_rank_group_options(app, o.ranks, o.rank, o.id_file, "with --ep: ");
   add_real(app, "--capacity-factor", o.capacity_factor, 1.0, 64.0,
            "with --ep capacity: the per-peer budgets over the uniform routing's expected rows "
            "and entries (default 2)");

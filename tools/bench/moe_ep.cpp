@@ -123,13 +123,9 @@ int run_moe_ep(const BenchMoeOptions& o) {
     report_moe_ep(rs[0], R, o, json);
     return 0;
   }
-  const RankGroup g = join_rank_group("bench moe", o.ranks, o.rank);
-  reject_option(g.ranks == 1 && !o.id_file.empty(), "--id-file",
-                "to one rank (the NCCL unique id is shared between several ranks)");
-  const GpuStream s;
-  std::unique_ptr<ep::Transport> tr = rank_transport("bench moe", g, o.id_file, s);
-  Context ctx(Device::CUDA, s);
-  const std::vector<EpCaseResult> rs = run_moe_rank(ctx, *tr, o);
+  const auto [g, rs] =
+      run_gpu_rank("bench moe", o.ranks, o.rank, o.id_file,
+                   [&](Context& ctx, ep::Transport& tr) { return run_moe_rank(ctx, tr, o); });
   if (g.rank == 0) report_moe_ep(rs, g.ranks, o, json);
   return 0;
 }
