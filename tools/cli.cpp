@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <cerrno>
+#include <cmath>
 #include <charconv>
 #include <cstring>
 #include <unistd.h>
@@ -40,6 +41,38 @@ CLI::Validator int_range(int64_t lo, int64_t hi) {
       "");
 }
 
+// A multiple of `m` (after int_range: the text is a decimal integer).
+CLI::Validator multiple_of(int64_t m) {
+  return CLI::Validator(
+      [m](std::string& s) -> std::string {
+        return std::stoll(s) % m == 0 ? std::string()
+                                      : s + " is not a multiple of " + std::to_string(m);
+      },
+      "");
+}
+
+// Finite decimal number in [lo, hi]: CLI11's Range passes NaN (no comparison fails) and reads a
+// word as out of range.
+CLI::Validator real_range(double lo, double hi) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "[%g, %g]", lo, hi);
+  const std::string range = buf;
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        double v = 0;
+        const char* end = s.data() + s.size();
+        const auto [p, ec] = std::from_chars(s.data(), end, v);
+        if (s.empty() || p != end || ec == std::errc::invalid_argument)
+          return "'" + s + "' is not a number (accepted: " + range + ")";
+        if (!std::isfinite(v))
+          return "'" + s + "' is not a finite number (accepted: " + range + ")";
+        if (ec == std::errc::result_out_of_range || v < lo || v > hi)
+          return s + " is out of range (accepted: " + range + ")";
+        return std::string();
+      },
+      "");
+}
+
 CLI::Validator one_of(const std::vector<std::string>& choices) {
   return CLI::Validator(
       [choices](std::string& s) -> std::string {
@@ -70,6 +103,21 @@ CLI::Option* add_int(CLI::App& app, const std::string& name, int& value, int lo,
   return add_int_impl(app, name, value, lo, hi, help);
 }
 
+CLI::Option* add_int_multiple(CLI::App& app, const std::string& name, int64_t& value, int64_t lo,
+                              int64_t hi, int64_t multiple, const std::string& help) {
+  return add_int_impl(app, name, value, lo, hi, help)
+      ->check(multiple_of(multiple))
+      ->type_name("INT in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                  "], a multiple of " + std::to_string(multiple));
+}
+
+CLI::Option* add_real(CLI::App& app, const std::string& name, double& value, double lo, double hi,
+                      const std::string& help) {
+  char range[96];
+  std::snprintf(range, sizeof range, "NUMBER in [%g, %g]", lo, hi);
+  return app.add_option(name, value, help)->check(real_range(lo, hi))->type_name(range);
+}
+
 CLI::Option* add_iters(CLI::App& app, int& value, const std::string& help) {
   return add_int(app, "--iters", value, 1, 100000, help);
 }
@@ -93,7 +141,14 @@ CLI::Option* add_choice_list(CLI::App& app, const std::string& name,
 CLI::Option* add_json(CLI::App& app, std::string& path) {
   return app
       .add_option("--json", path, "also write every record to this JSON file (bench/plot.py)")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? std::string("an empty PATH") : std::string(); },
+          ""))
       ->type_name("PATH");
+}
+
+void reject_option(bool given, const std::string& name, const std::string& why) {
+  if (given) throw UsageError(name + " does not apply " + why);
 }
 
 std::ofstream open_json(const std::string& path) {
@@ -108,19 +163,23 @@ void close_json(std::ofstream& f, const std::string& path) {
   GROUPMM_CHECK(!f.fail(), "--json ", path, ": writing the file failed");
 }
 
-void write_json(const std::string& path, const std::string& text) {
-  std::ofstream f = open_json(path);
-  f << text << "\n";
-  close_json(f, path);
-  std::printf("wrote %s\n", path.c_str());
-}
-
 std::string format_bytes(double bytes) {
   char s[32];
   if (bytes >= 1073741824.0)
     std::snprintf(s, sizeof s, "%.1f GiB", bytes / 1073741824.0);
   else
     std::snprintf(s, sizeof s, "%.1f MiB", bytes / 1048576.0);
+  return s;
+}
+
+std::string format_us(double us) {
+  char s[32];
+  if (us >= 1e6)
+    std::snprintf(s, sizeof s, "%.2f s", us * 1e-6);
+  else if (us >= 1e4)
+    std::snprintf(s, sizeof s, "%.1f ms", us * 1e-3);
+  else
+    std::snprintf(s, sizeof s, "%.1f us", us);
   return s;
 }
 

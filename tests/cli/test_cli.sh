@@ -62,10 +62,14 @@ expect 2 "--case 'ragged' matches no case \(cases: dsv3_gate_up, " -- bench gemm
 expect 2 "--config 'fwd_x' is not a kernel configuration" -- bench gemm --config auto,fwd_x
 expect 2 "--config 'fwd_x@along_n' is not a kernel configuration" -- bench gemm --config fwd_x@along_n
 expect 2 "--config 'auto@along_k': a tile order suffix is @along_m or @along_n" -- bench gemm --config auto@along_k
-expect 2 "--config wgrad_bf16_bf16_128x256_coop_c21 is not a configuration of --pass fwd" -- bench gemm --pass fwd --config auto,wgrad_bf16_bf16_128x256_coop_c21
+# A CPU-only library (GROUPMM_CUDA_KERNELS=OFF, scripts/run.sh without a GPU) has no kernel
+# configurations to name.
+if ! "$bin" info | grep -q "no CUDA kernels"; then
+  expect 2 "--config wgrad_bf16_bf16_128x256_coop_c21 is not a configuration of --pass fwd" -- bench gemm --pass fwd --config auto,wgrad_bf16_bf16_128x256_coop_c21
+  expect 2 "--config dgrad_e4m3_bf16_block_128x192_coop_c11 is not a configuration of --pass wgrad" -- bench gemm --recipe fp8_block --pass wgrad --config dgrad_e4m3_bf16_block_128x192_coop_c11
+fi
 expect 2 "--config with several names is a bf16 sweep" -- bench gemm --recipe fp8_current --config a,b
 expect 2 "--config 'fwd_x' is not a kernel configuration" -- bench gemm --recipe fp8_block --config fwd_x
-expect 2 "--config dgrad_e4m3_bf16_block_128x192_coop_c11 is not a configuration of --pass wgrad" -- bench gemm --recipe fp8_block --pass wgrad --config dgrad_e4m3_bf16_block_128x192_coop_c11
 expect 2 "--out fp32 with --recipe mxfp8 needs --pass wgrad" -- bench gemm --recipe mxfp8 --out fp32
 expect 2 "--quick applies to the bf16 suite" -- bench gemm --recipe fp8_current --quick
 expect 2 "--recipe: 'nvfp4' is not one of" -- bench layer --recipe nvfp4
@@ -76,6 +80,30 @@ expect 2 "--case: 'llama' is not one of dsv3, qwen3" -- bench ep --cpu --case ll
 expect 2 "--capacity-factor" -- bench ep --cpu --capacity-factor 0.5
 expect 2 "--topk 5 must be at most --experts 4" -- demo moe --cpu --experts 4 --topk 5
 expect 2 "--hidden: 4 is out of range" -- demo moe --cpu --hidden 4
+# ---- the library's limits (groupmm/moe.hpp: E <= 1024, k <= 32; gemm.hpp: N, K multiples of 8)
+expect 2 "--experts: 1025 is out of range \(accepted: \[1, 1024\]\)" -- demo moe --cpu --experts 1025
+expect 2 "--topk: 33 is out of range \(accepted: \[1, 32\]\)" -- demo moe --cpu --experts 64 --topk 33
+expect 2 "--hidden: 100 is not a multiple of 8" -- demo moe --cpu --hidden 100
+expect 2 "--width: 60 is not a multiple of 8" -- demo moe --cpu --width 60
+expect 2 "--shared: 12 is not a multiple of 8" -- demo moe --cpu --shared 12
+# every size of demo moe is checked against the memory before anything runs, not --tokens alone
+start=$SECONDS
+expect 2 "demo moe needs about .* of host memory.*reduce --tokens, --experts, --hidden, --width or --shared" -- demo moe --cpu --experts 1024 --hidden 65536 --width 65536
+[ $((SECONDS - start)) -le 10 ] || { failed=$((failed + 1)); echo "FAIL: demo moe's memory check took $((SECONDS - start)) s"; }
+# bench moe --cpu estimates from the CPU cases' shapes, not the GPU's (it ran out of GiB at once)
+expect 2 "bench moe: case dsv3 needs about [0-9]{1,3}\.[0-9] GiB of host memory" -- bench moe --cpu --case dsv3 --tokens 16777216
+expect 0 "mixtral: T=2048 " -- bench moe --cpu --case mixtral --tokens 2048
+# options are never silently ignored: a non-number, a non-finite number, an option that does not
+# apply, an empty path
+expect 2 "--capacity-factor: 'abc' is not a number" -- bench ep --cpu --capacity-factor abc
+expect 2 "--capacity-factor: 'nan' is not a finite number" -- bench moe --cpu --ep capacity --capacity-factor nan
+expect 2 "--capacity-factor: 'inf' is not a finite number" -- bench ep --cpu --capacity-factor inf
+expect 2 "--rank does not apply to --cpu" -- bench ep --cpu --ranks 2 --rank 1
+expect 2 "--id-file does not apply to --cpu" -- bench ep --cpu --id-file "$tmp/id"
+expect 2 "--id-file does not apply to --cpu" -- bench moe --cpu --ep capacity --id-file "$tmp/id"
+expect 2 "--rank does not apply to --cpu" -- bench moe --cpu --ep throughput --rank 0
+expect 2 "--json: an empty PATH" -- bench layer --cpu --json ''
+expect 2 "--json: an empty PATH" -- bench moe --cpu --json ''
 # ---- sizes: range checks, and limits that would exhaust memory say so (at once)
 expect 2 "--experts: 99999999999999 is out of range" -- demo --cpu --experts 99999999999999
 expect 2 "--experts: 0 is out of range" -- demo --cpu --experts 0
@@ -98,7 +126,7 @@ for c in info "bench ep" "bench gemm" "bench quantize" "bench layer" "bench moe"
 done
 expect 0 "--config NAME" -- bench gemm --help
 expect 0 "--list-configs" -- bench gemm --help
-expect 0 "^fwd_bf16_" -- bench gemm --list-configs
+"$bin" info | grep -q "no CUDA kernels" || expect 0 "^fwd_bf16_" -- bench gemm --list-configs
 expect 0 "^suites:" -- bench
 grep -Ezq "gemm .*layer .*moe .*quantize " <<<"$LAST_OUT" || { failed=$((failed + 1)); echo "FAIL: groupmm bench does not list its suites"; }
 expect 2 "no command given \(commands: bench, demo, info\)" --
@@ -118,6 +146,10 @@ grep -Eq "rows  worst rel err [1-9]\.[0-9]+e-0[3-9]" <<<"$LAST_OUT" ||
   { failed=$((failed + 1)); echo "FAIL: no sampled expert shows a rounding-size error (a self-comparison?)"; echo "$LAST_OUT"; }
 expect 0 "demo moe passed" -- demo moe --cpu --experts 8 --hidden 64 --width 32 --tokens 64 --topk 2
 grep -q "routing differs on 0 of 8 tokens" <<<"$LAST_OUT" || { failed=$((failed + 1)); echo "FAIL: demo moe routing check"; }
+# times print in a unit that reads (the CPU's stages take milliseconds to seconds)
+expect 0 "demo passed" -- demo --cpu --experts 8 --hidden 256 --width 128 --tokens 512 --topk 2
+grep -Eq "gate_up forward +[0-9.]+ (ms|s) " <<<"$LAST_OUT" && ! grep -Eq "[0-9]{5,}\.[0-9] us" <<<"$LAST_OUT" ||
+  { failed=$((failed + 1)); echo "FAIL: demo --cpu times not in ms / s"; echo "$LAST_OUT"; }
 expect 0 "case +pattern .* GFLOP/s" -- bench layer --cpu --rows 64 --iters 1 --json "$tmp/layer.json"
 grep -q "TFLOP/s" <<<"$LAST_OUT" && { failed=$((failed + 1)); echo "FAIL: bench layer --cpu prints TFLOP/s"; }
 if python3 - "$tmp/layer.json" <<'PY'; then pass=$((pass + 1)); else failed=$((failed + 1)); echo "FAIL: bench layer --json"; fi

@@ -53,3 +53,26 @@ def test_train_tiny_moe_loss_goes_down():
     spec.loader.exec_module(example)
     losses = example.main(["--steps", "10", "--tokens", "64", "--device", "cpu"])
     assert len(losses) == 2 and losses[-1] < 0.7 * losses[0], losses
+
+
+GPU_STAGES = ["build", "test", "sanitize", "cli", "bench-gemm", "bench-quantize", "bench-layer",
+              "bench-moe", "bench-ep", "bench-w4", "python", "ncu", "tune", "ab", "demo"]
+
+
+def test_gpu_script_lists_its_stages():
+    """scripts/gpu.sh (the GPU machine's one script): --list names every stage."""
+    proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu.sh"), "--list"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    listed = [line.split()[0] for line in proc.stdout.splitlines()[1:] if line.startswith("  ")]
+    assert listed == GPU_STAGES, listed
+
+
+def test_gpu_script_refuses_an_unknown_stage_before_any_work(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu.sh"), "build", "bench-gem"],
+                          capture_output=True, text=True, timeout=30,
+                          env=dict(os.environ, OUT=str(out)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "unknown stage 'bench-gem'" in proc.stderr
+    assert not out.exists()  # nothing ran: no build, no logs

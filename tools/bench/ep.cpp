@@ -1,18 +1,24 @@
 // `groupmm bench ep`: expert-parallel dispatch and combine per rank, in both modes, on
 // DeepSeek-V3-like and Qwen3-30B-A3B settings. One process per GPU over NCCL (ranks from the
 // command line or torchrun's environment, the unique id through a file), one GPU alone, or a CPU
-// smoke run with ranks as threads. Public API only.
-#include "ep_bench.hpp"
-
+// smoke run with ranks as threads. Public API only. E.g.
+//   torchrun --no-python --nproc-per-node 8 groupmm bench ep --id-file /tmp/ep.id
+// (WORLD_SIZE, RANK and LOCAL_RANK from the environment), or --ranks / --rank explicitly.
+//
+// Per case and mode (throughput, capacity): the plan, dispatch and combine times of this rank
+// (median; each is a collective, so it includes waiting for the slowest peer), the bytes this rank
+// sends to other ranks and its GB/s. Each case is validated first (identity experts: the combine
+// of the dispatched rows gives x[t] * sum_j w[t, j]). Rank 0 prints. A third mode, throughput_fp8
+// (cases with H a multiple of 128): quantizing this rank's tokens plus ep_dispatch_fp8 on the
+// throughput plan, timed together (its combine is the 16-bit one), checked against quantizing
+// ep_dispatch's rows.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <random>
-#include <sstream>
 
-#include "bench_common.hpp"
-#include "cli.hpp"
-#include "ep_tools.hpp"
+#include "bench/harness.hpp"
+#include "common/ep_group.hpp"
 #include "groupmm/ep.hpp"
 #include "groupmm/quantize.hpp"
 #include "groupmm/random.hpp"
@@ -20,6 +26,25 @@
 
 namespace groupmm::tool {
 namespace {
+
+struct BenchEpOptions {
+  // Cases: dsv3 (DeepSeek-V3-like: H=7168, E=256, k=8) and qwen3 (Qwen3-30B-A3B: H=2048, E=128,
+  // k=8), T tokens a rank, bf16 rows, uniform random top-k routing. Empty = all.
+  std::vector<std::string> cases;
+  int64_t tokens = 0;            // T per rank; 0: 4096 (GPU), 64 (CPU)
+  double capacity_factor = 1.5;  // capacity mode's budgets over the uniform routing's expectation
+  int iters = 20;
+  int warmup = 3;
+  // The process group: one process per GPU. ranks / rank default to the WORLD_SIZE / RANK
+  // environment (torchrun's), else 1 / 0; the GPU is LOCAL_RANK, else rank % device count. With
+  // ranks > 1 (NCCL builds only), rank 0 writes the NCCL unique id to id_file and the others
+  // read it there (a path every process sees).
+  int ranks = 0, rank = -1;
+  std::string id_file;
+  bool cpu = false;  // smoke run: `ranks` (default 2) ranks as threads on the CPU reference backend
+  std::string json;  // rank 0 writes its records here
+  const CLI::App* app = nullptr;  // the command's options (which were given)
+};
 
 struct EpCase {
   const char* name;
@@ -31,7 +56,7 @@ const EpCase kCpuCases[] = {{"dsv3", 128, 32, 8}, {"qwen3", 32, 16, 4}};
 
 // k distinct experts per token, uniform; every weight 1/k (a power of two for k = 1, 2, 4, 8, ...,
 // so the identity-expert check below is exact).
-std::vector<int32_t> routing(int64_t T, int64_t E, int64_t k, uint64_t seed) {
+std::vector<int32_t> ep_routing(int64_t T, int64_t E, int64_t k, uint64_t seed) {
   std::mt19937_64 g(seed);
   std::vector<int32_t> perm(static_cast<size_t>(E)), ids;
   for (int64_t e = 0; e < E; ++e) perm[size_t(e)] = int32_t(e);
@@ -43,7 +68,7 @@ std::vector<int32_t> routing(int64_t T, int64_t E, int64_t k, uint64_t seed) {
   return ids;
 }
 
-struct ModeResult {
+struct EpModeResult {
   const char* mode;
   double plan_us = 0, dispatch_us = 0, combine_us = 0;
   double dispatch_bytes = 0, combine_bytes = 0;  // sent to other ranks (what crosses the links)
@@ -52,7 +77,7 @@ struct ModeResult {
 };
 
 // Bytes this rank sends to the other ranks along a route (per-peer units of `unit` bytes).
-double remote_bytes(const std::vector<int64_t>& per_peer, int me, int64_t unit) {
+double ep_remote_bytes(const std::vector<int64_t>& per_peer, int me, int64_t unit) {
   double b = 0;
   for (size_t q = 0; q < per_peer.size(); ++q)
     if (int(q) != me) b += double(per_peer[q]) * double(unit);
@@ -61,13 +86,13 @@ double remote_bytes(const std::vector<int64_t>& per_peer, int me, int64_t unit) 
 
 // One mode on this rank: plan, dispatch, combine timed; then the check (identity experts:
 // combine(dispatch(x)) with weights 1/k is x again, bit for bit, unless capacity overflowed).
-ModeResult run_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg, ep::EpMode mode,
-                    const EpBenchOptions& o, const Tensor& ids, const Tensor& x, const Tensor& w,
-                    int warmup, int iters) {
+EpModeResult run_ep_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg, ep::EpMode mode,
+                         const BenchEpOptions& o, const Tensor& ids, const Tensor& x,
+                         const Tensor& w, int warmup, int iters) {
   const Device d = ctx.device();
   cudaStream_t s = ctx.stream();
   const int64_t T = x.view().dim(0), H = cfg.hidden, R = cfg.ranks, k = cfg.topk;
-  ModeResult r;
+  EpModeResult r;
   r.mode = ep::ep_mode_name(mode);
   ep::EpPlan plan;
   if (mode == ep::EpMode::throughput) {
@@ -86,8 +111,8 @@ ModeResult run_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg, ep
   r.combine_us =
       time_us(ctx, warmup, iters, [&](int) { ep::ep_combine(ctx, tr, plan, xg, w, out); });
   const int64_t row = H * 2;
-  r.dispatch_bytes = remote_bytes(plan.send_rows, tr.rank(), row);
-  r.combine_bytes = remote_bytes(plan.back_send, tr.rank(), row);
+  r.dispatch_bytes = ep_remote_bytes(plan.send_rows, tr.rank(), row);
+  r.combine_bytes = ep_remote_bytes(plan.back_send, tr.rank(), row);
   r.overflow = ctx.take_status().bits != 0;
   std::vector<uint16_t> hx(size_t(T * H)), ho(hx.size());
   if (T > 0) {
@@ -102,12 +127,12 @@ ModeResult run_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg, ep
 // GEMM's activation recipe) and ep_dispatch_fp8, timed together; the combine is ep_combine's
 // (16-bit, the rows above). The check: the received operand equals quantizing ep_dispatch's bf16
 // grouped rows (data and scales, byte for byte).
-ModeResult run_fp8_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg, const Tensor& ids,
-                        const Tensor& x, int warmup, int iters) {
+EpModeResult run_fp8_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg,
+                          const Tensor& ids, const Tensor& x, int warmup, int iters) {
   const Device d = ctx.device();
   cudaStream_t s = ctx.stream();
   const int64_t T = x.view().dim(0), H = cfg.hidden, El = cfg.experts / cfg.ranks;
-  ModeResult r;
+  EpModeResult r;
   r.mode = "throughput_fp8";
   ep::EpPlan plan;
   r.plan_us =
@@ -127,7 +152,7 @@ ModeResult run_fp8_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg
     const GroupedTensor q = group_quantize(ctx, qa);
     ep::ep_dispatch_fp8(ctx, tr, plan, q, xg.view(El, TensorView(), qc));
   });
-  r.dispatch_bytes = remote_bytes(plan.send_rows, tr.rank(), ep::ep_fp8_wire_row_bytes(H));
+  r.dispatch_bytes = ep_remote_bytes(plan.send_rows, tr.rank(), ep::ep_fp8_wire_row_bytes(H));
   // The check against quantizing the 16-bit dispatch's rows.
   Tensor xb = Tensor::empty({plan.rows, H}, DType::bf16, d, s);
   ep::ep_dispatch(ctx, tr, plan, x, xb);
@@ -153,13 +178,13 @@ ModeResult run_fp8_mode(Context& ctx, ep::Transport& tr, const ep::EpConfig& cfg
   return r;
 }
 
-struct CaseReport {
+struct EpCaseReport {
   EpCase c;
   int64_t T = 0;
-  std::vector<ModeResult> modes;
+  std::vector<EpModeResult> modes;
 };
 
-std::vector<EpCase> chosen_cases(const EpBenchOptions& o) {
+std::vector<EpCase> chosen_ep_cases(const BenchEpOptions& o) {
   std::vector<EpCase> out;
   for (const EpCase& c : o.cpu ? std::vector<EpCase>(std::begin(kCpuCases), std::end(kCpuCases))
                                : std::vector<EpCase>(std::begin(kEpCases), std::end(kEpCases)))
@@ -169,18 +194,18 @@ std::vector<EpCase> chosen_cases(const EpBenchOptions& o) {
 }
 
 // Every chosen case on this rank (a collective: every rank runs the same cases in order).
-std::vector<CaseReport> run_rank(Context& ctx, ep::Transport& tr, const EpBenchOptions& o) {
+std::vector<EpCaseReport> run_ep_rank(Context& ctx, ep::Transport& tr, const BenchEpOptions& o) {
   const int R = tr.size(), me = tr.rank();
   const Device d = ctx.device();
   cudaStream_t s = ctx.stream();
   const int warmup = o.cpu ? 0 : o.warmup, iters = o.cpu ? 1 : o.iters;
-  std::vector<CaseReport> reps;
-  for (const EpCase& c : chosen_cases(o)) {
+  std::vector<EpCaseReport> reps;
+  for (const EpCase& c : chosen_ep_cases(o)) {
     GROUPMM_CHECK(c.E % R == 0, "bench ep: case ", c.name, " has E=", c.E,
                   " experts, which ranks=", R, " does not divide");
     const int64_t T = o.tokens > 0 ? o.tokens : (o.cpu ? 64 : 4096);
     const ep::EpConfig cfg{c.E, R, c.H, c.k};
-    std::vector<int32_t> ids_h = routing(T, c.E, c.k, 1000 + uint64_t(me));
+    std::vector<int32_t> ids_h = ep_routing(T, c.E, c.k, 1000 + uint64_t(me));
     std::vector<float> w_h(size_t(T * c.k), 1.0f / float(c.k));
     Tensor ids = Tensor::empty({T, c.k}, DType::int32, d, s);
     Tensor w = Tensor::empty({T, c.k}, DType::fp32, d, s);
@@ -191,93 +216,110 @@ std::vector<CaseReport> run_rank(Context& ctx, ep::Transport& tr, const EpBenchO
     }
     fill_uniform(ctx, x, -1.0f, 1.0f, 17 + uint64_t(me));
     ctx.synchronize();  // the host vectors are freed at the end of this iteration
-    CaseReport rep{c, T, {}};
+    EpCaseReport rep{c, T, {}};
     for (ep::EpMode m : {ep::EpMode::throughput, ep::EpMode::capacity})
-      rep.modes.push_back(run_mode(ctx, tr, cfg, m, o, ids, x, w, warmup, iters));
+      rep.modes.push_back(run_ep_mode(ctx, tr, cfg, m, o, ids, x, w, warmup, iters));
     if (c.H % 128 == 0) rep.modes.push_back(run_fp8_mode(ctx, tr, cfg, ids, x, warmup, iters));
     reps.push_back(rep);
   }
   return reps;
 }
 
-bool report(const std::vector<CaseReport>& reps, int R, const EpBenchOptions& o) {
+// Rank 0's report: per case a table of its modes; the --json records. Returns whether every
+// mode's check passed.
+bool report_ep(const std::vector<EpCaseReport>& reps, int R, const BenchEpOptions& o,
+               JsonFile& json) {
+  const Table t({text_col("mode", 14), num_col("plan us", 10, 1), num_col("dispatch us", 12, 1),
+                 num_col("GB/s", 8, 1), num_col("combine us", 11, 1), num_col("GB/s", 8, 1),
+                 Column{"check (combine of dispatch == x; fp8: == quantized rows)", 0, 's', 0, true,
+                        "", "  "}},
+                "  ");
   bool ok = true;
-  std::ostringstream js;
-  js << "{\"device\": \"" << (o.cpu ? "cpu" : "cuda") << "\", \"ranks\": " << R << ", \"cases\": [";
-  int n = 0;
-  for (const CaseReport& r : reps) {
+  for (const EpCaseReport& r : reps) {
     std::printf("\n== %s: R=%d, T=%lld tokens a rank, H=%lld, E=%lld (%lld a rank), k=%lld, bf16\n",
                 r.c.name, R, (long long)r.T, (long long)r.c.H, (long long)r.c.E,
                 (long long)(r.c.E / R), (long long)r.c.k);
-    std::printf("  %-14s %10s %12s %8s %11s %8s  %s\n", "mode", "plan us", "dispatch us", "GB/s",
-                "combine us", "GB/s", "check (combine of dispatch == x; fp8: == quantized rows)");
-    for (const ModeResult& m : r.modes) {
+    t.print_header();
+    for (const EpModeResult& m : r.modes) {
       const double dg = m.dispatch_bytes / (m.dispatch_us * 1e3);
       const double cg = m.combine_us > 0 ? m.combine_bytes / (m.combine_us * 1e3) : 0.0;
       ok = ok && m.valid;
-      if (m.combine_us > 0)
-        std::printf("  %-14s %10.1f %12.1f %8.1f %11.1f %8.1f  %s", m.mode, m.plan_us,
-                    m.dispatch_us, dg, m.combine_us, cg, m.valid ? "ok" : "FAILED");
-      else  // FP8 dispatch: its combine is the 16-bit one
-        std::printf("  %-14s %10.1f %12.1f %8.1f %11s %8s  %s", m.mode, m.plan_us, m.dispatch_us,
-                    dg, "-", "-", m.valid ? "ok" : "FAILED");
-      if (m.C > 0)
-        std::printf(" (C=%lld, C_e=%lld%s)", (long long)m.C, (long long)m.Ce,
-                    m.overflow ? "; OVERFLOW: raise --capacity-factor" : "");
-      std::printf("\n");
-      js << (n++ ? ", " : "") << "{\"case\": \"" << r.c.name << "\", \"mode\": \"" << m.mode
-         << "\", \"T\": " << r.T << ", \"H\": " << r.c.H << ", \"E\": " << r.c.E
-         << ", \"k\": " << r.c.k << ", \"plan_us\": " << m.plan_us
-         << ", \"dispatch_us\": " << m.dispatch_us << ", \"dispatch_gbs\": " << dg
-         << ", \"combine_us\": " << m.combine_us << ", \"combine_gbs\": " << cg
-         << ", \"C\": " << m.C << ", \"C_e\": " << m.Ce
-         << ", \"overflow\": " << (m.overflow ? "true" : "false")
-         << ", \"valid\": " << (m.valid ? "true" : "false") << "}";
+      const bool combined = m.combine_us > 0;  // FP8 dispatch: its combine is the 16-bit one
+      const std::string cap =
+          m.C > 0 ? detail::cat(" (C=", m.C, ", C_e=", m.Ce,
+                                m.overflow ? "; OVERFLOW: raise --capacity-factor" : "", ")")
+                  : "";
+      t.print_row({m.mode, m.plan_us, m.dispatch_us, dg, combined ? Cell(m.combine_us) : "-",
+                   combined ? Cell(cg) : "-", m.valid ? "ok" : "FAILED"},
+                  cap);
+      json.add(JsonRecord()
+                   .add("case", r.c.name)
+                   .add("mode", m.mode)
+                   .add("T", r.T)
+                   .add("H", r.c.H)
+                   .add("E", r.c.E)
+                   .add("k", r.c.k)
+                   .add("plan_us", m.plan_us)
+                   .add("dispatch_us", m.dispatch_us)
+                   .add("dispatch_gbs", dg)
+                   .add("combine_us", m.combine_us)
+                   .add("combine_gbs", cg)
+                   .add("C", m.C)
+                   .add("C_e", m.Ce)
+                   .add("overflow", m.overflow)
+                   .add("valid", m.valid));
     }
   }
-  js << "]}";
   std::printf(
       "\n(rank 0's view: GB/s = bytes it sends to other ranks / time; a capacity exchange moves "
       "fixed blocks of C rows / C_e entries to each peer; throughput_fp8: quantize + FP8 dispatch, "
       "wire rows of H fp8 bytes + H/128 fp32 scales, its combine is the 16-bit one above)\n");
-  if (!o.json.empty()) {
-    write_json(o.json, js.str());
-  }
+  json.write(JsonRecord().add("device", o.cpu ? "cpu" : "cuda").add("ranks", R), {}, true);
   return ok;
 }
 
-int run_cpu(const EpBenchOptions& o) {
-  const int R = o.ranks > 0 ? o.ranks : 2;
-  const auto reps =
-      run_cpu_ranks(R, [&](Context& ctx, ep::Transport& tr) { return run_rank(ctx, tr, o); });
-  return report(reps[0], R, o) ? 0 : 1;
+int run_bench_ep(const BenchEpOptions& o) {
+  for (const char* name : {"--rank", "--id-file"})
+    reject_option(o.cpu && o.app->get_option(name)->count() > 0, name,
+                  "to --cpu (its ranks are threads of one process)");
+  JsonFile json(o.json);  // every rank checks the path; rank 0 writes it
+  if (o.cpu) {
+    const int R = o.ranks > 0 ? o.ranks : 2;
+    const auto reps =
+        run_cpu_ranks(R, [&](Context& ctx, ep::Transport& tr) { return run_ep_rank(ctx, tr, o); });
+    return report_ep(reps[0], R, o, json) ? 0 : 1;
+  }
+  require_gpu("bench ep", "; --cpu runs a smoke version with ranks as threads on the CPU");
+  const auto [g, reps] =
+      run_gpu_rank("bench ep", o.ranks, o.rank, o.id_file,
+                   [&](Context& ctx, ep::Transport& tr) { return run_ep_rank(ctx, tr, o); });
+  if (g.rank != 0) return 0;
+  std::printf("bench ep: %d rank(s), %s transport\n", g.ranks,
+              GROUPMM_WITH_NCCL ? "NCCL" : "in-process");
+  return report_ep(reps, g.ranks, o, json) ? 0 : 1;
 }
+
+void add_bench_ep_options(CLI::App& app, BenchEpOptions& o) {
+  o.app = &app;
+  add_choice_list(app, "--case", o.cases, {"dsv3", "qwen3"},
+                  "cases to run (comma separated; default all): dsv3 = DeepSeek-V3-like (H=7168, "
+                  "E=256, k=8), qwen3 = Qwen3-30B-A3B (H=2048, E=128, k=8)");
+  add_int(app, "--tokens", o.tokens, 1, int64_t(1) << 20,
+          "tokens T a rank (default 4096; --cpu: 64)");
+  add_real(app, "--capacity-factor", o.capacity_factor, 1.0, 64.0,
+           "capacity mode's per-peer budgets over the uniform routing's expected rows and "
+           "entries (default 1.5)");
+  add_iters(app, o.iters, "timed runs per measurement, median (default 20)");
+  add_rank_group_options(app, o.ranks, o.rank, o.id_file, "");
+  app.add_flag("--cpu", o.cpu, "smoke run: ranks as threads on the CPU reference backend");
+  add_json(app, o.json);
+}
+
+Register reg_bench_ep(command<BenchEpOptions>(
+    "bench", "ep",
+    "expert-parallel dispatch and combine per rank (throughput and capacity modes, FP8 dispatch, "
+    "GB/s; one process per GPU over NCCL; --cpu: a smoke run with threads)",
+    add_bench_ep_options, run_bench_ep));
 
 }  // namespace
-
-int run_bench_ep(const EpBenchOptions& o) {
-  if (o.cpu) return run_cpu(o);
-  GROUPMM_CHECK(cuda_available(),
-                "bench ep: needs an sm_90 GPU (none visible); --cpu runs a smoke "
-                "version with ranks as threads on the CPU");
-  const RankGroup g = join_rank_group("bench ep", o.ranks, o.rank);
-  const int R = g.ranks, me = g.rank;
-  cudaStream_t s = nullptr;
-  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::unique_ptr<ep::Transport> tr = rank_transport("bench ep", g, o.id_file, s);
-  int rc = 0;
-  {
-    Context ctx(Device::CUDA, s);
-    const std::vector<CaseReport> reps = run_rank(ctx, *tr, o);
-    if (me == 0) {
-      std::printf("bench ep: %d rank(s), %s transport\n", R,
-                  GROUPMM_WITH_NCCL ? "NCCL" : "in-process");
-      rc = report(reps, R, o) ? 0 : 1;
-    }
-  }
-  tr.reset();
-  cudaStreamDestroy(s);
-  return rc;
-}
-
 }  // namespace groupmm::tool

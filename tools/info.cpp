@@ -15,8 +15,14 @@ int run_info(const InfoOptions&) {
   cudaRuntimeGetVersion(&rt);
   cudaDriverGetVersion(&drv);
   std::printf("groupmm %s\n", GROUPMM_VERSION);
-  std::printf("  build: C++20, CUDA runtime %d.%d, kernels for %s, CUTLASS %s\n", rt / 1000,
-              (rt % 1000) / 10, GROUPMM_CUDA_ARCHS, GROUPMM_CUTLASS_VERSION);
+  if (GROUPMM_WITH_CUDA_KERNELS)
+    std::printf("  build: C++20, CUDA runtime %d.%d, kernels for %s, CUTLASS %s\n", rt / 1000,
+                (rt % 1000) / 10, GROUPMM_CUDA_ARCHS, GROUPMM_CUTLASS_VERSION);
+  else
+    std::printf(
+        "  build: C++20, CUDA runtime %d.%d, no CUDA kernels (a CPU-only library: "
+        "GROUPMM_CUDA_KERNELS=OFF)\n",
+        rt / 1000, (rt % 1000) / 10);
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
@@ -34,16 +40,16 @@ int run_info(const InfoOptions&) {
         p.totalGlobalMem / 1073741824.0, p.sharedMemPerBlockOptin / 1024,
         p.major == 9 ? "" : " (not sm_90: groupmm's CUDA kernels will not run here)");
   }
-  std::printf("  backend: %s\n",
-              groupmm::cuda_available() ? "CUDA (sm_90a kernels)" : "CPU reference (no sm_90 GPU)");
+  std::printf("  backend: %s\n", groupmm::cuda_available()   ? "CUDA (sm_90a kernels)"
+                                 : GROUPMM_WITH_CUDA_KERNELS ? "CPU reference (no sm_90 GPU)"
+                                                             : "CPU reference (a CPU-only build)");
   return 0;
 }
 
 void add_info_options(CLI::App&, InfoOptions&) {}
 
-Register reg_cmd_info(command<InfoOptions>("", "info",
-                                           "version, build configuration and visible GPUs",
-                                           add_info_options, run_info));
+Register reg_info(command<InfoOptions>("", "info", "version, build configuration and visible GPUs",
+                                       add_info_options, run_info));
 
 }  // namespace
 }  // namespace groupmm::tool

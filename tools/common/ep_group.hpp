@@ -1,4 +1,4 @@
-// The process group of the expert-parallel benchmarks (`bench ep`, `bench moe --ranks`): one
+// The process group of the expert-parallel benchmarks (`bench ep`, `bench moe --ep`): one
 // process per GPU, the ranks from the command line or torchrun's environment, the NCCL unique id
 // shared through a file. Public API only.
 #pragma once
@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "cli.hpp"
+#include "common/timing.hpp"
 #include "groupmm/ep.hpp"
 
 namespace groupmm::tool {
@@ -32,6 +34,24 @@ RankGroup join_rank_group(const char* cmd, int ranks, int rank);
 // in-process transport; ranks > 1 without NCCL is a usage error.
 std::unique_ptr<ep::Transport> rank_transport(const char* cmd, const RankGroup& g,
                                               const std::string& id_file, cudaStream_t stream);
+
+// --ranks, --rank, --id-file of a command whose group is `what` ("" or "with --ep: ").
+void add_rank_group_options(CLI::App& app, int& ranks, int& rank, std::string& id_file,
+                            const std::string& what);
+
+// This process's rank of a GPU group (join_rank_group; --id-file refused with one rank, where it
+// has no use), calling fn(ctx, transport) on a CUDA Context of a stream of its own. Returns the
+// group and fn's result.
+template <class Fn>
+auto run_gpu_rank(const char* cmd, int ranks, int rank, const std::string& id_file, Fn&& fn) {
+  const RankGroup g = join_rank_group(cmd, ranks, rank);
+  reject_option(g.ranks == 1 && !id_file.empty(), "--id-file",
+                "to one rank (the NCCL unique id is shared between several ranks)");
+  const GpuStream s;
+  std::unique_ptr<ep::Transport> tr = rank_transport(cmd, g, id_file, s);
+  Context ctx(Device::CUDA, s);
+  return std::make_pair(g, fn(ctx, *tr));
+}
 
 // Capacity budgets over the uniform routing's expectation, times `factor`: a token goes to a peer
 // holding any of its k experts, T (1 - (1 - 1/R)^k) rows; T k / R (token, slot) entries.

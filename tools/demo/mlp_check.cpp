@@ -1,5 +1,5 @@
-// Naive double-precision recomputation of the demo MLP's stages (see demo_check.hpp).
-#include "demo_check.hpp"
+// Naive double-precision recomputation of the demo MLP's stages (see mlp_check.hpp).
+#include "demo/mlp_check.hpp"
 
 #include <algorithm>
 #include <cmath>

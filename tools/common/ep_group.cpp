@@ -1,5 +1,5 @@
-// The expert-parallel benchmarks' process group (ep_tools.hpp).
-#include "ep_tools.hpp"
+// The expert-parallel benchmarks' process group (ep_group.hpp).
+#include "common/ep_group.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +26,18 @@ ep::EpCapacity uniform_ep_capacity(int64_t T, int64_t k, int R, double factor) {
   const double rows = double(T) * (1.0 - std::pow(1.0 - 1.0 / double(R), double(k)));
   return {std::max<int64_t>(1, int64_t(std::ceil(factor * rows))),
           std::max<int64_t>(1, int64_t(std::ceil(factor * double(T * k) / double(R))))};
+}
+
+void add_rank_group_options(CLI::App& app, int& ranks, int& rank, std::string& id_file,
+                            const std::string& what) {
+  add_int(app, "--ranks", ranks, 1, 1024,
+          what + "ranks in the group (default: WORLD_SIZE, else 1; --cpu: threads, default 2)");
+  add_int(app, "--rank", rank, 0, 1023,
+          what + "this process's rank (default: RANK, else 0; not with --cpu)");
+  app.add_option("--id-file", id_file,
+                 (what.empty() ? "with " : what.substr(0, what.size() - 2) + " and ") +
+                     "several ranks: rank 0 writes the NCCL unique id here and the others read it "
+                     "(a fresh path every run, seen by every process; not with --cpu)");
 }
 
 RankGroup join_rank_group(const char* cmd, int ranks, int rank) {
