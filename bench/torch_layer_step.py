@@ -30,7 +30,7 @@ PATTERNS = ("balanced", "zipf", "empty25")
 
 
 def bench_splits(pattern, G, total, seed=7):
-    """tools/bench_common.hpp's bench_splits: the same per-expert counts (expert order aside)."""
+    """tools/bench/harness.cpp's bench_splits: the same per-expert counts (expert order aside)."""
     rng = random.Random(seed)
     w = [1.0] * G
     if pattern == "zipf":

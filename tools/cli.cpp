@@ -1,10 +1,12 @@
 // Option helpers and limits of the `groupmm` tool (see cli.hpp).
 #include "cli.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <charconv>
 #include <cstring>
+#include <sys/resource.h>
 #include <unistd.h>
 
 namespace groupmm::tool {
@@ -189,16 +191,21 @@ double available_bytes(Device d) {
     GROUPMM_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
     return double(free_b);
   }
-  // MemAvailable counts reclaimable caches; without /proc, the physical memory.
+  // MemAvailable counts reclaimable caches; without /proc, the physical memory. An address-space
+  // limit (ulimit -v) below it is what the process can really get.
+  double avail = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
     char line[256];
     long long kb = -1;
     while (std::fgets(line, sizeof line, f))
       if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
     std::fclose(f);
-    if (kb >= 0) return double(kb) * 1024.0;
+    if (kb >= 0) avail = double(kb) * 1024.0;
   }
-  return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+    avail = std::min(avail, double(as.rlim_cur));
+  return avail;
 }
 
 void check_fits_memory(const std::string& what, double bytes, Device d, const std::string& knobs) {

@@ -102,6 +102,14 @@ expect 2 "--rank does not apply to --cpu" -- bench ep --cpu --ranks 2 --rank 1
 expect 2 "--id-file does not apply to --cpu" -- bench ep --cpu --id-file "$tmp/id"
 expect 2 "--id-file does not apply to --cpu" -- bench moe --cpu --ep capacity --id-file "$tmp/id"
 expect 2 "--rank does not apply to --cpu" -- bench moe --cpu --ep throughput --rank 0
+# ranks that cannot divide the experts, or buffers that cannot fit, are refused before any rank
+# starts (a thread per rank; the ranks of a failed allocation used to wait forever)
+expect 2 "bench ep: --ranks 1024 must divide the experts of every chosen case \(case dsv3 has E=32\)" -- bench ep --cpu --ranks 1024
+expect 2 "bench moe: --ranks 1024 must divide the experts of every chosen case" -- bench moe --cpu --ep capacity --ranks 1024
+printf '#!/usr/bin/env bash\nulimit -v 8000000\nexec %q "$@"\n' "$bin" >"$tmp/limited" && chmod +x "$tmp/limited"
+full_bin=$bin bin=$tmp/limited
+expect 2 "bench ep needs about .* of host memory, more than the .* available; reduce --tokens or --ranks" -- bench ep --cpu --ranks 16 --case qwen3 --tokens 1048576
+bin=$full_bin
 expect 2 "--json: an empty PATH" -- bench layer --cpu --json ''
 expect 2 "--json: an empty PATH" -- bench moe --cpu --json ''
 # ---- sizes: range checks, and limits that would exhaust memory say so (at once)
@@ -170,7 +178,7 @@ assert {c["mode"] for c in d["cases"]} == {"throughput", "capacity", "throughput
 fp8 = [c for c in d["cases"] if c["mode"] == "throughput_fp8"]
 assert len(fp8) == 1 and fp8[0]["case"] == "dsv3", d  # H = 128 on the CPU; qwen3's 32 is no fp8
 PY
-expect 1 "bench ep: case dsv3 has E=32 experts, which ranks=3 does not divide" -- bench ep --cpu --ranks 3 --case dsv3
+expect 2 "bench ep: --ranks 3 must divide the experts of every chosen case \(case dsv3 has E=32\)" -- bench ep --cpu --ranks 3 --case dsv3
 # bench moe --ep: the block over ranks as threads (the block's EP numerics are the unit tests'
 # MoeEp suites; this checks the command runs every case in both modes and reports them)
 expect 0 "qwen3 +96 +16 +8 +4 .* C=180 C_e=384$" -- bench moe --cpu --ep capacity --json "$tmp/moe_ep.json"
@@ -184,7 +192,7 @@ expect 0 "mixtral +64 +4 +1 +2 .* -$" -- bench moe --cpu --ep throughput --ranks
 expect 2 "--ranks, --rank, --id-file and --capacity-factor need --ep" -- bench moe --cpu --ranks 2
 expect 2 "--capacity-factor applies to --ep capacity" -- bench moe --cpu --ep throughput --capacity-factor 3
 expect 2 "--ep: 'dense' is not one of capacity, throughput" -- bench moe --ep dense
-expect 1 "bench moe: case qwen3 has E=16 experts, which ranks=3 does not divide" -- bench moe --cpu --ep capacity --ranks 3
+expect 2 "bench moe: --ranks 3 must divide the experts of every chosen case \(case qwen3 has E=16\)" -- bench moe --cpu --ep capacity --ranks 3
 
 echo "cli: $pass checks passed, $failed failed"
 [ "$failed" = 0 ]

@@ -278,6 +278,26 @@ bool report_ep(const std::vector<EpCaseReport>& reps, int R, const BenchEpOption
   return ok;
 }
 
+// Before any rank starts: the ranks divide every chosen case's experts, and the buffers of the
+// largest case fit (all R ranks in this process's memory with --cpu; one rank per GPU otherwise).
+void check_ep_run(const BenchEpOptions& o, int R) {
+  double worst = 0;
+  for (const EpCase& c : chosen_ep_cases(o)) {
+    if (c.E % R != 0)
+      throw UsageError(detail::cat("bench ep: --ranks ", R,
+                                   " must divide the experts of every "
+                                   "chosen case (case ",
+                                   c.name, " has E=", c.E, ")"));
+    // x and the combined rows; per mode the grouped rows on both sides of the exchange, a
+    // capacity plan's padded blocks (factor x the expected rows), FP8 rows and their scales.
+    const double T = double(o.tokens > 0 ? o.tokens : (o.cpu ? 64 : 4096));
+    const double row = double(c.H) * 2.0, rows = T * double(c.k) * (1.0 + o.capacity_factor);
+    worst = std::max(worst, 2.0 * T * row + 3.0 * rows * row + T * double(c.k) * 16.0);
+  }
+  check_fits_memory("bench ep", o.cpu ? worst * R : worst, o.cpu ? Device::CPU : Device::CUDA,
+                    "--tokens or --ranks");
+}
+
 int run_bench_ep(const BenchEpOptions& o) {
   for (const char* name : {"--rank", "--id-file"})
     reject_option(o.cpu && o.app->get_option(name)->count() > 0, name,
@@ -285,11 +305,13 @@ int run_bench_ep(const BenchEpOptions& o) {
   JsonFile json(o.json);  // every rank checks the path; rank 0 writes it
   if (o.cpu) {
     const int R = o.ranks > 0 ? o.ranks : 2;
-    const auto reps =
-        run_cpu_ranks(R, [&](Context& ctx, ep::Transport& tr) { return run_ep_rank(ctx, tr, o); });
+    check_ep_run(o, R);
+    const auto reps = run_cpu_ranks(
+        "bench ep", R, [&](Context& ctx, ep::Transport& tr) { return run_ep_rank(ctx, tr, o); });
     return report_ep(reps[0], R, o, json) ? 0 : 1;
   }
   require_gpu("bench ep", "; --cpu runs a smoke version with ranks as threads on the CPU");
+  check_ep_run(o, o.ranks > 0 ? o.ranks : env_int("WORLD_SIZE", 1));
   const auto [g, reps] =
       run_gpu_rank("bench ep", o.ranks, o.rank, o.id_file,
                    [&](Context& ctx, ep::Transport& tr) { return run_ep_rank(ctx, tr, o); });

@@ -32,7 +32,7 @@ inline constexpr SuiteShape kGemmSuite[] = {
     {"llama4_scout_gate_up", 16, 8192, 16384, 5120},
 };
 
-// Round-2 cases of the 16-bit engine (`bench gemm --suite ragged|fine`), bf16 only.
+// The harder cases of the 16-bit engine (`bench gemm --suite ragged|fine`), bf16 only.
 // Ragged widths: expert and hidden sizes that are not multiples of the 128x256 tile (DeepSeek-V2-
 // Lite / Qwen1.5-MoE experts 1408 wide, experts 1920 wide on a 5120 + 64 hidden size), 2048 rows
 // per expert so the width, not the reduction, is what is measured.

@@ -226,9 +226,16 @@ int run_bench_moe(const BenchMoeCommand& cmd) {
   // What each case allocates (every rank of a CPU run is in this process), from its own shapes.
   const Device dev = o.cpu ? Device::CPU : Device::CUDA;
   const int ranks_here = o.ep.empty() || !o.cpu ? 1 : (o.ranks > 0 ? o.ranks : 2);
-  for (const MoeBenchCase& bc : moe_bench_cases(o))
+  const int ranks = o.ranks > 0 ? o.ranks : (o.cpu ? 2 : env_int("WORLD_SIZE", 1));
+  for (const MoeBenchCase& bc : moe_bench_cases(o)) {
+    if (!o.ep.empty() && bc.cfg.experts % ranks != 0)  // before any rank starts
+      throw UsageError(detail::cat("bench moe: --ranks ", ranks,
+                                   " must divide the experts of "
+                                   "every chosen case (case ",
+                                   bc.name, " has E=", bc.cfg.experts, ")"));
     check_fits_memory("bench moe: case " + std::string(bc.name),
                       ranks_here * moe_block_bytes(bc.cfg), dev, "--tokens");
+  }
   if (!o.ep.empty()) return run_moe_ep(o);
   JsonFile json(o.json);
   const GpuStream stream(!o.cpu);

@@ -31,7 +31,9 @@ ep::EpCapacity uniform_ep_capacity(int64_t T, int64_t k, int R, double factor) {
 void add_rank_group_options(CLI::App& app, int& ranks, int& rank, std::string& id_file,
                             const std::string& what) {
   add_int(app, "--ranks", ranks, 1, 1024,
-          what + "ranks in the group (default: WORLD_SIZE, else 1; --cpu: threads, default 2)");
+          what +
+              "ranks in the group, a divisor of every chosen case's experts (default: WORLD_SIZE, "
+              "else 1; --cpu: threads, default 2)");
   add_int(app, "--rank", rank, 0, 1023,
           what + "this process's rank (default: RANK, else 0; not with --cpu)");
   app.add_option("--id-file", id_file,

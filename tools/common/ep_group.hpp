@@ -57,29 +57,18 @@ auto run_gpu_rank(const char* cmd, int ranks, int rank, const std::string& id_fi
 // holding any of its k experts, T (1 - (1 - 1/R)^k) rows; T k / R (token, slot) entries.
 ep::EpCapacity uniform_ep_capacity(int64_t T, int64_t k, int R, double factor);
 
-// The CPU smoke runs: `ranks` ranks as threads of this process, each with its own CPU Context and
-// its end of an in-process group, calling fn(ctx, transport) (a collective: every rank the same
-// calls in the same order). Returns every rank's result; the first rank's error is rethrown after
-// all threads end.
+// The CPU smoke runs: `ranks` ranks as threads of this process (ep::run_in_process_group), each
+// with its own CPU Context and its end of an in-process group, calling fn(ctx, transport) (a
+// collective: every rank the same calls in the same order). Returns every rank's result. A rank
+// that fails releases the others, and the error names it and its cause.
 template <class Fn>
-auto run_cpu_ranks(int ranks, Fn&& fn) {
+auto run_cpu_ranks(const char* cmd, int ranks, Fn&& fn) {
   using Result = decltype(fn(std::declval<Context&>(), std::declval<ep::Transport&>()));
-  auto group = ep::make_in_process_group(ranks);
   std::vector<Result> results(static_cast<size_t>(ranks));
-  std::vector<std::exception_ptr> errs(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        Context ctx(Device::CPU);
-        results[size_t(r)] = fn(ctx, *group[size_t(r)]);
-      } catch (...) {
-        errs[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
+  ep::run_in_process_group(cmd, ranks, Device::CPU, nullptr, [&](ep::InProcessTransport& tr) {
+    Context ctx(Device::CPU);
+    results[size_t(tr.rank())] = fn(ctx, tr);
+  });
   return results;
 }
 
