@@ -29,3 +29,12 @@ if(GROUPMM_INSTALL)
             ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR} ${CUDAToolkit_BIN_DIR})
   set_tests_properties(package.find_package_example PROPERTIES LABELS cpu TIMEOUT 900)
 endif()
+
+# ---- the performance document: its tables equal what bench/perf_doc.py renders from bench/data
+# (also a pytest case; this one runs where torch, and so the Python suite, is missing)
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME docs.performance_tables
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/bench/perf_doc.py --check)
+  set_tests_properties(docs.performance_tables PROPERTIES LABELS cpu TIMEOUT 60)
+endif()
