@@ -101,6 +101,13 @@ TORCH_LIBRARY(groupmm, m) {
       "ScalarType? fp8_dtype=None, str scale_layout='plain', bool block_2d=False, "
       "bool from_columnwise=False, ScalarType? out_dtype=None) -> Tensor");
 
+  // the rules of a quantization recipe (quantize.hpp, recipe_traits): recipe 'fp8_current',
+  // 'fp8_block', 'mxfp8', 'nvfp4' or 'mxfp4'; scale_dtype is the core's dtype name
+  m.def(
+      "recipe_traits(str recipe) -> (int row_block, int col_block, str scale_dtype, bool fp4, "
+      "int gemm_k_multiple, int gemm_n_multiple, int split_multiple, int in_features_multiple, "
+      "int out_features_multiple, bool e5m2_gradients)");
+
   // hidden test and bench hooks (ops_hooks.cpp): not an API, eager only
   m.def(
       "_core_call_us(str op, Tensor[] tensors, int[] ints=[], str recipe='mxfp8', int iters=100) "
