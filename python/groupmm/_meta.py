@@ -109,6 +109,16 @@ def _(logits, expert_bias, topk, score="softmax", n_group=1, topk_group=1, renor
             _empty(logits, (1,), torch.float32))
 
 
+@register_fake("groupmm::router_logits")
+def _(x, w):
+    return _empty(x, (x.shape[0], w.shape[0]), torch.float32)
+
+
+@register_fake("groupmm::router_logits_backward")
+def _(d_logits, x, w):
+    return torch.empty_like(x), torch.empty_like(w)
+
+
 @register_fake("groupmm::router_backward")
 def _(logits, expert_ids, counts, d_weights, *args):
     return torch.empty_like(logits, dtype=torch.float32)
@@ -299,3 +309,17 @@ def _(x, splits, weight, bias, dy, recipe="bf16", delay_wgrad=False, main_grad=F
         return _empty(x, (x.shape[0], N), weight.dtype), absent, absent, absent
     return (_empty(x, (x.shape[0], N), weight.dtype), _empty(x, (x.shape[0], K), weight.dtype),
             _empty(x, (G, N, K), gdt), _empty(x, (G, N), gdt) if bias is not None else absent)
+
+
+@register_fake("groupmm::_core_moe")
+def _(x, router_weight, gate_up, down, shared_up, shared_down, dy, topk, score="softmax",
+      renormalize=False, align=1, capacity_factor=0.0, recipe="bf16"):
+    absent = _empty(x, (0,), torch.float32)
+    y = _empty(x, x.shape, x.dtype)
+    if dy is None:
+        return (y,) + (absent,) * 6
+    shared = [absent, absent]
+    if shared_up is not None:
+        shared = [_empty(x, (1, *w.shape), x.dtype) for w in (shared_up, shared_down)]
+    return (y, _empty(x, x.shape, x.dtype), torch.empty_like(router_weight),
+            torch.empty_like(gate_up), torch.empty_like(down), *shared)

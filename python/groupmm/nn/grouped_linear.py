@@ -288,10 +288,11 @@ class GroupedLinear(torch.nn.Module):
         Pass True on an optimizer step's first micro-batch and False on the others: then a
         compiled step quantizes the weights once per optimizer step, as eager does."""
         plain = self.recipe == "bf16" and not self.accumulate_into_main_grad
+        weight = self._grouped(self.weight)
         if plain and not self.delay_wgrad:
             # The registered op's own autograd formula: traceable by torch.compile end to end.
-            return ops.grouped_mm(x, self.weight, splits, self.bias)
-        w_op = self._exec.prepare(self.weight, is_first_microbatch)
+            return ops.grouped_mm(x, weight, splits, self.bias)
+        w_op = self._exec.prepare(weight, is_first_microbatch)
         if not torch.is_grad_enabled():
             return self._exec.forward(x, w_op, self.bias, splits)[0]
         if self.delay_wgrad and torch.compiler.is_compiling():
@@ -299,7 +300,13 @@ class GroupedLinear(torch.nn.Module):
                 "groupmm.nn.GroupedLinear(delay_wgrad=True) is eager-only: its backward queues "
                 "the wgrad operands for backward_dw() (a side effect that a compiled backward "
                 "cannot make); compile the layer with delay_wgrad=False, or run it eagerly")
-        return _GroupedLinearFn.apply(x, self.weight, self.bias, splits, self, w_op)
+        return _GroupedLinearFn.apply(x, weight, self.bias, splits, self, w_op)
+
+    @staticmethod
+    def _grouped(t):
+        """A parameter (or its main grad) as the grouped ops take it: [G, N, K] as it is, a one-group
+        layer's [N, K] (MoE's shared expert) as a [1, N, K] view."""
+        return t if t.dim() == 3 else t.unsqueeze(0)
 
     def backward_dw(self):
         """With delay_wgrad: computes the weight gradients that backward queued, in order, into
@@ -313,6 +320,7 @@ class GroupedLinear(torch.nn.Module):
         for dy, state, splits in pending:
             dw = self._exec.wgrad(dy, state, splits, self._main_grad())
             if dw is not None:
+                dw = dw.view_as(self.weight)
                 self.weight.grad = dw if self.weight.grad is None else self.weight.grad + dw
 
     @property
@@ -327,7 +335,7 @@ class GroupedLinear(torch.nn.Module):
             cache.clear()
 
     def _main_grad(self):
-        return self.weight.main_grad if self.accumulate_into_main_grad else None
+        return self._grouped(self.weight.main_grad) if self.accumulate_into_main_grad else None
 
     @classmethod
     def from_linears(cls, linears, **kwargs):
