@@ -8,10 +8,10 @@ there, and the mutated file is restored after each mutation (also on Ctrl-C). Ea
 list of (old, new) replacements keyed on a distinctive code fragment; a fragment that does not
 occur exactly once stops that mutation with "MUTATION DID NOT APPLY" (the code moved: re-key it).
 
-By default the scratch build is CPU only: sources under src/cuda/ are replaced by empty files and
-the test binary is linked with unresolved symbols ignored (the CPU tests never call the CUDA
-backend; the unmutated baseline must pass first, which proves it). MUTATION_FULL_LIB=1 builds the
-real CUDA sources (slow: a mutation in a shared header recompiles the kernels).
+By default the scratch build is the CPU-only library (-DGROUPMM_CUDA_KERNELS=OFF: no source under
+src/kernels/ or src/<family>/cuda/ is compiled; the CPU tests never call the CUDA backend).
+MUTATION_FULL_LIB=1 builds the real CUDA sources (slow: a mutation in a shared header recompiles
+the kernels).
 
   python3 scripts/mutation_check.py [--list] [--all-failures] [--report FILE] [NAME_GLOB...]
 """
@@ -27,14 +27,14 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-NUM = "src/core/quantize_numerics.hpp"
+NUM = "src/numerics/quantize.hpp"
 CONV = "include/groupmm/convert.hpp"
-CPU_Q = "src/cpu/quantize.cpp"
-GEOM = "src/cpu/quantize_geom.hpp"
-LAYOUT = "src/core/quantize_layout.hpp"
-CPU_UTIL = "src/cpu/cpu_util.hpp"
-GEMM = "src/cpu/gemm.cpp"
-SWIGLU = "src/core/swiglu_impl.hpp"
+CPU_Q = "src/quantize/cpu/quantize.cpp"
+GEOM = "src/quantize/cpu/geom.hpp"
+LAYOUT = "src/numerics/quantize_layout.hpp"
+CPU_UTIL = "src/base/cpu_util.hpp"
+GEMM = "src/gemm/cpu/gemm.cpp"
+SWIGLU = "src/moe/swiglu_backends.hpp"
 BF16 = "bf16_bits_to_float(float_to_bf16_bits({}))"  # rounds an fp32 expression to bf16
 
 
@@ -117,7 +117,7 @@ MUTATIONS = [
      [("cbs += nb;", "cbs += qnum::ceil_div(e.rows, qnum::kTileRows);")]),
     # ---- offsets, dbias order -------------------------------------------------------------------
     ("offsets_scale_rows_overpadded", "group_offsets pads 128-row multiples one tile more",
-     "src/cpu/offsets.cpp",
+     "src/offsets/cpu/offsets.cpp",
      [("wrap_add(r.rows, a.pad_rows - 1) / a.pad_rows", "wrap_add(r.rows, a.pad_rows) / a.pad_rows")]),
     ("bgrad_dbias_order", "bgrad dbias sums 16-row segments straight into the expert sum "
      "(not per 128-row tile)", CPU_UTIL,
@@ -147,7 +147,6 @@ MUTATIONS = [
       ("du = dout * silu;", "du = dout * " + bf16("silu") + ";")]),
 ]
 
-STUB = "// emptied by scripts/mutation_check.py (CPU-only scratch build)\n"
 
 
 def sh(cmd, cwd, log=None, timeout=None, env=None):
@@ -165,7 +164,7 @@ def sh(cmd, cwd, log=None, timeout=None, env=None):
     return rc, out, time.time() - t0
 
 
-def sync_tree(src, dst, cpu_only):
+def sync_tree(src, dst):
     """Copies the worktree's files into dst, writing only files whose content changed (so ninja
     rebuilds only what differs); removes files that are no longer in the worktree."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=src,
@@ -174,8 +173,6 @@ def sync_tree(src, dst, cpu_only):
     keep = set(files)
     for f in files:
         data = open(os.path.join(src, f), "rb").read()
-        if cpu_only and f.startswith("src/cuda/") and f.endswith((".cu", ".cpp")):
-            data = STUB.encode()
         out = os.path.join(dst, f)
         if os.path.exists(out) and open(out, "rb").read() == data:
             continue
@@ -235,14 +232,14 @@ def main():
     os.makedirs(tree, exist_ok=True)
     print(f"mutation_check: {len(muts)} mutations; scratch tree {tree}, build {build} "
           f"({'CPU only' if cpu_only else 'full library'})", flush=True)
-    sync_tree(ROOT, tree, cpu_only)
+    sync_tree(ROOT, tree)
 
     env = dict(os.environ)
     env.setdefault("CCACHE_BASEDIR", os.path.dirname(work))
     if not os.path.exists(os.path.join(build, "build.ninja")):
         cfg = ["cmake", "-S", tree, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release"]
         if cpu_only:
-            cfg.append("-DCMAKE_EXE_LINKER_FLAGS=-no-pie -Wl,--unresolved-symbols=ignore-all")
+            cfg.append("-DGROUPMM_CUDA_KERNELS=OFF")
         rc, out, _ = sh(cfg, tree, os.path.join(work, "configure.log"), env=env)
         if rc:
             print(out[-3000:])

@@ -84,7 +84,8 @@ bool dtype_is_float(DType t);
 enum class Device : uint8_t { CPU, CUDA };
 const char* device_name(Device d);
 
-// True when a CUDA device is visible and usable by this build (sm_90 class).
+// True when a CUDA device is visible and usable by this build (sm_90 class); always false in a
+// CPU-only library (groupmm/version.hpp: GROUPMM_WITH_CUDA_KERNELS 0), which refuses Device::CUDA.
 bool cuda_available();
 // CUDA if available, else CPU.
 Device default_device();
@@ -227,7 +228,7 @@ struct StatusBlock {
   uint32_t pad;
   int64_t value;
 };
-// Host version used by the CPU backend; the CUDA one lives in src/cuda/common/status.cuh.
+// Host version used by the CPU backend; the CUDA one lives in src/kernels/common/status.cuh.
 void report_fault_host(StatusBlock* s, uint32_t bit, OpId op, int32_t group, int64_t value);
 std::string describe_status(const StatusBlock& s);
 

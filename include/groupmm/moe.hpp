@@ -52,7 +52,7 @@ const char* router_score_name(RouterScore s);
 //   z_loss         z_loss_coeff / T * sum_t logsumexp(logits_t)^2
 // NaN logits are ranked below every number. Logits may be -inf as long as one per token is finite.
 // Numerics are bit-identical on both backends (own exp, fixed summation order: see
-// src/core/router_numerics.hpp) except the two losses (logsumexp and cross-token sums differ in
+// src/numerics/router.hpp) except the two losses (logsumexp and cross-token sums differ in
 // rounding only; each is still deterministic run to run).
 struct RouterConfig {
   int64_t experts = 0;  // E, 1..1024
@@ -205,7 +205,7 @@ void swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gat
 //   forward:  out[m][i] = swiglu(gate, up) * prob[m]
 //   backward: dgate_up  = swiglu_backward(dout * prob[m])  (element formulas as above)
 //             dprob[m]  = sum_i dout[m][i] * swiglu(gate, up)[m][i]   (fp32)
-// Element math is swiglu's formulas (src/core/swiglu_impl.hpp); the CUDA kernel divides with the
+// Element math is swiglu's formulas (src/moe/swiglu_backends.hpp); the CUDA kernel divides with the
 // hardware's fast reciprocal (__fdividef: at most 2 ulp, where swiglu divides exactly), which keeps
 // CUDA and CPU within one ulp of bf16/fp16 outputs and a few ulp of fp32 (a sigmoid below 2^-126
 // becomes 0 on CUDA). dprob is a per-row sum in a fixed order on CUDA (one warp a

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/convert.hpp"
 #include "groupmm/core.hpp"
 

@@ -1,4 +1,4 @@
-// The columnwise run stores of quantize_tile.cuh (core/byte_realign.hpp): qnum::realign_bytes
+// The columnwise run stores of quantize_tile.cuh (numerics/byte_realign.hpp): qnum::realign_bytes
 // against a plain byte copy for every shift and both chunk sizes, and a column's 8 lanes storing
 // a run for every misalignment and length.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <random>
 
-#include "core/byte_realign.hpp"
+#include "numerics/byte_realign.hpp"
 
 namespace groupmm::test {
 namespace {

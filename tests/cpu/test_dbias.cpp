@@ -1,7 +1,7 @@
 // group_dbias on the CPU backend: hand-computed sums, a float64 reference over split patterns and
 // dtypes, accumulation, zero-row experts, device faults, validation messages.
 #include "common/tolerance.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/dbias.hpp"
 
 namespace groupmm::test {

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "common/tolerance.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/dbias.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/nn/grouped_linear.hpp"

@@ -2,7 +2,7 @@
 // weights and inputs (y, dx, dW, db), delayed wgrad equal to immediate, the weight cache and its
 // invalidation, main_grad accumulation, and the recipes' configuration errors.
 #include "common/test_util.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
 #include "groupmm/quantize.hpp"
 

@@ -9,7 +9,7 @@
 #endif
 
 #include "common/test_util.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/nn/moe.hpp"
 
 namespace groupmm::test {

@@ -2,7 +2,7 @@
 // capacity), the round trip, the adjoint identities that make the backwards right, the device-fault
 // path of a bad expert id and the validation messages.
 #include "common/test_util.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/moe.hpp"
 
 namespace groupmm::test {

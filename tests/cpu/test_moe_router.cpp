@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "common/test_util.hpp"
-#include "core/router_numerics.hpp"
+#include "numerics/router.hpp"
 #include "groupmm/moe.hpp"
 
 namespace groupmm::test {

@@ -7,8 +7,8 @@
 #include <limits>
 
 #include "common/quant_test_util.hpp"
-#include "core/quantize_layout.hpp"
-#include "core/quantize_numerics.hpp"
+#include "numerics/quantize_layout.hpp"
+#include "numerics/quantize.hpp"
 
 namespace groupmm::test {
 namespace {

@@ -1,4 +1,4 @@
-// The kernels' fast twins in qnum (src/core/quantize_numerics.hpp, quantize_layout.hpp) against
+// The kernels' fast twins in qnum (src/numerics/quantize.hpp, quantize_layout.hpp) against
 // the rules the CPU reference runs, on the host: randomized and edge inputs. (Their device
 // instructions are compared on the GPU by tests/cuda/test_qnum_gpu.cu and
 // test_block_scale_gpu.cu.) Also: one summation order for the grouped bias gradient.
@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "common/quant_test_util.hpp"
-#include "core/quantize_impl.hpp"
+#include "quantize/backends.hpp"
 #include "groupmm/dbias.hpp"
 
 namespace groupmm::test {

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "common/tolerance.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/moe.hpp"
 
 namespace groupmm::test {

@@ -1,12 +1,12 @@
 // 4-bit weight formats pinned by hand-computed vectors (DESIGN section 5): MXFP4's E8M0 scales,
 // E2M1 codes and nibble order, NVFP4's two-level scale; round trips within half a step; MXFP4
-// checkpoint import / export; the GEMM form of the weights (core/w4_numerics.hpp) on the host.
+// checkpoint import / export; the GEMM form of the weights (numerics/w4.hpp) on the host.
 #include <cmath>
 #include <limits>
 
 #include "common/quant_test_util.hpp"
-#include "core/quantize_impl.hpp"
-#include "core/w4_numerics.hpp"
+#include "quantize/backends.hpp"
+#include "numerics/w4.hpp"
 
 namespace groupmm::test {
 namespace {
@@ -265,7 +265,7 @@ TEST(W4Formats, Mxfp4CheckpointErrors) {
   EXPECT_THROW_MSG(export_mxfp4_weights(ctx, bad), "export_mxfp4_weights: weights.recipe=nvfp4");
 }
 
-// ---- the GEMM form of the weights (core/w4_numerics.hpp), host side ---------------------------
+// ---- the GEMM form of the weights (numerics/w4.hpp), host side ---------------------------
 
 // The value of every (code, scale) pair through the kernels' form equals the rule.
 TEST(W4Numerics, GemmWeightsEqualTheRuleForEveryCodeAndScale) {

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "common/w4_case.hpp"
-#include "core/quantize_layout.hpp"
+#include "numerics/quantize_layout.hpp"
 
 namespace groupmm::test {
 namespace {

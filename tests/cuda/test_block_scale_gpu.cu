@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "common/test_util.hpp"
-#include "core/quantize_layout.hpp"
+#include "numerics/quantize_layout.hpp"
 
 namespace groupmm::test {
 namespace {

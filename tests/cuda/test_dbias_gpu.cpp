@@ -2,7 +2,7 @@
 // patterns, dtypes, the vectorized and scalar paths and accumulation; deterministic; graph replay
 // with new splits equals eager bit for bit; faults set the status.
 #include "common/tolerance.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/dbias.hpp"
 
 namespace groupmm::test {

@@ -3,7 +3,7 @@
 // forward + backward + backward_dw is captured in one CUDA graph replays with three routings to
 // the same bits as eager execution.
 #include "common/tolerance.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/moe.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
 

@@ -3,7 +3,7 @@
 // accumulation differs), accuracy against the bf16 layer, and the whole step (with the weight
 // quantization) captured in one CUDA graph, replayed with three routings equal to eager.
 #include "common/test_util.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
 
 namespace groupmm::test {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "common/test_util.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/nn/moe.hpp"
 #include "groupmm/random.hpp"
 

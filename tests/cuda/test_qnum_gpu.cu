@@ -8,8 +8,8 @@
 #include <limits>
 
 #include "common/test_util.hpp"
-#include "core/quantize_layout.hpp"
-#include "cuda/quantize/tile_convert.cuh"
+#include "numerics/quantize_layout.hpp"
+#include "quantize/cuda/tile_convert.cuh"
 
 namespace groupmm::test {
 namespace {

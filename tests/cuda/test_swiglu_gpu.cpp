@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "common/test_util.hpp"
-#include "cpu/cpu_util.hpp"
+#include "base/cpu_util.hpp"
 #include "groupmm/moe.hpp"
 
 namespace groupmm::test {

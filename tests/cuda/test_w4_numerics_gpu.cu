@@ -1,9 +1,9 @@
-// The GEMM form of 4-bit weights (core/w4_numerics.hpp) on the device, where it runs bf16x2
+// The GEMM form of 4-bit weights (numerics/w4.hpp) on the device, where it runs bf16x2
 // multiplies (mul.rn.bf16x2: bf16 subnormal raw codes must survive) and cvt.rn.bf16x2.f32:
 // every (code, scale byte) pair of both formats, both mxfp4 multiplier forms and the two-byte
 // nvfp4 form, against the host rule.
 #include "common/test_util.hpp"
-#include "core/w4_numerics.hpp"
+#include "numerics/w4.hpp"
 
 namespace groupmm::test {
 namespace {

@@ -2,8 +2,8 @@
 // one-thread find_expert, for every t of random prefix arrays with empty experts, at G around
 // the powers of 32 where its rounds change.
 #include "common/test_util.hpp"
-#include "cuda/common/splits_scan.cuh"
-#include "cuda/common/warp_search.cuh"
+#include "kernels/common/splits_scan.cuh"
+#include "kernels/common/warp_search.cuh"
 
 namespace groupmm::test {
 namespace {

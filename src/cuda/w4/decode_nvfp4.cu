@@ -1,5 +1,0 @@
-// The decode GEMM's nvfp4 variants (8, 16 and 32 tokens per pass).
-#include "cuda/w4/decode_kernel.cuh"
-
-template groupmm::cuda::w4::DecodeLaunch
-groupmm::cuda::w4::decode_launch<groupmm::QuantRecipe::nvfp4>(int token_tiles);

@@ -1,0 +1,77 @@
+// Expert parallelism internals shared by src/ep/*.cpp and the backends: the primitives each
+// backend implements (plain loops on the CPU, kernels on CUDA; same results bit for bit), and the
+// fixed dot-product order of d_weights (host and device).
+//
+// The four movers of groupmm/ep.hpp are backend-neutral (src/ep/movers.cpp): pack with
+// gather_rows, exchange through the transport, unpack with gather_rows or sum with weighted_sum.
+// Every index array is int32 with -1 meaning "no row"; a gather from index i reads source row
+// i / div (div = k turns a (row, slot) entry into its row).
+#pragma once
+
+#include "base/cuda_entry.hpp"
+#include "numerics/router.hpp"  // router::add / mul: correctly rounded on host and device
+#include "groupmm/ep.hpp"
+
+namespace groupmm::ep::detail {
+
+// ---- the d_weights dot product: 32 lane partials, then a butterfly (groupmm/ep.hpp) -------------
+inline constexpr int kDotLanes = 32;
+
+// Lane l's partial over h = l, l + 32, ... < n of a(h) * b(h).
+template <class A, class B>
+GROUPMM_HD float dot_lane_partial(int lane, int64_t n, A a, B b) {
+  float acc = 0.0f;
+  for (int64_t h = lane; h < n; h += kDotLanes) acc = router::add(acc, router::mul(a(h), b(h)));
+  return acc;
+}
+
+}  // namespace groupmm::ep::detail
+
+namespace groupmm::ep {
+
+// Primitives of one backend (declared in namespaces cpu and cuda below). Views carry the device.
+#define GROUPMM_EP_PRIMITIVES(ENTRY)                                                              \
+  /* dst row i (row_bytes) = src row idx[i] / div for idx[i] >= 0; rows with idx[i] < 0 are       \
+     zeroed when zero_missing, else left alone. n rows; dst and src are raw bytes. */             \
+  ENTRY void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx,         \
+                            int64_t n, int64_t div, int64_t row_bytes, bool zero_missing);        \
+  /* The same with row strides (bytes) of their own: dst + i * dst_stride gets row_bytes from     \
+     src + (idx[i] / div) * src_stride (FP8 dispatch packs data and scales into one wire row). */ \
+  ENTRY void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const void* src, \
+                                    int64_t src_stride, const int32_t* idx, int64_t n,            \
+                                    int64_t div, int64_t row_bytes, bool zero_missing);           \
+  /* out[t] = sum_j w[t, j] * rows[slot_entry[t, j]] (w absent: unweighted) in fp32, j order,     \
+     then + add[t] when add is given (out's dtype, [T, H]), rounded once to out's dtype; rows is  \
+     [*, H] of out's dtype. */                                                                    \
+  ENTRY void ep_weighted_sum(Context& ctx, const TensorView& out, const void* rows,               \
+                             const int32_t* slot_entry, const float* w, int64_t k,                \
+                             const void* add);                                                    \
+  /* Expert side of ep_combine_backward: for every grouped row g with entry e = grouped_entry[g]: \
+     d_yg[g] = w_recv[e] * dy_recv[e / k] (0 when e < 0; w_recv null: dy_recv[e / k]); for        \
+     every back entry i with g = back_grouped[i] >= 0: dw_send[i] = dot(dy_recv[e / k], yg[g])    \
+     in the fixed order (dw_send null: none). */                                                  \
+  ENTRY void ep_combine_backward_expert(Context& ctx, const EpPlan& plan, const void* dy_recv,    \
+                                        const float* w_recv, const TensorView& y_grouped,         \
+                                        const TensorView& d_y_grouped, float* dw_send);           \
+  /* Capacity mode: the sender side before the metadata exchange (send_token, meta_send,          \
+     slot_entry, overflow reports) and the receiver side after it (grouped_entry, splits,         \
+     back_grouped). */                                                                            \
+  ENTRY void ep_capacity_plan_send(Context& ctx, const TensorView& expert_ids, EpPlan& plan);     \
+  ENTRY void ep_capacity_plan_recv(Context& ctx, EpPlan& plan);
+
+namespace cpu {
+GROUPMM_EP_PRIMITIVES()
+}
+namespace cuda {
+GROUPMM_EP_PRIMITIVES(GROUPMM_CUDA_ENTRY)
+// Bytes of EpPlan::scratch the CUDA capacity plan needs (plan's cfg and cap set).
+GROUPMM_CUDA_ENTRY int64_t ep_capacity_scratch_bytes(const EpPlan& plan);
+}  // namespace cuda
+#undef GROUPMM_EP_PRIMITIVES
+
+namespace detail {
+// A byte buffer on ctx's device (stream-ordered on CUDA), at least `bytes` long, 16-byte aligned.
+Tensor byte_buffer(Context& ctx, int64_t bytes);
+}  // namespace detail
+
+}  // namespace groupmm::ep

@@ -1,0 +1,57 @@
+// Expert-parallel row movers on the CPU backend (the reference): the byte gather that packs and
+// unpacks every exchange (strided for FP8 dispatch's packed rows), and the home rank's fixed-order
+// sum (groupmm/ep.hpp, ep/backends.hpp).
+#include <cstring>
+
+#include "ep/backends.hpp"
+#include "base/cpu_util.hpp"
+
+namespace groupmm::ep::cpu {
+
+using groupmm::cpu::load_f;
+using groupmm::cpu::store_f;
+
+void ep_gather_rows_strided(Context&, void* dst, int64_t dst_stride, const void* src,
+                            int64_t src_stride, const int32_t* idx, int64_t n, int64_t div,
+                            int64_t row_bytes, bool zero_missing) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    if (idx[i] >= 0)
+      std::memcpy(d + i * dst_stride, s + idx[i] / div * src_stride, size_t(row_bytes));
+    else if (zero_missing)
+      std::memset(d + i * dst_stride, 0, size_t(row_bytes));
+  }
+}
+
+void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx, int64_t n,
+                    int64_t div, int64_t row_bytes, bool zero_missing) {
+  ep_gather_rows_strided(ctx, dst, row_bytes, src, row_bytes, idx, n, div, row_bytes, zero_missing);
+}
+
+void ep_weighted_sum(Context&, const TensorView& out, const void* rows, const int32_t* slot_entry,
+                     const float* w, int64_t k, const void* add) {
+  const int64_t T = out.dim(0), H = out.dim(1);
+  // rows is [*, H] of out's dtype; its row count does not matter to load_f.
+  const TensorView src(const_cast<void*>(rows), out.dtype, Device::CPU, {1, H});
+  const TensorView addv =
+      add ? TensorView(const_cast<void*>(add), out.dtype, Device::CPU, {T, H}) : TensorView();
+  std::vector<float> acc(static_cast<size_t>(H));
+  for (int64_t t = 0; t < T; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t r = slot_entry[t * k + j];
+      if (r < 0) continue;
+      for (int64_t h = 0; h < H; ++h) {
+        const float y = load_f(src, r * H + h);
+        acc[size_t(h)] = router::add(acc[size_t(h)], w ? router::mul(w[t * k + j], y) : y);
+      }
+    }
+    if (add != nullptr)  // the addend last, like moe_unpermute's
+      for (int64_t h = 0; h < H; ++h)
+        acc[size_t(h)] = router::add(acc[size_t(h)], load_f(addv, t * H + h));
+    for (int64_t h = 0; h < H; ++h) store_f(out, t * H + h, acc[size_t(h)]);
+  }
+}
+
+}  // namespace groupmm::ep::cpu

@@ -1,0 +1,143 @@
+// The expert-parallel row movers on CUDA (the CPU reference: src/ep/cpu/rows.cpp):
+//   gather: dst row i = src row idx[i] / div, as bytes in the widest vector the row length, the
+//     strides and the pointers allow (every pack and unpack of ep_dispatch / ep_combine / the
+//     backwards);
+//   weighted sum: the home rank's out[t] = sum_j w[t, j] * rows[slot_entry[t, j]] (+ add[t]) in
+//     fp32, slot order, rounded once (__fmul_rn / __fadd_rn: never an fma, like the CPU's two
+//     roundings).
+// Both are graph safe: device indices only, no sync, no allocation.
+#include "ep/cuda/ep_common.cuh"
+
+namespace groupmm::ep::cuda {
+namespace {
+
+struct GatherParams {
+  void* dst;
+  const void* src;
+  const int32_t* idx;
+  int64_t div;
+  bool zero_missing;
+  int64_t dst_stride, src_stride;  // row strides in vectors (launch_gather sets them)
+  RowGeometry geo;
+};
+
+template <class V>
+__global__ void __launch_bounds__(MoverConfig::kThreads) gather_rows_kernel(GatherParams p) {
+  V* __restrict__ dst = static_cast<V*>(p.dst);
+  const V* __restrict__ src = static_cast<const V*>(p.src);
+  const int64_t nv = p.geo.vecs, step = p.geo.threads_per_row;
+  p.geo.for_each_row([&](int64_t i, int lane) {
+    const int64_t s = p.idx[i];
+    if (s >= 0) {
+      const V* row = src + s / p.div * p.src_stride;
+      for (int64_t v = lane; v < nv; v += step) dst[i * p.dst_stride + v] = row[v];
+    } else if (p.zero_missing) {
+      for (int64_t v = lane; v < nv; v += step) dst[i * p.dst_stride + v] = V{};
+    }
+  });
+}
+
+template <class V>
+void launch_gather(Context& ctx, GatherParams p, int64_t n, int64_t row_bytes, int64_t dst_stride,
+                   int64_t src_stride) {
+  p.geo = RowGeometry(ctx, n, row_bytes / int64_t(sizeof(V)));
+  p.dst_stride = dst_stride / int64_t(sizeof(V));
+  p.src_stride = src_stride / int64_t(sizeof(V));
+  if (p.geo.grid == 0) return;
+  p.geo.fit(ctx, gather_rows_kernel<V>);
+  gather_rows_kernel<V><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+  GROUPMM_CHECK_LAUNCH();
+}
+
+struct SumParams {
+  void* out;
+  const void* rows;
+  const int32_t* slot_entry;  // [T, k]
+  const float* w;             // [T, k] or null (unweighted)
+  const void* add;            // [T, H] of out's dtype, or null
+  int64_t k;
+  RowGeometry geo;  // T rows of vectors
+};
+
+template <class E, int N>
+__global__ void __launch_bounds__(MoverConfig::kThreads) weighted_sum_kernel(SumParams p) {
+  using P = ElementVec<E, N>;
+  P* __restrict__ out = static_cast<P*>(p.out);
+  const P* __restrict__ rows = static_cast<const P*>(p.rows);
+  const int64_t nv = p.geo.vecs;
+  p.geo.for_each_row([&](int64_t t, int lane) {
+    const int32_t* se = p.slot_entry + t * p.k;
+    for (int64_t v = lane; v < nv; v += p.geo.threads_per_row) {
+      float acc[N];
+#pragma unroll
+      for (int n = 0; n < N; ++n) acc[n] = 0.0f;
+      for (int64_t j = 0; j < p.k; ++j) {
+        const int64_t r = se[j];
+        if (r < 0) continue;
+        const P y = rows[r * nv + v];
+        const float wj = p.w != nullptr ? p.w[t * p.k + j] : 1.0f;
+#pragma unroll
+        for (int n = 0; n < N; ++n) {
+          const float yn = E::to_float(y.v[n]);
+          acc[n] = __fadd_rn(acc[n], p.w != nullptr ? __fmul_rn(wj, yn) : yn);
+        }
+      }
+      P o;
+      if (p.add != nullptr) {  // the addend last, like moe_unpermute's
+        const P a = static_cast<const P*>(p.add)[t * nv + v];
+#pragma unroll
+        for (int n = 0; n < N; ++n) acc[n] = __fadd_rn(acc[n], E::to_float(a.v[n]));
+      }
+#pragma unroll
+      for (int n = 0; n < N; ++n) o.v[n] = E::from_float(acc[n]);
+      out[t * nv + v] = o;
+    }
+  });
+}
+
+}  // namespace
+
+void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const void* src,
+                            int64_t src_stride, const int32_t* idx, int64_t n, int64_t div,
+                            int64_t row_bytes, bool zero_missing) {
+  GatherParams p{dst, src, idx, div, zero_missing, 0, 0, RowGeometry(ctx, 0, 0)};
+  const auto fits = [&](size_t v) {
+    const auto vv = int64_t(v);
+    return row_bytes % vv == 0 && dst_stride % vv == 0 && src_stride % vv == 0 &&
+           aligned_to(dst, v) && aligned_to(src, v);
+  };
+  if (fits(16))
+    launch_gather<uint4>(ctx, p, n, row_bytes, dst_stride, src_stride);
+  else if (fits(4))
+    launch_gather<uint32_t>(ctx, p, n, row_bytes, dst_stride, src_stride);
+  else
+    launch_gather<uint8_t>(ctx, p, n, row_bytes, dst_stride, src_stride);
+}
+
+void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx, int64_t n,
+                    int64_t div, int64_t row_bytes, bool zero_missing) {
+  ep_gather_rows_strided(ctx, dst, row_bytes, src, row_bytes, idx, n, div, row_bytes, zero_missing);
+}
+
+void ep_weighted_sum(Context& ctx, const TensorView& out, const void* rows,
+                     const int32_t* slot_entry, const float* w, int64_t k, const void* add) {
+  const int64_t T = out.dim(0), H = out.dim(1);
+  dispatch_element(out.dtype, "ep_combine dtype", [&](auto e) {
+    using E = decltype(e);
+    constexpr int kVec = kVec16<E>;
+    const bool vec =
+        H % kVec == 0 && aligned_to(out.data, 16) && aligned_to(rows, 16) && aligned_to(add, 16);
+    SumParams p{out.data, rows, slot_entry, w, add, k, RowGeometry(ctx, T, vec ? H / kVec : H)};
+    if (p.geo.grid == 0) return;
+    if (vec) {
+      p.geo.fit(ctx, weighted_sum_kernel<E, kVec>);
+      weighted_sum_kernel<E, kVec><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+    } else {
+      p.geo.fit(ctx, weighted_sum_kernel<E, 1>);
+      weighted_sum_kernel<E, 1><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+    }
+    GROUPMM_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace groupmm::ep::cuda

@@ -1,0 +1,68 @@
+// The decode GEMM's setup kernel: the common splits scan (one CTA, any G) with the experts' work
+// items (passes of kTokens rows x row groups x K ranges) and their fp32 accumulator factors.
+#include "numerics/w4.hpp"
+#include "kernels/common/launch.cuh"
+#include "kernels/common/splits_scan.cuh"
+#include "gemm/cuda/w4/decode.cuh"
+
+namespace groupmm::cuda::w4 {
+namespace {
+
+using PlanConfig = BlockConfig<256>;
+
+struct PlanParams {
+  SplitsScanArgs splits;
+  DecodePlan plan;
+  int64_t tokens;          // rows per pass
+  int64_t items_per_pass;  // row groups x K ranges
+  QuantRecipe recipe;
+  float alpha;
+  const float* s_enc;  // nvfp4 [G]
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) w4_decode_plan_kernel(PlanParams p) {
+  // The decode kernel is launched with PDL and waits for the whole plan before reading it.
+  pdl_launch_dependents();
+  pdl_wait();  // the splits may come from the kernel before
+  const DecodePlan& plan = p.plan;
+  auto items = [&](int64_t rows) {
+    return Counts<1>{{(rows + p.tokens - 1) / p.tokens * p.items_per_pass}};
+  };
+  const SplitsTotals<1> total =
+      scan_splits<Cfg::kThreads, 1>(p.splits, items, [&](const ExpertSpan<1>& e) {
+        plan.start[e.g] = e.start;
+        plan.rows[e.g] = e.rows;
+        plan.item_start[e.g] = e.before.v[0];
+        plan.factor[e.g] = qnum::w4_expert_factor(p.recipe, p.alpha, p.s_enc ? p.s_enc[e.g] : 1.0f);
+      });
+  if (threadIdx.x == 0) {
+    const int64_t G = p.splits.G;
+    plan.start[G] = min(total.rows, p.splits.row_bound);
+    plan.item_start[G] = total.derived.v[0];
+  }
+}
+
+}  // namespace
+
+void launch_decode_plan(Context& ctx, const W4Launch& l, const DecodeGeometry& geo,
+                        const DecodePlan& plan) {
+  PlanParams p{};
+  p.splits.splits = l.splits.data;
+  p.splits.splits64 = l.splits.dtype == DType::int64;
+  p.splits.G = l.dims.G;
+  p.splits.row_bound = l.dims.M;
+  p.splits.expected_total = l.dims.M;
+  p.splits.status = ctx.status();
+  p.splits.op = OpId::grouped_gemm;
+  p.plan = plan;
+  p.tokens = 8 * geo.token_tiles;
+  p.items_per_pass = int64_t(geo.row_groups) * geo.ksplit;
+  p.recipe = l.recipe;
+  p.alpha = l.alpha;
+  p.s_enc = l.s_enc;
+  launch_pdl(w4_decode_plan_kernel<PlanConfig>, dim3(1), dim3(PlanConfig::kThreads), 0,
+             ctx.stream(), p);
+}
+
+}  // namespace groupmm::cuda::w4

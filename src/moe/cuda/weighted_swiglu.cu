@@ -1,0 +1,125 @@
+// CUDA router-weighted SwiGLU: one warp per row (grid-stride over rows), 16-byte vectors of the
+// gate and up halves. The backward's dprob is the row's sum of dout * swiglu in a fixed order:
+// each lane adds its vectors (lane-strided) element by element, then a butterfly, so it is
+// deterministic run to run and independent of the grid. Element math: swiglu_impl.hpp's
+// weighted_swiglu_* (the sigmoid's division without the IEEE slow path: this kernel is bound by
+// instruction issue, not bandwidth; see there).
+#include <algorithm>
+
+#include "moe/backends.hpp"
+#include "moe/swiglu_backends.hpp"
+#include "kernels/common/occupancy.cuh"
+#include "moe/cuda/moe_common.cuh"
+
+namespace groupmm::cuda {
+namespace {
+
+using namespace moe;
+
+struct WeightedSwigluConfig {
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlocksPerSm = 8;  // grid: min(rows / kWarps, SMs * this, resident)
+  static_assert(kThreads <= 1024, "block size");
+};
+
+struct WeightedSwigluParams {
+  const void* gate_up;  // [M, 2I]
+  const float* prob;    // [M]
+  const void* dout;     // [M, I] (backward)
+  void* out;            // [M, I] (forward) or dgate_up [M, 2I] (backward)
+  float* dprob;         // [M] (backward)
+  int64_t M, I;
+};
+
+template <class E, int N, bool kBackward>
+__global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
+    weighted_swiglu_kernel(WeightedSwigluParams p) {
+  using S = typename E::Storage;
+  using P = ElementVec<E, N>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * WeightedSwigluConfig::kWarps;
+  const int64_t V = p.I / N;
+  for (int64_t m = int64_t(blockIdx.x) * WeightedSwigluConfig::kWarps + threadIdx.x / 32; m < p.M;
+       m += warps) {
+    const P* __restrict__ gate =
+        reinterpret_cast<const P*>(static_cast<const S*>(p.gate_up) + m * 2 * p.I);
+    const P* __restrict__ up = gate + V;
+    const P* __restrict__ dout =
+        kBackward ? reinterpret_cast<const P*>(static_cast<const S*>(p.dout) + m * p.I) : nullptr;
+    const float w = p.prob[m];
+    float dp = 0.0f;
+    auto one = [&](int64_t v, const P& g, const P& u, const P& d) {
+      if constexpr (!kBackward) {
+        P o;
+#pragma unroll
+        for (int n = 0; n < N; ++n)
+          o.v[n] =
+              E::from_float(weighted_swiglu_fwd_elem(E::to_float(g.v[n]), E::to_float(u.v[n])) * w);
+        reinterpret_cast<P*>(static_cast<S*>(p.out) + m * p.I)[v] = o;
+      } else {
+        P dg, du;
+#pragma unroll
+        for (int n = 0; n < N; ++n) {
+          const float gf = E::to_float(g.v[n]), uf = E::to_float(u.v[n]), df = E::to_float(d.v[n]);
+          float a, b;
+          weighted_swiglu_bwd_elem(df * w, gf, uf, a, b);
+          dg.v[n] = E::from_float(a);
+          du.v[n] = E::from_float(b);
+          dp += df * weighted_swiglu_fwd_elem(gf, uf);
+        }
+        P* dgu = reinterpret_cast<P*>(static_cast<S*>(p.out) + m * 2 * p.I);
+        dgu[v] = dg;
+        dgu[V + v] = du;
+      }
+    };
+#pragma unroll 2
+    for (int64_t v = lane; v < V; v += 32) {
+      P d{};
+      if constexpr (kBackward) d = dout[v];
+      one(v, gate[v], up[v], d);
+    }
+    if constexpr (kBackward) {
+#pragma unroll
+      for (int step = 16; step >= 1; step /= 2) dp += __shfl_xor_sync(kFullMask, dp, step);
+      if (lane == 0) p.dprob[m] = dp;
+    }
+  }
+}
+
+template <bool kBackward>
+void launch(Context& ctx, DType t, const WeightedSwigluParams& p) {
+  if (p.M == 0) return;
+  dispatch_element(t, "weighted_swiglu dtype", [&](auto e) {
+    using E = decltype(e);
+    constexpr int kVec = kVec16<E>;
+    const bool vec = p.I % kVec == 0 && aligned16(p.gate_up) && aligned16(p.out) &&
+                     (p.dout == nullptr || aligned16(p.dout));
+    const int64_t want = qnum::ceil_div(p.M, WeightedSwigluConfig::kWarps);
+    constexpr int kT = WeightedSwigluConfig::kThreads;
+    auto kernel =
+        vec ? weighted_swiglu_kernel<E, kVec, kBackward> : weighted_swiglu_kernel<E, 1, kBackward>;
+    const unsigned grid = resident_grid(ctx, kernel, kT, want, WeightedSwigluConfig::kBlocksPerSm);
+    kernel<<<grid, kT, 0, ctx.stream()>>>(p);
+    GROUPMM_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
+                             const TensorView& out) {
+  WeightedSwigluParams p{gate_up.data, prob.ptr<float>(), nullptr,   out.data,
+                         nullptr,      out.dim(0),        out.dim(1)};
+  launch<false>(ctx, gate_up.dtype, p);
+}
+
+void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
+                              const TensorView& prob, const TensorView& dgate_up,
+                              const TensorView& dprob) {
+  WeightedSwigluParams p{gate_up.data,       prob.ptr<float>(), dout.data,  dgate_up.data,
+                         dprob.ptr<float>(), dout.dim(0),       dout.dim(1)};
+  launch<true>(ctx, gate_up.dtype, p);
+}
+
+}  // namespace groupmm::cuda
