@@ -169,6 +169,9 @@ def test_aux_loss_has_gradient(device):
     g3 = moe.router.weight.grad.clone()
     moe.zero_grad()
     moe(x)[1].backward()
-    # The loss terms' gradients scale with their upstream gradient (not assumed to be 1).
-    torch.testing.assert_close(g3, 3 * moe.router.weight.grad, rtol=1e-2, atol=1e-6)
+    # The loss terms' gradients scale with their upstream gradient (not assumed to be 1). The
+    # router GEMM's backward rounds d_logits to x's dtype first (moe_router_logits_backward, as
+    # nn::MoE): equal up to that rounding, relative to the gradient's scale.
+    scale = g3.abs().max().item()
+    torch.testing.assert_close(g3, 3 * moe.router.weight.grad, rtol=1e-2, atol=1e-2 * scale)
     assert moe.router.weight.grad.abs().sum() > 0
