@@ -130,11 +130,13 @@ std::vector<std::string> gemm_config_names();
 //
 // dtypes: out is bf16 (forward, dgrad) or fp32 / bf16 (wgrad; beta 1 accumulates into fp32).
 // bias [G, N] bf16, forward only. alpha multiplies the dequantized product.
-// Alignment (CUDA): N and K multiples of 16 (fp8_current, mxfp8) or of 128 (fp8_block: the
-// quantizer's own rule); 16-byte aligned pointers. wgrad reads the columnwise copies with leading
-// dimension m_g, so every split must be a multiple of 16 (the MoE permute pads experts to 16 or
-// 128 rows for quantized recipes): an expert whose split is not sets kFaultSplitAlignment and
-// its dW_g is left unwritten. Splits faults otherwise as grouped_gemm.
+// Alignment (recipe_traits in quantize.hpp): on CUDA, N and K multiples of gemm_n_multiple /
+// gemm_k_multiple (16 for fp8_current and mxfp8, 128 for fp8_block: the quantizer's own rule);
+// 16-byte aligned pointers. The FP8 wgrad reads the columnwise copies with leading dimension m_g,
+// so every split must be a multiple of split_multiple (16 for fp8_current and fp8_block; mxfp8,
+// dequantized first, has no such rule; the MoE permute pads experts to it) on both backends: an
+// expert whose split is not sets kFaultSplitAlignment and its dW_g is left unwritten. Splits
+// faults otherwise as grouped_gemm.
 // Graph safe as grouped_gemm: one setup kernel builds pointers, scales and alpha on the device.
 struct QuantizedGemmArgs {
   GemmPass pass = GemmPass::forward;

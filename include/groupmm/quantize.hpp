@@ -74,7 +74,8 @@
 // ---- Contract ----------------------------------------------------------------------------------
 // Inputs: activations [M, K] (splits [G] int32/int64, device) or weights [G, N, K] (splits
 // absent, every expert has N rows). bf16, fp16 or fp32; 16-byte aligned pointers. K must be a
-// multiple of the rowwise block (128 fp8_block, 32 mxfp8 and mxfp4, 16 nvfp4, 16 fp8_current).
+// multiple of the rowwise block (recipe_traits(recipe).row_block: 128 fp8_block, 32 mxfp8 and
+// mxfp4, 16 nvfp4, 16 fp8_current).
 // Swizzled scales: mxfp8, nvfp4 and mxfp4 only; mn_major scales: fp8_block only. block_2d:
 // weights only, fp8_block or nvfp4.
 // Device faults in splits: the splits rule of offsets.hpp with M = rows_total, reported with
@@ -95,6 +96,45 @@
 #include "groupmm/core.hpp"
 
 namespace groupmm {
+
+// ---- Recipe traits -----------------------------------------------------------------------------
+// The rules each recipe imposes on shapes, stated once. Validation reads them (group_quantize's K,
+// the quantized and 4-bit grouped GEMMs' N, K and splits), so do both GroupedLinear
+// implementations (nn/grouped_linear.hpp and the torch package, through the op
+// torch.ops.groupmm.recipe_traits) and the MoE blocks' default padding.
+//
+// clang-format off
+//   recipe       row_block col_block scale_dtype fp4  gemm K/N  split  features in/out  e5m2 grads
+//   none         1         1         fp32        no   1 / 1     1      1 / 1            -
+//   fp8_current  16        128       fp32        no   16 / 16   16     16 / 16          yes
+//   fp8_block    128       128       fp32        no   128 / 128 16     128 / 128        no
+//   mxfp8        32        32        e8m0        no   16 / 16   1      32 / 32          yes
+//   nvfp4        16        16        fp8e4m3     yes  32 / 8    1      32 / 8           no
+//   mxfp4        32        32        e8m0        yes  32 / 8    1      32 / 8           no
+// clang-format on
+// (fp8_current has no blocks: its row_block is the quantizer's K rule, its col_block the
+// per-expert tile.) Host only; a constant function of the recipe.
+struct RecipeTraits {
+  int row_block = 1;  // block length along K of rowwise scales; K must be a multiple of it
+  int col_block = 1;  // block length along M (tokens) of columnwise scales
+  DType scale_dtype = DType::fp32;  // of the block scales (fp32, e8m0 or fp8e4m3)
+  bool fp4 = false;                 // E2M1 data, two values per byte (fp4e2m1x2)
+  // The recipe's grouped GEMM (gemm.hpp): K and N multiples. FP8 and MXFP8 operands
+  // (QuantizedGemmArgs): on CUDA. 4-bit weights (W4GemmArgs): on both backends.
+  int gemm_k_multiple = 1;
+  int gemm_n_multiple = 1;
+  // Rows per expert that the quantized wgrad GEMM needs (it reads the columnwise copies with
+  // leading dimension m_g): an expert whose split is not a multiple sets kFaultSplitAlignment.
+  // MoE blocks pad experts to it by default.
+  int split_multiple = 1;
+  // A GroupedLinear in this recipe (nn/grouped_linear.hpp): in_features (K) and out_features (N)
+  // multiples, what its quantizations and GEMMs need together.
+  int in_features_multiple = 1;
+  int out_features_multiple = 1;
+  bool e5m2_gradients = false;  // the layer may quantize dy as fp8e5m2 (grad_dtype)
+  std::string to_string() const;
+};
+RecipeTraits recipe_traits(QuantRecipe recipe);
 
 enum class QuantDirection : uint8_t { rowwise = 1, columnwise = 2, both = 3 };
 const char* quant_direction_name(QuantDirection d);
@@ -130,10 +170,10 @@ struct QuantizeConfig {
   int amax_lag = 0;  // fused schedule: experts between amax and quantize items; 0 = automatic
   std::string to_string() const;
 
-  int row_block() const;  // block length along K for rowwise scales (16 for fp8_current)
-  int col_block() const;  // block length along M for columnwise scales (128 for fp8_current)
+  int row_block() const;  // recipe_traits(recipe).row_block (16 for fp8_current)
+  int col_block() const;  // recipe_traits(recipe).col_block (128 for fp8_current)
   DType data_dtype() const;
-  DType scale_dtype() const;  // fp32, e8m0 or fp8e4m3
+  DType scale_dtype() const;  // recipe_traits(recipe).scale_dtype: fp32, e8m0 or fp8e4m3
 };
 
 // What a quantized output needs (dtype + shape; rank 0 = not produced).

@@ -1,6 +1,7 @@
 // ops_autograd.cpp: the autograd formulas of the differentiable ops (grouped_mm, swiglu,
-// weighted_swiglu, router, permute, unpermute), registered in C++ for the Autograd key, and the
-// Autograd kernels of the non-differentiable ones (quantize, dequantize, plans, offsets).
+// weighted_swiglu, router_logits, router, permute, unpermute), registered in C++ for the Autograd
+// key, and the Autograd kernels of the non-differentiable ones (quantize, dequantize, plans,
+// offsets).
 //
 // Each kernel takes the fast path when no graph is recorded (grad mode off, or no input that
 // requires grad): one redispatch below autograd to the CPU / CUDA kernel (or to the fake kernel
@@ -39,6 +40,8 @@ using SwigluSig = Tensor(const Tensor&);
 using SwigluBwdSig = Tensor(const Tensor&, const Tensor&);
 using WSwigluSig = Tensor(const Tensor&, const Tensor&);
 using WSwigluBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&);
+using LogitsSig = Tensor(const Tensor&, const Tensor&);
+using LogitsBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&);
 using Router5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 using RouterSig = Router5(const Tensor&, const OptTensor&, int64_t, c10::string_view, int64_t,
                           int64_t, bool, double, double, double);
@@ -153,6 +156,26 @@ Tensor weighted_swiglu_autograd(c10::DispatchKeySet ks, const Tensor& gate_up, c
 }
 
 // ---- router -------------------------------------------------------------------------------------
+
+struct RouterLogits : torch::autograd::Function<RouterLogits> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w) {
+    ctx->save_for_backward({x, w});
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return GROUPMM_OP("router_logits", LogitsSig).call(x, w);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {Tensor(), Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    auto [dx, dw] =
+        GROUPMM_OP("router_logits_backward", LogitsBwdSig).call(grads[0], saved[0], saved[1]);
+    return {ctx->needs_input_grad(0) ? dx : Tensor(), ctx->needs_input_grad(1) ? dw : Tensor()};
+  }
+};
+
+Tensor router_logits_autograd(c10::DispatchKeySet ks, const Tensor& x, const Tensor& w) {
+  if (!records({&x, &w})) return below_autograd(GROUPMM_OP("router_logits", LogitsSig), ks, x, w);
+  return RouterLogits::apply(x, w);
+}
 
 struct Router : torch::autograd::Function<Router> {
   static variable_list forward(AutogradContext* ctx, const Tensor& logits,
@@ -360,6 +383,7 @@ TORCH_LIBRARY_IMPL(groupmm, Autograd, m) {
   m.impl("grouped_mm", TORCH_FN(grouped_mm_autograd));
   m.impl("swiglu", TORCH_FN(swiglu_autograd));
   m.impl("weighted_swiglu", TORCH_FN(weighted_swiglu_autograd));
+  m.impl("router_logits", TORCH_FN(router_logits_autograd));
   m.impl("router", TORCH_FN(router_autograd));
   m.impl("permute", TORCH_FN(permute_autograd));
   m.impl("unpermute", TORCH_FN(unpermute_autograd));

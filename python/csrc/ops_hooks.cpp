@@ -10,6 +10,8 @@
 //  _core_layer_step_us    the median device time of that C++ layer's training step
 //                         (bench/torch_layer_step.py: the package's step against the core's, in
 //                         the same process, on the same tensors).
+//  _core_moe              one forward (+ backward) of the C++ nn::MoE with the given weights:
+//                         tests compare the package's groupmm.nn.MoE with it.
 #include <torch/library.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 
 #include "binding.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
+#include "groupmm/nn/moe.hpp"
 
 namespace groupmm_torch {
 namespace {
@@ -98,6 +101,26 @@ std::shared_ptr<const groupmm::nn::LinearRecipe> layer_recipe(c10::string_view r
   return nn::quantized_recipe(recipe_of(r, "_core_grouped_linear"), o);
 }
 
+// Copies weight [G, N, K] (or [N, K]: one group) and bias [G, N] into a C++ layer.
+void import_into(Call& call, groupmm::nn::GroupedLinear& layer, const at::Tensor& weight,
+                 const std::optional<at::Tensor>& bias) {
+  const auto w = call.in(weight, "weight"), b = call.in(bias, "bias");
+  const auto& cfg = layer.config();
+  const int64_t G = cfg.experts, N = cfg.out_features, K = cfg.in_features;
+  TORCH_CHECK_VALUE(weight.numel() == G * N * K, "groupmm._core hooks: weight ", weight.sizes(),
+                    " must hold [", G, ", ", N, ", ", K, "]");
+  const int64_t esz = groupmm::dtype_bits(w.dtype) / 8;
+  std::vector<groupmm::TensorView> ws, bs;
+  for (int64_t g = 0; g < G; ++g) {
+    ws.emplace_back(static_cast<char*>(w.data) + g * N * K * esz, w.dtype, w.device,
+                    std::initializer_list<int64_t>{N, K});
+    if (cfg.bias)
+      bs.emplace_back(static_cast<char*>(b.data) + g * N * esz, b.dtype, b.device,
+                      std::initializer_list<int64_t>{N});
+  }
+  layer.import_weights(call.ctx(), ws, bs);
+}
+
 // A C++ layer holding copies of weight [G, N, K] (and bias [G, N]), sized for x's rows.
 struct CoreLayer {
   std::unique_ptr<groupmm::nn::GroupedLinear> layer;
@@ -121,18 +144,7 @@ struct CoreLayer {
     cfg.max_tokens = std::max<int64_t>(x_t.size(0), 1);
     cfg.recipe = layer_recipe(recipe, grad_dtype, pow2_scales);
     layer = std::make_unique<nn::GroupedLinear>(call.ctx(), cfg);
-    const auto w = call.in(weight, "weight"), b = call.in(bias, "bias");
-    const int64_t G = cfg.experts, N = cfg.out_features, K = cfg.in_features;
-    const int64_t esz = groupmm::dtype_bits(w.dtype) / 8;
-    std::vector<groupmm::TensorView> ws, bs;
-    for (int64_t g = 0; g < G; ++g) {
-      ws.emplace_back(static_cast<char*>(w.data) + g * N * K * esz, w.dtype, w.device,
-                      std::initializer_list<int64_t>{N, K});
-      if (cfg.bias)
-        bs.emplace_back(static_cast<char*>(b.data) + g * N * esz, b.dtype, b.device,
-                        std::initializer_list<int64_t>{N});
-    }
-    layer->import_weights(call.ctx(), ws, bs);
+    import_into(call, *layer, weight, bias);
     x = call.in(x_t, "x");
     splits = call.in(splits_t, "splits");
     dy = call.in(dy_t, "dy");
@@ -215,7 +227,69 @@ double core_layer_step_us(const at::Tensor& x, const at::Tensor& splits, const a
   return us[us.size() / 2];
 }
 
+// ---- the C++ MoE block --------------------------------------------------------------------------
+
+using MoeOut =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// nn::MoE (no biases, no expert bias, no loss terms) holding copies of the given weights: router
+// [E, H], gate_up [E, 2F, H], down [E, H, F], shared_up [2Fs, H] and shared_down [H, Fs]. Returns
+// y and, with dy, dx and the weight grads (the shared ones [1, N, K]; absent ones empty).
+MoeOut core_moe(const at::Tensor& x, const at::Tensor& router_weight, const at::Tensor& gate_up,
+                const at::Tensor& down, const std::optional<at::Tensor>& shared_up,
+                const std::optional<at::Tensor>& shared_down, const std::optional<at::Tensor>& dy,
+                int64_t topk, c10::string_view score, bool renormalize, int64_t align,
+                double capacity_factor, c10::string_view recipe) {
+  namespace nn = groupmm::nn;
+  TORCH_CHECK_VALUE(x.dim() == 2 && gate_up.dim() == 3 && down.dim() == 3,
+                    "groupmm._core_moe: x must be [T, H], gate_up [E, 2F, H], down [E, H, F]");
+  TORCH_CHECK_VALUE(score == "softmax" || score == "sigmoid", "groupmm._core_moe: score='",
+                    std::string(score), "' must be 'softmax' or 'sigmoid'");
+  Call call("_core_moe", x);
+  auto& ctx = call.ctx();
+  nn::MoEConfig c;
+  c.hidden = x.size(1);
+  c.ffn_hidden = down.size(2);
+  c.experts = gate_up.size(0);
+  c.topk = topk;
+  c.max_tokens = std::max<int64_t>(x.size(0), 1);
+  c.score = score == "softmax" ? groupmm::RouterScore::softmax : groupmm::RouterScore::sigmoid;
+  c.renormalize = renormalize;
+  c.shared_ffn_hidden = shared_down.has_value() ? shared_down->size(1) : 0;
+  c.capacity_factor = capacity_factor;
+  c.pad_align = align;
+  c.dtype = to_groupmm(x.scalar_type(), "_core_moe", "x");
+  c.recipe = layer_recipe(recipe, std::nullopt, false);
+  nn::MoE moe(ctx, c);
+  groupmm::copy(moe.router_weight(), call.in(router_weight, "router_weight"), ctx.stream());
+  import_into(call, moe.gate_up(), gate_up, std::nullopt);
+  import_into(call, moe.down(), down, std::nullopt);
+  if (moe.has_shared_expert()) {
+    TORCH_CHECK_VALUE(shared_up.has_value(),
+                      "groupmm._core_moe: shared_up and shared_down go "
+                      "together");
+    import_into(call, moe.shared_gate_up(), *shared_up, std::nullopt);
+    import_into(call, moe.shared_down(), *shared_down, std::nullopt);
+  }
+  const groupmm::TensorView y = moe.forward(ctx, call.in(x, "x"));
+  MoeOut out;
+  std::get<0>(out) = copy_out(call, y);
+  const bool grads = dy.has_value();
+  const groupmm::TensorView none;
+  std::get<1>(out) = copy_out(call, grads ? moe.backward(ctx, call.in(dy, "dy")) : none);
+  std::get<2>(out) = copy_out(call, grads ? moe.router_weight_grad() : none);
+  std::get<3>(out) = copy_out(call, grads ? moe.gate_up().weight_grad() : none);
+  std::get<4>(out) = copy_out(call, grads ? moe.down().weight_grad() : none);
+  const bool sh = grads && moe.has_shared_expert();
+  std::get<5>(out) = copy_out(call, sh ? moe.shared_gate_up().weight_grad() : none);
+  std::get<6>(out) = copy_out(call, sh ? moe.shared_down().weight_grad() : none);
+  ctx.synchronize();  // the block's buffers are freed when it goes
+  call.finish();
+  return out;
+}
+
 void register_hooks_impls(torch::Library& m) {
+  m.impl("_core_moe", &core_moe);
   m.impl("_core_call_us", &core_call_us);
   m.impl("_core_grouped_linear", &core_grouped_linear);
   m.impl("_core_layer_step_us", &core_layer_step_us);

@@ -275,7 +275,46 @@ at::Tensor unpermute_backward(const at::Tensor& dy, const at::Tensor& dest_row,
   return dyp;
 }
 
+// logits [T, E] fp32 = x [T, H] w [E, H]^T (moe_router_logits: what nn::MoE's router runs).
+// The core op uses the Context's workspace (cuBLAS on CUDA), reserved here: eager calls grow it
+// before a capture needs it.
+at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w) {
+  Call call("router_logits", x);
+  TORCH_CHECK_VALUE(x.dim() == 2 && w.dim() == 2,
+                    "groupmm.router_logits: x must be [T, H] and w [E, H]; got ", x.sizes(),
+                    " and ", w.sizes());
+  const auto xv = call.in(x, "x"), wv = call.in(w, "w");
+  at::Tensor logits = call.empty({x.size(0), w.size(0)}, at::kFloat);
+  auto& ctx = call.ctx();
+  ctx.reserve_workspace(groupmm::moe_router_logits_workspace_size(ctx, x.size(0), w.size(0)));
+  groupmm::moe_router_logits(ctx, xv, wv, call.out(logits, "logits"));
+  call.finish();
+  return logits;
+}
+
+// dx [T, H] (x's dtype) and dw [E, H] (w's dtype) from d_logits [T, E] fp32, rounded to x's
+// dtype first (moe_router_logits_backward).
+std::tuple<at::Tensor, at::Tensor> router_logits_backward(const at::Tensor& d_logits,
+                                                          const at::Tensor& x,
+                                                          const at::Tensor& w) {
+  Call call("router_logits_backward", x);
+  TORCH_CHECK_VALUE(x.dim() == 2 && w.dim() == 2,
+                    "groupmm.router_logits_backward: x must be [T, H] and w [E, H]; got ",
+                    x.sizes(), " and ", w.sizes());
+  const auto dl = call.in(d_logits, "d_logits"), xv = call.in(x, "x"), wv = call.in(w, "w");
+  at::Tensor dx = call.empty(x.sizes(), x.scalar_type());
+  at::Tensor dw = call.empty(w.sizes(), w.scalar_type());
+  auto& ctx = call.ctx();
+  ctx.reserve_workspace(groupmm::moe_router_logits_workspace_size(ctx, x.size(0), w.size(0)));
+  groupmm::moe_router_logits_backward(ctx, dl, xv, wv, call.out(dx, "dx"), call.out(dw, "dw"),
+                                      false, false);
+  call.finish();
+  return {dx, dw};
+}
+
 void register_moe_impls(torch::Library& m) {
+  m.impl("router_logits", &router_logits);
+  m.impl("router_logits_backward", &router_logits_backward);
   m.impl("swiglu", &swiglu);
   m.impl("swiglu_backward", &swiglu_backward);
   m.impl("weighted_swiglu", &weighted_swiglu);

@@ -146,8 +146,30 @@ void register_quantize_impls(torch::Library& m) {
   m.impl("group_dequantize", &group_dequantize);
 }
 
+// recipe_traits (quantize.hpp): the recipe's rules as the core states them, for the package's
+// layers and fake kernels (python/groupmm/_meta.py reads every recipe's once, at import).
+std::tuple<int64_t, int64_t, std::string, bool, int64_t, int64_t, int64_t, int64_t, int64_t, bool>
+recipe_traits(c10::string_view recipe) {
+  const groupmm::RecipeTraits t = groupmm::recipe_traits(recipe_of(recipe, "recipe_traits"));
+  return {t.row_block,
+          t.col_block,
+          groupmm::dtype_name(t.scale_dtype),
+          t.fp4,
+          t.gemm_k_multiple,
+          t.gemm_n_multiple,
+          t.split_multiple,
+          t.in_features_multiple,
+          t.out_features_multiple,
+          t.e5m2_gradients};
+}
+
 }  // namespace
 
 GROUPMM_TORCH_CPU_AND_CUDA(register_quantize_impls)
+
+// No tensor argument, so no backend key to dispatch on: one kernel for every key.
+TORCH_LIBRARY_IMPL(groupmm, CompositeImplicitAutograd, m) {
+  m.impl("recipe_traits", &recipe_traits);
+}
 
 }  // namespace groupmm_torch

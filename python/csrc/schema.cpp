@@ -63,6 +63,9 @@ TORCH_LIBRARY(groupmm, m) {
   m.def(
       "weighted_swiglu_backward(Tensor dout, Tensor gate_up, Tensor prob) -> "
       "(Tensor dgate_up, Tensor dprob)");
+  // the router's logits GEMM (moe_router_logits): x [T, H] bf16/fp16, w [E, H] -> [T, E] fp32
+  m.def("router_logits(Tensor x, Tensor w) -> Tensor");
+  m.def("router_logits_backward(Tensor d_logits, Tensor x, Tensor w) -> (Tensor dx, Tensor dw)");
   m.def(
       "router(Tensor logits, Tensor? expert_bias, int topk, str score='softmax', int n_group=1, "
       "int topk_group=1, bool renormalize=False, float scaling_factor=1.0, "
@@ -101,6 +104,13 @@ TORCH_LIBRARY(groupmm, m) {
       "ScalarType? fp8_dtype=None, str scale_layout='plain', bool block_2d=False, "
       "bool from_columnwise=False, ScalarType? out_dtype=None) -> Tensor");
 
+  // the rules of a quantization recipe (quantize.hpp, recipe_traits): recipe 'fp8_current',
+  // 'fp8_block', 'mxfp8', 'nvfp4' or 'mxfp4'; scale_dtype is the core's dtype name
+  m.def(
+      "recipe_traits(str recipe) -> (int row_block, int col_block, str scale_dtype, bool fp4, "
+      "int gemm_k_multiple, int gemm_n_multiple, int split_multiple, int in_features_multiple, "
+      "int out_features_multiple, bool e5m2_gradients)");
+
   // hidden test and bench hooks (ops_hooks.cpp): not an API, eager only
   m.def(
       "_core_call_us(str op, Tensor[] tensors, int[] ints=[], str recipe='mxfp8', int iters=100) "
@@ -114,4 +124,10 @@ TORCH_LIBRARY(groupmm, m) {
       "_core_layer_step_us(Tensor x, Tensor splits, Tensor weight, Tensor? bias, Tensor dy, "
       "str recipe='bf16', bool delay_wgrad=False, bool main_grad=False, int iters=20, "
       "int warmup=3) -> float");
+  m.def(
+      "_core_moe(Tensor x, Tensor router_weight, Tensor gate_up, Tensor down, "
+      "Tensor? shared_up, Tensor? shared_down, Tensor? dy, int topk, str score='softmax', "
+      "bool renormalize=False, int align=1, float capacity_factor=0.0, str recipe='bf16') -> "
+      "(Tensor y, Tensor dx, Tensor d_router, Tensor d_gate_up, Tensor d_down, "
+      "Tensor d_shared_up, Tensor d_shared_down)");
 }

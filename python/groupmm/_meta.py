@@ -5,6 +5,7 @@ formulas of permute and quantize mirror moe_permuted_rows and group_quantize_sha
 compares these against the real kernels).
 """
 
+import collections
 import math
 
 import torch
@@ -13,6 +14,35 @@ from torch.library import register_fake
 
 def _empty(like, shape, dtype):
     return like.new_empty(shape, dtype=dtype)
+
+
+# ---- recipe traits (the core's recipe_traits, quantize.hpp) ------------------------------------
+
+RecipeTraits = collections.namedtuple("RecipeTraits", (
+    "row_block", "col_block", "scale_dtype", "fp4", "gemm_k_multiple", "gemm_n_multiple",
+    "split_multiple", "in_features_multiple", "out_features_multiple", "e5m2_gradients"))
+_SCALE_DTYPES = {"fp32": torch.float32, "e8m0": torch.float8_e8m0fnu,
+                 "fp8e4m3": torch.float8_e4m3fn}
+
+
+def _read_traits(recipe):
+    t = torch.ops.groupmm.recipe_traits(recipe)
+    return RecipeTraits(*t[:2], _SCALE_DTYPES[t[2]], *t[3:])
+
+
+# Read once, at import (fake kernels and compiled layers then read a dict, not an op).
+_TRAITS = {r: _read_traits(r) for r in ("fp8_current", "fp8_block", "mxfp8", "nvfp4", "mxfp4")}
+
+
+def recipe_traits(recipe):
+    """The rules of a quantization recipe ('fp8_current', 'fp8_block', 'mxfp8', 'nvfp4',
+    'mxfp4') as the C++ core states them (groupmm::recipe_traits): block sizes, the scale dtype,
+    the GEMMs' N / K multiples, the rows per expert a quantized wgrad needs (split_multiple), the
+    in / out features multiples of a GroupedLinear, and whether gradients may be e5m2."""
+    if recipe not in _TRAITS:
+        raise ValueError(f"groupmm.recipe_traits: recipe='{recipe}' must be one of "
+                         f"{', '.join(_TRAITS)}")
+    return _TRAITS[recipe]
 
 
 @register_fake("groupmm::grouped_mm")
@@ -79,6 +109,16 @@ def _(logits, expert_bias, topk, score="softmax", n_group=1, topk_group=1, renor
             _empty(logits, (1,), torch.float32))
 
 
+@register_fake("groupmm::router_logits")
+def _(x, w):
+    return _empty(x, (x.shape[0], w.shape[0]), torch.float32)
+
+
+@register_fake("groupmm::router_logits_backward")
+def _(d_logits, x, w):
+    return torch.empty_like(x), torch.empty_like(w)
+
+
 @register_fake("groupmm::router_backward")
 def _(logits, expert_ids, counts, d_weights, *args):
     return torch.empty_like(logits, dtype=torch.float32)
@@ -140,7 +180,8 @@ def quantized_shapes(rows, K, G, recipe, fp8_dtype=None, direction="both", scale
     """(shape, dtype) of data, scale_inv, columnwise_data, columnwise_scale_inv, amax
     (the core's group_quantize_shapes for fp8_current, fp8_block and mxfp8; (0,) = absent)."""
     dt = fp8_dtype or torch.float8_e4m3fn
-    st = torch.float8_e8m0fnu if recipe == "mxfp8" else torch.float32
+    traits = recipe_traits(recipe)
+    st, rb, cb = traits.scale_dtype, traits.row_block, traits.col_block
     absent = ((0,), torch.float32)
     data = scale = cdata = cscale = amax = absent
     fp8_2d = recipe == "fp8_block" and block_2d
@@ -148,17 +189,16 @@ def quantized_shapes(rows, K, G, recipe, fp8_dtype=None, direction="both", scale
     if direction in ("rowwise", "both"):
         data = ((rows, K), dt)
         if recipe == "fp8_block" and scale_layout == "mn_major":
-            scale = ((K // 128, -(-(tiles if fp8_2d else rows) // 4) * 4), st)
+            scale = ((K // rb, -(-(tiles if fp8_2d else rows) // 4) * 4), st)
         elif recipe == "fp8_block":
-            scale = ((tiles, K // 128) if fp8_2d else (rows, K // 128), st)
+            scale = ((tiles, K // rb) if fp8_2d else (rows, K // rb), st)
         elif recipe == "mxfp8":
             swz = scale_layout == "swizzled"
-            scale = ((rows + 127 * G, -(-(K // 32) // 4) * 4) if swz else (rows, K // 32), st)
+            scale = ((rows + 127 * G, -(-(K // rb) // 4) * 4) if swz else (rows, K // rb), st)
     if direction in ("columnwise", "both"):
         cdata = ((K, rows), dt)
-        cb = 32 if recipe == "mxfp8" else 128
         if fp8_2d:
-            cscale = ((tiles, K // 128), st)
+            cscale = ((tiles, K // rb), st)
         elif recipe != "fp8_current":
             swz = scale_layout == "swizzled"
             cscale = ((rows // cb + 4 * G, -(-K // 128) * 128) if swz else (rows // cb + G, K), st)
@@ -224,8 +264,9 @@ def _(dy, x, splits, recipe, main_grad, scale_layout="plain"):
 def w4_scale_shape(G, N, K, recipe, scale_layout="plain"):
     """(shape, dtype) of the scale_inv of [G, N, K] weights in nvfp4 / mxfp4 (the core's
     group_quantize_shapes, rowwise)."""
-    block, dtype = (16, torch.float8_e4m3fn) if recipe == "nvfp4" else (32, torch.float8_e8m0fnu)
-    rows, cols = G * N, K // block
+    traits = recipe_traits(recipe)
+    rows, cols = G * N, K // traits.row_block
+    dtype = traits.scale_dtype
     if scale_layout == "swizzled":
         return (rows + 127 * G, -(-cols // 4) * 4), dtype
     return (rows, cols), dtype
@@ -268,3 +309,17 @@ def _(x, splits, weight, bias, dy, recipe="bf16", delay_wgrad=False, main_grad=F
         return _empty(x, (x.shape[0], N), weight.dtype), absent, absent, absent
     return (_empty(x, (x.shape[0], N), weight.dtype), _empty(x, (x.shape[0], K), weight.dtype),
             _empty(x, (G, N, K), gdt), _empty(x, (G, N), gdt) if bias is not None else absent)
+
+
+@register_fake("groupmm::_core_moe")
+def _(x, router_weight, gate_up, down, shared_up, shared_down, dy, topk, score="softmax",
+      renormalize=False, align=1, capacity_factor=0.0, recipe="bf16"):
+    absent = _empty(x, (0,), torch.float32)
+    y = _empty(x, x.shape, x.dtype)
+    if dy is None:
+        return (y,) + (absent,) * 6
+    shared = [absent, absent]
+    if shared_up is not None:
+        shared = [_empty(x, (1, *w.shape), x.dtype) for w in (shared_up, shared_down)]
+    return (y, _empty(x, x.shape, x.dtype), torch.empty_like(router_weight),
+            torch.empty_like(gate_up), torch.empty_like(down), *shared)

@@ -146,11 +146,11 @@ Resolved resolve(const Context& ctx, const QuantizedGemmArgs& a) {
     check_dim(kOp, "bias", a.bias, 1, d.N);
   }
   if (dev == Device::CUDA) {
-    const int64_t align = r == QuantRecipe::fp8_block ? 128 : 16;
-    GROUPMM_CHECK(d.N % align == 0, kOp, ": N=", d.N, " must be a multiple of ", align, " for ",
-                  recipe_name(r));
-    GROUPMM_CHECK(d.K % align == 0, kOp, ": K=", d.K, " must be a multiple of ", align, " for ",
-                  recipe_name(r));
+    const RecipeTraits t = recipe_traits(r);
+    GROUPMM_CHECK(d.N % t.gemm_n_multiple == 0, kOp, ": N=", d.N, " must be a multiple of ",
+                  t.gemm_n_multiple, " for ", recipe_name(r));
+    GROUPMM_CHECK(d.K % t.gemm_k_multiple == 0, kOp, ": K=", d.K, " must be a multiple of ",
+                  t.gemm_k_multiple, " for ", recipe_name(r));
     for (const auto& [v, n] : {std::pair{a.out, "out"}, {a.bias, "bias"}})
       GROUPMM_CHECK(!v.present() || reinterpret_cast<uintptr_t>(v.data) % 16 == 0, kOp, ": ", n,
                     ".data must be 16-byte aligned");
@@ -301,7 +301,7 @@ void grouped_gemm(Context& ctx, const QuantizedGemmArgs& args, void* workspace, 
     group_dequantize(quiet, da);
     group_dequantize(quiet, db);
     cpu::grouped_gemm_dequantized(ctx, args.pass, A, B, args.splits, r.d, args.alpha, args.beta,
-                                  args.bias, args.out, use_fp8_rules(args) ? 16 : 1);
+                                  args.bias, args.out, recipe_traits(args.a.recipe).split_multiple);
   } else if (use_fp8_kernels(ctx, args)) {
     cuda::cutlass_grouped_gemm(ctx, fp8_launch(args, r), workspace, ws_bytes);
   } else {

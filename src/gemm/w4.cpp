@@ -49,17 +49,17 @@ GemmDims validate(const Context& ctx, const W4GemmArgs& a) {
   check_dim(kOp, "out (y)", a.out, 0, d.M);
   GROUPMM_CHECK(d.G >= 1, kOp, ": w.num_groups=", d.G, " must be >= 1");
   GROUPMM_CHECK(!w.splits.present(), kOp, ": w must be weights (splits absent), not activations");
-  GROUPMM_CHECK(!w.block_2d, kOp, ": w must be quantized in 1x",
-                w.recipe == QuantRecipe::nvfp4 ? 16 : 32,
+  const RecipeTraits t = recipe_traits(w.recipe);
+  GROUPMM_CHECK(!w.block_2d, kOp, ": w must be quantized in 1x", t.row_block,
                 " blocks along K (block_2d is not served)");
   const int sl = static_cast<int>(w.scale_layout);
   GROUPMM_CHECK(w.scale_layout == ScaleLayout::plain || w.scale_layout == ScaleLayout::swizzled,
                 kOp, ": w.scale_layout=", sl < 3 ? scale_layout_name(w.scale_layout) : "?",
                 " must be plain or swizzled");
-  GROUPMM_CHECK(d.K % 32 == 0 && d.K > 0, kOp, ": K=x.shape[1]=", d.K,
-                " must be a positive multiple of 32");
-  GROUPMM_CHECK(d.N > 0 && d.N % 8 == 0, kOp, ": N=out.shape[1]=", d.N,
-                " must be a positive multiple of 8");
+  GROUPMM_CHECK(d.K % t.gemm_k_multiple == 0 && d.K > 0, kOp, ": K=x.shape[1]=", d.K,
+                " must be a positive multiple of ", t.gemm_k_multiple);
+  GROUPMM_CHECK(d.N > 0 && d.N % t.gemm_n_multiple == 0, kOp, ": N=out.shape[1]=", d.N,
+                " must be a positive multiple of ", t.gemm_n_multiple);
   GROUPMM_CHECK(d.M <= INT32_MAX && d.N <= INT32_MAX && d.K <= INT32_MAX, kOp, ": M=", d.M,
                 ", N=", d.N, ", K=", d.K, " must fit int32");
   const QuantizedShapes s = group_quantize_shapes(d.G * d.N, d.K, d.G, weight_config(w));

@@ -164,7 +164,7 @@ class QuantizedRecipe final : public LinearRecipe {
     GROUPMM_CHECK(o.grad_dtype == DType::fp8e4m3 || o.grad_dtype == DType::fp8e5m2,
                   "quantized_recipe: options.grad_dtype=", dtype_name(o.grad_dtype),
                   " must be fp8e4m3 or fp8e5m2");
-    GROUPMM_CHECK(r != QuantRecipe::fp8_block || o.grad_dtype == DType::fp8e4m3,
+    GROUPMM_CHECK(recipe_traits(r).e5m2_gradients || o.grad_dtype == DType::fp8e4m3,
                   "quantized_recipe: fp8_block gradients are fp8e4m3 (the block GEMMs' operands)");
   }
   std::string name() const override {
@@ -177,9 +177,8 @@ class QuantizedRecipe final : public LinearRecipe {
                                                 const GroupedLinearConfig& cfg) const override {
     GROUPMM_CHECK(cfg.dtype == DType::bf16, name(), ": dtype=", dtype_name(cfg.dtype),
                   " must be bf16 (quantized GEMMs write bf16)");
-    const int64_t align = recipe_ == QuantRecipe::fp8_block ? 128
-                          : recipe_ == QuantRecipe::mxfp8   ? 32
-                                                            : 16;
+    // The same multiple for both (a training recipe quantizes x along K and dy along N).
+    const int64_t align = recipe_traits(recipe_).in_features_multiple;
     GROUPMM_CHECK(cfg.in_features % align == 0 && cfg.out_features % align == 0, name(),
                   ": in_features=", cfg.in_features, " and out_features=", cfg.out_features,
                   " must be multiples of ", align);

@@ -98,10 +98,12 @@ class W4Recipe final : public LinearRecipe {
                                                 const GroupedLinearConfig& cfg) const override {
     GROUPMM_CHECK(cfg.dtype == DType::bf16, name(), ": dtype=", dtype_name(cfg.dtype),
                   " must be bf16 (the 4-bit weight GEMM takes and writes bf16)");
-    GROUPMM_CHECK(cfg.in_features % 32 == 0 && cfg.out_features % 8 == 0, name(),
-                  ": in_features=", cfg.in_features,
-                  " must be a multiple of 32 and out_features=", cfg.out_features,
-                  " a multiple of 8");
+    const RecipeTraits t = recipe_traits(recipe_);
+    GROUPMM_CHECK(cfg.in_features % t.in_features_multiple == 0 &&
+                      cfg.out_features % t.out_features_multiple == 0,
+                  name(), ": in_features=", cfg.in_features, " must be a multiple of ",
+                  t.in_features_multiple, " and out_features=", cfg.out_features, " a multiple of ",
+                  t.out_features_multiple);
     return std::make_unique<W4Executor>(ctx, cfg, recipe_, name());
   }
 

@@ -1,5 +1,6 @@
 // group_quantize / bgrad_group_quantize: configs, output shapes, validation, backend dispatch.
 #include <algorithm>
+#include <numeric>
 
 #include "quantize/backends.hpp"
 
@@ -29,44 +30,66 @@ const char* scale_layout_name(ScaleLayout l) {
   return "?";
 }
 
-int QuantizeConfig::row_block() const {
-  switch (recipe) {
+RecipeTraits recipe_traits(QuantRecipe r) {
+  RecipeTraits t;  // none: no quantization, every multiple 1
+  switch (r) {
+    case QuantRecipe::none:
+      break;
+    case QuantRecipe::fp8_current:
+      t.row_block = t.gemm_k_multiple = t.gemm_n_multiple = t.split_multiple = 16;
+      t.col_block = 128;
+      t.e5m2_gradients = true;
+      break;
     case QuantRecipe::fp8_block:
-      return 128;
-    case QuantRecipe::mxfp8:
+      t.row_block = t.col_block = t.gemm_k_multiple = t.gemm_n_multiple = 128;
+      t.split_multiple = 16;
+      break;
+    case QuantRecipe::mxfp8:  // the bf16 engine after an exact dequantization: no split rule
+      t.row_block = t.col_block = 32;
+      t.scale_dtype = DType::e8m0;
+      t.gemm_k_multiple = t.gemm_n_multiple = 16;
+      t.e5m2_gradients = true;
+      break;
+    case QuantRecipe::nvfp4:
     case QuantRecipe::mxfp4:
-      return 32;
-    default:
-      return 16;
+      t.row_block = t.col_block = r == QuantRecipe::nvfp4 ? 16 : 32;
+      t.scale_dtype = r == QuantRecipe::nvfp4 ? DType::fp8e4m3 : DType::e8m0;
+      t.fp4 = true;
+      t.gemm_k_multiple = 32;
+      t.gemm_n_multiple = 8;
+      break;
   }
+  // A layer quantizes x [M, K] (and, when it trains, dy [M, N]) rowwise and runs the GEMM: K
+  // (N) must serve both. The 4-bit recipes quantize only the weights [G, N, K], along K.
+  auto lcm = [](int a, int b) { return a / std::gcd(a, b) * b; };
+  t.in_features_multiple = lcm(t.row_block, t.gemm_k_multiple);
+  t.out_features_multiple = t.fp4 ? t.gemm_n_multiple : lcm(t.row_block, t.gemm_n_multiple);
+  return t;
+}
+
+std::string RecipeTraits::to_string() const {
+  return detail::cat("RecipeTraits(row_block=", row_block, ", col_block=", col_block,
+                     ", scales=", dtype_name(scale_dtype), fp4 ? ", fp4" : "",
+                     ", gemm K/N multiples=", gemm_k_multiple, "/", gemm_n_multiple,
+                     ", split_multiple=", split_multiple,
+                     ", features in/out multiples=", in_features_multiple, "/",
+                     out_features_multiple, e5m2_gradients ? ", e5m2 gradients" : "", ")");
+}
+
+int QuantizeConfig::row_block() const {
+  return recipe_traits(recipe).row_block;
 }
 
 int QuantizeConfig::col_block() const {
-  switch (recipe) {
-    case QuantRecipe::mxfp8:
-    case QuantRecipe::mxfp4:
-      return 32;
-    case QuantRecipe::nvfp4:
-      return 16;
-    default:
-      return 128;
-  }
+  return recipe_traits(recipe).col_block;
 }
 
 DType QuantizeConfig::data_dtype() const {
-  return qnum::is_fp4(recipe) ? DType::fp4e2m1x2 : fp8_dtype;
+  return recipe_traits(recipe).fp4 ? DType::fp4e2m1x2 : fp8_dtype;
 }
 
 DType QuantizeConfig::scale_dtype() const {
-  switch (recipe) {
-    case QuantRecipe::mxfp8:
-    case QuantRecipe::mxfp4:
-      return DType::e8m0;
-    case QuantRecipe::nvfp4:
-      return DType::fp8e4m3;
-    default:
-      return DType::fp32;
-  }
+  return recipe_traits(recipe).scale_dtype;
 }
 
 const char* amax_schedule_name(AmaxSchedule s) {

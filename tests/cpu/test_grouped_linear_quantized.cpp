@@ -4,6 +4,7 @@
 #include "common/test_util.hpp"
 #include "base/cpu_util.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
+#include "groupmm/quantize.hpp"
 
 namespace groupmm::test {
 namespace {
@@ -136,6 +137,56 @@ TEST(QuantizedLayerCpuErrors, ClearMessages) {
   c = layer_cfg(nn::quantized_recipe(QuantRecipe::fp8_current), false);
   c.dtype = DType::fp16;
   EXPECT_THROW_MSG(GroupedLinear(ctx, c), "dtype=fp16 must be bf16");
+}
+
+// recipe_traits is the one statement of each recipe's rules: its table, the quantize config's
+// blocks and scale dtype, and the layers' feature rule (accepted at the multiple, refused at half
+// of it, with the multiple in the message).
+TEST(RecipeTraits, TableAndTheRulesThatReadIt) {
+  struct Row {
+    QuantRecipe r;
+    int row, col;
+    DType scale;
+    int gemm_k, gemm_n, split, in, out;
+    bool e5m2;
+  };
+  const Row rows[] = {
+      {QuantRecipe::fp8_current, 16, 128, DType::fp32, 16, 16, 16, 16, 16, true},
+      {QuantRecipe::fp8_block, 128, 128, DType::fp32, 128, 128, 16, 128, 128, false},
+      {QuantRecipe::mxfp8, 32, 32, DType::e8m0, 16, 16, 1, 32, 32, true},
+      {QuantRecipe::nvfp4, 16, 16, DType::fp8e4m3, 32, 8, 1, 32, 8, false},
+      {QuantRecipe::mxfp4, 32, 32, DType::e8m0, 32, 8, 1, 32, 8, false}};
+  Context ctx(Device::CPU);
+  for (const Row& w : rows) {
+    SCOPED_TRACE(recipe_name(w.r));
+    const RecipeTraits t = recipe_traits(w.r);
+    EXPECT_EQ(t.row_block, w.row);
+    EXPECT_EQ(t.col_block, w.col);
+    EXPECT_EQ(t.scale_dtype, w.scale);
+    EXPECT_EQ(t.fp4, w.r == QuantRecipe::nvfp4 || w.r == QuantRecipe::mxfp4);
+    EXPECT_EQ(t.gemm_k_multiple, w.gemm_k);
+    EXPECT_EQ(t.gemm_n_multiple, w.gemm_n);
+    EXPECT_EQ(t.split_multiple, w.split);
+    EXPECT_EQ(t.in_features_multiple, w.in);
+    EXPECT_EQ(t.out_features_multiple, w.out);
+    EXPECT_EQ(t.e5m2_gradients, w.e5m2);
+    QuantizeConfig q;
+    q.recipe = w.r;
+    EXPECT_EQ(q.row_block(), t.row_block);
+    EXPECT_EQ(q.col_block(), t.col_block);
+    EXPECT_EQ(q.scale_dtype(), t.scale_dtype);
+    const auto recipe =
+        t.fp4 ? (w.r == QuantRecipe::nvfp4 ? nn::nvfp4_weight_recipe() : nn::mxfp4_weight_recipe())
+              : nn::quantized_recipe(w.r);
+    GroupedLinearConfig c = layer_cfg(recipe, false);
+    c.in_features = 2 * w.in;
+    c.out_features = w.out;
+    c.max_tokens = 32;
+    EXPECT_NO_THROW(GroupedLinear(ctx, c));
+    c.in_features = w.in / 2;
+    EXPECT_THROW_MSG(GroupedLinear(ctx, c),
+                     detail::cat("multiple", t.fp4 ? " of " : "s of ", w.in));
+  }
 }
 
 }  // namespace

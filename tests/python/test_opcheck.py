@@ -68,6 +68,9 @@ def samples(device):
         ("import_mxfp4_weights", (blocks, scales), {"scale_layout": "swizzled"}),
         ("export_mxfp4_weights", (*mx[:2], "swizzled"), {}),
         ("_core_grouped_linear", (x, splits, w, torch.randn(G, N, **bf), dy), {}),
+        ("_core_moe", (xt, torch.randn(E, H, **bf), torch.randn(E, 2 * N, H, **bf),
+                       torch.randn(E, H, N, **bf), torch.randn(2 * N, H, **bf),
+                       torch.randn(H, N, **bf), xt, k), {"align": 4}),
         ("group_offsets", (splits,), {}),
         ("swiglu", (grad(gate_up),), {}),
         ("swiglu_backward", (torch.randn(M, N, **bf), gate_up), {}),
@@ -76,6 +79,8 @@ def samples(device):
         ("router", (logits, torch.zeros(E, device=device), k), {"renormalize": True,
                                                                "aux_loss_coeff": 0.01}),
         ("router_backward", (logits, ids, counts, torch.randn(T, k, device=device)), {}),
+        ("router_logits", (grad(xt), grad(torch.randn(E, H, **bf))), {}),
+        ("router_logits_backward", (logits, xt, torch.randn(E, H, **bf)), {}),
         ("permute_plan", (ids, E, 4, 0), {}),
         ("permute", (grad(xt), *plan, 4, 0, grad(weights)), {}),
         ("permute_backward", (torch.randn(R, H, **bf), *plan, 4, 0,
@@ -118,5 +123,6 @@ def test_every_op_is_covered():
                if n.startswith("groupmm::")}
     # check_status is a host-side sync (tested in test_errors.py), not a tensor op; the two
     # timing hooks return host / device microseconds (eager only; smoke-tested by the bench
-    # scripts' tests).
-    assert defined - {"check_status", "_core_call_us", "_core_layer_step_us"} == set(NAMES)
+    # scripts' tests); recipe_traits takes and returns no tensor (test_recipes.py).
+    host = {"check_status", "_core_call_us", "_core_layer_step_us", "recipe_traits"}
+    assert defined - host == set(NAMES)

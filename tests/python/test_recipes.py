@@ -182,6 +182,28 @@ def test_recipe_constraints_are_checked_at_construction():
         groupmm.nn.MoE(K, N, G, 2, recipe="fp8_current", align=8)
 
 
+def test_recipe_traits_come_from_the_core():
+    # torch.ops.groupmm.recipe_traits is the core's table; the layers' rules follow it.
+    t = ops.recipe_traits("mxfp8")
+    assert t == (32, 32, "e8m0", False, 16, 16, 1, 32, 32, True)
+    want = {"fp8_current": (16, 16), "fp8_block": (128, 16), "mxfp8": (32, 1),
+            "nvfp4": (32, 1), "mxfp4": (32, 1)}
+    for recipe, (features, split) in want.items():
+        traits = groupmm.recipe_traits(recipe)
+        assert (traits.in_features_multiple, traits.split_multiple) == (features, split), recipe
+    assert groupmm.recipe_traits("nvfp4").scale_dtype == torch.float8_e4m3fn
+    assert groupmm.recipe_traits("nvfp4").out_features_multiple == 8
+    with pytest.raises(ValueError, match="recipe='bf16' must be one of fp8_current"):
+        groupmm.recipe_traits("bf16")
+    with pytest.raises(ValueError, match="recipe='int8' must be 'fp8_current'"):
+        ops.recipe_traits("int8")
+    for recipe in TRAINING[1:]:
+        m = groupmm.recipe_traits(recipe).in_features_multiple
+        groupmm.nn.GroupedLinear(G, 2 * m, m, recipe=recipe)
+        with pytest.raises(ValueError, match=f"must be multiples of {m}"):
+            groupmm.nn.GroupedLinear(G, m // 2, m, recipe=recipe)
+
+
 def test_fp8_moe_trains_with_delayed_wgrad():
     torch.manual_seed(0)
     moe = groupmm.nn.MoE(128, 128, 4, 2, recipe="mxfp8", delay_wgrad=True)

@@ -111,7 +111,9 @@ class LinearRecipe {
 
 // bf16/fp16 end to end, fp32 accumulation: grouped_gemm with `engine` (automatic = the graph-safe
 // cutlass_sm90 engine on CUDA, the reference on CPU; cublas_loop is a NOT graph safe baseline) and
-// group_dbias. The only recipe shipped today; quantized recipes (FP8, MXFP8, NVFP4) plug in here.
+// group_dbias. The default recipe; the quantized training recipes (quantized_recipe: fp8_current,
+// fp8_block, mxfp8) and the 4-bit weight inference recipes (nvfp4_weight_recipe,
+// mxfp4_weight_recipe) below implement the same LinearRecipe interface.
 std::shared_ptr<const LinearRecipe> high_precision_recipe(
     GemmEngine engine = GemmEngine::automatic);
 
@@ -125,11 +127,13 @@ std::shared_ptr<const LinearRecipe> high_precision_recipe(
 //   backward dy is quantized in both directions, with the bias gradient fused into that pass
 //            when the bias grad is written (not accumulated); dgrad reads dy rowwise and W
 //            columnwise; wgrad reads the columnwise copies of dy and x (so splits must be
-//            multiples of 16 for the FP8 recipes: pad experts, see the MoE permute), accumulating
-//            into the fp32 main grad when asked.
+//            multiples of recipe_traits(recipe).split_multiple, 16 for fp8_current and
+//            fp8_block: pad experts, see the MoE permute), accumulating into the fp32 main grad
+//            when asked.
 //   recipes  fp8_current (per-expert scales), fp8_block (DeepSeek-V3 1x128 / 128x128 blocks) and
 //            mxfp8 (on sm_90: exact dequantization to bf16, then the bf16 engine).
-// Layers must be bf16 with K and N multiples of 16 (128 for fp8_block). Graph safe like the
+// Layers must be bf16 with K and N multiples of recipe_traits(recipe).in_features_multiple
+// (quantize.hpp: 16 for fp8_current, 32 for mxfp8, 128 for fp8_block). Graph safe like the
 // high-precision recipe: every quantized buffer is sized for max_tokens at construction.
 struct QuantizedRecipeOptions {
   DType grad_dtype = DType::fp8e4m3;  // dy: fp8e4m3, or fp8e5m2 (fp8_current and mxfp8)
@@ -143,7 +147,8 @@ std::shared_ptr<const LinearRecipe> quantized_recipe(QuantRecipe recipe,
 // S_enc, mxfp4 in 1x32 blocks with E8M0 scales) and kept until weights_changed(); forward runs
 // the 4-bit weight GEMM (decode or prefill by the average rows per expert). Forward only:
 // backward throws groupmm::Error naming the recipe. Layers must be bf16 with in_features a
-// multiple of 32 and out_features a multiple of 8. Graph safe like the other recipes (capture
+// multiple of 32 and out_features a multiple of 8 (recipe_traits: in_features_multiple,
+// out_features_multiple). Graph safe like the other recipes (capture
 // after the first forward, or with the weights valid, so that their quantization stays out of the
 // graph).
 std::shared_ptr<const LinearRecipe> nvfp4_weight_recipe();

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from .._meta import recipe_traits
+
 ops = torch.ops.groupmm
 
 TRAINING_RECIPES = ("bf16", "fp8_current", "fp8_block", "mxfp8")
@@ -213,7 +215,9 @@ class GroupedLinear(torch.nn.Module):
                       quantizes dy in grad_dtype, e4m3 or e5m2; pow2_scales for the FP8 recipes;
                       forward's is_first_microbatch keeps them across calls of a compiled graph).
                       bfloat16 layers; in/out features multiples of 16 (mxfp8: 32, fp8_block:
-                      128); every split a multiple of 16 (pad experts: MoE(align=16 or 128));
+                      128); fp8_current and fp8_block: every split a multiple of 16 (pad
+                      experts: MoE pads them by default); groupmm.recipe_traits(recipe) states
+                      these rules as the C++ core does;
       'nvfp4_weight', 'mxfp4_weight'   inference with 4-bit weights (quantized once, cached like
                       the FP8 ones) x bf16 activations; backward raises. bfloat16 layers,
                       in_features a multiple of 32, out_features of 8.
@@ -254,17 +258,19 @@ class GroupedLinear(torch.nn.Module):
             return _HighPrecision()
         _check(dtype == torch.bfloat16, recipe,
                f"dtype={dtype} must be torch.bfloat16 (quantized GEMMs take and write bf16)")
+        # The core's rules for the recipe (groupmm::recipe_traits), as the C++ recipes read them.
+        traits = recipe_traits(recipe.split("_")[0] if recipe in INFERENCE_RECIPES else recipe)
+        k_mult, n_mult = traits.in_features_multiple, traits.out_features_multiple
         if recipe in INFERENCE_RECIPES:
-            _check(K % 32 == 0 and N % 8 == 0, recipe, f"in_features={K} must be a multiple of "
-                   f"32 and out_features={N} a multiple of 8")
+            _check(K % k_mult == 0 and N % n_mult == 0, recipe, f"in_features={K} must be a "
+                   f"multiple of {k_mult} and out_features={N} a multiple of {n_mult}")
             return _W4(recipe)
-        align = {"fp8_block": 128, "mxfp8": 32}.get(recipe, 16)
-        _check(K % align == 0 and N % align == 0, recipe, f"in_features={K} and "
-               f"out_features={N} must be multiples of {align}")
+        _check(K % k_mult == 0 and N % k_mult == 0, recipe, f"in_features={K} and "
+               f"out_features={N} must be multiples of {k_mult}")
         _check(grad_dtype in (torch.float8_e4m3fn, torch.float8_e5m2), recipe,
                f"grad_dtype={grad_dtype} must be torch.float8_e4m3fn or torch.float8_e5m2")
-        _check(recipe != "fp8_block" or grad_dtype == torch.float8_e4m3fn, recipe,
-               "fp8_block gradients are float8_e4m3fn (the block GEMMs' operands)")
+        _check(traits.e5m2_gradients or grad_dtype == torch.float8_e4m3fn, recipe,
+               f"{recipe} gradients are float8_e4m3fn (the block GEMMs' operands)")
         return _Quantized(recipe, grad_dtype, pow2_scales)
 
     def reset_parameters(self):
@@ -282,10 +288,11 @@ class GroupedLinear(torch.nn.Module):
         Pass True on an optimizer step's first micro-batch and False on the others: then a
         compiled step quantizes the weights once per optimizer step, as eager does."""
         plain = self.recipe == "bf16" and not self.accumulate_into_main_grad
+        weight = self._grouped(self.weight)
         if plain and not self.delay_wgrad:
             # The registered op's own autograd formula: traceable by torch.compile end to end.
-            return ops.grouped_mm(x, self.weight, splits, self.bias)
-        w_op = self._exec.prepare(self.weight, is_first_microbatch)
+            return ops.grouped_mm(x, weight, splits, self.bias)
+        w_op = self._exec.prepare(weight, is_first_microbatch)
         if not torch.is_grad_enabled():
             return self._exec.forward(x, w_op, self.bias, splits)[0]
         if self.delay_wgrad and torch.compiler.is_compiling():
@@ -293,7 +300,13 @@ class GroupedLinear(torch.nn.Module):
                 "groupmm.nn.GroupedLinear(delay_wgrad=True) is eager-only: its backward queues "
                 "the wgrad operands for backward_dw() (a side effect that a compiled backward "
                 "cannot make); compile the layer with delay_wgrad=False, or run it eagerly")
-        return _GroupedLinearFn.apply(x, self.weight, self.bias, splits, self, w_op)
+        return _GroupedLinearFn.apply(x, weight, self.bias, splits, self, w_op)
+
+    @staticmethod
+    def _grouped(t):
+        """A parameter (or its main grad) as the grouped ops take it: [G, N, K] as it is, a one-group
+        layer's [N, K] (MoE's shared expert) as a [1, N, K] view."""
+        return t if t.dim() == 3 else t.unsqueeze(0)
 
     def backward_dw(self):
         """With delay_wgrad: computes the weight gradients that backward queued, in order, into
@@ -307,6 +320,7 @@ class GroupedLinear(torch.nn.Module):
         for dy, state, splits in pending:
             dw = self._exec.wgrad(dy, state, splits, self._main_grad())
             if dw is not None:
+                dw = dw.view_as(self.weight)
                 self.weight.grad = dw if self.weight.grad is None else self.weight.grad + dw
 
     @property
@@ -321,7 +335,7 @@ class GroupedLinear(torch.nn.Module):
             cache.clear()
 
     def _main_grad(self):
-        return self.weight.main_grad if self.accumulate_into_main_grad else None
+        return self._grouped(self.weight.main_grad) if self.accumulate_into_main_grad else None
 
     @classmethod
     def from_linears(cls, linears, **kwargs):

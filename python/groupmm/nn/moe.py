@@ -1,15 +1,49 @@
 """MoE: router -> permute -> grouped SwiGLU experts -> unpermute (+ a shared expert), every stage a
-groupmm op; differentiable end to end (router weight included)."""
+groupmm op; differentiable end to end (router weight included).
+
+The block composes like the C++ nn::MoE (src/nn/moe.cpp), op for op: router_logits (the core's
+moe_router_logits), router, permute_plan, permute, the gate_up GroupedLinear, weighted_swiglu, the
+down GroupedLinear, the shared expert as two one-group GroupedLinears in the block's recipe around
+swiglu, and unpermute adding its output; on the CPU a forward gives nn::MoE's y bit for bit
+(tests/python/test_moe_module.py checks it against the core block, through the _core_moe hook).
+Deliberate differences, each for autograd or for torch's conventions:
+  - the backward is autograd's: the gradient of x from its three uses (permute, the shared expert,
+    the router logits) is summed by autograd, in x's dtype, where nn::MoE accumulates it inside
+    moe_permute_backward and moe_router_logits_backward: dx may differ in the last bit;
+  - forward returns (y, aux) and the loss terms get the gradient the caller's loss gives them;
+    nn::MoE adds their gradient with weight 1 in backward;
+  - with delay_wgrad only the expert and shared-expert weight gradients wait for backward_dw();
+    the router weight's comes with backward (nn::MoE delays it too);
+  - parameters are initialized by torch's RNG (as nn.Linear does), not by fill_uniform's seed; the
+    shared expert's weights are stored [N, K] as nn.Linear stores them (nn::MoE: [1, N, K]);
+  - the selection-only expert bias is updated here (tokens_per_expert, update_expert_bias);
+    nn::MoE exposes the buffer and leaves the update to the caller;
+  - align defaults to the recipe's split_multiple (groupmm.recipe_traits; nn::MoE's pad_align
+    defaults to 1 and is the caller's to set);
+  - no expert parallelism and no biases (MoEConfig::ep and MoEConfig::bias).
+"""
 
 import math
 
 import torch
-import torch.nn.functional as F
 
-from .._meta import moe_capacity
+from .._meta import moe_capacity, recipe_traits
 from .grouped_linear import GroupedLinear
 
 ops = torch.ops.groupmm
+
+
+class _SharedLinear(GroupedLinear):
+    """A linear of the shared expert: one group holding every token (splits = [T]), as nn::MoE's
+    shared expert runs, with the weight stored [N, K] (nn.Linear's layout and state dict)."""
+
+    def __init__(self, in_features, out_features, **kw):
+        super().__init__(1, in_features, out_features, bias=False, **kw)
+        self.weight = torch.nn.Parameter(self.weight.detach()[0].clone())
+
+    def forward(self, x, is_first_microbatch=None):
+        splits = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
+        return super().forward(x, splits, is_first_microbatch)
 
 
 class MoE(torch.nn.Module):
@@ -32,9 +66,11 @@ class MoE(torch.nn.Module):
     token order (groupmm.moe_capacity) and drops the rest (their rows add nothing to y); 0 is
     dropless.
 
-    recipe and delay_wgrad go to both expert GroupedLinears (see there); the FP8 recipes need every
-    split a multiple of 16, so align defaults to 16 for them (it must be a multiple of 16).
-    backward_dw() runs both layers' delayed weight gradients.
+    recipe and delay_wgrad go to the expert GroupedLinears and the shared expert's (see there);
+    fp8_current and fp8_block need every split a multiple of 16 (recipe_traits(recipe).
+    split_multiple), so align defaults to it (and must be a multiple of it), and a training
+    forward with a shared expert needs T a multiple of it too (the shared expert is one group of
+    T rows). backward_dw() runs the delayed weight gradients.
     """
 
     def __init__(self, hidden, ffn_hidden, experts, topk, *, shared_ffn_hidden=0, score="softmax",
@@ -42,15 +78,18 @@ class MoE(torch.nn.Module):
                  scaling_factor=1.0, expert_bias=False, capacity_factor=0.0, align=None,
                  recipe="bf16", delay_wgrad=False, dtype=torch.bfloat16, device=None):
         super().__init__()
-        fp8 = recipe in ("fp8_current", "fp8_block", "mxfp8")
-        align = (16 if fp8 else 1) if align is None else align
-        if fp8 and align % 16 != 0:
+        split = 1 if recipe in ("bf16", "nvfp4_weight", "mxfp4_weight") else \
+            recipe_traits(recipe).split_multiple
+        align = split if align is None else align
+        if align % split != 0:
             raise ValueError(f"groupmm.nn.MoE(recipe='{recipe}'): align={align} must be a "
-                             "multiple of 16 (the FP8 wgrad GEMMs read 16-row aligned experts)")
+                             f"multiple of {split} (the FP8 wgrad GEMMs read {split}-row aligned "
+                             "experts)")
         if not (math.isfinite(capacity_factor) and capacity_factor >= 0):
             raise ValueError(f"groupmm.nn.MoE: capacity_factor={capacity_factor} must be finite "
                              "and >= 0 (0 = dropless)")
         self.experts, self.topk, self.align = experts, topk, align
+        self.recipe, self.split_multiple = recipe, split
         self.capacity_factor = float(capacity_factor)
         # torch.ops.groupmm.router's arguments after topk, positional (no keyword parsing per call).
         self.router_cfg = (score, n_group, topk_group, renormalize, scaling_factor,
@@ -67,14 +106,23 @@ class MoE(torch.nn.Module):
         self.down = GroupedLinear(experts, ffn_hidden, hidden, **lkw)
         self.shared_up = self.shared_down = None
         if shared_ffn_hidden:
-            self.shared_up = torch.nn.Linear(hidden, 2 * shared_ffn_hidden, bias=False, **kw)
-            self.shared_down = torch.nn.Linear(shared_ffn_hidden, hidden, bias=False, **kw)
+            skw = dict(kw, recipe=recipe, delay_wgrad=delay_wgrad)
+            self.shared_up = _SharedLinear(hidden, 2 * shared_ffn_hidden, **skw)
+            self.shared_down = _SharedLinear(shared_ffn_hidden, hidden, **skw)
 
     def forward(self, x, is_first_microbatch=None):
         """x [T, H] -> (y [T, H], aux). is_first_microbatch goes to the expert layers (quantized
         recipes: when their weights are quantized, see GroupedLinear.forward)."""
-        # fp32 logits from the 16-bit inputs, as the core's router expects.
-        logits = F.linear(x.float(), self.router.weight.float())
+        shared_on = self.shared_up is not None
+        if shared_on and self.split_multiple > 1 and torch.is_grad_enabled():
+            T = x.shape[0]
+            if T % self.split_multiple != 0:
+                raise ValueError(
+                    f"groupmm.nn.MoE(recipe='{self.recipe}'): x.shape[0]={T} must be a multiple "
+                    f"of {self.split_multiple} with a shared expert in training (its one-group "
+                    f"wgrad reads {self.split_multiple}-row aligned splits)")
+        # fp32 logits from the 16-bit inputs (the core's moe_router_logits, as nn::MoE's router).
+        logits = ops.router_logits(x, self.router.weight)
         ids, weights, counts, aux, z = ops.router(logits, self.expert_bias, self.topk,
                                                   *self.router_cfg)
         if self.tokens_per_expert is not None and self.training and torch.is_grad_enabled():
@@ -87,8 +135,9 @@ class MoE(torch.nn.Module):
         h = ops.weighted_swiglu(self.gate_up(x_perm, splits, is_first_microbatch), probs)
         y_perm = self.down(h, splits, is_first_microbatch)
         shared = None
-        if self.shared_up is not None:
-            shared = self.shared_down(ops.swiglu(self.shared_up(x)))
+        if shared_on:
+            h_shared = ops.swiglu(self.shared_up(x, is_first_microbatch))
+            shared = self.shared_down(h_shared, is_first_microbatch)
         y = ops.unpermute(y_perm, *plan, self.align, cap, shared)
         return y, (aux + z).squeeze(0)
 
@@ -106,6 +155,8 @@ class MoE(torch.nn.Module):
         load.zero_()
 
     def backward_dw(self):
-        """With delay_wgrad: the experts' queued weight gradients (GroupedLinear.backward_dw)."""
-        self.gate_up.backward_dw()
-        self.down.backward_dw()
+        """With delay_wgrad: the experts' and the shared expert's queued weight gradients
+        (GroupedLinear.backward_dw)."""
+        for layer in (self.gate_up, self.down, self.shared_up, self.shared_down):
+            if layer is not None:
+                layer.backward_dw()
