@@ -6,6 +6,10 @@ torch._grouped_mm, index_add_), on the same shapes, weights and inputs, in the s
     PYTHONPATH=python python3 bench/torch_moe_step.py [--case qwen3] [--json out/torch_moe_step.json]
     PYTHONPATH=python python3 bench/torch_moe_step.py --cpu --quick     (a smoke run, seconds)
 
+On the GPU each block's activation memory is reported too: the bytes a forward leaves allocated
+for backward (its output excluded), in units of T*H 16-bit rows (x itself is one), for groupmm with
+recompute (the default) and without, and the torch block; and the step time without recompute.
+
 Shapes: those of `groupmm bench moe` (Qwen3-30B-A3B, DeepSeek-V3 with EP8-sized experts, Mixtral);
 bf16, dropless, router weights applied to the expert output, shared expert where the model has
 one. Times are the median over --iters steps (CUDA events) after warmup; both blocks compute the
@@ -45,6 +49,18 @@ def make_pair(c, device):
     return ours, theirs
 
 
+def kept_rows(block, x):
+    """What block's forward leaves allocated for backward, in T*H 16-bit rows (CUDA)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    y = block(x)
+    y = y[0] if isinstance(y, tuple) else y
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - base - y.numel() * y.element_size()
+    del y
+    return round(kept / (x.numel() * 2), 2)
+
+
 def time_case(c, device, iters, warmup):
     torch.manual_seed(0)
     ours, theirs = make_pair(c, device)
@@ -72,6 +88,13 @@ def time_case(c, device, iters, warmup):
     row = dict(case=c["case"], T=c["T"], H=c["H"], F=c["F"], E=c["E"], k=c["k"],
                shared_F=c["shared_F"], rel_err=round(rel, 5))
     row["groupmm_us"] = common.median_us(step_ours, device, warmup, iters)
+    if device.type == "cuda":
+        row["kept_rows"] = kept_rows(ours, x)
+        ours.recompute = False
+        row["kept_rows_no_recompute"] = kept_rows(ours, x)
+        row["groupmm_no_recompute_us"] = common.median_us(step_ours, device, warmup, iters)
+        ours.recompute = True
+        row["torch_kept_rows"] = kept_rows(theirs, x)
     try:
         row["torch_us"] = common.median_us(step_theirs, device, warmup, iters)
         row["speedup"] = round(row["torch_us"] / row["groupmm_us"], 3)
@@ -96,8 +119,10 @@ def main():
             torch.cuda.empty_cache()
     print(f"MoE training step (fwd + bwd), groupmm.nn.MoE vs plain PyTorch, "
           f"{result['device']}, torch {result['torch']}, median of {iters}")
-    print(common.table(["case", "T", "H", "F", "E", "k", "groupmm_us", "torch_us", "speedup",
-                        "rel_err"], result["cases"]))
+    cols = ["case", "T", "H", "F", "E", "k", "groupmm_us", "torch_us", "speedup", "rel_err"]
+    if device.type == "cuda":
+        cols += ["groupmm_no_recompute_us", "kept_rows", "kept_rows_no_recompute", "torch_kept_rows"]
+    print(common.table(cols, result["cases"]))
     common.write_json(args.json, result)
 
 

@@ -175,3 +175,85 @@ def test_aux_loss_has_gradient(device):
     scale = g3.abs().max().item()
     torch.testing.assert_close(g3, 3 * moe.router.weight.grad, rtol=1e-2, atol=1e-2 * scale)
     assert moe.router.weight.grad.abs().sum() > 0
+
+
+# ---- recompute: what backward keeps ---------------------------------------------------------
+
+class _OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the groupmm ops dispatched while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _step(recipe, delay, shared, recompute, device, count=False):
+    torch.manual_seed(3)
+    h, f = (128, 128) if recipe == "fp8_block" else (64, 32)
+    moe = groupmm.nn.MoE(h, f, 8, 2, shared_ffn_hidden=f if shared else 0, recipe=recipe,
+                         delay_wgrad=delay, recompute=recompute, device=device)
+    x = torch.randn(64, h, dtype=torch.bfloat16, device=device, requires_grad=True)
+    y, aux = moe(x)
+    counter = _OpCounter()
+    with counter if count else torch.enable_grad():
+        (y.float().square().sum() + aux).backward()
+        moe.backward_dw()
+    return [x.grad] + [p.grad for p in moe.parameters()], counter.calls
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current", "fp8_block", "mxfp8"])
+@pytest.mark.parametrize("delay,shared", [(False, False), (True, True)])
+def test_recompute_gives_the_same_gradients(device, recipe, delay, shared):
+    kept, _ = _step(recipe, delay, shared, False, device)
+    again, calls = _step(recipe, delay, shared, True, device, count=True)
+    for a, b in zip(kept, again):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.equal(a, b)
+    # backward made the permuted rows and the activations again (once each)
+    assert calls.get("groupmm::permute") == 1
+    assert calls.get("groupmm::weighted_swiglu") == 1
+    assert calls.get("groupmm::swiglu", 0) == (1 if shared else 0)
+
+
+def test_recompute_refuses_an_input_written_in_place():
+    moe = groupmm.nn.MoE(64, 32, 8, 2)
+    x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
+    x_leaf = x.detach()
+    y, _ = moe(x)
+    x_leaf.add_(1.0)  # the block input changes before backward
+    with pytest.raises(RuntimeError, match="modified in place between forward and backward"):
+        y.float().sum().backward()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current"])
+def test_recompute_keeps_neither_permuted_rows_nor_activations(recipe):
+    """Bytes the forward leaves allocated for backward (y freed), Qwen3-30B-A3B's ratios
+    (F = 3/8 H, k = 8): recompute drops the permuted rows and the SwiGLU output (or their
+    columnwise FP8 copies)."""
+    T, h, f, e, k = 2048, 256, 96, 16, 8
+
+    def kept(recompute):
+        torch.manual_seed(0)
+        moe = groupmm.nn.MoE(h, f, e, k, recipe=recipe, recompute=recompute, device="cuda")
+        x = torch.randn(T, h, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        moe(x)  # the quantized weights cached, the workspaces grown
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        y, aux = moe(x)
+        torch.cuda.synchronize()
+        out = torch.cuda.memory_allocated() - base - y.numel() * y.element_size()
+        del y, aux
+        return out
+
+    rows = T * k  # permuted rows (no padding at align 1; FP8 pads each expert to 16 rows)
+    elem = 2 if recipe == "bf16" else 1
+    dropped = rows * h * elem + rows * f * elem
+    with_, without = kept(True), kept(False)
+    assert with_ <= without - 0.9 * dropped, (with_, without, dropped)

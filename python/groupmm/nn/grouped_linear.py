@@ -43,6 +43,10 @@ class _HighPrecision:
             return None
         return ops.grouped_mm_wgrad(dy, x, splits)
 
+    def input_state(self, x, splits):
+        """What wgrad reads of x (state[0]), made again from a recomputed x."""
+        return x
+
 
 def _columnwise(q):
     """The parts of a group_quantize output that a wgrad GEMM reads (the columnwise copy; fp8_current
@@ -118,6 +122,10 @@ class _Quantized(_CachedWeights):
         y = ops.grouped_mm_fp8(list(qx), qw, splits, self.recipe, bias=bias)
         return y, (_columnwise(qx), qw)
 
+    def input_state(self, x, splits):
+        # The same quantization of the same x: the same bytes as forward's columnwise copy.
+        return _columnwise(ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2))
+
     def dgrad(self, dy, state, splits, need_dx):
         _qx, qw = state
         qdy = ops.group_quantize(dy, splits, self.recipe, self.grad_dtype, pow2_scales=self.pow2)
@@ -167,8 +175,10 @@ class _GroupedLinearFn(torch.autograd.Function):
     layer.backward_dw()."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, splits, layer, w_op):
+    def forward(ctx, x, weight, bias, splits, layer, w_op, recompute):
         y, state = layer._exec.forward(x, w_op, bias, splits)
+        if recompute is not None:  # keep nothing of x: wgrad makes it again from recompute()
+            state = (_Recomputed(recompute, layer._exec, splits), state[1])
         ctx.layer, ctx.state = layer, state
         ctx.save_for_backward(splits)
         return y
@@ -190,9 +200,26 @@ class _GroupedLinearFn(torch.autograd.Function):
             if layer.delay_wgrad:
                 layer._pending_wgrad.append((dy_kept, state, splits))
             else:
-                dw = layer._exec.wgrad(dy_kept, state, splits, layer._main_grad())
+                dw = layer._exec.wgrad(dy_kept, _resolved(state), splits, layer._main_grad())
         ctx.state = None
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
+
+
+class _Recomputed:
+    """The input half of an executor's state, made when wgrad needs it: recompute() gives x again
+    (bit for bit the forward's, e.g. the permuted rows gathered once more), and the executor
+    derives from it what wgrad reads (x, or its columnwise quantization)."""
+
+    def __init__(self, recompute, executor, splits):
+        self.recompute, self.executor, self.splits = recompute, executor, splits
+
+    def get(self):
+        with torch.no_grad():
+            return self.executor.input_state(self.recompute(), self.splits)
+
+
+def _resolved(state):
+    return (state[0].get(), state[1]) if isinstance(state[0], _Recomputed) else state
 
 
 def _check(cond, recipe, message):
@@ -281,15 +308,23 @@ class GroupedLinear(torch.nn.Module):
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
 
-    def forward(self, x, splits, is_first_microbatch=None):
+    def forward(self, x, splits, is_first_microbatch=None, recompute_input=None):
         """x [M, K], splits [G] -> y [M, N]. is_first_microbatch (quantized recipes; ignored by
         'bf16'): None reuses the quantized weights until they change (eager) or quantizes them on
         every call (compiled); True quantizes them and keeps them; False reuses the kept ones.
         Pass True on an optimizer step's first micro-batch and False on the others: then a
-        compiled step quantizes the weights once per optimizer step, as eager does."""
+        compiled step quantizes the weights once per optimizer step, as eager does.
+
+        recompute_input (eager training): a callable that returns x again, bit for bit, when the
+        weight gradient runs (in backward, or backward_dw with delay_wgrad); then the layer keeps
+        nothing of x (nor its quantized copy) for backward, and its wgrad reads what the callable
+        gives. The caller keeps what the callable needs (MoE: the block input and the routing, to
+        gather the permuted rows again)."""
         plain = self.recipe == "bf16" and not self.accumulate_into_main_grad
         weight = self._grouped(self.weight)
-        if plain and not self.delay_wgrad:
+        if recompute_input is not None and torch.compiler.is_compiling():
+            raise RuntimeError("groupmm.nn.GroupedLinear: recompute_input is eager-only")
+        if plain and not self.delay_wgrad and recompute_input is None:
             # The registered op's own autograd formula: traceable by torch.compile end to end.
             return ops.grouped_mm(x, weight, splits, self.bias)
         w_op = self._exec.prepare(weight, is_first_microbatch)
@@ -300,7 +335,7 @@ class GroupedLinear(torch.nn.Module):
                 "groupmm.nn.GroupedLinear(delay_wgrad=True) is eager-only: its backward queues "
                 "the wgrad operands for backward_dw() (a side effect that a compiled backward "
                 "cannot make); compile the layer with delay_wgrad=False, or run it eagerly")
-        return _GroupedLinearFn.apply(x, weight, self.bias, splits, self, w_op)
+        return _GroupedLinearFn.apply(x, weight, self.bias, splits, self, w_op, recompute_input)
 
     @staticmethod
     def _grouped(t):
@@ -318,7 +353,7 @@ class GroupedLinear(torch.nn.Module):
                                "backward first; each backward queues one)")
         pending, self._pending_wgrad = self._pending_wgrad, []
         for dy, state, splits in pending:
-            dw = self._exec.wgrad(dy, state, splits, self._main_grad())
+            dw = self._exec.wgrad(dy, _resolved(state), splits, self._main_grad())
             if dw is not None:
                 dw = dw.view_as(self.weight)
                 self.weight.grad = dw if self.weight.grad is None else self.weight.grad + dw

@@ -41,9 +41,28 @@ class _SharedLinear(GroupedLinear):
         super().__init__(1, in_features, out_features, bias=False, **kw)
         self.weight = torch.nn.Parameter(self.weight.detach()[0].clone())
 
-    def forward(self, x, is_first_microbatch=None):
+    def forward(self, x, is_first_microbatch=None, recompute_input=None):
         splits = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
-        return super().forward(x, splits, is_first_microbatch)
+        return super().forward(x, splits, is_first_microbatch, recompute_input)
+
+
+def _again(op, *args, part=None):
+    """A callable that runs op(*args) again (outside autograd) and returns its output (or output
+    `part`), raising if a tensor argument was written in place since: the recomputed value would
+    not be the forward's."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    versions = [t._version for t in tensors]
+    detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+
+    def run():
+        if any(t._version != v for t, v in zip(tensors, versions)):
+            raise RuntimeError("groupmm.nn.MoE(recompute=True): an input of the block (x or the "
+                               "router's outputs) was modified in place between forward and "
+                               "backward; backward recomputes from it (pass recompute=False to "
+                               "keep the activations instead)")
+        out = op(*detached)
+        return out if part is None else out[part]
+    return run
 
 
 class MoE(torch.nn.Module):
@@ -66,6 +85,14 @@ class MoE(torch.nn.Module):
     token order (groupmm.moe_capacity) and drops the rest (their rows add nothing to y); 0 is
     dropless.
 
+    recompute (eager training; on by default): backward keeps the block input, the routing and the
+    gate_up output, and makes the rest again when the weight gradients need it: the permuted rows
+    (gathered from x once more, for gate_up's wgrad) and the SwiGLU outputs (from the kept gate_up
+    outputs, for down's wgrad and the shared expert's). Gradients are bit for bit those of
+    recompute=False, which keeps those tensors instead (about 8 + 3 more T*H 16-bit rows on
+    Qwen3-30B-A3B's shapes, k=8, for a gather and an activation pass more in backward). A compiled
+    forward keeps them (the recomputation is eager-only).
+
     recipe and delay_wgrad go to the expert GroupedLinears and the shared expert's (see there);
     fp8_current and fp8_block need every split a multiple of 16 (recipe_traits(recipe).
     split_multiple), so align defaults to it (and must be a multiple of it), and a training
@@ -76,8 +103,10 @@ class MoE(torch.nn.Module):
     def __init__(self, hidden, ffn_hidden, experts, topk, *, shared_ffn_hidden=0, score="softmax",
                  renormalize=True, aux_loss_coeff=0.0, z_loss_coeff=0.0, n_group=1, topk_group=1,
                  scaling_factor=1.0, expert_bias=False, capacity_factor=0.0, align=None,
-                 recipe="bf16", delay_wgrad=False, dtype=torch.bfloat16, device=None):
+                 recipe="bf16", delay_wgrad=False, recompute=True, dtype=torch.bfloat16,
+                 device=None):
         super().__init__()
+        self.recompute = bool(recompute)
         split = 1 if recipe in ("bf16", "nvfp4_weight", "mxfp4_weight") else \
             recipe_traits(recipe).split_multiple
         align = split if align is None else align
@@ -132,12 +161,17 @@ class MoE(torch.nn.Module):
         plan = ops.permute_plan(ids, self.experts, self.align, cap)
         splits = plan[3]
         x_perm, probs = ops.permute(x, *plan, self.align, cap, weights)
-        h = ops.weighted_swiglu(self.gate_up(x_perm, splits, is_first_microbatch), probs)
-        y_perm = self.down(h, splits, is_first_microbatch)
+        again = self.recompute and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        rx = _again(ops.permute, x, *plan, self.align, cap, weights, part=0) if again else None
+        gu = self.gate_up(x_perm, splits, is_first_microbatch, recompute_input=rx)
+        h = ops.weighted_swiglu(gu, probs)
+        rh = _again(ops.weighted_swiglu, gu, probs) if again else None
+        y_perm = self.down(h, splits, is_first_microbatch, recompute_input=rh)
         shared = None
         if shared_on:
-            h_shared = ops.swiglu(self.shared_up(x, is_first_microbatch))
-            shared = self.shared_down(h_shared, is_first_microbatch)
+            sgu = self.shared_up(x, is_first_microbatch)
+            rs = _again(ops.swiglu, sgu) if again else None
+            shared = self.shared_down(ops.swiglu(sgu), is_first_microbatch, recompute_input=rs)
         y = ops.unpermute(y_perm, *plan, self.align, cap, shared)
         return y, (aux + z).squeeze(0)
 
