@@ -19,7 +19,7 @@ if ! "$PY" -c "import torch, pytest" >/dev/null 2>&1; then
     echo "python tests: installing ${GROUPMM_TORCH:-torch==2.11.0} and pytest into build/venv (PyPI)"
     if ! { python3 -m venv build/venv &&
            timeout 1200 "$PY" -m pip install -q --disable-pip-version-check \
-             "${GROUPMM_TORCH:-torch==2.11.0}" pytest; }; then
+             "${GROUPMM_TORCH:-torch==2.11.0}" pytest transformers==5.17.0; }; then
       echo "python tests: SKIPPED (torch could not be installed)"
       report 0 1 0
       exit 0

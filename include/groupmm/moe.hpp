@@ -25,6 +25,7 @@
 // of range) skip the entry and set a bit in the Context's status block (Context::check()).
 #pragma once
 
+#include <limits>
 #include <string>
 
 #include "groupmm/core.hpp"
@@ -217,5 +218,40 @@ void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const Tens
 void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
                               const TensorView& prob, const TensorView& dgate_up,
                               const TensorView& dprob);
+
+// ---- The parameterized weighted SwiGLU (gpt-oss's clamped form) --------------------------------
+//
+// The same op with a SwigluForm (defaults: the plain weighted SwiGLU above, bit for bit):
+//   g' = min(g, limit), u' = clamp(u, -limit, limit)   (torch.clamp: a NaN stays NaN)
+//   s  = sigmoid(alpha * g')
+//   forward:  out[m][i] = g' * s * (u' + up_offset) * prob[m]
+//   backward: with d = dout[m][i] * prob[m],
+//             d gate = d * (u' + up_offset) * s * (1 + alpha * g' * (1 - s))   where g <= limit,
+//                      0 where the gate was clamped (g > limit or NaN)
+//             d up   = d * g' * s                         where -limit <= u <= limit, else 0
+//             dprob[m] = sum_i dout[m][i] * g' * s * (u' + up_offset)   (fp32, as above)
+// gpt-oss: alpha = 1.702, limit = 7, up_offset = 1, layout interleaved.
+// layout: halves (gate = columns [0, I), up = [I, 2I)) or interleaved (gate = column 2i, up =
+// column 2i + 1, as gpt-oss's fused gate_up projection); dgate_up has gate_up's layout, out and
+// dout are [M, I] either way. alpha and up_offset finite, limit > 0 (+infinity: no clamp).
+// Everything else (dtypes, the CUDA sigmoid, agreement with the CPU, dprob's order, aliasing,
+// vectorization: I a multiple of 16/sizeof(dtype) in either layout) as weighted_swiglu; graph
+// safe, one launch per direction.
+enum class SwigluLayout : uint8_t { halves, interleaved };
+const char* swiglu_layout_name(SwigluLayout l);
+struct SwigluForm {
+  float alpha = 1.0f;
+  float limit = std::numeric_limits<float>::infinity();
+  float up_offset = 0.0f;
+  SwigluLayout layout = SwigluLayout::halves;
+  // The plain SwiGLU (the defaults): its kernels and element math run unchanged.
+  bool plain() const;
+  std::string to_string() const;
+};
+void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
+                             const TensorView& out, const SwigluForm& form);
+void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
+                              const TensorView& prob, const TensorView& dgate_up,
+                              const TensorView& dprob, const SwigluForm& form);
 
 }  // namespace groupmm

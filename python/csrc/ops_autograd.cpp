@@ -1,7 +1,7 @@
 // ops_autograd.cpp: the autograd formulas of the differentiable ops (grouped_mm, swiglu,
-// weighted_swiglu, router_logits, router, permute, unpermute), registered in C++ for the Autograd
-// key, and the Autograd kernels of the non-differentiable ones (quantize, dequantize, plans,
-// offsets).
+// weighted_swiglu (and _ex), router_logits, router, permute, unpermute), registered in C++ for the
+// Autograd key, and the Autograd kernels of the non-differentiable ones (quantize, dequantize,
+// plans, offsets).
 //
 // Each kernel takes the fast path when no graph is recorded (grad mode off, or no input that
 // requires grad): one redispatch below autograd to the CPU / CUDA kernel (or to the fake kernel
@@ -153,6 +153,50 @@ Tensor weighted_swiglu_autograd(c10::DispatchKeySet ks, const Tensor& gate_up, c
   if (!records({&gate_up, &prob}))
     return below_autograd(GROUPMM_OP("weighted_swiglu", WSwigluSig), ks, gate_up, prob);
   return WeightedSwiglu::apply(gate_up, prob);
+}
+
+using WSwigluExSig = Tensor(const Tensor&, const Tensor&, double, std::optional<double>, double,
+                            bool);
+using WSwigluExBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                   double, std::optional<double>, double, bool);
+
+struct WeightedSwigluEx : torch::autograd::Function<WeightedSwigluEx> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& gate_up, const Tensor& prob,
+                        double alpha, std::optional<double> limit, double up_offset,
+                        bool interleaved) {
+    ctx->save_for_backward({gate_up, prob});
+    auto& d = ctx->saved_data;
+    d["alpha"] = alpha;
+    d["limit"] = limit ? c10::IValue(*limit) : c10::IValue();
+    d["up_offset"] = up_offset;
+    d["interleaved"] = interleaved;
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return GROUPMM_OP("weighted_swiglu_ex", WSwigluExSig)
+        .call(gate_up, prob, alpha, limit, up_offset, interleaved);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(6);
+    if (!grads[0].defined()) return out;
+    const auto saved = ctx->get_saved_variables();
+    auto& d = ctx->saved_data;
+    const std::optional<double> limit =
+        d["limit"].isNone() ? std::nullopt : std::optional<double>(d["limit"].toDouble());
+    auto [dgu, dprob] = GROUPMM_OP("weighted_swiglu_ex_backward", WSwigluExBwdSig)
+                            .call(grads[0], saved[0], saved[1], d["alpha"].toDouble(), limit,
+                                  d["up_offset"].toDouble(), d["interleaved"].toBool());
+    out[0] = dgu;
+    out[1] = dprob;
+    return out;
+  }
+};
+
+Tensor weighted_swiglu_ex_autograd(c10::DispatchKeySet ks, const Tensor& gate_up,
+                                   const Tensor& prob, double alpha, std::optional<double> limit,
+                                   double up_offset, bool interleaved) {
+  if (!records({&gate_up, &prob}))
+    return below_autograd(GROUPMM_OP("weighted_swiglu_ex", WSwigluExSig), ks, gate_up, prob, alpha,
+                          limit, up_offset, interleaved);
+  return WeightedSwigluEx::apply(gate_up, prob, alpha, limit, up_offset, interleaved);
 }
 
 // ---- router -------------------------------------------------------------------------------------
@@ -383,6 +427,7 @@ TORCH_LIBRARY_IMPL(groupmm, Autograd, m) {
   m.impl("grouped_mm", TORCH_FN(grouped_mm_autograd));
   m.impl("swiglu", TORCH_FN(swiglu_autograd));
   m.impl("weighted_swiglu", TORCH_FN(weighted_swiglu_autograd));
+  m.impl("weighted_swiglu_ex", TORCH_FN(weighted_swiglu_ex_autograd));
   m.impl("router_logits", TORCH_FN(router_logits_autograd));
   m.impl("router", TORCH_FN(router_autograd));
   m.impl("permute", TORCH_FN(permute_autograd));

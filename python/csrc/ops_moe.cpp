@@ -1,4 +1,5 @@
-// ops_moe.cpp: SwiGLU (plain and router-weighted), router, permute plan, permute / unpermute.
+// ops_moe.cpp: SwiGLU (plain and router-weighted, with a SwigluForm too), router, permute plan,
+// permute / unpermute.
 //
 // A permute map travels as its four tensors (dest_row, row_start, kept, splits) plus align and
 // capacity; the host-known sizes (tokens, top-k, experts, rows) follow from their shapes.
@@ -31,31 +32,72 @@ at::Tensor swiglu_backward(const at::Tensor& dout, const at::Tensor& gate_up) {
   return dgu;
 }
 
-at::Tensor weighted_swiglu(const at::Tensor& gate_up, const at::Tensor& prob) {
-  Call call("weighted_swiglu", gate_up);
+groupmm::SwigluForm swiglu_form(double alpha, std::optional<double> limit, double up_offset,
+                                bool interleaved) {
+  groupmm::SwigluForm f;
+  f.alpha = static_cast<float>(alpha);
+  if (limit) f.limit = static_cast<float>(*limit);
+  f.up_offset = static_cast<float>(up_offset);
+  f.layout = interleaved ? groupmm::SwigluLayout::interleaved : groupmm::SwigluLayout::halves;
+  return f;
+}
+
+// The SwigluForm variant: the same outputs as weighted_swiglu, the form's parameters validated
+// by the core (messages name the op and form.<parameter>).
+at::Tensor weighted_swiglu_with(const char* op, const at::Tensor& gate_up, const at::Tensor& prob,
+                                const groupmm::SwigluForm& form) {
+  Call call(op, gate_up);
   const auto g = call.in(gate_up, "gate_up");
   const auto p = call.in(prob, "prob");
-  TORCH_CHECK_VALUE(gate_up.dim() == 2, "groupmm.weighted_swiglu: gate_up must be [M, 2I]; got ",
+  TORCH_CHECK_VALUE(gate_up.dim() == 2, "groupmm.", op, ": gate_up must be [M, 2I]; got ",
                     gate_up.sizes());
   at::Tensor out = call.empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.scalar_type());
-  groupmm::weighted_swiglu_forward(call.ctx(), g, p, call.out(out, "out"));
+  groupmm::weighted_swiglu_forward(call.ctx(), g, p, call.out(out, "out"), form);
   call.finish();
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> weighted_swiglu_backward(const at::Tensor& dout,
-                                                            const at::Tensor& gate_up,
-                                                            const at::Tensor& prob) {
-  Call call("weighted_swiglu_backward", gate_up);
+std::tuple<at::Tensor, at::Tensor> weighted_swiglu_backward_with(const char* op,
+                                                                 const at::Tensor& dout,
+                                                                 const at::Tensor& gate_up,
+                                                                 const at::Tensor& prob,
+                                                                 const groupmm::SwigluForm& form) {
+  Call call(op, gate_up);
   const auto d = call.in(dout, "dout");
   const auto g = call.in(gate_up, "gate_up");
   const auto p = call.in(prob, "prob");
   at::Tensor dgu = call.empty(gate_up.sizes(), gate_up.scalar_type());
   at::Tensor dprob = call.empty(prob.sizes(), at::kFloat);
   groupmm::weighted_swiglu_backward(call.ctx(), d, g, p, call.out(dgu, "dgate_up"),
-                                    call.out(dprob, "dprob"));
+                                    call.out(dprob, "dprob"), form);
   call.finish();
   return {dgu, dprob};
+}
+
+at::Tensor weighted_swiglu(const at::Tensor& gate_up, const at::Tensor& prob) {
+  return weighted_swiglu_with("weighted_swiglu", gate_up, prob, groupmm::SwigluForm{});
+}
+
+std::tuple<at::Tensor, at::Tensor> weighted_swiglu_backward(const at::Tensor& dout,
+                                                            const at::Tensor& gate_up,
+                                                            const at::Tensor& prob) {
+  return weighted_swiglu_backward_with("weighted_swiglu_backward", dout, gate_up, prob,
+                                       groupmm::SwigluForm{});
+}
+
+at::Tensor weighted_swiglu_ex(const at::Tensor& gate_up, const at::Tensor& prob, double alpha,
+                              std::optional<double> limit, double up_offset, bool interleaved) {
+  return weighted_swiglu_with("weighted_swiglu_ex", gate_up, prob,
+                              swiglu_form(alpha, limit, up_offset, interleaved));
+}
+
+std::tuple<at::Tensor, at::Tensor> weighted_swiglu_ex_backward(const at::Tensor& dout,
+                                                               const at::Tensor& gate_up,
+                                                               const at::Tensor& prob, double alpha,
+                                                               std::optional<double> limit,
+                                                               double up_offset, bool interleaved) {
+  return weighted_swiglu_backward_with("weighted_swiglu_ex_backward", dout, gate_up, prob,
+                                       swiglu_form(alpha, limit, up_offset, interleaved));
 }
 
 groupmm::RouterConfig router_config(int64_t experts, int64_t topk, c10::string_view score,
@@ -319,6 +361,8 @@ void register_moe_impls(torch::Library& m) {
   m.impl("swiglu_backward", &swiglu_backward);
   m.impl("weighted_swiglu", &weighted_swiglu);
   m.impl("weighted_swiglu_backward", &weighted_swiglu_backward);
+  m.impl("weighted_swiglu_ex", &weighted_swiglu_ex);
+  m.impl("weighted_swiglu_ex_backward", &weighted_swiglu_ex_backward);
   m.impl("router", &router);
   m.impl("router_backward", &router_backward);
   m.impl("permute_plan", &permute_plan);

@@ -100,6 +100,16 @@ def _(dout, gate_up, prob):
     return torch.empty_like(gate_up), _empty(prob, prob.shape, torch.float32)
 
 
+@register_fake("groupmm::weighted_swiglu_ex")
+def _(gate_up, prob, alpha=1.0, limit=None, up_offset=0.0, interleaved=False):
+    return _empty(gate_up, (gate_up.shape[0], gate_up.shape[1] // 2), gate_up.dtype)
+
+
+@register_fake("groupmm::weighted_swiglu_ex_backward")
+def _(dout, gate_up, prob, alpha=1.0, limit=None, up_offset=0.0, interleaved=False):
+    return torch.empty_like(gate_up), _empty(prob, prob.shape, torch.float32)
+
+
 @register_fake("groupmm::router")
 def _(logits, expert_bias, topk, score="softmax", n_group=1, topk_group=1, renormalize=False,
       scaling_factor=1.0, aux_loss_coeff=0.0, z_loss_coeff=0.0):

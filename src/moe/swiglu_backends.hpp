@@ -39,6 +39,35 @@ GROUPMM_SWIGLU_HD void swiglu_bwd_elem(float dout, float g, float u, float& dg, 
   swiglu_bwd_given(dout, g, u, swiglu_sigmoid(g), dg, du);
 }
 
+// The parameterized form (moe.hpp, SwigluForm), given the sigmoid function: the clamps as
+// torch.clamp (a NaN passes through the forward; its gradient is 0), then swiglu's expression
+// order with alpha in the sigmoid and up_offset on the up value.
+struct SwigluFormElem {
+  float alpha, limit, up_offset;
+};
+GROUPMM_SWIGLU_HD float swiglu_clamp_gate(float g, float limit) {
+  return g > limit ? limit : g;
+}
+GROUPMM_SWIGLU_HD float swiglu_clamp_up(float u, float limit) {
+  return u > limit ? limit : (u < -limit ? -limit : u);
+}
+template <class Sigmoid>
+GROUPMM_SWIGLU_HD float swiglu_form_fwd(float g, float u, const SwigluFormElem& f, Sigmoid sig) {
+  const float gc = swiglu_clamp_gate(g, f.limit), uc = swiglu_clamp_up(u, f.limit);
+  return swiglu_fwd_given(gc, uc + f.up_offset, sig(f.alpha * gc));
+}
+template <class Sigmoid>
+GROUPMM_SWIGLU_HD void swiglu_form_bwd(float dout, float g, float u, const SwigluFormElem& f,
+                                       Sigmoid sig, float& dg, float& du) {
+  const float gc = swiglu_clamp_gate(g, f.limit), uc = swiglu_clamp_up(u, f.limit);
+  const float s = sig(f.alpha * gc), up = uc + f.up_offset;
+  du = (u >= -f.limit && u <= f.limit) ? dout * (gc * s) : 0.0f;
+  dg = g <= f.limit ? dout * up * (s * (1.0f + f.alpha * gc * (1.0f - s))) : 0.0f;
+}
+struct SwigluSigmoidExact {
+  GROUPMM_SWIGLU_HD float operator()(float x) const { return swiglu_sigmoid(x); }
+};
+
 #if defined(__CUDACC__)
 // The router-weighted SwiGLU's element math on the device (src/moe/cuda/weighted_swiglu.cu):
 // swiglu's formulas, the sigmoid's division by __fdividef (at most 2 ulp, no slow path) instead of
@@ -57,6 +86,9 @@ __device__ __forceinline__ void weighted_swiglu_bwd_elem(float dout, float g, fl
                                                          float& du) {
   swiglu_bwd_given(dout, g, u, weighted_swiglu_sigmoid(g), dg, du);
 }
+struct SwigluSigmoidFast {
+  __device__ __forceinline__ float operator()(float x) const { return weighted_swiglu_sigmoid(x); }
+};
 #endif
 
 // Validation shared with weighted_swiglu: gate_up [M, 2I] (bf16/fp16/fp32) and a [M, I] partner

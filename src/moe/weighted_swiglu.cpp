@@ -1,4 +1,8 @@
-// weighted_swiglu_forward / weighted_swiglu_backward: validation and backend dispatch.
+// weighted_swiglu_forward / weighted_swiglu_backward (plain and with a SwigluForm): validation and
+// backend dispatch.
+#include <cmath>
+#include <limits>
+
 #include "moe/backends.hpp"
 #include "moe/swiglu_backends.hpp"
 
@@ -10,24 +14,60 @@ static void check_prob(const Context& ctx, const char* op, const char* arg, cons
   check_dim(op, arg, v, 0, M);
 }
 
+const char* swiglu_layout_name(SwigluLayout l) {
+  return l == SwigluLayout::halves ? "halves" : "interleaved";
+}
+
+bool SwigluForm::plain() const {
+  return alpha == 1.0f && limit == std::numeric_limits<float>::infinity() && up_offset == 0.0f &&
+         layout == SwigluLayout::halves;
+}
+
+std::string SwigluForm::to_string() const {
+  return detail::cat("SwigluForm{alpha=", alpha, ", limit=", limit, ", up_offset=", up_offset,
+                     ", layout=", swiglu_layout_name(layout), "}");
+}
+
+static void check_form(const char* op, const SwigluForm& f) {
+  GROUPMM_CHECK(std::isfinite(f.alpha), op, ": form.alpha=", f.alpha, " must be finite");
+  GROUPMM_CHECK(f.limit > 0.0f, op, ": form.limit=", f.limit, " must be > 0 (infinity: no clamp)");
+  GROUPMM_CHECK(std::isfinite(f.up_offset), op, ": form.up_offset=", f.up_offset,
+                " must be finite");
+  GROUPMM_CHECK(f.layout == SwigluLayout::halves || f.layout == SwigluLayout::interleaved, op,
+                ": form.layout=", int(f.layout), " must be halves or interleaved");
+}
+
 void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
                              const TensorView& out) {
-  const char* op = "weighted_swiglu_forward";
-  check_swiglu_pair(ctx, op, gate_up, out, "out");
-  check_prob(ctx, op, "prob", prob, gate_up.dim(0));
-  GROUPMM_CHECK(!views_overlap(out, gate_up) && !views_overlap(out, prob), op,
-                ": out may not alias gate_up or prob");
-  if (ctx.device() == Device::CPU)
-    cpu::weighted_swiglu_forward(ctx, gate_up, prob, out);
-  else
-    cuda::weighted_swiglu_forward(ctx, gate_up, prob, out);
-  ctx.after_op();
+  weighted_swiglu_forward(ctx, gate_up, prob, out, SwigluForm{});
 }
 
 void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
                               const TensorView& prob, const TensorView& dgate_up,
                               const TensorView& dprob) {
+  weighted_swiglu_backward(ctx, dout, gate_up, prob, dgate_up, dprob, SwigluForm{});
+}
+
+void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
+                             const TensorView& out, const SwigluForm& form) {
+  const char* op = "weighted_swiglu_forward";
+  check_form(op, form);
+  check_swiglu_pair(ctx, op, gate_up, out, "out");
+  check_prob(ctx, op, "prob", prob, gate_up.dim(0));
+  GROUPMM_CHECK(!views_overlap(out, gate_up) && !views_overlap(out, prob), op,
+                ": out may not alias gate_up or prob");
+  if (ctx.device() == Device::CPU)
+    cpu::weighted_swiglu_forward(ctx, gate_up, prob, out, form);
+  else
+    cuda::weighted_swiglu_forward(ctx, gate_up, prob, out, form);
+  ctx.after_op();
+}
+
+void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
+                              const TensorView& prob, const TensorView& dgate_up,
+                              const TensorView& dprob, const SwigluForm& form) {
   const char* op = "weighted_swiglu_backward";
+  check_form(op, form);
   check_swiglu_pair(ctx, op, gate_up, dout, "dout");
   check_prob(ctx, op, "prob", prob, gate_up.dim(0));
   check_prob(ctx, op, "dprob", dprob, gate_up.dim(0));
@@ -40,9 +80,9 @@ void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const Tensor
         ": dgate_up and dprob may not alias gate_up, dout or prob");
   GROUPMM_CHECK(!views_overlap(dgate_up, dprob), op, ": dgate_up may not alias dprob");
   if (ctx.device() == Device::CPU)
-    cpu::weighted_swiglu_backward(ctx, dout, gate_up, prob, dgate_up, dprob);
+    cpu::weighted_swiglu_backward(ctx, dout, gate_up, prob, dgate_up, dprob, form);
   else
-    cuda::weighted_swiglu_backward(ctx, dout, gate_up, prob, dgate_up, dprob);
+    cuda::weighted_swiglu_backward(ctx, dout, gate_up, prob, dgate_up, dprob, form);
   ctx.after_op();
 }
 

@@ -2,8 +2,10 @@
 // router forward / backward (bit for bit, ties and group-limited routing included; the losses
 // within rounding), router GEMMs, permute plan (bit for bit: empty experts, all tokens on one
 // expert, padding, capacity, T = 1, k = 1, E = 1), the row movers (bit for bit, odd H), and the
-// weighted SwiGLU (within an ulp; dprob deterministic).
+// weighted SwiGLU, plain and with gpt-oss's SwigluForm (within an ulp; dprob deterministic; the
+// form graph captured).
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "common/test_util.hpp"
@@ -387,6 +389,107 @@ INSTANTIATE_TEST_SUITE_P(Cases, WeightedSwigluGpu,
                            return detail::cat(dtype_name(std::get<0>(info.param)), "_I",
                                               std::get<1>(info.param));
                          });
+
+// ---- weighted SwiGLU with a SwigluForm (gpt-oss's clamped SwiGLU)
+// -------------------------------------------------------------
+
+struct FormCase {
+  DType t;
+  int64_t I;
+  SwigluLayout layout;
+};
+
+class WeightedSwigluFormGpu : public ::testing::TestWithParam<FormCase> {};
+
+// Inputs of scale 6: a large share beyond the clamp at 7 (both sides of up, above for gate).
+TEST_P(WeightedSwigluFormGpu, MatchesCpuEveryOutputWrittenAndDeterministic) {
+  GROUPMM_REQUIRE_GPU();
+  const FormCase c = GetParam();
+  const SwigluForm form{1.702f, 7.0f, 1.0f, c.layout};
+  const int64_t M = 1037, I = c.I;
+  Context cpu(Device::CPU), gpu(Device::CUDA);
+  Pair gu(c.t, {M, 2 * I}), p(DType::fp32, {M}), out(c.t, {M, I}), dout(c.t, {M, I}),
+      dgu(c.t, {M, 2 * I}), dp(DType::fp32, {M});
+  gu.fill_floats(randn(size_t(M * 2 * I), 6.0f));
+  p.fill_floats(randn(static_cast<size_t>(M)));
+  dout.fill_floats(randn(size_t(M * I)));
+  weighted_swiglu_forward(cpu, gu.host, p.host, out.host, form);
+  weighted_swiglu_forward(gpu, gu.dev, p.dev, out.dev, form);
+  weighted_swiglu_backward(cpu, dout.host, gu.host, p.host, dgu.host, dp.host, form);
+  weighted_swiglu_backward(gpu, dout.dev, gu.dev, p.dev, dgu.dev, dp.dev, form);
+  EXPECT_NO_THROW(gpu.check());
+  auto f = [](const Pair& q) {
+    auto b = q.dev_bytes();
+    return cpu::to_floats(TensorView(b.data(), q.host.dtype, Device::CPU, {q.host.numel()}));
+  };
+  for (const Pair* q : {&out, &dgu, &dp}) {  // poisoned with NaN: every element written
+    const auto v = f(*q);
+    EXPECT_EQ(std::count_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }), 0)
+        << form.to_string();
+  }
+  const double tol = c.t == DType::bf16 ? 4e-3 : (c.t == DType::fp16 ? 5e-4 : 1e-6);
+  EXPECT_LE(rel_error(f(out), cpu::to_floats(out.host)), tol) << form.to_string();
+  EXPECT_LE(rel_error(f(dgu), cpu::to_floats(dgu.host)), tol) << form.to_string();
+  EXPECT_LE(rel_error(f(dp), cpu::to_floats(dp.host)), 1e-5) << form.to_string();
+  const auto first = dp.dev_bytes();
+  weighted_swiglu_backward(gpu, dout.dev, gu.dev, p.dev, dgu.dev, dp.dev, form);
+  EXPECT_EQ(dp.dev_bytes(), first) << "dprob differs between two runs";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, WeightedSwigluFormGpu,
+    ::testing::Values(FormCase{DType::bf16, 1440, SwigluLayout::interleaved},  // gpt-oss: 2880/2
+                      FormCase{DType::bf16, 13, SwigluLayout::interleaved},    // scalar path
+                      FormCase{DType::fp16, 768, SwigluLayout::interleaved},
+                      FormCase{DType::fp32, 768, SwigluLayout::interleaved},
+                      FormCase{DType::fp32, 13, SwigluLayout::interleaved},
+                      FormCase{DType::bf16, 768, SwigluLayout::halves},
+                      FormCase{DType::fp32, 13, SwigluLayout::halves}),
+    [](const auto& info) {
+      return detail::cat(dtype_name(info.param.t), "_I", info.param.I, "_",
+                         swiglu_layout_name(info.param.layout));
+    });
+
+// Graph safe: captured forward + backward replay to the eager bits.
+TEST(WeightedSwigluFormGpuGraph, CapturedEqualsEager) {
+  GROUPMM_REQUIRE_GPU();
+  const SwigluForm form{1.702f, 7.0f, 1.0f, SwigluLayout::interleaved};
+  const int64_t M = 2048, I = 1440;
+  cudaStream_t stream;
+  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    Context ctx(Device::CUDA, stream);
+    Pair gu(DType::bf16, {M, 2 * I}), p(DType::fp32, {M}), dout(DType::bf16, {M, I});
+    gu.fill_floats(randn(size_t(M * 2 * I), 6.0f));
+    p.fill_floats(randn(static_cast<size_t>(M)));
+    dout.fill_floats(randn(size_t(M * I)));
+    auto outputs = [&] {
+      return std::array<Tensor, 3>{Tensor::empty({M, I}, DType::bf16, Device::CUDA, stream),
+                                   Tensor::empty({M, 2 * I}, DType::bf16, Device::CUDA, stream),
+                                   Tensor::empty({M}, DType::fp32, Device::CUDA, stream)};
+    };
+    auto run = [&](std::array<Tensor, 3>& o) {
+      weighted_swiglu_forward(ctx, gu.dev, p.dev, o[0], form);
+      weighted_swiglu_backward(ctx, dout.dev, gu.dev, p.dev, o[1], o[2], form);
+    };
+    auto captured = outputs(), eager = outputs();
+    GROUPMM_CHECK_CUDA(cudaDeviceSynchronize());
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    GROUPMM_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    run(captured);
+    GROUPMM_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    GROUPMM_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    run(eager);
+    GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(to_host<uint8_t>(captured[i].view()), to_host<uint8_t>(eager[i].view())) << i;
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
 
 }  // namespace
 }  // namespace groupmm::test

@@ -10,8 +10,8 @@ import groupmm  # noqa: F401
 from conftest import make_splits
 
 ops = torch.ops.groupmm
-DIFFERENTIABLE = ["grouped_mm", "swiglu", "weighted_swiglu", "router_logits", "router", "permute",
-                  "unpermute"]
+DIFFERENTIABLE = ["grouped_mm", "swiglu", "weighted_swiglu", "weighted_swiglu_ex", "router_logits",
+                  "router", "permute", "unpermute"]
 # No gradient by nature; their Autograd kernel only steps below autograd (without one, the
 # dispatcher's boxed fallback ran on every call).
 NON_DIFFERENTIABLE = ["group_quantize", "group_dequantize", "group_quantize_w4",

@@ -8,6 +8,7 @@ import groupmm
 from conftest import assert_close
 
 ops = torch.ops.groupmm
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def ref_swiglu(gate_up):
@@ -39,6 +40,70 @@ def test_weighted_swiglu_values_and_grads(device):
     ref.backward(dout.float())
     assert_close(gate_up.grad, refs[0].grad)
     torch.testing.assert_close(prob.grad, refs[1].grad, rtol=2e-2, atol=2e-2)
+
+
+def ref_gpt_oss_gate(gate_up, alpha, limit, up_offset, interleaved):
+    """transformers' GptOssExperts._apply_gate (interleaved) / the halves form of the others."""
+    g, u = (gate_up[..., ::2], gate_up[..., 1::2]) if interleaved else gate_up.chunk(2, dim=-1)
+    if limit is not None:
+        g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
+    return (u + up_offset) * g * torch.sigmoid(g * alpha)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", [(1.702, 7.0, 1.0, True), (1.702, 7.0, 1.0, False),
+                                  (1.0, 3.0, 0.0, False), (0.5, None, 0.0, True)],
+                         ids=["gpt_oss", "gpt_oss_halves", "clamp_only", "alpha_interleaved"])
+def test_weighted_swiglu_ex_values_and_grads(device, dtype, form):
+    # Scale 6: many values beyond the clamp; 24 = 3 vectors of 8 bf16 (the vectorized path), 10
+    # rows; odd I = 5 below runs the scalar path.
+    for I in (24, 5):
+        gate_up = (torch.randn(10, 2 * I, device=device) * 6).to(dtype).requires_grad_()
+        prob = torch.rand(10, device=device, requires_grad=True)
+        out = ops.weighted_swiglu_ex(gate_up, prob, *form)
+        refs = [t.detach().float().requires_grad_() for t in (gate_up, prob)]
+        ref = ref_gpt_oss_gate(refs[0], *form) * refs[1][:, None]
+        assert_close(out, ref, dtype)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        ref.backward(dout.float())
+        assert_close(gate_up.grad, refs[0].grad, dtype)
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+        torch.testing.assert_close(prob.grad, refs[1].grad, rtol=tol, atol=tol)
+
+
+def test_weighted_swiglu_ex_default_form_is_weighted_swiglu(device):
+    gate_up = torch.randn(33, 48, device=device, dtype=torch.bfloat16)
+    prob = torch.rand(33, device=device)
+    assert torch.equal(ops.weighted_swiglu_ex(gate_up, prob), ops.weighted_swiglu(gate_up, prob))
+    dout = torch.randn(33, 24, device=device, dtype=torch.bfloat16)
+    a = ops.weighted_swiglu_ex_backward(dout, gate_up, prob)
+    b = ops.weighted_swiglu_backward(dout, gate_up, prob)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@CUDA
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_weighted_swiglu_ex_cuda_matches_cpu(interleaved):
+    """The kernel against the CPU reference (within an ulp of bf16: the device sigmoid)."""
+    gate_up = torch.randn(4097, 2 * 2880 // 8, dtype=torch.bfloat16) * 6
+    prob = torch.rand(4097)
+    dout = torch.randn(4097, 2880 // 8, dtype=torch.bfloat16)
+    form = (1.702, 7.0, 1.0, interleaved)
+    cpu = [ops.weighted_swiglu_ex(gate_up, prob, *form),
+           *ops.weighted_swiglu_ex_backward(dout, gate_up, prob, *form)]
+    dev = [ops.weighted_swiglu_ex(gate_up.cuda(), prob.cuda(), *form),
+           *ops.weighted_swiglu_ex_backward(dout.cuda(), gate_up.cuda(), prob.cuda(), *form)]
+    for c, d in zip(cpu, dev):
+        torch.testing.assert_close(d.cpu().float(), c.float(), rtol=1 / 128, atol=1e-5)
+
+
+def test_weighted_swiglu_ex_errors():
+    gate_up, prob = torch.randn(4, 16), torch.rand(4)
+    with pytest.raises(Exception, match=r"weighted_swiglu_forward: form.limit=-1 must be > 0"):
+        ops.weighted_swiglu_ex(gate_up, prob, 1.0, -1.0)
+    with pytest.raises(Exception, match=r"weighted_swiglu_backward: form.alpha=inf must be finite"):
+        ops.weighted_swiglu_ex_backward(torch.randn(4, 8), gate_up, prob, float("inf"))
 
 
 @pytest.mark.parametrize("renormalize", [False, True])

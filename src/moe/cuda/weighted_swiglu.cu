@@ -1,9 +1,11 @@
-// CUDA router-weighted SwiGLU: one warp per row (grid-stride over rows), 16-byte vectors of the
-// gate and up halves. The backward's dprob is the row's sum of dout * swiglu in a fixed order:
-// each lane adds its vectors (lane-strided) element by element, then a butterfly, so it is
-// deterministic run to run and independent of the grid. Element math: swiglu_impl.hpp's
-// weighted_swiglu_* (the sigmoid's division without the IEEE slow path: this kernel is bound by
-// instruction issue, not bandwidth; see there).
+// CUDA router-weighted SwiGLU (plain, or with a SwigluForm: gpt-oss's clamp, alpha, up offset and
+// interleaved gate/up pairs): one warp per row (grid-stride over rows), 16-byte vectors of the
+// gate and up halves (interleaved: two consecutive vectors of pairs, de-interleaved in registers).
+// The backward's dprob is the row's sum of dout * swiglu in a fixed order: each lane adds its
+// vectors (lane-strided) element by element, then a butterfly, so it is deterministic run to run
+// and independent of the grid. Element math: swiglu_backends.hpp's weighted_swiglu_* and
+// swiglu_form_* with the fast sigmoid (the sigmoid's division without the IEEE slow path: this
+// kernel is bound by instruction issue, not bandwidth; see there).
 #include <algorithm>
 
 #include "moe/backends.hpp"
@@ -32,9 +34,36 @@ struct WeightedSwigluParams {
   int64_t M, I;
 };
 
-template <class E, int N, bool kBackward>
+// The element math of a kernel: swiglu's (kForm false: the plain op, unchanged) or a SwigluForm's.
+template <bool kForm>
+struct ElemMath {
+  SwigluFormElem f;
+  __device__ __forceinline__ float fwd(float g, float u) const {
+    if constexpr (kForm)
+      return swiglu_form_fwd(g, u, f, SwigluSigmoidFast{});
+    else
+      return weighted_swiglu_fwd_elem(g, u);
+  }
+  __device__ __forceinline__ void bwd(float d, float g, float u, float& dg, float& du) const {
+    if constexpr (kForm)
+      swiglu_form_bwd(d, g, u, f, SwigluSigmoidFast{}, dg, du);
+    else
+      weighted_swiglu_bwd_elem(d, g, u, dg, du);
+  }
+};
+
+// Element n of the 2N values held by the vectors (a, b) and its setter: interleaved pairs (gate,
+// up) = elements (2n, 2n + 1) of vectors 2v and 2v + 1 of the row.
+template <class P, int N>
+__device__ __forceinline__ auto& pair_elem(P& a, P& b, int j) {
+  return j < N ? a.v[j] : b.v[j - N];
+}
+
+// kForm: a SwigluForm (else the plain SwiGLU); kInterleaved: gate_up's layout (kForm only).
+template <class E, int N, bool kBackward, bool kForm, bool kInterleaved>
 __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
-    weighted_swiglu_kernel(WeightedSwigluParams p) {
+    weighted_swiglu_kernel(WeightedSwigluParams p, ElemMath<kForm> math) {
+  static_assert(kForm || !kInterleaved, "the interleaved layout is a SwigluForm");
   using S = typename E::Storage;
   using P = ElementVec<E, N>;
   const int lane = threadIdx.x % 32;
@@ -42,20 +71,27 @@ __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
   const int64_t V = p.I / N;
   for (int64_t m = int64_t(blockIdx.x) * WeightedSwigluConfig::kWarps + threadIdx.x / 32; m < p.M;
        m += warps) {
-    const P* __restrict__ gate =
+    const P* __restrict__ row =
         reinterpret_cast<const P*>(static_cast<const S*>(p.gate_up) + m * 2 * p.I);
-    const P* __restrict__ up = gate + V;
     const P* __restrict__ dout =
         kBackward ? reinterpret_cast<const P*>(static_cast<const S*>(p.dout) + m * p.I) : nullptr;
+    P* dgu = reinterpret_cast<P*>(static_cast<S*>(p.out) + m * 2 * p.I);  // backward
     const float w = p.prob[m];
     float dp = 0.0f;
-    auto one = [&](int64_t v, const P& g, const P& u, const P& d) {
+    auto one = [&](int64_t v, P g, P u, const P& d) {
+      if constexpr (kInterleaved) {  // (g, u) hold vectors 2v, 2v + 1: de-interleave them
+        P a = g, b = u;
+#pragma unroll
+        for (int n = 0; n < N; ++n) {
+          g.v[n] = pair_elem<P, N>(a, b, 2 * n);
+          u.v[n] = pair_elem<P, N>(a, b, 2 * n + 1);
+        }
+      }
       if constexpr (!kBackward) {
         P o;
 #pragma unroll
         for (int n = 0; n < N; ++n)
-          o.v[n] =
-              E::from_float(weighted_swiglu_fwd_elem(E::to_float(g.v[n]), E::to_float(u.v[n])) * w);
+          o.v[n] = E::from_float(math.fwd(E::to_float(g.v[n]), E::to_float(u.v[n])) * w);
         reinterpret_cast<P*>(static_cast<S*>(p.out) + m * p.I)[v] = o;
       } else {
         P dg, du;
@@ -63,21 +99,34 @@ __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
         for (int n = 0; n < N; ++n) {
           const float gf = E::to_float(g.v[n]), uf = E::to_float(u.v[n]), df = E::to_float(d.v[n]);
           float a, b;
-          weighted_swiglu_bwd_elem(df * w, gf, uf, a, b);
+          math.bwd(df * w, gf, uf, a, b);
           dg.v[n] = E::from_float(a);
           du.v[n] = E::from_float(b);
-          dp += df * weighted_swiglu_fwd_elem(gf, uf);
+          dp += df * math.fwd(gf, uf);
         }
-        P* dgu = reinterpret_cast<P*>(static_cast<S*>(p.out) + m * 2 * p.I);
-        dgu[v] = dg;
-        dgu[V + v] = du;
+        if constexpr (kInterleaved) {
+          P a, b;
+#pragma unroll
+          for (int n = 0; n < N; ++n) {
+            pair_elem<P, N>(a, b, 2 * n) = dg.v[n];
+            pair_elem<P, N>(a, b, 2 * n + 1) = du.v[n];
+          }
+          dgu[2 * v] = a;
+          dgu[2 * v + 1] = b;
+        } else {
+          dgu[v] = dg;
+          dgu[V + v] = du;
+        }
       }
     };
 #pragma unroll 2
     for (int64_t v = lane; v < V; v += 32) {
       P d{};
       if constexpr (kBackward) d = dout[v];
-      one(v, gate[v], up[v], d);
+      if constexpr (kInterleaved)
+        one(v, row[2 * v], row[2 * v + 1], d);
+      else
+        one(v, row[v], row[V + v], d);
     }
     if constexpr (kBackward) {
 #pragma unroll
@@ -87,9 +136,8 @@ __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
   }
 }
 
-template <bool kBackward>
-void launch(Context& ctx, DType t, const WeightedSwigluParams& p) {
-  if (p.M == 0) return;
+template <bool kBackward, bool kForm, bool kInterleaved>
+void launch(Context& ctx, DType t, const WeightedSwigluParams& p, const SwigluFormElem& f) {
   dispatch_element(t, "weighted_swiglu dtype", [&](auto e) {
     using E = decltype(e);
     constexpr int kVec = kVec16<E>;
@@ -97,29 +145,41 @@ void launch(Context& ctx, DType t, const WeightedSwigluParams& p) {
                      (p.dout == nullptr || aligned16(p.dout));
     const int64_t want = qnum::ceil_div(p.M, WeightedSwigluConfig::kWarps);
     constexpr int kT = WeightedSwigluConfig::kThreads;
-    auto kernel =
-        vec ? weighted_swiglu_kernel<E, kVec, kBackward> : weighted_swiglu_kernel<E, 1, kBackward>;
+    auto kernel = vec ? weighted_swiglu_kernel<E, kVec, kBackward, kForm, kInterleaved>
+                      : weighted_swiglu_kernel<E, 1, kBackward, kForm, kInterleaved>;
     const unsigned grid = resident_grid(ctx, kernel, kT, want, WeightedSwigluConfig::kBlocksPerSm);
-    kernel<<<grid, kT, 0, ctx.stream()>>>(p);
+    kernel<<<grid, kT, 0, ctx.stream()>>>(p, ElemMath<kForm>{f});
     GROUPMM_CHECK_LAUNCH();
   });
+}
+
+template <bool kBackward>
+void launch(Context& ctx, DType t, const WeightedSwigluParams& p, const SwigluForm& form) {
+  if (p.M == 0) return;
+  const SwigluFormElem f{form.alpha, form.limit, form.up_offset};
+  if (form.plain())
+    launch<kBackward, false, false>(ctx, t, p, f);
+  else if (form.layout == SwigluLayout::halves)
+    launch<kBackward, true, false>(ctx, t, p, f);
+  else
+    launch<kBackward, true, true>(ctx, t, p, f);
 }
 
 }  // namespace
 
 void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
-                             const TensorView& out) {
+                             const TensorView& out, const SwigluForm& form) {
   WeightedSwigluParams p{gate_up.data, prob.ptr<float>(), nullptr,   out.data,
                          nullptr,      out.dim(0),        out.dim(1)};
-  launch<false>(ctx, gate_up.dtype, p);
+  launch<false>(ctx, gate_up.dtype, p, form);
 }
 
 void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
                               const TensorView& prob, const TensorView& dgate_up,
-                              const TensorView& dprob) {
+                              const TensorView& dprob, const SwigluForm& form) {
   WeightedSwigluParams p{gate_up.data,       prob.ptr<float>(), dout.data,  dgate_up.data,
                          dprob.ptr<float>(), dout.dim(0),       dout.dim(1)};
-  launch<true>(ctx, gate_up.dtype, p);
+  launch<true>(ctx, gate_up.dtype, p, form);
 }
 
 }  // namespace groupmm::cuda
