@@ -63,6 +63,16 @@ TORCH_LIBRARY(groupmm, m) {
   m.def(
       "weighted_swiglu_backward(Tensor dout, Tensor gate_up, Tensor prob) -> "
       "(Tensor dgate_up, Tensor dprob)");
+  // the parameterized one (moe.hpp SwigluForm: gpt-oss's clamped SwiGLU): g' = min(g, limit),
+  // u' = clamp(u, -limit, limit), out = g' sigmoid(alpha g') (u' + up_offset) prob; limit None =
+  // no clamp; interleaved: gate = column 2i, up = 2i + 1 (else the two halves)
+  m.def(
+      "weighted_swiglu_ex(Tensor gate_up, Tensor prob, float alpha=1.0, float? limit=None, "
+      "float up_offset=0.0, bool interleaved=False) -> Tensor");
+  m.def(
+      "weighted_swiglu_ex_backward(Tensor dout, Tensor gate_up, Tensor prob, float alpha=1.0, "
+      "float? limit=None, float up_offset=0.0, bool interleaved=False) -> "
+      "(Tensor dgate_up, Tensor dprob)");
   // the router's logits GEMM (moe_router_logits): x [T, H] bf16/fp16, w [E, H] -> [T, E] fp32
   m.def("router_logits(Tensor x, Tensor w) -> Tensor");
   m.def("router_logits_backward(Tensor d_logits, Tensor x, Tensor w) -> (Tensor dx, Tensor dw)");
@@ -130,17 +140,4 @@ TORCH_LIBRARY(groupmm, m) {
       "bool renormalize=False, int align=1, float capacity_factor=0.0, str recipe='bf16') -> "
       "(Tensor y, Tensor dx, Tensor d_router, Tensor d_gate_up, Tensor d_down, "
       "Tensor d_shared_up, Tensor d_shared_down)");
-}
-
-// The parameterized router-weighted SwiGLU (moe.hpp SwigluForm: gpt-oss's clamped SwiGLU):
-// g' = min(g, limit), u' = clamp(u, -limit, limit), out = g' sigmoid(alpha g') (u' + up_offset)
-// prob; limit None = no clamp; interleaved: gate = column 2i, up = 2i + 1 (else the two halves).
-TORCH_LIBRARY_FRAGMENT(groupmm, m) {
-  m.def(
-      "weighted_swiglu_ex(Tensor gate_up, Tensor prob, float alpha=1.0, float? limit=None, "
-      "float up_offset=0.0, bool interleaved=False) -> Tensor");
-  m.def(
-      "weighted_swiglu_ex_backward(Tensor dout, Tensor gate_up, Tensor prob, float alpha=1.0, "
-      "float? limit=None, float up_offset=0.0, bool interleaved=False) -> "
-      "(Tensor dgate_up, Tensor dprob)");
 }

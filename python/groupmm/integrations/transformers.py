@@ -29,7 +29,8 @@ on each call that records a graph; without grad the copy is made once per weight
 import torch
 
 import groupmm  # noqa: F401  (loads the ops)
-from groupmm.nn.grouped_linear import INFERENCE_RECIPES, RECIPES, _GroupedLinearFn, _Quantized, _W4
+from groupmm.nn.grouped_linear import (INFERENCE_RECIPES, RECIPES, _GroupedLinearFn, _Quantized,
+                                       _W4, split_multiple)
 
 ops = torch.ops.groupmm
 
@@ -140,14 +141,10 @@ def _linear(module, recipe, x, name, bias, splits):
     w_op = layer._exec.prepare(w, None)
     if not torch.is_grad_enabled():
         return layer._exec.forward(x, w_op, bias, splits)[0]
-    return _GroupedLinearFn.apply(x, w, bias, splits, layer, w_op)
+    return _GroupedLinearFn.apply(x, w, bias, splits, layer, w_op, None)
 
 
 # ---- the experts forward -------------------------------------------------------------------------
-
-def _align(recipe):
-    return 16 if recipe in ("fp8_current", "fp8_block", "mxfp8") else 1
-
 
 def experts_forward(module, hidden_states, top_k_index, top_k_weights, recipe=None):
     """The experts of `module` (a transformers class decorated with @use_experts_implementation)
@@ -157,7 +154,7 @@ def experts_forward(module, hidden_states, top_k_index, top_k_weights, recipe=No
     if form is None:
         form = module.__dict__["_groupmm_form"] = _form_of(module)
     alpha, limit, up_offset, interleaved = form
-    E, align = module.num_experts, _align(recipe)
+    E, align = module.num_experts, split_multiple(recipe)
     x = hidden_states
     ids = top_k_index.to(torch.int32)
     plan = ops.permute_plan(ids, E, align, 0)

@@ -15,6 +15,12 @@ INFERENCE_RECIPES = ("nvfp4_weight", "mxfp4_weight")
 RECIPES = TRAINING_RECIPES + INFERENCE_RECIPES
 
 
+def split_multiple(recipe):
+    """The rows each expert's split must be a multiple of under a layer recipe (the core's
+    recipe_traits(recipe).split_multiple; 1 for the 16-bit and the 4-bit weight recipes)."""
+    return recipe_traits(recipe).split_multiple if recipe in TRAINING_RECIPES[1:] else 1
+
+
 # ---- recipe executors ---------------------------------------------------------------------------
 # One per recipe, mirroring the C++ layer's executors (src/nn/grouped_linear.cpp,
 # quantized_recipe.cpp, w4_recipe.cpp) op for op, with the same quantize configs, so that on the

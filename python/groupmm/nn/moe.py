@@ -27,8 +27,8 @@ import math
 
 import torch
 
-from .._meta import moe_capacity, recipe_traits
-from .grouped_linear import GroupedLinear
+from .._meta import moe_capacity
+from .grouped_linear import GroupedLinear, split_multiple
 
 ops = torch.ops.groupmm
 
@@ -107,8 +107,7 @@ class MoE(torch.nn.Module):
                  device=None):
         super().__init__()
         self.recompute = bool(recompute)
-        split = 1 if recipe in ("bf16", "nvfp4_weight", "mxfp4_weight") else \
-            recipe_traits(recipe).split_multiple
+        split = split_multiple(recipe)
         align = split if align is None else align
         if align % split != 0:
             raise ValueError(f"groupmm.nn.MoE(recipe='{recipe}'): align={align} must be a "
