@@ -94,7 +94,8 @@ GemmConfig heuristic_16bit(const GemmLaunch& l) {
         return f32 ? C::wgrad_fp16_f32_128x256_coop_c21 : C::wgrad_fp16_fp16_128x256_coop_c21;
       // An output width K that the cooperative tile does not cover wastes a share of its tiles:
       // the 128-wide ping-pong tile for every expert, or into bf16 the 128x192 tile where 192
-      // divides K (into fp32 that tile is no faster than ping-pong).
+      // divides K (into fp32 that tile is no faster than ping-pong: docs/decisions.md, "GEMM
+      // bf16: 128x192 wgrad into fp32 (not kept)").
       if (d.K % kWgradTile.tile_n != 0 && rows >= kWgradPingPongMinRows) {
         if (f32) return C::wgrad_bf16_f32_128x128_pp_c21;
         return d.K % kWgradTile192.tile_n == 0 ? C::wgrad_bf16_bf16_128x192_coop_c21
