@@ -95,8 +95,8 @@ void gemm_wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const T
 // "fwd_bf16_128x256_coop_c12", or "wgrad_bf16_bf16_128x256_coop_c21@along_n" where the tiles
 // are visited across N; for logs, benchmarks and tests.
 std::string gemm_config_name(const Context& ctx, const GroupedGemmArgs& args);
-// Every instantiated cutlass_sm90 configuration (for GroupedGemmArgs::config); empty in a CPU-only
-// library (GROUPMM_WITH_CUDA_KERNELS 0).
+// Every cutlass_sm90 configuration (for GroupedGemmArgs::config), in every build: a CPU-only
+// library (GROUPMM_WITH_CUDA_KERNELS 0) lists the configurations a CUDA build instantiates.
 std::vector<std::string> gemm_config_names();
 
 // ================================================================================================

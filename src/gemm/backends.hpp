@@ -53,7 +53,6 @@ GROUPMM_CUDA_ENTRY size_t cutlass_gemm_workspace_size(const GemmLaunch& l, int s
 GROUPMM_CUDA_ENTRY void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
                                              size_t workspace_bytes);
 GROUPMM_CUDA_ENTRY std::string cutlass_config_name(const GemmLaunch& l);
-GROUPMM_CUDA_ENTRY std::vector<std::string> cutlass_config_names();
 // cuBLAS per-expert loop baseline (src/gemm/cuda/cublas_loop.cu): reads splits on the host.
 GROUPMM_CUDA_ENTRY void cublas_loop_gemm(Context& ctx, const GroupedGemmArgs& args,
                                          const GemmDims& dims);

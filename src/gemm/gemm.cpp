@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "gemm/backends.hpp"
+#include "gemm/cuda/configs.hpp"
 
 namespace groupmm {
 
@@ -218,9 +219,11 @@ std::string gemm_config_name(const Context& ctx, const GroupedGemmArgs& args) {
                                        : gemm_engine_name(args.engine);
 }
 
+// From the configuration table (host data, also in a CPU-only library).
 std::vector<std::string> gemm_config_names() {
-  if (!cuda_kernels_built()) return {};
-  return cuda::cutlass_config_names();
+  std::vector<std::string> v;
+  for (int i = 0; i < cuda::kConfigCount; ++i) v.push_back(cuda::config_name(cuda::GemmConfig(i)));
+  return v;
 }
 
 }  // namespace groupmm

@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "gemm/backends.hpp"
+#include "gemm/cuda/config_row.hpp"
 #include "gemm/cuda/sm90_blockwise_wide_mainloop.cuh"
 
 #include "cute/tensor.hpp"
@@ -36,17 +37,6 @@
 namespace groupmm::cuda::sm90 {
 
 using namespace cute;
-
-enum class Role : uint8_t { forward, forward_swap, dgrad, wgrad };
-enum class Schedule : uint8_t { cooperative, pingpong };
-// How quantized operands are scaled back:
-//  - none:       16-bit operands, scalar alpha;
-//  - per_expert: FP8 with one fp32 scale per expert and operand, alpha_g = alpha * sa_g * sb_g
-//                applied in the epilogue (per-group alpha pointers); also 16-bit forward operands
-//                with a per-expert factor sb_g (the dequantized NVFP4 weights, gemm_w4.cpp);
-//  - blockwise:  FP8 with fp32 block scales applied in the mainloop at every 128-deep K block
-//                (1x128 activations, 128x128 weights; 1x1x128 for wgrad), scalar alpha.
-enum class Scaling : uint8_t { none, per_expert, blockwise };
 
 template <class T>
 constexpr bool is_fp8_v =
@@ -245,5 +235,31 @@ struct Sm90GroupedConfig {
         kWideBlockwise ? " wide blockwise mainloop" : "");
   }
 };
+
+// ---- a row of configs.def as a configuration -----------------------------------------------
+// The element type of a DType the kernels take (void for others, which the config refuses).
+template <DType T>
+auto element_of() {
+  if constexpr (T == DType::bf16)
+    return cutlass::bfloat16_t{};
+  else if constexpr (T == DType::fp16)
+    return cutlass::half_t{};
+  else if constexpr (T == DType::fp32)
+    return float{};
+  else if constexpr (T == DType::fp8e4m3)
+    return cutlass::float_e4m3_t{};
+  else if constexpr (T == DType::fp8e5m2)
+    return cutlass::float_e5m2_t{};
+}
+template <DType T>
+using ElementOf = decltype(element_of<T>());
+
+// Row: a type whose static constexpr KernelRow `value` is the row (GROUPMM_SM90_INSTANTIATE).
+template <class Row, const KernelRow& R = Row::value>
+using ConfigOf =
+    Sm90GroupedConfig<ElementOf<R.a>, ElementOf<R.b>, ElementOf<R.out>, R.role,
+                      Shape<Int<R.tile_m>, Int<R.tile_n>, Int<R.tile_k>>,
+                      Shape<Int<R.cluster_m>, Int<R.cluster_n>, _1>, R.schedule,
+                      scaling_of(R.recipe), R.fast_accum, R.epilogue_n, R.wide_blockwise>;
 
 }  // namespace groupmm::cuda::sm90

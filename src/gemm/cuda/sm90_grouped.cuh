@@ -226,27 +226,18 @@ KernelEntry entry() {
 
 }  // namespace groupmm::cuda::sm90
 
-// One translation unit per configuration (they are slow to compile): each defines a function
-// returning its KernelEntry, declared in kernels.hpp.
-// GROUPMM_SM90_KERNEL_EPI: a 16-bit kernel with an explicit epilogue subtile width (EPI_N).
-#define GROUPMM_SM90_KERNEL(fn, EAB, ED, ROLE, TM, TN, TK, CM, CN, SCHED) \
-  GROUPMM_SM90_KERNEL_SCALED(fn, EAB, EAB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, none, false)
-#define GROUPMM_SM90_KERNEL_EPI(fn, EAB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, EPI_N) \
-  GROUPMM_SM90_KERNEL_IMPL(fn, EAB, EAB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, none, false, EPI_N)
-#define GROUPMM_SM90_KERNEL_SCALED(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST) \
-  GROUPMM_SM90_KERNEL_IMPL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST, 0)
-#define GROUPMM_SM90_KERNEL_IMPL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST,  \
-                                 EPI_N)                                                           \
-  GROUPMM_SM90_KERNEL_FULL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST, EPI_N, \
-                           false)
-// GROUPMM_SM90_KERNEL_FULL: every parameter, the last whether a 128x192 blockwise forward or
-// dgrad runs groupmm's mainloop (sm90_blockwise_wide_mainloop.cuh).
-#define GROUPMM_SM90_KERNEL_FULL(fn, EA, EB, ED, ROLE, TM, TN, TK, CM, CN, SCHED, SCALING, FAST,   \
-                                 EPI_N, WIDE)                                                      \
-  namespace groupmm::cuda::sm90 {                                                                  \
-  KernelEntry fn() {                                                                               \
-    return entry<Sm90GroupedConfig<EA, EB, ED, Role::ROLE, Shape<Int<TM>, Int<TN>, Int<TK>>,       \
-                                   Shape<Int<CM>, Int<CN>, _1>, Schedule::SCHED, Scaling::SCALING, \
-                                   FAST, EPI_N, WIDE>>();                                          \
-  }                                                                                                \
+// One translation unit per row of configs.def (CUTLASS kernels are slow to compile), generated
+// by CMake (cmake/gemm_configs.cmake) as `GROUPMM_SM90_INSTANTIATE(<the row's arguments>)`. It
+// checks the row's name against its parameters and defines sm90::<name>(), the KernelEntry that
+// engine.cu registers.
+#define GROUPMM_SM90_INSTANTIATE(NAME, ...)                                             \
+  namespace groupmm::cuda::sm90 {                                                       \
+  struct NAME##_row {                                                                   \
+    static constexpr KernelRow value = GROUPMM_SM90_KERNEL_ROW(NAME, __VA_ARGS__);      \
+  };                                                                                    \
+  static_assert(name_matches(NAME##_row::value),                                        \
+                "configs.def: the name " #NAME " does not spell its row's parameters"); \
+  KernelEntry NAME() {                                                                  \
+    return entry<ConfigOf<NAME##_row>>();                                               \
+  }                                                                                     \
   }

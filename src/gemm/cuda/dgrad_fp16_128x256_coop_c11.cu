@@ -1,5 +1,0 @@
-// SM90 grouped GEMM instantiation: dgrad_fp16_128x256_coop_c11
-#include "gemm/cuda/sm90_grouped.cuh"
-
-GROUPMM_SM90_KERNEL(dgrad_fp16_128x256_coop_c11, cutlass::half_t, cutlass::half_t, dgrad, 128, 256,
-                    64, 1, 1, cooperative)

@@ -1,5 +1,0 @@
-// SM90 grouped GEMM instantiation: fwdswap_bf16_128x32_pp_c11
-#include "gemm/cuda/sm90_grouped.cuh"
-
-GROUPMM_SM90_KERNEL(fwdswap_bf16_128x32_pp_c11, cutlass::bfloat16_t, cutlass::bfloat16_t,
-                    forward_swap, 128, 32, 128, 1, 1, pingpong)

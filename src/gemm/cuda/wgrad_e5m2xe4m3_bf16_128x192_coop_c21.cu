@@ -1,6 +1,0 @@
-// SM90 grouped GEMM instantiation: wgrad_e5m2xe4m3_bf16_128x192_coop_c21
-#include "gemm/cuda/sm90_grouped.cuh"
-
-GROUPMM_SM90_KERNEL_SCALED(wgrad_e5m2xe4m3_bf16_128x192_coop_c21, cutlass::float_e5m2_t,
-                           cutlass::float_e4m3_t, cutlass::bfloat16_t, wgrad, 128, 192, 128, 2, 1,
-                           cooperative, per_expert, false)
