@@ -103,6 +103,8 @@ expect 2 "--rank does not apply to --cpu" -- bench moe --cpu --ep throughput --r
 # starts (a thread per rank; the ranks of a failed allocation used to wait forever)
 expect 2 "bench ep: --ranks 1024 must divide the experts of every chosen case \(case dsv3 has E=32\)" -- bench ep --cpu --ranks 1024
 expect 2 "bench moe: --ranks 1024 must divide the experts of every chosen case" -- bench moe --cpu --ep capacity --ranks 1024
+expect 2 "--recipe mxfp8 does not apply to --ep" -- bench moe --cpu --ep capacity --recipe mxfp8
+expect 0 "experts fp8_block" -- bench moe --cpu --case mixtral --recipe fp8_block
 printf '#!/usr/bin/env bash\nulimit -v 8000000\nexec %q "$@"\n' "$bin" >"$tmp/limited" && chmod +x "$tmp/limited"
 full_bin=$bin bin=$tmp/limited
 expect 2 "bench ep needs about .* of host memory, more than the .* available; reduce --tokens or --ranks" -- bench ep --cpu --ranks 16 --case qwen3 --tokens 1048576

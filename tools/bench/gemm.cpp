@@ -4,8 +4,6 @@
 // (with the splits) for bench/peers_torch.py, which adds torch._grouped_mm from the same device
 // call. The command's options and checks are here too; --recipe and --weights run the variants of
 // gemm_quantized.cpp and gemm_w4.cpp.
-#include <cublas_v2.h>
-
 #include <algorithm>
 #include <cstdio>
 
@@ -167,22 +165,13 @@ struct GemmOperands {
 
 // One dense cuBLAS GEMM of the case's total size (the roofline peer), into op.out: median ms.
 double time_dense_bf16(Context& ctx, const GemmOperands& op, int iters) {
-  auto blas = static_cast<cublasHandle_t>(ctx.cublas_handle());
-  const cudaDataType_t blas_out = op.out_t == DType::fp32 ? CUDA_R_32F : CUDA_R_16BF;
-  const float one = 1, zero = 0;
-  const int iM = int(op.M), iN = int(op.N), iK = int(op.K);
-  const bool fwd = op.pass == GemmPass::forward, dgrad = op.pass == GemmPass::dgrad;
-  // forward: TN (m=N, n=M, k=K); dgrad: NN (K, M, N); wgrad: NT (K, N, M); B first (column-major)
-  const int m = fwd ? iN : iK, n = fwd ? iM : dgrad ? iM : iN, k = fwd ? iK : dgrad ? iN : iM;
-  const int ldb = iK, lda = fwd ? iK : iN, ldc = fwd ? iN : iK;
-  const cublasOperation_t ta = fwd ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t tb = fwd || dgrad ? CUBLAS_OP_N : CUBLAS_OP_T;
-  return median_ms(ctx.stream(), 2, iters, [&](int i) {
-    GROUPMM_CHECK_CUBLAS(cublasGemmEx(blas, ta, tb, m, n, k, &one, op.view_b(i % op.R).data,
-                                      CUDA_R_16BF, ldb, op.view_a(i % op.R).data, CUDA_R_16BF, lda,
-                                      &zero, op.out.data(), blas_out, ldc, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
-  });
+  return dense_gemm_ms(
+      ctx, op.pass, op.M, op.N, op.K,
+      [&](int i) {
+        return std::pair<const void*, const void*>(op.view_a(i % op.R).data,
+                                                   op.view_b(i % op.R).data);
+      },
+      op.out.data(), op.out_t, iters);
 }
 
 // Each configuration validated against op.ref (the cuBLAS loop's output): its rel err.

@@ -7,7 +7,10 @@
 #include <numeric>
 #include <random>
 
+#include <cublas_v2.h>
+
 #include "groupmm/convert.hpp"
+#include "groupmm/random.hpp"
 
 namespace groupmm::tool {
 
@@ -129,6 +132,48 @@ double copy_bandwidth_gbs(cudaStream_t stream) {
   cudaFree(a);
   cudaFree(b);
   return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
+}
+
+QuantRecipe training_recipe_of(const std::string& name) {
+  if (name == "fp8_current") return QuantRecipe::fp8_current;
+  if (name == "fp8_block") return QuantRecipe::fp8_block;
+  GROUPMM_CHECK(name == "mxfp8", "training_recipe_of: '", name, "' is not a training recipe");
+  return QuantRecipe::mxfp8;
+}
+
+double dense_gemm_ms(Context& ctx, GemmPass pass, int64_t M, int64_t N, int64_t K,
+                     const DenseOperands& operands, void* out, DType out_t, int iters) {
+  auto blas = static_cast<cublasHandle_t>(ctx.cublas_handle());
+  const cudaDataType_t blas_out = out_t == DType::fp32 ? CUDA_R_32F : CUDA_R_16BF;
+  const float one = 1, zero = 0;
+  const int iM = int(M), iN = int(N), iK = int(K);
+  const bool fwd = pass == GemmPass::forward, dgrad = pass == GemmPass::dgrad;
+  // column-major cuBLAS on row-major operands, b first: forward TN (m=N, n=M, k=K); dgrad NN
+  // (K, M, N); wgrad NT (K, N, M)
+  const int m = fwd ? iN : iK, n = fwd || dgrad ? iM : iN, k = fwd ? iK : dgrad ? iN : iM;
+  const int ldb = iK, lda = fwd ? iK : iN, ldc = fwd ? iN : iK;
+  const cublasOperation_t ta = fwd ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = fwd || dgrad ? CUBLAS_OP_N : CUBLAS_OP_T;
+  return median_ms(ctx.stream(), 2, iters, [&](int i) {
+    const auto [a, b] = operands(i);
+    GROUPMM_CHECK_CUBLAS(cublasGemmEx(blas, ta, tb, m, n, k, &one, b, CUDA_R_16BF, ldb, a,
+                                      CUDA_R_16BF, lda, &zero, out, blas_out, ldc,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  });
+}
+
+double dense_gemm_ms(Context& ctx, GemmPass pass, int64_t M, int64_t N, int64_t K, int iters) {
+  cudaStream_t s = ctx.stream();
+  const bool fwd = pass == GemmPass::forward, dgrad = pass == GemmPass::dgrad;
+  Tensor a = Tensor::empty({M, fwd ? K : N}, DType::bf16, Device::CUDA, s);
+  Tensor b = Tensor::empty({fwd || dgrad ? N : M, K}, DType::bf16, Device::CUDA, s);
+  Tensor out = Tensor::empty({fwd ? M : dgrad ? M : N, fwd ? N : K}, DType::bf16, Device::CUDA, s);
+  fill_uniform(ctx, a, -1.0f, 1.0f, 1);
+  fill_uniform(ctx, b, -1.0f, 1.0f, 2);
+  return dense_gemm_ms(
+      ctx, pass, M, N, K,
+      [&](int) { return std::pair<const void*, const void*>(a.data(), b.data()); }, out.data(),
+      DType::bf16, iters);
 }
 
 // ---- the table ---------------------------------------------------------------------------------

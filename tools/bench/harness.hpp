@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "cli.hpp"
 #include "common/timing.hpp"
 #include "groupmm/core.hpp"
+#include "groupmm/gemm.hpp"
 
 namespace groupmm::tool {
 
@@ -64,6 +66,9 @@ std::vector<int64_t> bench_splits(const std::string& pattern, int64_t G, int64_t
 // non-empty split (the total is a multiple of 16 here).
 std::vector<int64_t> align_splits16(std::vector<int64_t> s);
 
+// A training recipe's name (fp8_current, fp8_block, mxfp8; the options' choices) as the core's.
+QuantRecipe training_recipe_of(const std::string& name);
+
 // ---- validation --------------------------------------------------------------------------------
 // ||a - b|| / ||b|| of two bf16 or fp32 views (any device); infinite when a has a non-finite value.
 double rel_err(const TensorView& a, const TensorView& b);
@@ -86,6 +91,15 @@ struct Failures {
 int rotation_copies(int64_t input_bytes);
 // Device-to-device copy bandwidth (bytes read + written per second), the memory ceiling.
 double copy_bandwidth_gbs(cudaStream_t stream);
+// The compute ceiling: one dense cuBLAS bf16 GEMM (fp32 accumulation) in a grouped pass's layout
+// over all M rows: forward y[M, N] = a[M, K] b[N, K]^T, dgrad y[M, K] = a[M, N] b[N, K], wgrad
+// y[N, K] = a[M, N]^T b[M, K]; out bf16 or fp32. Launch i reads operands(i) = {a, b} (a rotation
+// past L2, or the same pair). Median ms over iters launches.
+using DenseOperands = std::function<std::pair<const void*, const void*>(int)>;
+double dense_gemm_ms(Context& ctx, GemmPass pass, int64_t M, int64_t N, int64_t K,
+                     const DenseOperands& operands, void* out, DType out_t, int iters);
+// The same on operands of its own (uniform random bf16), into bf16.
+double dense_gemm_ms(Context& ctx, GemmPass pass, int64_t M, int64_t N, int64_t K, int iters);
 
 // ---- the table ---------------------------------------------------------------------------------
 // One column: text is left-aligned when `left`, else right-aligned like numbers; a number prints

@@ -36,12 +36,6 @@ double layer_bytes(int64_t G, int64_t rows, int64_t N, int64_t K) {
   return 2.0 * (3.0 * double(G) * double(N) * double(K) + 3 * M * N + 3 * M * K) * 1.1;
 }
 
-QuantRecipe layer_recipe_of(const std::string& r) {
-  return r == "fp8_current" ? QuantRecipe::fp8_current
-         : r == "fp8_block" ? QuantRecipe::fp8_block
-                            : QuantRecipe::mxfp8;
-}
-
 // A quantized recipe's training step vs the bf16 layer (bench_layer_quantized.cpp), per pattern.
 int run_bench_layer_quantized(const BenchLayerOptions& o) {
   if (o.cpu) throw UsageError("--recipe " + o.recipe + " needs a GPU (--cpu runs bf16 only)");
@@ -50,7 +44,7 @@ int run_bench_layer_quantized(const BenchLayerOptions& o) {
   require_gpu("bench layer: --recipe");
   int rc = 0;
   for (const std::string& pat : o.patterns)
-    rc |= run_layer_quantized(layer_recipe_of(o.recipe), o.case_filter, pat,
+    rc |= run_layer_quantized(training_recipe_of(o.recipe), o.case_filter, pat,
                               o.iters_opt->count() ? o.iters : 5);
   return rc;
 }

@@ -52,8 +52,11 @@ struct BenchMoeOptions {
   std::vector<std::string> cases;
   int64_t tokens = 0;  // overrides every case's T when > 0
   int iters = 20;      // timed runs per measurement (median)
-  bool cpu = false;    // smoke run on the CPU reference backend (tiny shapes, wall clock)
-  std::string json;    // write the results here (bench/peers_torch_moe.py reads them)
+  // The expert linears' recipe: bf16, or a quantized training recipe (experts padded to its
+  // split_multiple, recipe_traits); one GPU only.
+  std::string recipe = "bf16";
+  bool cpu = false;  // smoke run on the CPU reference backend (tiny shapes, wall clock)
+  std::string json;  // write the results here (bench/peers_torch_moe.py reads them)
   // Expert parallelism (nn::MoE over ranks, moe_ep.cpp): ep "capacity" or "throughput" runs
   // every case as one rank of a group with E / R local experts and T tokens a rank; "" = one GPU,
   // no EP. The group as in `bench ep` (common/ep_group.hpp); with cpu, `ranks` (default 2)
