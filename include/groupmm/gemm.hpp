@@ -24,6 +24,17 @@
 // Splits faults: the splits rule of offsets.hpp with M = M_total (negative -> 0, ranges past
 // M_total cut short, a sum other than M_total reported; rows past the sum are left unwritten).
 //
+// Splits short of M_total (GroupedGemmArgs::splits_total = at_most): the activation buffers may
+// hold more rows than the experts own, as padded MoE buffers and torch._grouped_mm's `offs` (whose
+// last entry may stop short of the grouped extent) do. The rows past S = sum(splits) are then
+// neither read (x / dy rows, wgrad's dy and x rows) nor written (y / dx rows), and S < M_total is
+// no fault; S > M_total still is (the expert that crosses M_total is cut short there:
+// kFaultSplitsOverflow, and kFaultSplitsTotalMismatch as in the strict rule), checked on the
+// device like every split. zero_tail (forward and dgrad) writes zeros to the output rows
+// [S, M_total) instead of leaving them as they were: one small extra kernel that writes only those
+// rows (a gradient w.r.t. padded rows must be 0). Both are graph safe on the cutlass_sm90 engine
+// (the sum is read on the device). The default (exact) is the strict rule above.
+//
 // Graph safety: the cutlass_sm90 engine (the default on sm_90) is graph safe: per-expert
 // pointers and problem sizes are built on the device from splits by one small kernel, the GEMM is
 // one persistent launch, no host sync, no allocation when a workspace is passed (or reserved on
@@ -40,6 +51,11 @@ namespace groupmm {
 
 enum class GemmPass : uint8_t { forward, dgrad, wgrad };
 const char* gemm_pass_name(GemmPass p);
+
+// What sum(splits) may be: exactly M_total (the default), or at most M_total (rows past the sum
+// are not part of any expert; see "Splits short of M_total" above).
+enum class SplitsTotal : uint8_t { exact, at_most };
+const char* splits_total_name(SplitsTotal t);
 
 enum class GemmEngine : uint8_t {
   automatic,     // cutlass_sm90 on a CUDA context, reference on a CPU context
@@ -59,6 +75,11 @@ struct GroupedGemmArgs {
   float alpha = 1.0f;
   float beta = 0.0f;  // wgrad only: 0 or 1 (1 = accumulate into out)
   GemmEngine engine = GemmEngine::automatic;
+  // exact: sum(splits) == M_total (a short sum is kFaultSplitsTotalMismatch). at_most: sum <=
+  // M_total, rows past the sum neither read nor written (zero_tail: forward/dgrad output rows past
+  // the sum are written with zeros; needs at_most). See "Splits short of M_total" above.
+  SplitsTotal splits_total = SplitsTotal::exact;
+  bool zero_tail = false;
   // cutlass_sm90 only: run this kernel configuration instead of the heuristic's choice (names as
   // printed by gemm_config_names(); tuning and tests). Empty = heuristic. A configuration for
   // another pass or dtype is an error. A name (or an empty one) may end in "@along_m" or

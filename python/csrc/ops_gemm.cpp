@@ -52,18 +52,29 @@ Bound bind(Call& call, const groupmm::GroupedGemmArgs& args, std::vector<at::Ten
           std::move(outputs)};
 }
 
-}  // namespace
-
-Bound bind_gemm(Call& call, groupmm::GemmPass pass, const at::Tensor& a, const at::Tensor& b,
-                const at::Tensor& splits, const std::optional<at::Tensor>& bias,
-                std::optional<at::ScalarType> out_dtype) {
+// bind_gemm with the splits rule of gemm.hpp (SplitsTotal, zero_tail) chosen.
+Bound bind_gemm_rule(Call& call, groupmm::GemmPass pass, const at::Tensor& a, const at::Tensor& b,
+                     const at::Tensor& splits, const std::optional<at::Tensor>& bias,
+                     std::optional<at::ScalarType> out_dtype, groupmm::SplitsTotal total,
+                     bool zero_tail) {
   groupmm::GroupedGemmArgs args = gemm_args(call, pass, a, b, splits, bias);
+  args.splits_total = total;
+  args.zero_tail = zero_tail;
   std::vector<int64_t> shape{a.size(0), b.size(1)};                                      // forward
   if (pass == groupmm::GemmPass::dgrad) shape = {a.size(0), b.size(2)};                  // dx
   if (pass == groupmm::GemmPass::wgrad) shape = {splits.size(0), a.size(1), b.size(1)};  // dW
   at::Tensor out = call.empty(shape, out_dtype.value_or(a.scalar_type()));
   args.out = call.out(out, "out");
   return bind(call, args, {out});
+}
+
+}  // namespace
+
+Bound bind_gemm(Call& call, groupmm::GemmPass pass, const at::Tensor& a, const at::Tensor& b,
+                const at::Tensor& splits, const std::optional<at::Tensor>& bias,
+                std::optional<at::ScalarType> out_dtype) {
+  return bind_gemm_rule(call, pass, a, b, splits, bias, out_dtype, groupmm::SplitsTotal::exact,
+                        false);
 }
 
 namespace {
@@ -155,7 +166,35 @@ std::tuple<at::Tensor, at::Tensor> group_offsets(const at::Tensor& splits) {
   return {start, end};
 }
 
+groupmm::GemmPass parse_pass(const std::string& s) {
+  if (s == "forward") return groupmm::GemmPass::forward;
+  if (s == "dgrad") return groupmm::GemmPass::dgrad;
+  TORCH_CHECK_VALUE(s == "wgrad", "groupmm.grouped_gemm: gemm_pass='", s,
+                    "' must be 'forward', 'dgrad' or 'wgrad'");
+  return groupmm::GemmPass::wgrad;
+}
+
+// One pass with the splits rule chosen (gemm.hpp, SplitsTotal): out as bind_gemm allocates it.
+at::Tensor grouped_gemm_op(const at::Tensor& a, const at::Tensor& b, const at::Tensor& splits,
+                           const std::string& gemm_pass, const std::optional<at::Tensor>& bias,
+                           std::optional<at::ScalarType> out_dtype, const std::string& splits_total,
+                           bool zero_tail) {
+  TORCH_CHECK_VALUE(splits_total == "exact" || splits_total == "at_most",
+                    "groupmm.grouped_gemm: splits_total='", splits_total,
+                    "' must be 'exact' or 'at_most'");
+  const groupmm::GemmPass pass = parse_pass(gemm_pass);
+  Call call("grouped_gemm", a);
+  Bound op = bind_gemm_rule(
+      call, pass, a, b, splits, bias, out_dtype,
+      splits_total == "at_most" ? groupmm::SplitsTotal::at_most : groupmm::SplitsTotal::exact,
+      zero_tail);
+  op.run();
+  call.finish();
+  return op.outputs[0];
+}
+
 void register_gemm_impls(torch::Library& m) {
+  m.impl("grouped_gemm", &grouped_gemm_op);
   m.impl("grouped_mm", &grouped_mm);
   m.impl("grouped_mm_dgrad", &grouped_mm_dgrad);
   m.impl("grouped_mm_wgrad", &grouped_mm_wgrad);

@@ -140,4 +140,12 @@ TORCH_LIBRARY(groupmm, m) {
       "bool renormalize=False, int align=1, float capacity_factor=0.0, str recipe='bf16') -> "
       "(Tensor y, Tensor dx, Tensor d_router, Tensor d_gate_up, Tensor d_down, "
       "Tensor d_shared_up, Tensor d_shared_down)");
+
+  // grouped GEMM of one pass ('forward', 'dgrad', 'wgrad') with the splits rule chosen:
+  // splits_total 'exact' (sum == rows) or 'at_most' (rows past the sum neither read nor written;
+  // zero_tail: forward / dgrad output rows past the sum are zeros). groupmm.grouped_mm (the
+  // torch._grouped_mm drop-in) is built on it.
+  m.def(
+      "grouped_gemm(Tensor a, Tensor b, Tensor splits, str gemm_pass, Tensor? bias=None, "
+      "ScalarType? out_dtype=None, str splits_total='exact', bool zero_tail=False) -> Tensor");
 }

@@ -34,6 +34,7 @@ torch.ops.load_library(_lib)
 from . import _meta  # noqa: E402,F401  (fake kernels; the autograd ones are in the .so)
 from ._meta import moe_capacity, permuted_rows, recipe_traits  # noqa: E402,F401
 from . import nn  # noqa: E402,F401
+from ._dropin import grouped_mm, scaled_grouped_mm  # noqa: E402,F401
 
 ops = torch.ops.groupmm
 
@@ -46,4 +47,5 @@ def check(device=None):
     ops.check_status(torch.empty(0, device=device))
 
 
-__all__ = ["ops", "nn", "check", "moe_capacity", "permuted_rows", "recipe_traits"]
+__all__ = ["ops", "nn", "check", "moe_capacity", "permuted_rows", "recipe_traits", "grouped_mm",
+           "scaled_grouped_mm"]

@@ -333,3 +333,12 @@ def _(x, router_weight, gate_up, down, shared_up, shared_down, dy, topk, score="
         shared = [_empty(x, (1, *w.shape), x.dtype) for w in (shared_up, shared_down)]
     return (y, _empty(x, x.shape, x.dtype), torch.empty_like(router_weight),
             torch.empty_like(gate_up), torch.empty_like(down), *shared)
+
+
+@register_fake("groupmm::grouped_gemm")
+def _(a, b, splits, gemm_pass, bias=None, out_dtype=None, splits_total="exact", zero_tail=False):
+    if gemm_pass == "wgrad":
+        shape = (splits.shape[0], a.shape[1], b.shape[1])
+    else:
+        shape = (a.shape[0], b.shape[1] if gemm_pass == "forward" else b.shape[2])
+    return _empty(a, shape, out_dtype or a.dtype)

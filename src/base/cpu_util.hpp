@@ -65,9 +65,10 @@ struct RowRange {
 // Expert row ranges from host splits by the splits rule of offsets.hpp (the CUDA kernels' scan is
 // src/kernels/common/splits_scan.cuh): negative -> 0 (kFaultNegativeSplit), a range past row_bound
 // cut short (kFaultSplitsOverflow), a sum other than expected_total (kFaultSplitsTotalMismatch;
-// -1: not checked). Faults are reported against `op`.
+// -1: not checked; total_at_most: only a sum above it). Faults are reported against `op`.
 inline std::vector<RowRange> expert_rows(Context& ctx, const TensorView& splits, int64_t row_bound,
-                                         OpId op, int64_t expected_total) {
+                                         OpId op, int64_t expected_total,
+                                         bool total_at_most = false) {
   const int64_t G = splits.dim(0);
   std::vector<RowRange> r(static_cast<size_t>(G));
   int64_t run = 0;
@@ -86,7 +87,8 @@ inline std::vector<RowRange> expert_rows(Context& ctx, const TensorView& splits,
     r[static_cast<size_t>(g)] = {start, rows};
     run = m > INT64_MAX - run ? INT64_MAX : run + m;  // the sum is only reported: saturate
   }
-  if (expected_total >= 0 && run != expected_total)
+  const bool bad_total = total_at_most ? run > expected_total : run != expected_total;
+  if (expected_total >= 0 && bad_total)
     report_fault_host(ctx.status(), kFaultSplitsTotalMismatch, op, -1, run);
   return r;
 }

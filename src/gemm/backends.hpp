@@ -27,7 +27,8 @@ struct GemmLaunch {
   float alpha = 1.0f, beta = 0.0f;
   const float* scale_a = nullptr;  // fp8_current: [G] scale_inv; fp8_block: block scales; null: 1
   const float* scale_b = nullptr;
-  std::string config;  // a kernel name, or empty for the heuristic
+  std::string config;           // a kernel name, or empty for the heuristic
+  bool splits_at_most = false;  // SplitsTotal::at_most: a short sum of splits is no fault
   std::string to_string() const;
 };
 
@@ -37,6 +38,8 @@ GemmLaunch make_launch(const GroupedGemmArgs& args, const GemmDims& dims);
 
 namespace groupmm::cpu {
 void grouped_gemm(Context& ctx, const GroupedGemmArgs& args, const GemmDims& dims);
+// GroupedGemmArgs::zero_tail: zeros in out's rows [min(sum(splits), M), M) (splits on the host).
+void zero_rows_past_splits(const TensorView& splits, const TensorView& out);
 // The reference of quantized GEMMs: operands already dequantized to fp32 ([M, K] / [G, N, K]
 // un-transposed, as grouped_gemm's 16-bit operands), products summed in fp64. wgrad experts whose
 // split is not a multiple of wgrad_row_multiple (> 1) are skipped with kFaultSplitAlignment.
@@ -53,6 +56,11 @@ GROUPMM_CUDA_ENTRY size_t cutlass_gemm_workspace_size(const GemmLaunch& l, int s
 GROUPMM_CUDA_ENTRY void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
                                              size_t workspace_bytes);
 GROUPMM_CUDA_ENTRY std::string cutlass_config_name(const GemmLaunch& l);
+// GroupedGemmArgs::zero_tail (src/gemm/cuda/zero_tail.cu): zeros in out's rows
+// [min(sum(splits), M), M), the sum read on the device (graph safe; negative splits count as 0).
+// out is [M, row] with 16-byte aligned rows.
+GROUPMM_CUDA_ENTRY void zero_rows_past_splits(Context& ctx, const TensorView& splits,
+                                              const TensorView& out);
 // cuBLAS per-expert loop baseline (src/gemm/cuda/cublas_loop.cu): reads splits on the host.
 GROUPMM_CUDA_ENTRY void cublas_loop_gemm(Context& ctx, const GroupedGemmArgs& args,
                                          const GemmDims& dims);

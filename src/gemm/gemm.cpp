@@ -18,6 +18,10 @@ const char* gemm_pass_name(GemmPass p) {
   return "?";
 }
 
+const char* splits_total_name(SplitsTotal t) {
+  return t == SplitsTotal::at_most ? "at_most" : "exact";
+}
+
 const char* gemm_engine_name(GemmEngine e) {
   switch (e) {
     case GemmEngine::automatic:
@@ -37,8 +41,9 @@ std::string GroupedGemmArgs::to_string() const {
   os << "GroupedGemmArgs(pass=" << gemm_pass_name(pass) << ", a=" << a.to_string()
      << ", b=" << b.to_string() << ", out=" << out.to_string() << ", splits=" << splits.to_string()
      << ", bias=" << bias.to_string() << ", alpha=" << alpha << ", beta=" << beta
-     << ", engine=" << gemm_engine_name(engine) << (config.empty() ? "" : ", config=" + config)
-     << ")";
+     << ", engine=" << gemm_engine_name(engine)
+     << (splits_total == SplitsTotal::exact ? "" : ", splits_total=at_most")
+     << (zero_tail ? ", zero_tail" : "") << (config.empty() ? "" : ", config=" + config) << ")";
   return os.str();
 }
 
@@ -108,6 +113,11 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
   }
   GROUPMM_CHECK(d.G >= 1, op, ": number of groups G=", d.G, " must be >= 1");
   check_splits(op, a.splits, d.G, dev);
+  GROUPMM_CHECK(!a.zero_tail || a.splits_total == SplitsTotal::at_most, op,
+                ": zero_tail needs splits_total=at_most (with exact splits there are no rows past "
+                "their sum)");
+  GROUPMM_CHECK(!a.zero_tail || a.pass != GemmPass::wgrad, op,
+                ": zero_tail is for forward and dgrad (wgrad's out [G, N, K] has no row tail)");
   GROUPMM_CHECK(d.M <= INT32_MAX, op, ": M_total=", d.M, " must fit int32");
 
   GemmEngine e = a.engine;
@@ -130,11 +140,11 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
 }
 
 std::string GemmLaunch::to_string() const {
-  return detail::cat("GemmLaunch(", gemm_pass_name(pass), " M=", dims.M, " N=", dims.N,
-                     " K=", dims.K, " G=", dims.G, " ", dtype_name(a_dtype), " x ",
-                     dtype_name(b_dtype), " -> ", dtype_name(out_dtype), ", ", recipe_name(recipe),
-                     fast_accum ? ", fast accumulation" : "",
-                     config.empty() ? "" : ", config=" + config, ")");
+  return detail::cat(
+      "GemmLaunch(", gemm_pass_name(pass), " M=", dims.M, " N=", dims.N, " K=", dims.K,
+      " G=", dims.G, " ", dtype_name(a_dtype), " x ", dtype_name(b_dtype), " -> ",
+      dtype_name(out_dtype), ", ", recipe_name(recipe), fast_accum ? ", fast accumulation" : "",
+      splits_at_most ? ", splits at most M" : "", config.empty() ? "" : ", config=" + config, ")");
 }
 
 GemmLaunch make_launch(const GroupedGemmArgs& a, const GemmDims& d) {
@@ -151,6 +161,7 @@ GemmLaunch make_launch(const GroupedGemmArgs& a, const GemmDims& d) {
   l.alpha = a.alpha;
   l.beta = a.beta;
   l.config = a.config;
+  l.splits_at_most = a.splits_total == SplitsTotal::at_most;
   return l;
 }
 
@@ -174,6 +185,13 @@ void grouped_gemm(Context& ctx, const GroupedGemmArgs& args, void* workspace, si
     cuda::cublas_loop_gemm(ctx, args, d);
   } else {
     cuda::cutlass_grouped_gemm(ctx, make_launch(args, d), workspace, ws_bytes);
+  }
+  if (args.zero_tail) {
+    if (ctx.device() == Device::CPU) {
+      cpu::zero_rows_past_splits(args.splits, args.out);
+    } else {
+      cuda::zero_rows_past_splits(ctx, args.splits, args.out);
+    }
   }
   ctx.after_op();
 }

@@ -120,4 +120,51 @@ struct GemmProblem {
   }
 };
 
+// SplitsTotal::at_most: `problem` (M = sum(splits)) with `tail` more rows in its activation
+// buffers (a, and b for wgrad) and its output (forward, dgrad). The tail rows of the operands
+// are NaN, so a kernel that read one would show it; the output starts as NaN poison (0xFF).
+struct TailProblem {
+  GemmProblem p;
+  int64_t tail = 0;
+  std::vector<uint16_t> a, b;  // the operands with their tail rows
+
+  int64_t rows() const { return p.M + tail; }
+  bool out_has_rows() const { return p.pass != GemmPass::wgrad; }
+  size_t out_bytes() const {
+    const size_t elem = p.out_dtype == DType::fp32 ? 4 : 2;
+    return out_has_rows() ? size_t(rows() * (p.pass == GemmPass::forward ? p.N : p.K)) * elem
+                          : p.out_bytes();
+  }
+  static TailProblem make(GemmProblem base, int64_t tail) {
+    TailProblem t{std::move(base), tail, {}, {}};
+    const uint16_t nan = 0xFFFF;  // NaN in bf16 and fp16
+    t.a = t.p.a;
+    t.a.resize(size_t(t.rows() * t.p.a_cols()), nan);
+    t.b = t.p.b;
+    if (t.p.pass == GemmPass::wgrad) t.b.resize(size_t(t.rows() * t.p.K), nan);
+    return t;
+  }
+  GroupedGemmArgs args(void* a_ptr, void* b_ptr, void* out_ptr, void* splits_ptr, void* bias_ptr,
+                       Device d, bool zero_tail) const {
+    GroupedGemmArgs x = p.args(a_ptr, b_ptr, out_ptr, splits_ptr, bias_ptr, d);
+    x.a = TensorView(a_ptr, p.dtype, d, {rows(), p.a_cols()});
+    if (p.pass == GemmPass::wgrad) x.b = TensorView(b_ptr, p.dtype, d, {rows(), p.K});
+    if (out_has_rows())
+      x.out =
+          TensorView(out_ptr, p.out_dtype, d, {rows(), p.pass == GemmPass::forward ? p.N : p.K});
+    x.splits_total = SplitsTotal::at_most;
+    x.zero_tail = zero_tail;
+    return x;
+  }
+  // The output bytes: the problem's own ones (as long as the exact problem's output), then the
+  // tail rows' bytes, which must all be `tail_byte` (0xFF: untouched; 0: zero_tail).
+  ::testing::AssertionResult tail_is(const std::vector<uint8_t>& out, uint8_t tail_byte) const {
+    for (size_t i = p.out_bytes(); i < out.size(); ++i)
+      if (out[i] != tail_byte)
+        return ::testing::AssertionFailure() << "tail byte " << i - p.out_bytes() << " is "
+                                             << int(out[i]) << ", expected " << int(tail_byte);
+    return ::testing::AssertionSuccess();
+  }
+};
+
 }  // namespace groupmm::test

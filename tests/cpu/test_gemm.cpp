@@ -291,5 +291,75 @@ TEST(GemmCpu, SplitsFaultsReported) {
   EXPECT_THROW_MSG(ctx.check(), "splits run past the buffer (rows clamped)");
 }
 
+// ---- SplitsTotal::at_most: buffers longer than sum(splits) ------------------------------------
+// Per pass: the result over the experts' rows is bit for bit the exact problem's (so no NaN tail
+// row of a or b was read), the output rows past the sum are untouched (at_most) or zero
+// (zero_tail), and a short sum is no fault. Splits with empty experts, including an all-empty one.
+TEST(GemmCpuTail, RowsPastTheSumAreNeitherReadNorWritten) {
+  const std::vector<std::vector<int64_t>> patterns = {{5, 0, 9, 3}, {0, 0, 7, 0}, {0, 0, 0, 0}};
+  for (GemmPass pass : {GemmPass::forward, GemmPass::dgrad, GemmPass::wgrad})
+    for (const auto& splits : patterns)
+      for (bool zero_tail : {false, true}) {
+        if (zero_tail && pass == GemmPass::wgrad) continue;
+        const DType out_t = pass == GemmPass::wgrad ? DType::fp32 : DType::bf16;
+        GemmProblem exact = GemmProblem::make(pass, DType::bf16, 4, splits, 24, 40,
+                                              pass == GemmPass::forward, 0, out_t);
+        // (no rows at all: the exact problem has no buffers; a wgrad gives dW = 0)
+        const std::vector<uint8_t> want =
+            exact.M > 0 ? exact.run_cpu()
+                        : std::vector<uint8_t>(pass == GemmPass::wgrad ? exact.out_bytes() : 0, 0);
+        TailProblem t = TailProblem::make(exact, 11);
+        std::vector<uint8_t> out(t.out_bytes(), 0xFF);
+        Context ctx(Device::CPU);
+        grouped_gemm(ctx, t.args(t.a.data(), t.b.data(), out.data(), t.p.splits.data(),
+                                 t.p.biasv.data(), Device::CPU, zero_tail));
+        const std::string what = detail::cat(gemm_pass_name(pass), " splits[2]=", splits[2],
+                                             zero_tail ? " zero_tail" : "");
+        EXPECT_NO_THROW(ctx.check()) << what;
+        ASSERT_TRUE(std::equal(want.begin(), want.end(), out.begin())) << what;
+        EXPECT_TRUE(t.tail_is(out, zero_tail ? 0x00 : 0xFF)) << what;
+      }
+}
+
+// A sum past the buffer is still a fault in at_most mode (both bits, as in the strict rule), a
+// short sum still is one in the default (exact) mode, and zero_tail needs at_most (not wgrad).
+TEST(GemmCpuTail, FaultsAndArguments) {
+  GemmProblem exact =
+      GemmProblem::make(GemmPass::forward, DType::bf16, 2, {3, 5}, 16, 8, false, 0, DType::bf16);
+  TailProblem t = TailProblem::make(exact, 4);  // 12 rows
+  std::vector<uint8_t> out(t.out_bytes(), 0xFF);
+  {
+    Context ctx(Device::CPU);
+    t.p.splits = {3, 10};  // 13 > 12 rows
+    grouped_gemm(ctx, t.args(t.a.data(), t.b.data(), out.data(), t.p.splits.data(), nullptr,
+                             Device::CPU, true));
+    const StatusBlock st = ctx.take_status();
+    EXPECT_TRUE(st.bits & kFaultSplitsOverflow);
+    EXPECT_TRUE(st.bits & kFaultSplitsTotalMismatch);
+  }
+  {
+    Context ctx(Device::CPU);
+    t.p.splits = {3, 5};  // 8 < 12 rows, strict rule
+    GroupedGemmArgs a =
+        t.args(t.a.data(), t.b.data(), out.data(), t.p.splits.data(), nullptr, Device::CPU, false);
+    a.splits_total = SplitsTotal::exact;
+    grouped_gemm(ctx, a);
+    EXPECT_THROW_MSG(ctx.check(), "sum of splits != expected rows");
+    a.zero_tail = true;
+    EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: zero_tail needs splits_total=at_most");
+    EXPECT_NE(a.to_string().find("zero_tail"), std::string::npos);
+  }
+  {
+    GemmProblem w =
+        GemmProblem::make(GemmPass::wgrad, DType::bf16, 2, {3, 5}, 16, 8, false, 0, DType::fp32);
+    TailProblem tw = TailProblem::make(w, 4);
+    std::vector<uint8_t> o(tw.out_bytes(), 0xFF);
+    Context ctx(Device::CPU);
+    EXPECT_THROW_MSG(grouped_gemm(ctx, tw.args(tw.a.data(), tw.b.data(), o.data(),
+                                               tw.p.splits.data(), nullptr, Device::CPU, true)),
+                     "zero_tail is for forward and dgrad");
+  }
+}
+
 }  // namespace
 }  // namespace groupmm::test

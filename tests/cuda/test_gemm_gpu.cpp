@@ -442,6 +442,161 @@ TEST(GemmGpuFaults, BadSplitsSetStatusAndStayInBounds) {
                    "device fault in grouped_gemm (status 0x2): sum of splits != expected rows");
 }
 
+// ---- SplitsTotal::at_most: buffers longer than sum(splits) ------------------------------------
+// Device copies of a TailProblem's operands.
+struct DeviceTail {
+  Tensor a, b, out, splits, bias;
+  explicit DeviceTail(const TailProblem& t) {
+    auto up = [](const void* p, size_t bytes) {
+      return clone_to(TensorView(const_cast<void*>(p), DType::e8m0, Device::CPU, {int64_t(bytes)}),
+                      Device::CUDA);
+    };
+    a = up(t.a.data(), t.a.size() * 2);
+    b = up(t.b.data(), t.b.size() * 2);
+    out = Tensor::empty({int64_t(t.out_bytes())}, DType::e8m0, Device::CUDA);
+    fill_bytes(out, 0xFF);
+    splits = up(t.p.splits.data(), t.p.splits.size() * 8);
+    if (t.p.bias) bias = up(t.p.biasv.data(), t.p.biasv.size());
+  }
+  GroupedGemmArgs args(const TailProblem& t, bool zero_tail) const {
+    return t.args(a.data(), b.data(), out.data(), splits.data(), bias.data(), Device::CUDA,
+                  zero_tail);
+  }
+  std::vector<uint8_t> out_bytes() const {
+    std::vector<uint8_t> h(size_t(out.nbytes()));
+    copy(TensorView(h.data(), DType::e8m0, Device::CPU, {out.nbytes()}), out);
+    return h;
+  }
+};
+
+// Every pass: the experts' rows match the CPU reference (and hold no NaN: no tail row of a or b
+// was read), the output rows past the sum are untouched (at_most) or zero (zero_tail), no fault.
+TEST(GemmGpuTail, RowsPastTheSumAreNeitherReadNorWritten) {
+  GROUPMM_REQUIRE_GPU();
+  const std::vector<std::vector<int64_t>> patterns = {
+      {130, 0, 257, 3, 0, 64}, {0, 0, 0, 0, 0, 200}, {0, 0, 0, 0, 0, 0}};
+  for (GemmPass pass : {GemmPass::forward, GemmPass::dgrad, GemmPass::wgrad})
+    for (const auto& splits : patterns)
+      for (bool zero_tail : {false, true}) {
+        if (zero_tail && pass == GemmPass::wgrad) continue;
+        const DType out_t = pass == GemmPass::wgrad ? DType::fp32 : DType::bf16;
+        GemmProblem exact = GemmProblem::make(pass, DType::bf16, 6, splits, 256, 136,
+                                              pass == GemmPass::forward, 0, out_t);
+        TailProblem t = TailProblem::make(exact, 300);
+        DeviceTail d(t);
+        Context ctx(Device::CUDA);
+        grouped_gemm(ctx, d.args(t, zero_tail));
+        const std::string what =
+            detail::cat(gemm_pass_name(pass), " sum ", exact.M, zero_tail ? " zero_tail" : "");
+        ASSERT_NO_THROW(ctx.check()) << what;
+        const std::vector<uint8_t> got = d.out_bytes();
+        ASSERT_TRUE(t.tail_is(got, zero_tail ? 0x00 : 0xFF)) << what;
+        if (exact.M > 0) {
+          expect_matches_reference(
+              exact, std::vector<uint8_t>(got.begin(), got.begin() + exact.out_bytes()));
+        } else if (pass == GemmPass::wgrad) {  // no rows: dW = 0
+          for (uint8_t byte : got) ASSERT_EQ(byte, 0) << what;
+        }
+      }
+}
+
+// A sum past the buffer is still reported (overflow and total bits), never written past it.
+TEST(GemmGpuTail, SumPastTheRowsIsAFault) {
+  GROUPMM_REQUIRE_GPU();
+  GemmProblem exact = GemmProblem::make(GemmPass::forward, DType::bf16, 3, {100, 50, 50}, 128, 64,
+                                        false, 0, DType::bf16);
+  TailProblem t = TailProblem::make(exact, 56);  // 256 rows
+  DeviceTail d(t);
+  std::vector<int64_t> bad = {100, 100, 100};
+  copy(d.splits, host_view(bad, DType::int64, {3}));
+  Context ctx(Device::CUDA);
+  grouped_gemm(ctx, d.args(t, true));
+  const StatusBlock st = ctx.take_status();
+  EXPECT_TRUE(st.bits & kFaultSplitsOverflow);
+  EXPECT_TRUE(st.bits & kFaultSplitsTotalMismatch);
+  EXPECT_EQ(st.op, uint32_t(OpId::grouped_gemm));
+}
+
+// forward (zero_tail) + dgrad (zero_tail) + wgrad over 2600-row buffers captured once, replayed
+// with routings whose sums differ (full, short, empty): bit for bit the eager results, tails zero.
+TEST(GemmGpuTail, GraphReplayWithShortSumsEqualsEager) {
+  GROUPMM_REQUIRE_GPU();
+  const int64_t G = 16, M = 2600, N = 512, K = 384;
+  cudaStream_t s;
+  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  {
+    Context ctx(Device::CUDA, s);
+    auto rand16 = [&](int64_t n, float sc) {
+      auto h = encode16(randn(size_t(n), sc), DType::bf16);
+      return clone_to(TensorView(h.data(), DType::bf16, Device::CPU, {n}), Device::CUDA, s);
+    };
+    Tensor x = rand16(M * K, 1), w = rand16(G * N * K, 0.05f), dy = rand16(M * N, 1);
+    Tensor splits = Tensor::empty({G}, DType::int32, Device::CUDA, s);
+    auto outs = [&] {
+      std::vector<Tensor> o;
+      o.push_back(Tensor::empty({M, N}, DType::bf16, Device::CUDA, s));
+      o.push_back(Tensor::empty({M, K}, DType::bf16, Device::CUDA, s));
+      o.push_back(Tensor::empty({G, N, K}, DType::fp32, Device::CUDA, s));
+      for (auto& t : o) fill_bytes(t, 0xFF, s);
+      return o;
+    };
+    auto run = [&](std::vector<Tensor>& o) {
+      GroupedGemmArgs a;
+      a.splits = splits;
+      a.splits_total = SplitsTotal::at_most;
+      a.zero_tail = true;
+      a.pass = GemmPass::forward;
+      a.a = TensorView(x.data(), DType::bf16, Device::CUDA, {M, K});
+      a.b = TensorView(w.data(), DType::bf16, Device::CUDA, {G, N, K});
+      a.out = o[0];
+      grouped_gemm(ctx, a);
+      a.pass = GemmPass::dgrad;
+      a.a = TensorView(dy.data(), DType::bf16, Device::CUDA, {M, N});
+      a.out = o[1];
+      grouped_gemm(ctx, a);
+      a.pass = GemmPass::wgrad;
+      a.zero_tail = false;
+      a.b = TensorView(x.data(), DType::bf16, Device::CUDA, {M, K});
+      a.out = o[2];
+      grouped_gemm(ctx, a);
+    };
+    std::vector<Tensor> g_out = outs();
+    std::vector<int32_t> s0 = to_i32(make_splits(Pattern::balanced, G, M));
+    copy(splits, host_view(s0, DType::int32, {G}), s);
+    run(g_out);  // sizes the workspace before capture
+    ctx.synchronize();
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    GROUPMM_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    run(g_out);
+    GROUPMM_CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+    GROUPMM_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int64_t total : {M, int64_t(2000), int64_t(37), int64_t(0)}) {
+      std::vector<int32_t> sp = to_i32(make_splits(Pattern::quarter_empty, G, total));
+      copy(splits, host_view(sp, DType::int32, {G}), s);
+      for (auto& t : g_out) fill_bytes(t, 0xFF, s);
+      GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, s));
+      std::vector<Tensor> e_out = outs();
+      run(e_out);
+      ctx.check();
+      for (int i = 0; i < 3; ++i) {
+        std::vector<uint8_t> a(size_t(g_out[i].nbytes())), b(a.size());
+        copy(TensorView(a.data(), DType::e8m0, Device::CPU, {int64_t(a.size())}), g_out[i], s);
+        copy(TensorView(b.data(), DType::e8m0, Device::CPU, {int64_t(b.size())}), e_out[i], s);
+        ASSERT_EQ(a, b) << "pass " << i << " total " << total;
+        if (i < 2) {  // rows past the sum are zero
+          const size_t row = a.size() / size_t(M);
+          for (size_t j = size_t(total) * row; j < a.size(); ++j)
+            ASSERT_EQ(a[j], 0) << "pass " << i << " total " << total << " byte " << j;
+        }
+      }
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(s);
+}
+
 TEST(GemmGpuErrors, AlignmentAndShapes) {
   GROUPMM_REQUIRE_GPU();
   Context ctx(Device::CUDA);

@@ -3,6 +3,7 @@
 // exact product the quantized GEMMs approximate). Every pass adds alpha, bias (forward, in out's
 // dtype) and beta * out in fp32, then converts once to out's dtype: a 16-bit out is rounded there,
 // an fp32 out (any pass) stores the fp32 value as is, as the GPU epilogues do.
+#include <algorithm>
 #include <vector>
 
 #include "gemm/backends.hpp"
@@ -14,6 +15,7 @@ namespace {
 
 struct Operands {
   GemmPass pass;
+  bool splits_at_most;          // SplitsTotal::at_most: a short sum is no fault
   int64_t wgrad_row_multiple;   // > 1: wgrad experts whose split breaks it are skipped (FP8)
   const std::vector<float>& a;  // x [M, K] (forward) or dy [M, N]
   const std::vector<float>& b;  // W [G, N, K] or x [M, K] (wgrad)
@@ -24,7 +26,7 @@ struct Operands {
 
 template <class Acc>
 void gemm_loops(Context& ctx, const Operands& o, const TensorView& splits, const GemmDims& d) {
-  const auto ranges = expert_rows(ctx, splits, d.M, OpId::grouped_gemm);
+  const auto ranges = expert_rows(ctx, splits, d.M, OpId::grouped_gemm, d.M, o.splits_at_most);
   const std::vector<float>& A = o.a;
   const std::vector<float>& B = o.b;
   const int64_t N = d.N, K = d.K;
@@ -88,14 +90,30 @@ void gemm_loops(Context& ctx, const Operands& o, const TensorView& splits, const
 void grouped_gemm(Context& ctx, const GroupedGemmArgs& a, const GemmDims& d) {
   const std::vector<float> A = to_floats(a.a);
   const std::vector<float> B = to_floats(a.b);
-  gemm_loops<float>(ctx, {a.pass, 1, A, B, a.alpha, a.beta, a.bias, a.out}, a.splits, d);
+  gemm_loops<float>(
+      ctx,
+      {a.pass, a.splits_total == SplitsTotal::at_most, 1, A, B, a.alpha, a.beta, a.bias, a.out},
+      a.splits, d);
+}
+
+void zero_rows_past_splits(const TensorView& splits, const TensorView& out) {
+  const int64_t M = out.dim(0), row = out.numel() / std::max<int64_t>(M, 1);
+  int64_t sum = 0;
+  for (int64_t g = 0; g < splits.dim(0); ++g) {
+    const int64_t m =
+        splits.dtype == DType::int64 ? splits.ptr<int64_t>()[g] : splits.ptr<int32_t>()[g];
+    sum += std::clamp<int64_t>(m, 0, M);  // clamped: the sum cannot overflow
+    sum = std::min(sum, M);
+  }
+  for (int64_t i = sum * row; i < M * row; ++i) store_f(out, i, 0.0f);
 }
 
 void grouped_gemm_dequantized(Context& ctx, GemmPass pass, const std::vector<float>& a,
                               const std::vector<float>& b, const TensorView& splits,
                               const GemmDims& d, float alpha, float beta, const TensorView& bias,
                               const TensorView& out, int64_t wgrad_row_multiple) {
-  gemm_loops<double>(ctx, {pass, wgrad_row_multiple, a, b, alpha, beta, bias, out}, splits, d);
+  gemm_loops<double>(ctx, {pass, false, wgrad_row_multiple, a, b, alpha, beta, bias, out}, splits,
+                     d);
 }
 
 }  // namespace groupmm::cpu

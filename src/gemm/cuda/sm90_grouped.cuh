@@ -143,6 +143,7 @@ void launch_setup(Context& ctx, const GemmLaunch& a, const DeviceArrays<Cfg>& ar
   sp.status = ctx.status();
   sp.row_class = part.row_class;
   sp.write_other = part.write_other;
+  sp.total_at_most = a.splits_at_most;
   setup_kernel<Cfg, 256><<<1, 256, 0, ctx.stream()>>>(sp);
   GROUPMM_CHECK_LAUNCH();
 }

@@ -147,7 +147,8 @@ struct SetupParams {
   DeviceArrays<Cfg> arr;
   StatusBlock* status;
   RowClass row_class;
-  bool write_other;  // also fill arr.problems_other with the complementary class
+  bool write_other;    // also fill arr.problems_other with the complementary class
+  bool total_at_most;  // SplitsTotal::at_most: sum(splits) < M is no fault (rows past it unused)
 };
 
 // Expert g's entries (see the mapping in sm90_config.cuh): `start` and `rows` are its clamped row
@@ -243,6 +244,7 @@ __global__ void __launch_bounds__(kThreads) setup_kernel(SetupParams<Cfg> p) {
   splits.G = p.G;
   splits.row_bound = p.M;
   splits.expected_total = p.M;
+  splits.total_at_most = p.total_at_most;
   splits.status = p.status;
   splits.op = OpId::grouped_gemm;
   auto blocks = [](int64_t rows) { return Counts<1>{{(rows + 127) / 128}}; };

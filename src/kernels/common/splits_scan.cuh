@@ -29,7 +29,8 @@ struct SplitsScanArgs {
   int64_t uniform_rows = 0;
   int64_t row_bound = kNoRowBound;  // the rows that exist (M): ranges are clamped to them
   int64_t expected_total = -1;      // the sum the splits must have (-1: not checked)
-  StatusBlock* status = nullptr;    // faults are reported here against `op`
+  bool total_at_most = false;     // only a sum past expected_total is a fault (a short one is not)
+  StatusBlock* status = nullptr;  // faults are reported here against `op`
   OpId op = OpId::none;
 };
 
@@ -79,10 +80,10 @@ struct ItemSum {
 // The rule, per expert g (m_g = its split, or 0 when negative: kFaultNegativeSplit):
 //   start_g = min(sum_{j<g} m_j, row_bound),  rows_g = min(m_g, row_bound - start_g)
 // (an expert cut short: kFaultSplitsOverflow, reported by that expert), and a sum of the m_g
-// other than expected_total: kFaultSplitsTotalMismatch. derive(rows) -> Counts<kDerived> gives
-// the per-expert counts to prefix-sum (tiles, column blocks, padded rows, ...) from the clamped
-// rows. visit(ExpertSpan) runs once per expert, in the thread that owns it; every thread of the
-// CTA must call scan_splits. Returns the totals (in every thread).
+// other than expected_total (above it, with total_at_most): kFaultSplitsTotalMismatch. derive(rows)
+// -> Counts<kDerived> gives the per-expert counts to prefix-sum (tiles, column blocks, padded rows,
+// ...) from the clamped rows. visit(ExpertSpan) runs once per expert, in the thread that owns it;
+// every thread of the CTA must call scan_splits. Returns the totals (in every thread).
 //
 // One chunk of kThreads experts at a time, running sums carried between chunks. A chunk whose
 // running sum stays within row_bound (always, for valid splits) is finished by one scan of the
@@ -130,7 +131,9 @@ __device__ __forceinline__ SplitsTotals<kDerived> scan_splits(const SplitsScanAr
     __syncthreads();
   }
   const Item total = carry;
-  if (threadIdx.x == 0 && a.expected_total >= 0 && total.rows != a.expected_total)
+  const bool bad_total =
+      a.total_at_most ? total.rows > a.expected_total : total.rows != a.expected_total;
+  if (threadIdx.x == 0 && a.expected_total >= 0 && bad_total)
     report_fault(a.status, kFaultSplitsTotalMismatch, a.op, -1, total.rows);
   return {total.rows, total.derived};
 }
