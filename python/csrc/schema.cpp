@@ -131,3 +131,8 @@ TORCH_LIBRARY(groupmm, m) {
       "(Tensor y, Tensor dx, Tensor d_router, Tensor d_gate_up, Tensor d_down, "
       "Tensor d_shared_up, Tensor d_shared_down)");
 }
+
+// Expert parallelism over a torch.distributed process group (ep.hpp): ep_dispatch_plan,
+// ep_capacity_plan_create, ep_capacity_plan, ep_dispatch(_backward), ep_combine(_backward) are
+// defined in ops_ep.cpp's TORCH_LIBRARY_FRAGMENT, after the custom classes their schemas name
+// (torch.classes.groupmm.EpGroup and EpPlan).
