@@ -149,7 +149,8 @@ class MoE(torch.nn.Module):
                              torch.zeros(experts, **f32) if expert_bias else None)
         self.ep = None
         if ep_group is not None:
-            self.ep = moe_ep.ExpertParallel(ep_group, experts, ep_mode, self.capacity_factor, ep_capacity)
+            self.ep = moe_ep.ExpertParallel(ep_group, experts, ep_mode, self.capacity_factor,
+                                            ep_capacity)
         local = experts if self.ep is None else self.ep.local_experts
         lkw = dict(kw, bias=False, recipe=recipe, delay_wgrad=delay_wgrad)
         self.gate_up = GroupedLinear(local, hidden, 2 * ffn_hidden, **lkw)
