@@ -149,3 +149,8 @@ TORCH_LIBRARY(groupmm, m) {
       "grouped_gemm(Tensor a, Tensor b, Tensor splits, str gemm_pass, Tensor? bias=None, "
       "ScalarType? out_dtype=None, str splits_total='exact', bool zero_tail=False) -> Tensor");
 }
+
+// Expert parallelism over a torch.distributed process group (ep.hpp): ep_dispatch_plan,
+// ep_capacity_plan_create, ep_capacity_plan, ep_dispatch(_backward), ep_combine(_backward) are
+// defined in ops_ep.cpp's TORCH_LIBRARY_FRAGMENT, after the custom classes their schemas name
+// (torch.classes.groupmm.EpGroup and EpPlan).

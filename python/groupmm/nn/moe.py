@@ -20,7 +20,8 @@ Deliberate differences, each for autograd or for torch's conventions:
     nn::MoE exposes the buffer and leaves the update to the caller;
   - align defaults to the recipe's split_multiple (groupmm.recipe_traits; nn::MoE's pad_align
     defaults to 1 and is the caller's to set);
-  - no expert parallelism and no biases (MoEConfig::ep and MoEConfig::bias).
+  - no biases (MoEConfig::bias).
+Expert parallelism (ep_group=, nn::MoE's MoEConfig::ep) is in moe_ep.py.
 """
 
 import math
@@ -28,6 +29,7 @@ import math
 import torch
 
 from .._meta import moe_capacity
+from . import moe_ep
 from .grouped_linear import GroupedLinear, split_multiple
 
 ops = torch.ops.groupmm
@@ -98,13 +100,28 @@ class MoE(torch.nn.Module):
     split_multiple), so align defaults to it (and must be a multiple of it), and a training
     forward with a shared expert needs T a multiple of it too (the shared expert is one group of
     T rows). backward_dw() runs the delayed weight gradients.
+
+    Expert parallelism (ep_group = a torch.distributed ProcessGroup of R ranks; docs/
+    expert_parallelism.md): the experts are sharded over the group's ranks, rank r holding the
+    global experts [r E/R, (r+1) E/R) (gate_up and down then have E/R groups; first_expert and
+    local_experts say which); the router and the shared expert are on every rank (their gradients
+    are this rank's tokens' share: all-reduce them as data parallelism does). Each forward and
+    backward is a collective of the group: every rank runs them, in the same order. The exchanges
+    use the process group's own communicator (gloo for CPU tensors, NCCL for CUDA ones).
+    ep_mode='throughput' (dropless; exact per-peer counts, read on the host: not graph safe) or
+    'capacity' (a fixed budget per pair of ranks, graph safe: ep_capacity=(rows_per_peer,
+    entries_per_peer), or from capacity_factor > 0 as groupmm.nn.moe_ep.capacity_from_factor says,
+    which needs the same T on every rank; tokens over the budget are dropped, reported on the CPU
+    in ep_overflow and on CUDA by groupmm.check()). capacity_factor is the per-peer budget's
+    factor in capacity mode and must be 0 in throughput mode. With recompute, the dispatched rows
+    are kept (recomputing them would repeat the exchange).
     """
 
     def __init__(self, hidden, ffn_hidden, experts, topk, *, shared_ffn_hidden=0, score="softmax",
                  renormalize=True, aux_loss_coeff=0.0, z_loss_coeff=0.0, n_group=1, topk_group=1,
                  scaling_factor=1.0, expert_bias=False, capacity_factor=0.0, align=None,
                  recipe="bf16", delay_wgrad=False, recompute=True, dtype=torch.bfloat16,
-                 device=None):
+                 device=None, ep_group=None, ep_mode="throughput", ep_capacity=None):
         super().__init__()
         self.recompute = bool(recompute)
         split = split_multiple(recipe)
@@ -129,9 +146,14 @@ class MoE(torch.nn.Module):
         self.register_buffer("expert_bias", torch.zeros(experts, **f32) if expert_bias else None)
         self.register_buffer("tokens_per_expert",
                              torch.zeros(experts, **f32) if expert_bias else None)
+        self.ep = None
+        if ep_group is not None:
+            self.ep = moe_ep.ExpertParallel(ep_group, experts, ep_mode, self.capacity_factor,
+                                            ep_capacity)
+        local = experts if self.ep is None else self.ep.local_experts
         lkw = dict(kw, bias=False, recipe=recipe, delay_wgrad=delay_wgrad)
-        self.gate_up = GroupedLinear(experts, hidden, 2 * ffn_hidden, **lkw)
-        self.down = GroupedLinear(experts, ffn_hidden, hidden, **lkw)
+        self.gate_up = GroupedLinear(local, hidden, 2 * ffn_hidden, **lkw)
+        self.down = GroupedLinear(local, ffn_hidden, hidden, **lkw)
         self.shared_up = self.shared_down = None
         if shared_ffn_hidden:
             skw = dict(kw, recipe=recipe, delay_wgrad=delay_wgrad)
@@ -149,6 +171,9 @@ class MoE(torch.nn.Module):
                     f"groupmm.nn.MoE(recipe='{self.recipe}'): x.shape[0]={T} must be a multiple "
                     f"of {self.split_multiple} with a shared expert in training (its one-group "
                     f"wgrad reads {self.split_multiple}-row aligned splits)")
+        again = self.recompute and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        if self.ep is not None:
+            return moe_ep.forward(self, x, is_first_microbatch, again)
         # fp32 logits from the 16-bit inputs (the core's moe_router_logits, as nn::MoE's router).
         logits = ops.router_logits(x, self.router.weight)
         ids, weights, counts, aux, z = ops.router(logits, self.expert_bias, self.topk,
@@ -160,7 +185,6 @@ class MoE(torch.nn.Module):
         plan = ops.permute_plan(ids, self.experts, self.align, cap)
         splits = plan[3]
         x_perm, probs = ops.permute(x, *plan, self.align, cap, weights)
-        again = self.recompute and torch.is_grad_enabled() and not torch.compiler.is_compiling()
         rx = _again(ops.permute, x, *plan, self.align, cap, weights, part=0) if again else None
         gu = self.gate_up(x_perm, splits, is_first_microbatch, recompute_input=rx)
         h = ops.weighted_swiglu(gu, probs)
@@ -173,6 +197,22 @@ class MoE(torch.nn.Module):
             shared = self.shared_down(ops.swiglu(sgu), is_first_microbatch, recompute_input=rs)
         y = ops.unpermute(y_perm, *plan, self.align, cap, shared)
         return y, (aux + z).squeeze(0)
+
+    @property
+    def local_experts(self):
+        """The experts this rank holds (all of them without expert parallelism)."""
+        return self.experts if self.ep is None else self.ep.local_experts
+
+    @property
+    def first_expert(self):
+        """The global id of this rank's first expert (0 without expert parallelism)."""
+        return 0 if self.ep is None else self.ep.first_expert
+
+    @property
+    def ep_overflow(self):
+        """Capacity mode on the CPU: the drops of the last forward (the status message: which
+        peer needed how many rows or entries), or None. On CUDA, groupmm.check() raises them."""
+        return None if self.ep is None else self.ep.last_overflow
 
     @torch.no_grad()
     def update_expert_bias(self, rate):
