@@ -44,9 +44,11 @@
 //
 // Two modes (EpPlan::mode), the same four data movers:
 // - *throughput* (ep_dispatch_plan): the per-peer row counts are exchanged first, so every transfer
-//   moves exact bytes and the buffers are sized from them. The plan reads counts on the host
-//   (a CUDA plan copies expert_ids to the host and synchronizes), so it is not graph safe; the
-//   movers allocate their staging buffers (stream-ordered) per call.
+//   moves exact bytes and the buffers are sized from them. The sizes are read on the host, so the
+//   plan is not graph safe: a CUDA plan is built by kernels, exchanges the counts device to device
+//   and synchronizes once, to read them (no host pass over the tokens; past E / R = 1021 or
+//   R = 511 the host code builds it from the ids read on the host); the CPU plan is host loops.
+//   The movers allocate their staging buffers (stream-ordered) per call.
 // - *capacity* (ep_capacity_plan_create once, ep_capacity_plan every step): a host-known capacity
 //   per peer, EpCapacity{rows_per_peer C, entries_per_peer C_e}. Every buffer is sized from it and
 //   allocated once, in the plan; each exchange moves fixed blocks (C rows, or C_e entries, per
@@ -72,8 +74,9 @@
 // groupmm::Error naming the op, the argument and the value; it happens before the first exchange,
 // so an error every rank sees (E % R != 0, bad shapes) fails every rank cleanly, while one seen by
 // only some ranks (an expert id out of range on one rank) leaves the others waiting in the
-// exchange. The throughput plan reads the expert ids on the host and throws on an id outside
-// [0, E); the capacity plan (device data on CUDA) skips such an entry and reports kFaultBadIndex.
+// exchange. The throughput plan throws on an id outside [0, E) (naming the first one; a CUDA plan
+// finds it on the device and throws when it reads the sizes, after the count exchange); the
+// capacity plan (device data on CUDA) skips such an entry and reports kFaultBadIndex.
 // Minimum SM: sm_90 (CUDA); the CPU backend runs anywhere.
 #pragma once
 
@@ -104,7 +107,8 @@ class Transport {
   virtual Device device() const = 0;
   // The count exchange, on host memory, blocking (a device transport synchronizes): send
   // [size() * n] int64, block p (n values) goes to peer p; recv [size() * n] receives peer p's
-  // block for this rank at block p. Used by the throughput plan only.
+  // block for this rank at block p. Used by the throughput plan's host build only (the CPU
+  // backend's; a CUDA plan exchanges its counts in device memory with all_to_all_v).
   virtual void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) = 0;
   // Variable-size all-to-all of bytes: send_counts[p] bytes from send + send_offsets[p] go to peer
   // p and land at recv + recv_offsets[p] there; recv_counts[p] must equal what peer p sends to this
@@ -227,10 +231,11 @@ struct EpPlan {
   std::string to_string() const;
 };
 
-// Throughput mode: the count and metadata exchange of a dispatch (collective). expert_ids [T, k]
-// int32 or int64 on the Context's device, ids in [0, E). T may differ per rank (0 too). Sends each
-// peer the number of rows it will get, then per row its token's local expert slots. Not graph
-// safe (reads ids and counts on the host, allocates the plan).
+// Throughput mode: the count and metadata exchange of a dispatch (collective: two exchanges).
+// expert_ids [T, k] int32 or int64 on the Context's device, ids in [0, E). T may differ per rank
+// (0 too). Sends each peer the number of rows it will get (and the entries per local expert of
+// it), then per row its token's local expert slots. Not graph safe: reads the counts on the host
+// (on CUDA one synchronization, the ids stay on the device) and allocates the plan.
 EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
                         const TensorView& expert_ids);
 

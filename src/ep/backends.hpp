@@ -66,12 +66,39 @@ namespace cuda {
 GROUPMM_EP_PRIMITIVES(GROUPMM_CUDA_ENTRY)
 // Bytes of EpPlan::scratch the CUDA capacity plan needs (plan's cfg and cap set).
 GROUPMM_CUDA_ENTRY int64_t ep_capacity_scratch_bytes(const EpPlan& plan);
+
+// The throughput plan built by kernels (src/ep/cuda/throughput_plan.cu; src/ep/plan.cpp runs the
+// steps around its two exchanges and reads the sizes once). A step's scratch holds two stable
+// rankings of `rows` x k slots over `groups` groups (moe_permute_plan's kernels: groups <= 1024).
+GROUPMM_CUDA_ENTRY int64_t ep_throughput_scratch_bytes(int64_t rows, int64_t k, int64_t groups);
+// Home side, before the count exchange (plan's cfg and tokens set; scratch for (T, k, 2R + 2)):
+// counts [2 R W + 2] int64 with W = 1 + E_l gets, in its first R W values, per peer q: the rows
+// q gets, then the entries for each of q's local experts (the count exchange's block for q); its
+// last two: the first (t k + j) whose id is outside [0, E) and that id (-1 and 0 when none); the
+// values between are left for the exchange. expert_ids int32 or int64.
+GROUPMM_CUDA_ENTRY void ep_throughput_plan_count(Context& ctx, const TensorView& expert_ids,
+                                                 const EpPlan& plan, void* scratch,
+                                                 int64_t* counts);
+// Home side, after it (the plan's sizes set, its arrays allocated): send_token, slot_entry and
+// the metadata rows meta_send [send_total, k] from the count step's scratch.
+GROUPMM_CUDA_ENTRY void ep_throughput_plan_pack(Context& ctx, const TensorView& expert_ids,
+                                                EpPlan& plan, const void* scratch,
+                                                int32_t* meta_send);
+// Expert side, after the metadata exchange (scratch for (recv_total, k, E_l + 3)):
+// grouped_entry, back_grouped and splits from meta_recv [recv_total, k].
+GROUPMM_CUDA_ENTRY void ep_throughput_plan_recv(Context& ctx, EpPlan& plan,
+                                                const int32_t* meta_recv, void* scratch);
 }  // namespace cuda
 #undef GROUPMM_EP_PRIMITIVES
 
 namespace detail {
 // A byte buffer on ctx's device (stream-ordered on CUDA), at least `bytes` long, 16-byte aligned.
 Tensor byte_buffer(Context& ctx, int64_t bytes);
+// The throughput plan built by host code on any device (a CUDA Context: the ids are read on the
+// host and the arrays uploaded): the CPU backend's plan, and the reference the device-built plan
+// is tested against bit for bit. Same contract as ep_dispatch_plan.
+EpPlan ep_dispatch_plan_host(Context& ctx, Transport& tr, const EpConfig& cfg,
+                             const TensorView& expert_ids);
 }  // namespace detail
 
 }  // namespace groupmm::ep

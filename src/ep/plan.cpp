@@ -1,6 +1,12 @@
 // The throughput-mode plan (groupmm/ep.hpp): exact per-peer counts exchanged first, then k local
-// expert slots per sent row. Host code for both backends: a CUDA plan reads expert_ids on the
-// host, exchanges the metadata through device staging, and uploads its index arrays.
+// expert slots per sent row. Two builds with one result, bit for bit:
+// - host code (ep_dispatch_plan_host): the CPU backend's plan and the reference; on a CUDA Context
+//   it reads expert_ids on the host, exchanges the metadata through device staging and uploads
+//   its index arrays;
+// - on CUDA, kernels (src/ep/cuda/throughput_plan.cu) around the same two exchanges, with one host
+//   read: the sizes (this rank's and its peers' counts, after the count exchange, which moves them
+//   device to device), which size the buffers and the all-to-alls. The host work is a few launches
+//   and loops over R and E / R, never over the tokens.
 #include <algorithm>
 
 #include "ep/check.hpp"
@@ -76,14 +82,33 @@ void exchange_meta(Context& ctx, Transport& tr, const std::vector<int32_t>& send
   up.finish();
 }
 
-}  // namespace
-
-EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
-                        const TensorView& expert_ids) {
-  const char* op = "ep_dispatch_plan";
+// The checks both builds start with (every rank sees the same ones before any exchange).
+void check_args(const char* op, const Context& ctx, const Transport& tr, const EpConfig& cfg,
+                const TensorView& expert_ids) {
   check::device(op, ctx, tr);
   check::cfg(op, cfg, tr);
   check::expert_ids(ctx, op, expert_ids, -1, cfg.topk, true);
+  GROUPMM_CHECK(expert_ids.dim(0) * cfg.topk < INT32_MAX, op,
+                ": tokens * k=", expert_ids.dim(0) * cfg.topk, " must fit int32");
+}
+
+void bad_id(const char* op, const EpConfig& cfg, int64_t i, int64_t e) {
+  GROUPMM_CHECK(e >= 0 && e < cfg.experts, op, ": expert_ids[", i / cfg.topk, ", ", i % cfg.topk,
+                "]=", e, " must be in [0, ", cfg.experts, ")");
+}
+
+EpPlan empty_plan(const EpConfig& cfg, int rank, int64_t tokens) {
+  EpPlan p;
+  p.cfg = cfg;
+  p.mode = EpMode::throughput;
+  p.rank = rank;
+  p.tokens = tokens;
+  p.local_experts = cfg.experts / cfg.ranks;
+  return p;
+}
+
+EpPlan host_plan(Context& ctx, Transport& tr, const EpConfig& cfg, const TensorView& expert_ids) {
+  const char* op = "ep_dispatch_plan";
   const int R = tr.size(), me = tr.rank();
   const int64_t T = expert_ids.dim(0), k = cfg.topk, El = cfg.experts / cfg.ranks;
   // The ids on the host (a CUDA plan synchronizes here), validated before any exchange.
@@ -92,17 +117,10 @@ EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
   for (int64_t i = 0; i < T * k; ++i) {
     const int64_t e =
         expert_ids.dtype == DType::int32 ? ids_host.ptr<int32_t>()[i] : ids_host.ptr<int64_t>()[i];
-    GROUPMM_CHECK(e >= 0 && e < cfg.experts, op, ": expert_ids[", i / k, ", ", i % k, "]=", e,
-                  " must be in [0, ", cfg.experts, ")");
+    bad_id(op, cfg, i, e);
     ids[size_t(i)] = e;
   }
-  GROUPMM_CHECK(T * k < INT32_MAX, op, ": tokens * k=", T * k, " must fit int32");
-  EpPlan p;
-  p.cfg = cfg;
-  p.mode = EpMode::throughput;
-  p.rank = me;
-  p.tokens = T;
-  p.local_experts = El;
+  EpPlan p = empty_plan(cfg, me, T);
 
   // ---- sender side: each token goes once to every rank holding one of its experts, in token
   // order; its metadata row says, per slot, the local expert there (-1: another rank's expert).
@@ -186,8 +204,121 @@ EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
   p.back_grouped = up(back_grouped);
   p.slot_entry = up(slot_entry, {T, k});
   up.finish();
+  return p;
+}
+
+// ---- the device-built plan ----------------------------------------------------------------------
+
+// Whether the CUDA plan's rankings hold: moe_permute_plan's 1024 groups (2 R + 2 on the home
+// side, E / R + 3 on the expert side) and 2 T k destinations in int32.
+bool device_built(const Context& ctx, const EpConfig& cfg, int64_t T) {
+  return ctx.device() == Device::CUDA && 2 * cfg.ranks + 2 <= 1024 &&
+         cfg.experts / cfg.ranks + 3 <= 1024 && 2 * T * cfg.topk < INT32_MAX;
+}
+
+// An all-to-all of fixed blocks of `bytes` per peer (the count exchange).
+void exchange_blocks(Context& ctx, Transport& tr, const void* send, void* recv, int64_t bytes) {
+  const size_t R = size_t(tr.size());
+  std::vector<int64_t> counts(R, bytes), offsets(R);
+  for (size_t q = 0; q < R; ++q) offsets[q] = int64_t(q) * bytes;
+  tr.all_to_all_v(send, counts.data(), offsets.data(), recv, counts.data(), offsets.data(),
+                  ctx.stream());
+}
+
+std::vector<int64_t> scaled(const std::vector<int64_t>& v, int64_t unit) {
+  std::vector<int64_t> out(v);
+  for (int64_t& x : out) x *= unit;
+  return out;
+}
+
+EpPlan device_plan(Context& ctx, Transport& tr, const EpConfig& cfg, const TensorView& expert_ids) {
+  const char* op = "ep_dispatch_plan";
+  const int64_t R = cfg.ranks, k = cfg.topk, El = cfg.experts / cfg.ranks, W = 1 + El;
+  const int64_t T = expert_ids.dim(0);
+  EpPlan p = empty_plan(cfg, tr.rank(), T);
+  const auto ints = [&](std::initializer_list<int64_t> dims) {
+    return Tensor::empty(dims, DType::int32, ctx.device(), ctx.stream());
+  };
+
+  // ---- home side, then the count exchange: per peer, the rows it gets and the entries for each
+  // of its local experts (W int64), device to device; then the one host read of the sizes.
+  Tensor send_scratch =
+      detail::byte_buffer(ctx, cuda::ep_throughput_scratch_bytes(T, k, 2 * R + 2));
+  Tensor counts = Tensor::empty({2 * R * W + 2}, DType::int64, ctx.device(), ctx.stream());
+  int64_t* c = counts.ptr<int64_t>();
+  cuda::ep_throughput_plan_count(ctx, expert_ids, p, send_scratch.data(), c);
+  exchange_blocks(ctx, tr, c, c + R * W, W * int64_t(sizeof(int64_t)));
+  std::vector<int64_t> h(size_t(2 * R * W + 2));
+  copy(TensorView(h.data(), DType::int64, Device::CPU, {int64_t(h.size())}), counts.view(),
+       ctx.stream());  // synchronizes: the plan's one wait for the device
+  if (h[size_t(2 * R * W)] >= 0) bad_id(op, cfg, h[size_t(2 * R * W)], h[size_t(2 * R * W + 1)]);
+  const int64_t* mine = h.data();
+  const int64_t* theirs = h.data() + R * W;
+  p.splits_host.assign(size_t(El), 0);
+  for (int64_t q = 0; q < R; ++q) {
+    p.send_rows.push_back(mine[q * W]);
+    p.recv_rows.push_back(theirs[q * W]);
+    int64_t back = 0, sent = 0;
+    for (int64_t le = 0; le < El; ++le) {
+      back += mine[q * W + 1 + le];  // entries on q's experts: they come back from q
+      sent += theirs[q * W + 1 + le];
+      p.splits_host[size_t(le)] += theirs[q * W + 1 + le];
+    }
+    p.back_recv.push_back(back);
+    p.back_send.push_back(sent);
+  }
+  p.send_offsets = exclusive_scan(p.send_rows);
+  p.recv_offsets = exclusive_scan(p.recv_rows);
+  p.back_send_offsets = exclusive_scan(p.back_send);
+  p.back_recv_offsets = exclusive_scan(p.back_recv);
+  p.send_total = total(p.send_rows);
+  p.recv_total = total(p.recv_rows);
+  p.back_send_total = total(p.back_send);
+  p.back_recv_total = total(p.back_recv);
+  p.rows = p.back_send_total;  // every received entry is one grouped row
+  GROUPMM_CHECK(2 * p.recv_total * k < INT32_MAX, op,
+                ": 2 * rows received * k=", 2 * p.recv_total * k,
+                " must fit int32 (the CUDA plan ranks two lists of them)");
+
+  // ---- home side's arrays, the metadata exchange, the expert side's arrays
+  p.send_token = ints({std::max<int64_t>(p.send_total, 1)});
+  p.slot_entry = ints({T, k});
+  Tensor meta_send = detail::byte_buffer(ctx, p.send_total * k * 4);
+  cuda::ep_throughput_plan_pack(ctx, expert_ids, p, send_scratch.data(), meta_send.ptr<int32_t>());
+  Tensor meta_recv = detail::byte_buffer(ctx, p.recv_total * k * 4);
+  const int64_t row = k * int64_t(sizeof(int32_t));
+  const std::vector<int64_t> sc = scaled(p.send_rows, row), so = scaled(p.send_offsets, row);
+  const std::vector<int64_t> rc = scaled(p.recv_rows, row), ro = scaled(p.recv_offsets, row);
+  tr.all_to_all_v(meta_send.data(), sc.data(), so.data(), meta_recv.data(), rc.data(), ro.data(),
+                  ctx.stream());
+  p.splits = ints({El});
+  p.grouped_entry = ints({p.rows});
+  p.back_grouped = ints({std::max<int64_t>(p.back_send_total, 1)});
+  Tensor recv_scratch =
+      detail::byte_buffer(ctx, cuda::ep_throughput_scratch_bytes(p.recv_total, k, El + 3));
+  cuda::ep_throughput_plan_recv(ctx, p, meta_recv.ptr<int32_t>(), recv_scratch.data());
+  return p;
+}
+
+}  // namespace
+
+EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
+                        const TensorView& expert_ids) {
+  check_args("ep_dispatch_plan", ctx, tr, cfg, expert_ids);
+  EpPlan p = device_built(ctx, cfg, expert_ids.dim(0)) ? device_plan(ctx, tr, cfg, expert_ids)
+                                                       : host_plan(ctx, tr, cfg, expert_ids);
   ctx.after_op();
   return p;
 }
+
+namespace detail {
+EpPlan ep_dispatch_plan_host(Context& ctx, Transport& tr, const EpConfig& cfg,
+                             const TensorView& expert_ids) {
+  check_args("ep_dispatch_plan", ctx, tr, cfg, expert_ids);
+  EpPlan p = host_plan(ctx, tr, cfg, expert_ids);
+  ctx.after_op();
+  return p;
+}
+}  // namespace detail
 
 }  // namespace groupmm::ep

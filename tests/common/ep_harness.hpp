@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/test_util.hpp"
+#include "ep/backends.hpp"  // ep::detail::ep_dispatch_plan_host
 #include "groupmm/ep.hpp"
 
 namespace groupmm::test::ep_harness {
@@ -104,6 +105,9 @@ struct RunOpts {
   // enter the expert (y = x s_e p), the combine and its backward are unweighted, d_probs go home
   // through the dispatch backward.
   bool probs = false;
+  // Throughput mode: the plan built by the host code (ep::detail::ep_dispatch_plan_host, the CPU
+  // backend's) whatever the device; a CUDA Context otherwise builds it with kernels.
+  bool host_plan = false;
 };
 
 inline Tensor upload(const std::vector<float>& v, DType dt, std::initializer_list<int64_t> dims,
@@ -182,7 +186,8 @@ inline RankOut run_rank(Context& ctx, ep::Transport& tr, const EpConfig& cfg, co
   Tensor dy = upload(rd.dy, o.dt, {rd.T, H}, dev, stream);
   ep::EpPlan plan;
   if (o.mode == EpMode::throughput) {
-    plan = ep::ep_dispatch_plan(ctx, tr, cfg, ids);
+    plan = o.host_plan ? ep::detail::ep_dispatch_plan_host(ctx, tr, cfg, ids)
+                       : ep::ep_dispatch_plan(ctx, tr, cfg, ids);
   } else {
     plan = ep::ep_capacity_plan_create(ctx, tr, cfg, o.cap, rd.T, o.dt);
     ep::ep_capacity_plan(ctx, tr, ids, plan);

@@ -16,8 +16,8 @@ namespace {
 
 struct PlanConfig {
   static constexpr int kSendThreads = 256;
-  static constexpr int kThreads = 256;
-  static_assert(kSendThreads % 32 == 0 && kThreads % 32 == 0, "whole warps");
+  static constexpr int kThreads = PlanLaunch::kThreads;
+  static_assert(kSendThreads % 32 == 0, "whole warps");
 };
 
 // ---- scratch: [S] ids by expert, ids by peer, their dest rows; two maps' row_start / kept /
@@ -142,13 +142,6 @@ struct RecvParams {
   int64_t R, C, Ce, k, El, S, rows;
 };
 
-__device__ int64_t grid_stride_start() {
-  return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ int64_t grid_stride() {
-  return int64_t(gridDim.x) * blockDim.x;
-}
-
 // Slot s = (q C + i) k + j: valid when row i is below q's count and names a local expert.
 __global__ void __launch_bounds__(PlanConfig::kThreads) capacity_ids_kernel(RecvParams p) {
   for (int64_t s = grid_stride_start(); s < p.S; s += grid_stride()) {
@@ -191,12 +184,6 @@ __global__ void __launch_bounds__(PlanConfig::kThreads) capacity_scatter_kernel(
     else
       report_fault(p.status, kFaultEpCapacity, OpId::ep_dispatch, int32_t(q), n + 1);
   }
-}
-
-unsigned grid_for(const Context& ctx, int64_t n) {
-  const int64_t cap = int64_t(std::max(ctx.sm_count(), 1)) * MoverConfig::kCtasPerSm;
-  return unsigned(
-      std::max<int64_t>(1, std::min(qnum::ceil_div(n, int64_t(PlanConfig::kThreads)), cap)));
 }
 
 }  // namespace
@@ -243,7 +230,7 @@ void ep_capacity_plan_recv(Context& ctx, EpPlan& p) {
   r.El = p.local_experts;
   r.S = sc.S;
   r.rows = p.rows;
-  const unsigned grid = grid_for(ctx, sc.S);
+  const unsigned grid = PlanLaunch::grid(ctx, sc.S);
   capacity_ids_kernel<<<grid, PlanConfig::kThreads, 0, ctx.stream()>>>(r);
   GROUPMM_CHECK_LAUNCH();
   // Stable ranks in slot order, which is (peer, row, slot) order: by local expert, then by peer.
@@ -254,8 +241,8 @@ void ep_capacity_plan_recv(Context& ctx, EpPlan& p) {
                                   base + sc.ws);
   groupmm::cuda::moe_permute_plan(ctx, ids2, scratch_map(base, sc, p, sc.dest2, sc.meta2, sc.G2),
                                   base + sc.ws);
-  capacity_fill_kernel<<<grid_for(ctx, std::max(p.rows, r.R * r.Ce)), PlanConfig::kThreads, 0,
-                         ctx.stream()>>>(r);
+  capacity_fill_kernel<<<PlanLaunch::grid(ctx, std::max(p.rows, r.R * r.Ce)), PlanConfig::kThreads,
+                         0, ctx.stream()>>>(r);
   GROUPMM_CHECK_LAUNCH();
   capacity_scatter_kernel<<<grid, PlanConfig::kThreads, 0, ctx.stream()>>>(r);
   GROUPMM_CHECK_LAUNCH();

@@ -62,6 +62,23 @@ struct RowGeometry {
   }
 };
 
+// The plan kernels (capacity and throughput): kThreads a CTA, grid-stride loops over a grid of at
+// most kCtasPerSm CTAs a SM.
+struct PlanLaunch {
+  static constexpr int kThreads = 256;
+  static_assert(kThreads % 32 == 0, "whole warps");
+  static unsigned grid(const Context& ctx, int64_t n) {
+    const int64_t cap = int64_t(std::max(ctx.sm_count(), 1)) * MoverConfig::kCtasPerSm;
+    return unsigned(std::max<int64_t>(1, std::min(qnum::ceil_div(n, int64_t(kThreads)), cap)));
+  }
+};
+__device__ inline int64_t grid_stride_start() {
+  return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline int64_t grid_stride() {
+  return int64_t(gridDim.x) * blockDim.x;
+}
+
 inline bool aligned_to(const void* p, size_t n) {
   return reinterpret_cast<uintptr_t>(p) % n == 0;
 }
