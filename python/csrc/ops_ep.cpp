@@ -126,6 +126,13 @@ struct EpGroup : torch::CustomClassHolder {
   EpGroup(const std::string& group_name, const std::string& device) : device_(device) {
     TORCH_CHECK_VALUE(device_.is_cpu() || device_.is_cuda(), "groupmm EpGroup: device ", device,
                       " must be cpu or cuda");
+    // Over NCCL the first (and only) GPU run crashed while making the group (R = 1, torch 2.11);
+    // until that is understood and tested, a CUDA group is refused rather than risked.
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !device_.is_cuda(),
+        "groupmm EpGroup: expert parallelism from PyTorch runs over CPU process groups (gloo) "
+        "only for now; over NCCL use the C++ transport (groupmm/ep_nccl.hpp, nn::MoE with "
+        "MoEConfig::ep)");
     if (device_.is_cuda() && !device_.has_index()) {
       const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
       device_ = at::Device(c10::DeviceType::CUDA, impl.getDevice().index());

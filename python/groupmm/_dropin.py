@@ -121,6 +121,20 @@ def _up(n):
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def _torch_layout(t):
+    """t in torch._grouped_mm's output layout (torch/_meta_registrations.py,
+    _create_grouped_mm_output_tensor): the last dim's stride padded to 16 bytes, the rest dense
+    over it. A view of a padded result already has it where only the last dim was padded; else
+    (a padded row dim, or 3D x 2D's transposed result) one copy into that layout."""
+    align = 16 // t.element_size()
+    last = (t.shape[-1] + align - 1) // align * align
+    want = (t.shape[1] * last, last, 1) if t.dim() == 3 else (last, 1)
+    if t.stride() == want:
+        return t
+    out = torch.empty_strided(t.shape, want, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
 def _check_args(mat_a, mat_b, offs, bias, out_dtype):
     # torch._grouped_mm's rules and messages (torch/_meta_registrations.py)
     _check(mat_a.dtype == mat_b.dtype and mat_a.dtype in (torch.bfloat16, torch.float16,
@@ -188,30 +202,28 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
         return _GroupedMM.apply(mat_a, mat_b, splits, kind, out_dtype)
     # CUDA: the dims other than the grouped one must be multiples of 8 (16-byte rows); torch's
     # callers often pass 8-padded storage with a narrower view. Zero-pad those dims (a copy of
-    # the operand), compute, and return the view of the padded output (torch's own output layout).
+    # the operand), compute, and return the result in torch's own output layout (_torch_layout).
     if kind == "2d3d":  # K, N
         K, N = mat_a.shape[1], mat_b.shape[2]
         a = _pad_dim(mat_a, 1, _up(K))
         b = _pad_dim(_pad_dim(mat_b, 1, _up(K)), 2, _up(N))
-        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)
-        return out if N == _up(N) else out[:, :N]
-    if kind == "2d2d":  # M, N
+        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)[:, :N]
+    elif kind == "2d2d":  # M, N
         M, N = mat_a.shape[0], mat_b.shape[1]
         a = _pad_dim(mat_a, 0, _up(M))
         b = _pad_dim(mat_b, 1, _up(N))
-        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)
-        return out if (M, N) == (_up(M), _up(N)) else out[:, :M, :N]
-    if kind == "3d2d":  # M, K
+        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)[:, :M, :N]
+    elif kind == "3d2d":  # M, K
         M, K = mat_a.shape[1], mat_a.shape[2]
         a = _pad_dim(_pad_dim(mat_a, 1, _up(M)), 2, _up(K))
         b = _pad_dim(mat_b, 0, _up(K))
-        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)
-        return out if M == _up(M) else out[:M]
-    K, N = mat_a.shape[2], mat_b.shape[2]  # 3d3d: K, N
-    a = _pad_dim(mat_a, 2, _up(K))
-    b = _pad_dim(_pad_dim(mat_b, 1, _up(K)), 2, _up(N))
-    out = _GroupedMM.apply(a, b, splits, kind, out_dtype)
-    return out if N == _up(N) else out[..., :N]
+        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)[:M]
+    else:  # 3d3d: K, N
+        K, N = mat_a.shape[2], mat_b.shape[2]
+        a = _pad_dim(mat_a, 2, _up(K))
+        b = _pad_dim(_pad_dim(mat_b, 1, _up(K)), 2, _up(N))
+        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)[..., :N]
+    return _torch_layout(out)
 
 
 def scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scale_result=None,

@@ -292,6 +292,10 @@ def test_grouped_gemm_compiled(device, padded, op, a_row_major, b_row_major):
     assert C.shape == C_eager.shape
     torch.testing.assert_close(C, C_eager, atol=0, rtol=0)
     torch.testing.assert_close(C.float(), loop_reference(A, B, offs), atol=2e-2, rtol=2e-2)
+    if device.type == "cuda" or padded:  # torch's output layout: the last dim padded to 16 bytes
+        last = -(-C.shape[-1] * C.element_size() // 16) * 16 // C.element_size()
+        assert C.stride() == ((C.shape[1] * last, last, 1) if C.dim() == 3 else (last, 1))
+        assert C_eager.stride() == C.stride()
     if device.type == "cuda":
         C_ref = torch._grouped_mm(A, B.transpose(-2, -1), offs=offs)
         assert C.stride() == C_ref.stride()

@@ -289,63 +289,15 @@ def test_one_rank_equals_the_block(world1):
             assert torch.equal(p.grad, dict(ep.named_parameters())[name].grad), (mode, name)
 
 
-# ---- GPU: one device, R = 1 over NCCL -----------------------------------------------------------
+# ---- GPU: one device --------------------------------------------------------------------------
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(),
                           reason="needs a CUDA GPU and NCCL")
 
 
 @cuda
-@pytest.mark.parametrize("recipe", ["bf16", "fp8_current"])
-@pytest.mark.parametrize("mode", ["throughput", "capacity"])
-def test_nccl_one_rank_equals_the_block(world1, recipe, mode):
-    torch.manual_seed(0)
-    H, F, T = 128, 64, 256
-    ref, ep = _blocks(1, torch.bfloat16, recipe, 64, False, "softmax", mode, None,
-                      2.0 if mode == "capacity" else 0.0, H, F, device="cuda", group=world1)
-    assert groupmm.nn.moe_ep.ep_group(world1, "cuda").backend() == "nccl"
-    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn_like(x)
-    for a, b in zip(_step(ref, x, dy), _step(ep, x, dy)):
-        assert torch.equal(a, b)
-    for name, p in ref.named_parameters():
-        assert torch.equal(p.grad, dict(ep.named_parameters())[name].grad), name
-    groupmm.check()
-
-
-@cuda
-def test_nccl_capacity_step_replays_in_a_cuda_graph(world1):
-    # The capacity block's forward and backward captured once (plan fill, exchanges, experts),
-    # replayed with new tokens (new routing) against eager steps of a twin with the same weights.
-    torch.manual_seed(0)
-    H, F, T = 128, 64, 256
-    kw = dict(shared_ffn_hidden=64, device="cuda", ep_group=world1, ep_mode="capacity",
-              capacity_factor=2.0)
-    moe = groupmm.nn.MoE(H, F, E, K, **kw)
-    twin = groupmm.nn.MoE(H, F, E, K, **kw)
-    twin.load_state_dict(moe.state_dict())
-    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-
-    def step(m, x):
-        y, _ = m(x)
-        return (y, *torch.autograd.grad(y, (x, m.gate_up.weight, m.router.weight), dy))
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # the plan, the Contexts and the NCCL connections are made here
-            step(moe, x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        static = step(moe, x)
-    for _ in range(3):
-        with torch.no_grad():
-            x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        eager = step(twin, x.detach().requires_grad_())
-        for got, want in zip(static, eager):
-            assert torch.equal(got, want)
-    groupmm.check()
+def test_nccl_group_is_refused(world1):
+    # Making the group over NCCL crashed in its first GPU run: refused with a clear error until
+    # that path is understood and tested (docs/expert_parallelism.md).
+    with pytest.raises(NotImplementedError, match="over CPU process groups"):
+        groupmm.nn.moe_ep.ep_group(world1, "cuda")
