@@ -256,6 +256,31 @@ def moe_dense_bound(dd):
             f"plain PyTorch block {a['plain PyTorch block']}.\n")
 
 
+def moe_bench_bound(dd):
+    d = load("moe_bench_bound_h200", dd)
+    base = {r["case"]: r["fb_us"] for r in rows_of(d, recipe="bf16")}
+    return caption(d) + "\n" + table(
+        ["case", "recipe", "fwd us (bound)", "share", "fwd + bwd us (bound)", "share", "f+b vs bf16"],
+        [[r["case"], r["recipe"], f"{r['fwd_us']} ({r['bound_fwd_us']})", pct(r["bound_fwd_us"] / r["fwd_us"]),
+          f"{r['fb_us']} ({r['bound_fb_us']})", pct(r["bound_fb_us"] / r["fb_us"]),
+          f"{base[r['case']] / r['fb_us']:.2f}x"] for r in rows_of(d)])
+
+
+def moe_memory(dd):
+    d = load("moe_memory_h200", dd)
+    return caption(d) + "\n" + table(
+        ["case", "kept: recompute / keep / torch (T*H rows)", "step us: recompute / keep", "x torch"],
+        [[r["case"], f"{r['kept_recompute']} / {r['kept_keep']} / {r['kept_torch']}",
+          f"{r['recompute_us']} / {r['keep_us']}", f2(r["torch_us"] / r["recompute_us"])] for r in rows_of(d)])
+
+
+def ep_plan(dd):
+    d = load("ep_plan_h200", dd)
+    return caption(d) + "\n" + table(
+        ["mode", "plan us", "dispatch us", "combine us"],
+        [[r["mode"], r["plan_us"], r["dispatch_us"], r["combine_us"]] for r in rows_of(d)])
+
+
 def ep_exchange(dd):
     d = load("ep_exchange_h200x2", dd)
     return caption(d) + "\n" + table(
@@ -281,7 +306,8 @@ def python_overhead(dd):
 TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
     peers_deepgemm, gemm_w4, peers_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
-    moe_block, moe_dense_bound, ep_exchange, ep_scaling, python_overhead)}
+    moe_block, moe_dense_bound, moe_bench_bound, moe_memory, ep_plan, ep_exchange, ep_scaling,
+    python_overhead)}
 
 MARK = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- end -->)", re.S)
 
