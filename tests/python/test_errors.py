@@ -57,3 +57,19 @@ def test_tensors_on_two_devices():
     w = torch.randn(2, 8, 16, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="splits is on cpu but the op runs on cuda"):
         ops.grouped_mm(x, w, make_splits([4, 4], "cpu"))
+
+
+def test_moe_arguments_are_named():
+    with pytest.raises(ValueError, match=r"groupmm.nn.MoE: topk=-1 must be in \[1, min\(experts, 32\)\]"):
+        groupmm.nn.MoE(16, 16, 4, -1)
+    with pytest.raises(ValueError, match=r"experts=2048 must be in \[1, 1024\]"):
+        groupmm.nn.MoE(16, 16, 2048, 2)
+    m = groupmm.nn.MoE(16, 16, 4, 2)
+    with pytest.raises(ValueError, match=r"x must be \[T, 16\] torch.bfloat16 .* got \[8, 16\] torch.float32"):
+        m(torch.randn(8, 16))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible")
+def test_check_without_cuda_says_so():
+    with pytest.raises(RuntimeError, match="groupmm.check: no CUDA device is available"):
+        groupmm.check()

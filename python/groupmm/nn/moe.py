@@ -133,6 +133,12 @@ class MoE(torch.nn.Module):
         if not (math.isfinite(capacity_factor) and capacity_factor >= 0):
             raise ValueError(f"groupmm.nn.MoE: capacity_factor={capacity_factor} must be finite "
                              "and >= 0 (0 = dropless)")
+        # The core's router limits (groupmm/moe.hpp RouterConfig), said here before any op runs.
+        if not 1 <= experts <= 1024:
+            raise ValueError(f"groupmm.nn.MoE: experts={experts} must be in [1, 1024]")
+        if not 1 <= topk <= min(experts, 32):
+            raise ValueError(f"groupmm.nn.MoE: topk={topk} must be in [1, min(experts, 32)] = "
+                             f"[1, {min(experts, 32)}]")
         self.experts, self.topk, self.align = experts, topk, align
         self.recipe, self.split_multiple = recipe, split
         self.capacity_factor = float(capacity_factor)
@@ -164,6 +170,10 @@ class MoE(torch.nn.Module):
         """x [T, H] -> (y [T, H], aux). is_first_microbatch goes to the expert layers (quantized
         recipes: when their weights are quantized, see GroupedLinear.forward)."""
         shared_on = self.shared_up is not None
+        w = self.router.weight
+        if x.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
+            raise ValueError(f"groupmm.nn.MoE.forward: x must be [T, {w.shape[1]}] {w.dtype} (the "
+                             f"block's hidden size and dtype); got {list(x.shape)} {x.dtype}")
         if shared_on and self.split_multiple > 1 and torch.is_grad_enabled():
             T = x.shape[0]
             if T % self.split_multiple != 0:
