@@ -30,6 +30,7 @@ import torch
 
 from .._meta import moe_capacity
 from . import moe_ep
+from ._recompute import again as _again
 from .grouped_linear import GroupedLinear, split_multiple
 
 ops = torch.ops.groupmm
@@ -46,25 +47,6 @@ class _SharedLinear(GroupedLinear):
     def forward(self, x, is_first_microbatch=None, recompute_input=None):
         splits = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
         return super().forward(x, splits, is_first_microbatch, recompute_input)
-
-
-def _again(op, *args, part=None):
-    """A callable that runs op(*args) again (outside autograd) and returns its output (or output
-    `part`), raising if a tensor argument was written in place since: the recomputed value would
-    not be the forward's."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    versions = [t._version for t in tensors]
-    detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
-
-    def run():
-        if any(t._version != v for t, v in zip(tensors, versions)):
-            raise RuntimeError("groupmm.nn.MoE(recompute=True): an input of the block (x or the "
-                               "router's outputs) was modified in place between forward and "
-                               "backward; backward recomputes from it (pass recompute=False to "
-                               "keep the activations instead)")
-        out = op(*detached)
-        return out if part is None else out[part]
-    return run
 
 
 class MoE(torch.nn.Module):

@@ -21,6 +21,8 @@ import math
 
 import torch
 
+from ._recompute import again as _again
+
 ops = torch.ops.groupmm
 
 MODES = ("throughput", "capacity")
@@ -118,7 +120,6 @@ def _local_ids(splits, rows):
 
 def forward(moe, x, is_first_microbatch, again):
     """The expert-parallel step of groupmm.nn.MoE (moe.MoE.forward calls it): returns (y, aux)."""
-    from .moe import _again
     ep = moe.ep
     logits = ops.router_logits(x, moe.router.weight)
     ids, weights, counts, aux, z = ops.router(logits, moe.expert_bias, moe.topk, *moe.router_cfg)
