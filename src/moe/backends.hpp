@@ -33,20 +33,19 @@ inline void* moe_workspace(Context& ctx, const char* op, size_t need, void* ws, 
 //   moe_gather_rows: dst[t] = sum_j src[dest_row[t, j]] + add[t] (+ d_weights[t, j] =
 //     d_probs[dest]) (moe_unpermute, moe_permute_backward);
 //   weighted_swiglu_forward / _backward (any SwigluForm; the plain one on its own path).
-#define GROUPMM_MOE_ROW_OPS(ENTRY)                                                        \
-  ENTRY void moe_scatter_rows(Context& ctx, const TensorView& src, const PermuteMap& map, \
-                              const TensorView& dst, const TensorView& weights,           \
-                              const TensorView& probs);                                   \
-  ENTRY void moe_gather_rows(Context& ctx, const TensorView& src, const PermuteMap& map,  \
-                             const TensorView& dst, const TensorView& add,                \
-                             const TensorView& d_probs, const TensorView& d_weights);     \
-  ENTRY void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up,             \
-                                     const TensorView& prob, const TensorView& out,       \
-                                     const SwigluForm& form);                             \
-  ENTRY void weighted_swiglu_backward(Context& ctx, const TensorView& dout,               \
-                                      const TensorView& gate_up, const TensorView& prob,  \
-                                      const TensorView& dgate_up, const TensorView& dprob, \
-                                      const SwigluForm& form);
+#define GROUPMM_MOE_ROW_OPS(ENTRY)                                                             \
+  ENTRY void moe_scatter_rows(Context& ctx, const TensorView& src, const PermuteMap& map,      \
+                              const TensorView& dst, const TensorView& weights,                \
+                              const TensorView& probs);                                        \
+  ENTRY void moe_gather_rows(Context& ctx, const TensorView& src, const PermuteMap& map,       \
+                             const TensorView& dst, const TensorView& add,                     \
+                             const TensorView& d_probs, const TensorView& d_weights);          \
+  ENTRY void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up,                  \
+                                     const TensorView& prob, const TensorView& out,            \
+                                     const SwigluForm& form);                                  \
+  ENTRY void weighted_swiglu_backward(                                                         \
+      Context& ctx, const TensorView& dout, const TensorView& gate_up, const TensorView& prob, \
+      const TensorView& dgate_up, const TensorView& dprob, const SwigluForm& form);
 
 namespace groupmm::cpu {
 void moe_router_logits(Context& ctx, const TensorView& x, const TensorView& w,

@@ -118,8 +118,8 @@ int run_moe_ep(const BenchMoeOptions& o) {
   JsonFile json(o.json);  // every rank checks the path; rank 0 writes it
   if (o.cpu) {
     const int R = o.ranks > 0 ? o.ranks : 2;
-    const auto rs =
-        run_cpu_ranks("bench moe", R, [&](Context& ctx, ep::Transport& tr) { return run_moe_rank(ctx, tr, o); });
+    const auto rs = run_cpu_ranks(
+        "bench moe", R, [&](Context& ctx, ep::Transport& tr) { return run_moe_rank(ctx, tr, o); });
     report_moe_ep(rs[0], R, o, json);
     return 0;
   }
