@@ -16,6 +16,8 @@
 
 #include <string>
 
+#include "autograd.hpp"
+
 namespace groupmm_torch {
 namespace {
 
@@ -24,14 +26,6 @@ using torch::autograd::variable_list;
 using Tensor = at::Tensor;
 using OptTensor = std::optional<at::Tensor>;
 using OptDtype = std::optional<at::ScalarType>;
-
-// The typed handle of groupmm::<name> (looked up once per call site).
-#define GROUPMM_OP(name, ...)                                                                      \
-  ([]() -> const c10::TypedOperatorHandle<__VA_ARGS__>& {                                          \
-    static const auto h =                                                                          \
-        c10::Dispatcher::singleton().findSchemaOrThrow("groupmm::" name, "").typed<__VA_ARGS__>(); \
-    return h;                                                                                      \
-  }())
 
 using MmSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, OptDtype);
 using MmGradSig = Tensor(const Tensor&, const Tensor&, const Tensor&, OptDtype);
@@ -54,26 +48,6 @@ using UnpermuteSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const T
                             const Tensor&, int64_t, int64_t, const OptTensor&);
 using UnpermuteBwdSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                const Tensor&, int64_t, int64_t);
-
-// Whether a graph node is to be recorded (what Function::apply decides, decided up front so the
-// common inference / no_grad call skips building one).
-bool records(std::initializer_list<const Tensor*> ts) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const Tensor* t : ts)
-    if (t->defined() && t->requires_grad()) return true;
-  return false;
-}
-bool records(const OptTensor& t) {
-  return t.has_value() && records({&*t});
-}
-
-// The fast path: the op below autograd (the guard also keeps the kernel's own at:: calls there).
-template <class Sig, class... Args>
-auto below_autograd(const c10::TypedOperatorHandle<Sig>& op, c10::DispatchKeySet ks,
-                    Args&&... args) {
-  const at::AutoDispatchBelowADInplaceOrView guard;
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, std::forward<Args>(args)...);
-}
 
 // ---- grouped_mm ---------------------------------------------------------------------------------
 

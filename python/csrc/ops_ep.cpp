@@ -1,10 +1,10 @@
 // ops_ep.cpp: expert parallelism (groupmm/ep.hpp) over a torch.distributed process group.
 //
-// ProcessGroupTransport is a groupmm::ep::Transport whose two collectives run through the c10d
-// ProcessGroup (alltoall_base with split sizes), so the core's plans and movers run unchanged over
-// gloo (CPU tensors, the CPU backend) and NCCL (CUDA tensors). The communicator is the process
-// group's own ("borrowed"): nothing is created, no unique id is exchanged. Two custom classes carry
-// the state the ops share, defined here beside the ops that take them (the schema parser needs a
+// ProcessGroupTransport (ep_transport.hpp) is a groupmm::ep::Transport whose two collectives run
+// through the c10d ProcessGroup (alltoall_base with split sizes), so the core's plans and movers
+// run unchanged over gloo (CPU tensors, the CPU backend) and NCCL (CUDA tensors). The
+// communicator is the process group's own ("borrowed"): nothing is created, no unique id is
+// exchanged. Two custom classes carry the state the ops share, defined here beside the ops that take them (the schema parser needs a
 // class registered before an op names it):
 //   torch.classes.groupmm.EpGroup(group_name, device): the transport of one process group on one
 //     device (group_name: ProcessGroup.group_name, resolved with c10d::resolve_process_group);
@@ -22,7 +22,6 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/autograd.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
@@ -30,90 +29,15 @@
 #include <memory>
 #include <string>
 
+#include "autograd.hpp"
 #include "binding.hpp"
+#include "ep_transport.hpp"
 #include "groupmm/ep.hpp"
 
 namespace groupmm_torch {
 namespace {
 
 namespace ep = groupmm::ep;
-
-// ================================================================================================
-// The transport
-// ================================================================================================
-
-class ProcessGroupTransport final : public ep::Transport {
- public:
-  ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGroup> pg, at::Device device)
-      : pg_(std::move(pg)), device_(device) {}
-  int rank() const override { return pg_->getRank(); }
-  int size() const override { return pg_->getSize(); }
-  groupmm::Device device() const override {
-    return device_.is_cuda() ? groupmm::Device::CUDA : groupmm::Device::CPU;
-  }
-
-  // Host int64 blocks; a CUDA group stages them through the device (and synchronizes: the
-  // throughput plan reads them on the host).
-  void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) override {
-    const int64_t total = int64_t(size()) * n;
-    if (total == 0) return;
-    const auto host = at::TensorOptions().dtype(at::kLong);
-    at::Tensor s = at::from_blob(const_cast<int64_t*>(send), {total}, host);
-    at::Tensor r = at::from_blob(recv, {total}, host);
-    if (device_.is_cpu()) {
-      exchange(r, s, {}, {});
-      return;
-    }
-    at::Tensor sd = s.to(device_), rd = at::empty({total}, host.device(device_));
-    exchange(rd, sd, {}, {});
-    r.copy_(rd);  // a device-to-host copy: synchronizes the current stream
-  }
-
-  void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
-                    void* recv, const int64_t* recv_counts, const int64_t* recv_offsets,
-                    cudaStream_t stream) override {
-    if (device_.is_cuda()) {
-      const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-      auto* current = static_cast<cudaStream_t>(impl.getStream(device_).native_handle());
-      TORCH_CHECK(current == stream, "groupmm EpGroup: an exchange on rank ", rank(),
-                  " was issued on another stream than torch's current stream of ", device_,
-                  " (run the ep ops on the current stream)");
-    }
-    const int R = size();
-    std::vector<int64_t> sc(send_counts, send_counts + R), rc(recv_counts, recv_counts + R);
-    // alltoall_base takes one packed buffer per side: block p right after block p - 1. The
-    // core's movers always send packed blocks; anything else is a caller error, said here.
-    int64_t st = 0, rt = 0;
-    for (int p = 0; p < R; ++p) {
-      TORCH_CHECK(send_offsets[p] == st && recv_offsets[p] == rt,
-                  "groupmm EpGroup: all_to_all_v needs packed blocks (offset of block ", p, " is ",
-                  send_offsets[p], " / ", recv_offsets[p], ", expected ", st, " / ", rt, ")");
-      st += sc[size_t(p)];
-      rt += rc[size_t(p)];
-    }
-    at::Tensor in = bytes(const_cast<void*>(send), st), out = bytes(recv, rt);
-    exchange(out, in, rc, sc);
-  }
-
-  const c10::intrusive_ptr<c10d::ProcessGroup>& pg() const { return pg_; }
-
- private:
-  at::Tensor bytes(void* p, int64_t n) const {
-    const auto o = at::TensorOptions().dtype(at::kByte).device(device_);
-    if (n == 0 || p == nullptr) return at::empty({0}, o);
-    return at::for_blob(p, {n}).options(o).target_device(device_).make_tensor();
-  }
-  void exchange(at::Tensor& out, at::Tensor& in, std::vector<int64_t> out_splits,
-                std::vector<int64_t> in_splits) {
-    c10d::AllToAllOptions opts;
-    opts.asyncOp = false;  // NCCL: on the current stream
-    auto work = pg_->alltoall_base(out, in, out_splits, in_splits, opts);
-    work->wait();
-  }
-
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
-  at::Device device_;
-};
 
 // ================================================================================================
 // The custom classes
@@ -343,29 +267,8 @@ using EpCapCreateSig = PlanPtr(const GroupPtr&, const at::Tensor&, int64_t, int6
                                int64_t, at::ScalarType);
 using EpCapFillSig = void(const PlanPtr&, const at::Tensor&);
 
-template <class Sig>
-c10::TypedOperatorHandle<Sig> ep_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
-#define GROUPMM_EP_OP(name, Sig)                  \
-  ([]() -> const c10::TypedOperatorHandle<Sig>& { \
-    static const auto h = ep_op<Sig>(name);       \
-    return h;                                     \
-  }())
-
-bool ep_records(const at::Tensor& t, const OptTensor& o) {
-  if (!at::GradMode::is_enabled()) return false;
-  return t.requires_grad() || (o.has_value() && o->defined() && o->requires_grad());
-}
-bool ep_present(const OptTensor& t) {
+bool present(const OptTensor& t) {
   return t.has_value() && t->defined();
-}
-
-template <class Sig, class... Args>
-auto ep_below_autograd(const c10::TypedOperatorHandle<Sig>& op, c10::DispatchKeySet ks,
-                       Args&&... args) {
-  const at::AutoDispatchBelowADInplaceOrView guard;
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, std::forward<Args>(args)...);
 }
 
 // A node keeps a lease of the plan (EpPlan.in_use() is true until the node is freed). Its
@@ -375,17 +278,17 @@ struct EpDispatchFn : torch::autograd::Function<EpDispatchFn> {
   static variable_list forward(AutogradContext* ctx, const PlanPtr& plan, const at::Tensor& x,
                                const OptTensor& weights) {
     ctx->saved_data["plan"] = plan->lease();
-    const bool has_w = ep_present(weights);
+    const bool has_w = present(weights);
     ctx->saved_data["has_w"] = has_w;
     const at::AutoDispatchBelowADInplaceOrView guard;
-    auto [xg, probs] = GROUPMM_EP_OP("groupmm::ep_dispatch", EpDispatchSig).call(plan, x, weights);
+    auto [xg, probs] = GROUPMM_OP("ep_dispatch", EpDispatchSig).call(plan, x, weights);
     if (!has_w) ctx->mark_non_differentiable({probs});
     return {xg, probs};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const PlanPtr plan = ctx->saved_data["plan"].toCustomClass<EpPlan>();
     const bool has_w = ctx->saved_data["has_w"].toBool();
-    auto [dx, dw] = GROUPMM_EP_OP("groupmm::ep_dispatch_backward", EpDispatchBwdSig)
+    auto [dx, dw] = GROUPMM_OP("ep_dispatch_backward", EpDispatchBwdSig)
                         .call(plan, grads[0], has_w ? OptTensor(grads[1]) : std::nullopt);
     return {at::Tensor(), dx, has_w ? dw : at::Tensor()};
   }
@@ -393,9 +296,8 @@ struct EpDispatchFn : torch::autograd::Function<EpDispatchFn> {
 
 Tensors2 ep_dispatch_autograd(c10::DispatchKeySet ks, const PlanPtr& plan, const at::Tensor& x,
                               const OptTensor& weights) {
-  if (!ep_records(x, weights))
-    return ep_below_autograd(GROUPMM_EP_OP("groupmm::ep_dispatch", EpDispatchSig), ks, plan, x,
-                             weights);
+  if (!records({&x}) && !records(weights))
+    return below_autograd(GROUPMM_OP("ep_dispatch", EpDispatchSig), ks, plan, x, weights);
   auto o = EpDispatchFn::apply(plan, x, weights);
   return {o[0], o[1]};
 }
@@ -404,12 +306,12 @@ struct EpCombineFn : torch::autograd::Function<EpCombineFn> {
   static at::Tensor forward(AutogradContext* ctx, const PlanPtr& plan, const at::Tensor& y_grouped,
                             const OptTensor& weights, const OptTensor& add) {
     ctx->saved_data["plan"] = plan->lease();
-    const bool has_w = ep_present(weights);
+    const bool has_w = present(weights);
     ctx->saved_data["has_w"] = has_w;
-    ctx->saved_data["has_add"] = ep_present(add);
+    ctx->saved_data["has_add"] = present(add);
     if (has_w) ctx->save_for_backward({*weights, y_grouped});
     const at::AutoDispatchBelowADInplaceOrView guard;
-    return GROUPMM_EP_OP("groupmm::ep_combine", EpCombineSig).call(plan, y_grouped, weights, add);
+    return GROUPMM_OP("ep_combine", EpCombineSig).call(plan, y_grouped, weights, add);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const PlanPtr plan = ctx->saved_data["plan"].toCustomClass<EpPlan>();
@@ -420,8 +322,7 @@ struct EpCombineFn : torch::autograd::Function<EpCombineFn> {
       w = saved[0];
       yg = saved[1];
     }
-    auto [dyg, dw] =
-        GROUPMM_EP_OP("groupmm::ep_combine_backward", EpCombineBwdSig).call(plan, grads[0], w, yg);
+    auto [dyg, dw] = GROUPMM_OP("ep_combine_backward", EpCombineBwdSig).call(plan, grads[0], w, yg);
     return {at::Tensor(), dyg, has_w ? dw : at::Tensor(),
             ctx->saved_data["has_add"].toBool() ? grads[0] : at::Tensor()};
   }
@@ -430,27 +331,26 @@ struct EpCombineFn : torch::autograd::Function<EpCombineFn> {
 at::Tensor ep_combine_autograd(c10::DispatchKeySet ks, const PlanPtr& plan,
                                const at::Tensor& y_grouped, const OptTensor& weights,
                                const OptTensor& add) {
-  const bool rec = ep_records(y_grouped, weights) || ep_records(y_grouped, add);
+  const bool rec = records({&y_grouped}) || records(weights) || records(add);
   if (!rec)
-    return ep_below_autograd(GROUPMM_EP_OP("groupmm::ep_combine", EpCombineSig), ks, plan,
-                             y_grouped, weights, add);
+    return below_autograd(GROUPMM_OP("ep_combine", EpCombineSig), ks, plan, y_grouped, weights,
+                          add);
   return EpCombineFn::apply(plan, y_grouped, weights, add);
 }
 
 // The plans carry no gradient: their Autograd kernels step below autograd.
 PlanPtr ep_dispatch_plan_autograd(c10::DispatchKeySet ks, const GroupPtr& g, const at::Tensor& ids,
                                   int64_t experts, int64_t hidden) {
-  return ep_below_autograd(GROUPMM_EP_OP("groupmm::ep_dispatch_plan", EpPlanSig), ks, g, ids,
-                           experts, hidden);
+  return below_autograd(GROUPMM_OP("ep_dispatch_plan", EpPlanSig), ks, g, ids, experts, hidden);
 }
 PlanPtr ep_capacity_plan_create_autograd(c10::DispatchKeySet ks, const GroupPtr& g,
                                          const at::Tensor& ids, int64_t experts, int64_t hidden,
                                          int64_t rows, int64_t entries, at::ScalarType dtype) {
-  return ep_below_autograd(GROUPMM_EP_OP("groupmm::ep_capacity_plan_create", EpCapCreateSig), ks, g,
-                           ids, experts, hidden, rows, entries, dtype);
+  return below_autograd(GROUPMM_OP("ep_capacity_plan_create", EpCapCreateSig), ks, g, ids, experts,
+                        hidden, rows, entries, dtype);
 }
 void ep_capacity_plan_autograd(c10::DispatchKeySet ks, const PlanPtr& plan, const at::Tensor& ids) {
-  ep_below_autograd(GROUPMM_EP_OP("groupmm::ep_capacity_plan", EpCapFillSig), ks, plan, ids);
+  below_autograd(GROUPMM_OP("ep_capacity_plan", EpCapFillSig), ks, plan, ids);
 }
 
 void register_ep_impls(torch::Library& m) {
