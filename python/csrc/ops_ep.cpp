@@ -4,8 +4,8 @@
 // through the c10d ProcessGroup (alltoall_base with split sizes), so the core's plans and movers
 // run unchanged over gloo (CPU tensors, the CPU backend) and NCCL (CUDA tensors). The
 // communicator is the process group's own ("borrowed"): nothing is created, no unique id is
-// exchanged. Two custom classes carry the state the ops share, defined here beside the ops that take them (the schema parser needs a
-// class registered before an op names it):
+// exchanged. Two custom classes carry the state the ops share, defined here beside the ops that
+// take them (the schema parser needs a class registered before an op names it):
 //   torch.classes.groupmm.EpGroup(group_name, device): the transport of one process group on one
 //     device (group_name: ProcessGroup.group_name, resolved with c10d::resolve_process_group);
 //   torch.classes.groupmm.EpPlan: an ep::EpPlan (throughput or capacity), made by the plan ops.
