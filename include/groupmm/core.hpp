@@ -215,6 +215,7 @@ enum class OpId : uint32_t {
   moe_router,
   weighted_swiglu,
   ep_dispatch,  // the expert-parallel plans (ep.hpp)
+  moe_gate_up,  // moe_gate_up_swiglu and the gathered ops (moe.hpp)
   count_
 };
 const char* op_name(OpId op);

@@ -254,4 +254,57 @@ void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const Tensor
                               const TensorView& prob, const TensorView& dgate_up,
                               const TensorView& dprob, const SwigluForm& form);
 
+// ================================================================================================
+// The fused gate_up projection: gathered x, the weighted SwiGLU in the GEMM's epilogue
+// ================================================================================================
+//
+// One launch of groupmm's own sm_90a grouped GEMM (src/kernels/sm90/gathered_gemm.cuh) in place of
+// moe_permute + the gate_up grouped GEMM + weighted_swiglu_forward: the A operand is gathered from
+// x through the row map (no permuted copy of x), and the weighted SwiGLU runs on the tile in
+// registers while the other consumer warpgroup's MMAs run (no gate_up round trip through HBM).
+//
+// For every row r of expert g (rows [start_g, start_g + splits_g), starts from the splits):
+//   gu[r, n]  = round(sum_k x[src_row[r], k] * w[g, n, k])   fp32 accumulation, rounded to x's
+//                dtype (the grouped GEMM's output); src_row[r] = -1: a zero row
+//   out[r, i] = weighted_swiglu(gu[r, i], gu[r, F + i], prob[r])   (moe.hpp's forward formula)
+// Numerics: exactly the unfused composition's (the same rounding points; on CUDA the same fast
+// sigmoid as weighted_swiglu_forward), so fused and unfused agree bit for bit where their fp32
+// sums agree (the CUDA GEMMs add each K block of 64 in the same wgmma order; tested).
+//
+// Arguments (x's dtype: bf16 or fp16; all row-major, contiguous):
+//   x        [T, H]             the tokens (never permuted)
+//   src_row  [R] int32          row of x behind permuted row r, or -1 (moe_permute_sources)
+//   splits   [E] int32 | int64  rows per expert, sum == R (the PermuteMap's splits)
+//   w        [E, 2F, H]         gate rows [0, F), up rows [F, 2F) of each expert
+//   prob     [R] fp32           each row's router weight (moe_permute_sources)
+//   out      [R, F]             the activation, input of the down projection
+//   gate_up  [R, 2F] optional   the pre-activation (what weighted_swiglu_backward reads)
+// x may be fp32 on a CPU context (gradient checks). Requirements (CUDA): H % 8 == 0,
+// F % 64 == 0, E <= 1024, 16-byte aligned x and w; R, T < 2^31.
+// Graph safe (one launch, no workspace, no host read of the splits). Device faults: a split
+// negative or past R (kFaultNegativeSplit / kFaultSplitsOverflow / kFaultSplitsTotalMismatch),
+// a src_row outside [-1, T) (kFaultBadIndex, read as a zero row); nothing is written out of
+// bounds. Minimum SM: sm_90a (CUDA); the CPU reference composes the unfused CPU ops.
+struct MoeGateUpArgs {
+  TensorView x, src_row, splits, w, prob, out;
+  TensorView gate_up;  // optional
+  // CUDA kernel configuration (tests and tuning; results are bit-identical in each): "" = the
+  // default (cooperative when F % 128 == 0, else ping-pong), "coop_128x256" (cooperative
+  // 128 x 256 tiles, needs F % 128 == 0) or "pingpong_128x128".
+  std::string config;
+};
+void moe_gate_up_swiglu(Context& ctx, const MoeGateUpArgs& args);
+// Whether moe_gate_up_swiglu takes these sizes on ctx's device (CPU: always; CUDA: an sm_90 device
+// and the requirements above), so a layer can choose it or the unfused ops without a try.
+bool moe_gate_up_swiglu_supported(const Context& ctx, DType dtype, int64_t hidden, int64_t ffn,
+                                  int64_t experts);
+
+// The row map of the gathered ops: src_row[dest_row[t, j]] = t and probs[dest_row[t, j]] =
+// weights[t, j]; padding and tail rows get src_row -1 and prob 0 (what moe_permute writes as a
+// zero row). src_row [R] int32, weights [T, k] fp32 and probs [R] fp32 (both or neither).
+// Graph safe; two launches (fill, scatter).
+void moe_permute_sources(Context& ctx, const PermuteMap& map, const TensorView& src_row,
+                         const TensorView& weights = TensorView(),
+                         const TensorView& probs = TensorView());
+
 }  // namespace groupmm

@@ -57,6 +57,8 @@ const char* op_name(OpId op) {
       return "weighted_swiglu";
     case OpId::ep_dispatch:
       return "ep_dispatch";
+    case OpId::moe_gate_up:
+      return "moe_gate_up_swiglu";
     case OpId::count_:
       break;
   }

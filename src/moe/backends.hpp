@@ -25,6 +25,9 @@ inline void* moe_workspace(Context& ctx, const char* op, size_t need, void* ws, 
                 ")");
   return ws;
 }
+
+// The PermuteMap checks every op taking a map runs (sizes, dtypes, rows == moe_permuted_rows).
+void check_permute_map(const Context& ctx, const char* op, const PermuteMap& m);
 }  // namespace groupmm
 
 // Entry points both backends implement with one signature (declared in each namespace below):
@@ -33,18 +36,21 @@ inline void* moe_workspace(Context& ctx, const char* op, size_t need, void* ws, 
 //   moe_gather_rows: dst[t] = sum_j src[dest_row[t, j]] + add[t] (+ d_weights[t, j] =
 //     d_probs[dest]) (moe_unpermute, moe_permute_backward);
 //   weighted_swiglu_forward / _backward (any SwigluForm; the plain one on its own path).
-#define GROUPMM_MOE_ROW_OPS(ENTRY)                                                             \
-  ENTRY void moe_scatter_rows(Context& ctx, const TensorView& src, const PermuteMap& map,      \
-                              const TensorView& dst, const TensorView& weights,                \
-                              const TensorView& probs);                                        \
-  ENTRY void moe_gather_rows(Context& ctx, const TensorView& src, const PermuteMap& map,       \
-                             const TensorView& dst, const TensorView& add,                     \
-                             const TensorView& d_probs, const TensorView& d_weights);          \
-  ENTRY void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up,                  \
-                                     const TensorView& prob, const TensorView& out,            \
-                                     const SwigluForm& form);                                  \
-  ENTRY void weighted_swiglu_backward(                                                         \
-      Context& ctx, const TensorView& dout, const TensorView& gate_up, const TensorView& prob, \
+#define GROUPMM_MOE_ROW_OPS(ENTRY)                                                               \
+  ENTRY void moe_scatter_rows(Context& ctx, const TensorView& src, const PermuteMap& map,        \
+                              const TensorView& dst, const TensorView& weights,                  \
+                              const TensorView& probs);                                          \
+  ENTRY void moe_gather_rows(Context& ctx, const TensorView& src, const PermuteMap& map,         \
+                             const TensorView& dst, const TensorView& add,                       \
+                             const TensorView& d_probs, const TensorView& d_weights);            \
+  ENTRY void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up,                    \
+                                     const TensorView& prob, const TensorView& out,              \
+                                     const SwigluForm& form);                                    \
+  ENTRY void moe_gate_up_swiglu(Context& ctx, const MoeGateUpArgs& args);                        \
+  ENTRY void moe_permute_sources(Context& ctx, const PermuteMap& map, const TensorView& src_row, \
+                                 const TensorView& weights, const TensorView& probs);            \
+  ENTRY void weighted_swiglu_backward(                                                           \
+      Context& ctx, const TensorView& dout, const TensorView& gate_up, const TensorView& prob,   \
       const TensorView& dgate_up, const TensorView& dprob, const SwigluForm& form);
 
 namespace groupmm::cpu {

@@ -28,9 +28,7 @@ int64_t moe_capacity(int64_t T, int64_t k, int64_t E, double factor) {
   return std::max<int64_t>(1, int64_t(std::ceil(factor * double(T * k) / double(E))));
 }
 
-namespace {
-
-void check_map(const Context& ctx, const char* op, const PermuteMap& m) {
+void check_permute_map(const Context& ctx, const char* op, const PermuteMap& m) {
   GROUPMM_CHECK(m.tokens >= 0 && m.topk >= 1 && m.experts >= 1 && m.align >= 1 && m.capacity >= 0,
                 op, ": map (T=", m.tokens, ", k=", m.topk, ", E=", m.experts, ", align=", m.align,
                 ", capacity=", m.capacity,
@@ -49,6 +47,8 @@ void check_map(const Context& ctx, const char* op, const PermuteMap& m) {
     check_dim(op, name, *v, 0, m.experts);
   }
 }
+
+namespace {
 
 // A float activation [rows, H] (bf16/fp16/fp32); returns nothing, checks dtype `t` when given.
 void check_rows(const Context& ctx, const char* op, const char* arg, const TensorView& v,
@@ -104,7 +104,7 @@ size_t moe_permute_plan_workspace_size(const Context& ctx, int64_t T, int64_t k,
 void moe_permute_plan(Context& ctx, const TensorView& ids, const PermuteMap& map, void* ws,
                       size_t ws_bytes) {
   const char* op = "moe_permute_plan";
-  check_map(ctx, op, map);
+  check_permute_map(ctx, op, map);
   GROUPMM_CHECK(map.experts <= 1024, op, ": map.experts=", map.experts, " must be <= 1024");
   check_view(op, "expert_ids", ids, DType::int32, 2, ctx.device());
   check_dim(op, "expert_ids", ids, 0, map.tokens);
@@ -126,7 +126,7 @@ namespace {
 void scatter_op(Context& ctx, const char* op, const PermuteMap& map, const char* src_name,
                 const TensorView& src, const char* dst_name, const TensorView& dst,
                 const TensorView& weights, const TensorView& probs) {
-  check_map(ctx, op, map);
+  check_permute_map(ctx, op, map);
   const DType t = check_source(ctx, op, src_name, src, map.tokens);
   check_rows(ctx, op, dst_name, dst, map.rows, src.dim(1), t);
   check_prob_pair(ctx, op, "weights", weights, {map.tokens, map.topk}, "probs", probs, {map.rows});
@@ -144,7 +144,7 @@ void scatter_op(Context& ctx, const char* op, const PermuteMap& map, const char*
 void gather_op(Context& ctx, const char* op, const PermuteMap& map, const char* src_name,
                const TensorView& src, const char* dst_name, const TensorView& dst,
                const TensorView& add, const TensorView& d_probs, const TensorView& d_weights) {
-  check_map(ctx, op, map);
+  check_permute_map(ctx, op, map);
   const DType t = check_source(ctx, op, src_name, src, map.rows);
   check_rows(ctx, op, dst_name, dst, map.tokens, src.dim(1), t);
   if (add.present()) check_rows(ctx, op, "add", add, map.tokens, src.dim(1), t);

@@ -8,48 +8,13 @@
 #include <array>
 #include <cmath>
 
+#include "common/moe_pair.hpp"
 #include "common/test_util.hpp"
 #include "base/cpu_util.hpp"
 #include "groupmm/moe.hpp"
 
 namespace groupmm::test {
 namespace {
-
-template <class T>
-std::vector<T> to_host(const TensorView& v) {
-  std::vector<T> h(size_t(v.nbytes()) / sizeof(T));
-  copy(TensorView(h.data(), v.dtype, Device::CPU, {v.numel()}),
-       TensorView(v.data, v.dtype, v.device, {v.numel()}));
-  return h;
-}
-
-// A host buffer and its device twin (device side poisoned with 0xFF unless filled from host).
-struct Pair {
-  std::vector<uint8_t> bytes;
-  TensorView host;
-  Tensor dev;
-  Pair(DType t, std::initializer_list<int64_t> dims) {
-    host = TensorView(nullptr, t, Device::CPU, dims);
-    bytes.assign(size_t(host.nbytes()), 0xFF);
-    host.data = bytes.data();
-    dev = Tensor::empty(dims, t, Device::CUDA);
-    fill_bytes(dev, 0xFF);
-  }
-  void upload() { copy(dev, host); }
-  template <class T>
-  T* h() {
-    return reinterpret_cast<T*>(bytes.data());
-  }
-  void fill_floats(const std::vector<float>& v) {
-    for (size_t i = 0; i < v.size(); ++i) cpu::store_f(host, int64_t(i), v[i]);
-    upload();
-  }
-  std::vector<uint8_t> dev_bytes() const { return to_host<uint8_t>(dev.view()); }
-  // GPU result equals the CPU result bit for bit
-  void expect_same(const char* what) const {
-    EXPECT_EQ(dev_bytes(), bytes) << what << " differs from the CPU reference";
-  }
-};
 
 // ---- router
 // ---------------------------------------------------------------------------------------
@@ -247,28 +212,6 @@ std::vector<int32_t> make_ids(const PermuteCase& c) {
   return ids;
 }
 
-struct MapPair {
-  Pair dest, meta;
-  PermuteMap host, dev;
-  MapPair(const PermuteCase& c) : dest(DType::int32, {c.T, c.k}), meta(DType::int32, {3 * c.E}) {
-    for (PermuteMap* m : {&host, &dev}) {
-      const bool d = m == &dev;
-      m->tokens = c.T;
-      m->topk = c.k;
-      m->experts = c.E;
-      m->align = c.align;
-      m->capacity = c.capacity;
-      m->rows = moe_permuted_rows(c.T, c.k, c.E, c.align, c.capacity);
-      m->dest_row = d ? dest.dev.view() : dest.host;
-      int32_t* b = d ? meta.dev.ptr<int32_t>() : meta.h<int32_t>();
-      const Device dv = d ? Device::CUDA : Device::CPU;
-      m->row_start = TensorView(b, DType::int32, dv, {c.E});
-      m->kept = TensorView(b + c.E, DType::int32, dv, {c.E});
-      m->splits = TensorView(b + 2 * c.E, DType::int32, dv, {c.E});
-    }
-  }
-};
-
 class PermuteGpu : public ::testing::TestWithParam<PermuteCase> {};
 
 TEST_P(PermuteGpu, PlanAndRowMoversEqualTheCpuReference) {
@@ -279,7 +222,7 @@ TEST_P(PermuteGpu, PlanAndRowMoversEqualTheCpuReference) {
   const auto idv = make_ids(c);
   std::copy(idv.begin(), idv.end(), ids.h<int32_t>());
   ids.upload();
-  MapPair m(c);
+  MapPair m(c.T, c.k, c.E, c.align, c.capacity);
   moe_permute_plan(cpu, ids.host, m.host);
   moe_permute_plan(gpu, ids.dev, m.dev);
   EXPECT_NO_THROW(gpu.check());
@@ -339,7 +282,7 @@ TEST(PermuteGpuFaults, BadExpertIdIsSkippedAndReported) {
   GROUPMM_REQUIRE_GPU();
   Context gpu(Device::CUDA);
   PermuteCase c{"bad", 40, 2, 4, 1, 0, 8, 0, DType::bf16};
-  MapPair m(c);
+  MapPair m(c.T, c.k, c.E, c.align, c.capacity);
   auto idv = make_ids(c);
   idv[13] = 9;
   Pair ids(DType::int32, {c.T, c.k});

@@ -12,6 +12,8 @@
 #include "bench/suites.hpp"
 #include "common/ep_group.hpp"
 #include "common/moe_block.hpp"
+#include "groupmm/gemm.hpp"
+#include "groupmm/moe.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
 #include "groupmm/quantize.hpp"
 #include "groupmm/random.hpp"
@@ -119,6 +121,49 @@ std::vector<MoeMover> time_moe_movers(Context& ctx, MoE& moe, const TensorView& 
   return out;
 }
 
+// The gate_up projection three ways on the layer's current map, each alone, against the dense
+// cuBLAS GEMM of its shape (T k rows): the fused op (gathered x, weighted-SwiGLU epilogue, on the
+// kernel layer), the unfused chain (permute, grouped GEMM, weighted SwiGLU) and the grouped GEMM
+// of that chain alone. {fused, unfused, gemm alone, dense} in us; zeros when the fused op does not
+// take the case (dtype, sizes).
+struct GateUpTimes {
+  double fused = 0, pingpong = 0, unfused = 0, gemm = 0, dense = 0;
+};
+GateUpTimes time_gate_up(Context& ctx, MoE& moe, const TensorView& x, int iters) {
+  const MoEConfig& c = moe.config();
+  const PermuteMap& m = moe.permute_map();
+  GateUpTimes r;
+  if (c.recipe || c.bias ||
+      !moe_gate_up_swiglu_supported(ctx, c.dtype, c.hidden, c.ffn_hidden, c.experts))
+    return r;
+  const int64_t R = m.rows, H = c.hidden, F = c.ffn_hidden;
+  const Device d = ctx.device();
+  cudaStream_t s = ctx.stream();
+  Tensor src = Tensor::empty({R}, DType::int32, d, s), pr = Tensor::empty({R}, DType::fp32, d, s);
+  Tensor xp = Tensor::empty({R, H}, c.dtype, d, s), gu = Tensor::empty({R, 2 * F}, c.dtype, d, s);
+  Tensor h = Tensor::empty({R, F}, c.dtype, d, s);
+  const TensorView w1 = moe.gate_up().weight(), wt = moe.router_weights();
+  moe_permute_sources(ctx, m, src, wt, pr);
+  const MoeGateUpArgs a{
+      .x = x, .src_row = src, .splits = m.splits, .w = w1, .prob = pr, .out = h, .gate_up = gu};
+  r.fused = time_us(ctx, 2, iters, [&](int) { moe_gate_up_swiglu(ctx, a); });
+  if (F % 128 == 0) {  // the other schedule, for the record
+    MoeGateUpArgs pp = a;
+    pp.config = "pingpong_128x128";
+    r.pingpong = time_us(ctx, 2, iters, [&](int) { moe_gate_up_swiglu(ctx, pp); });
+  }
+  r.unfused = time_us(ctx, 2, iters, [&](int) {
+    moe_permute(ctx, x, m, xp, wt, pr);
+    gemm_forward(ctx, xp, w1, m.splits, gu);
+    weighted_swiglu_forward(ctx, gu, pr, h);
+  });
+  r.gemm = time_us(ctx, 2, iters, [&](int) { gemm_forward(ctx, xp, w1, m.splits, gu); });
+  if (d == Device::CUDA)
+    r.dense = 1e3 * dense_gemm_ms(ctx, GemmPass::forward, x.dim(0) * c.topk, 2 * F, H, iters);
+  ctx.check();
+  return r;
+}
+
 // The dense-GEMM bound of a case: its expert GEMMs (and the shared expert's) as dense cuBLAS bf16
 // GEMMs over all T k routed rows, the time a pipeline with free routing, no padding and no data
 // movement between its stages would take. {forward, forward + backward} in us.
@@ -207,6 +252,21 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
   }
   const StageTimes st = time_stages(ctx, moe, x, dy, gpu ? 2 : 0, iters);
   const double non_gemm = print_moe_stages(st, gpu, iters);
+  const GateUpTimes gt = time_gate_up(ctx, moe, x, iters);
+  if (gt.fused > 0) {
+    const double flops = 2.0 * double(T * c.topk) * double(2 * c.ffn_hidden) * double(H);
+    std::printf(
+        "  gate_up projection alone (median of %d):\n"
+        "    fused (gathered x + weighted SwiGLU epilogue) %9.1f us %6.0f TFLOP/s\n"
+        "      its ping-pong 128x128 schedule              %9.1f us\n"
+        "    unfused (permute, grouped GEMM, SwiGLU)       %9.1f us   fused speedup %.2fx\n"
+        "    its grouped GEMM alone                        %9.1f us %6.0f TFLOP/s\n"
+        "    dense cuBLAS GEMM of T k rows                 %9.1f us %6.0f TFLOP/s: fused at "
+        "%.0f%%\n",
+        iters, gt.fused, flops / (gt.fused * 1e6), gt.pingpong, gt.unfused, gt.unfused / gt.fused,
+        gt.gemm, flops / (gt.gemm * 1e6), gt.dense, gt.dense > 0 ? flops / (gt.dense * 1e6) : 0.0,
+        gt.dense > 0 ? 100 * gt.dense / gt.fused : 0.0);
+  }
   double copy_gbs = 0;
   const auto movers = time_moe_movers(ctx, moe, x, iters, &copy_gbs);
   std::printf(
@@ -237,7 +297,13 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
                .add("eager_step_us", st.total_us)
                .add("non_gemm_pct", non_gemm)
                .add("copy_gbs", copy_gbs)
-               .add("movers", mv));
+               .add("movers", mv)
+               .add("gate_up", JsonRecord()
+                                   .add("fused_us", gt.fused)
+                                   .add("pingpong_us", gt.pingpong)
+                                   .add("unfused_us", gt.unfused)
+                                   .add("gemm_us", gt.gemm)
+                                   .add("dense_us", gt.dense)));
   ctx.check();
   return ok;
 }

@@ -26,7 +26,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }  // namespace
 
 CUtensorMap make_tensor_map_2d(const char* op, const void* base, int elem_bytes, int64_t cols,
-                               int64_t rows, int64_t row_bytes, int box_cols, int box_rows) {
+                               int64_t rows, int64_t row_bytes, int box_cols, int box_rows,
+                               bool swizzle128) {
   GROUPMM_CHECK(elem_bytes == 1 || elem_bytes == 2, op, ": tensor map element of ", elem_bytes,
                 " bytes (1 or 2)");
   GROUPMM_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, op, ": tensor map base ", base,
@@ -38,6 +39,9 @@ CUtensorMap make_tensor_map_2d(const char* op, const void* base, int elem_bytes,
   GROUPMM_CHECK(
       box_cols * elem_bytes % 16 == 0 && box_cols <= 256 && box_rows >= 1 && box_rows <= 256, op,
       ": tensor map box of ", box_rows, " x ", box_cols, " elements");
+  GROUPMM_CHECK(!swizzle128 || box_cols * elem_bytes == 128, op,
+                ": a 128-byte swizzled tensor map needs 128-byte box rows, not ",
+                box_cols * elem_bytes);
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
@@ -46,8 +50,8 @@ CUtensorMap make_tensor_map_2d(const char* op, const void* base, int elem_bytes,
   const CUresult r = tensor_map_encoder()(
       &map, elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 2,
       const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   GROUPMM_CHECK(r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (CUresult ",
                 static_cast<int>(r), ") for ", rows, " x ", cols, " elements, box ", box_rows,
                 " x ", box_cols);

@@ -16,9 +16,13 @@ namespace groupmm::cuda {
 // `row_bytes` apart, read in boxes of box_cols x box_rows elements, no swizzle; reads past either
 // dimension fill zeros. Requirements (the hardware's, checked, GROUPMM_CHECK naming `op`): base
 // 16-byte aligned, row_bytes a multiple of 16, box_cols * elem_bytes a multiple of 16, boxes of at
-// most 256 per dimension. The driver's encoder is found once per process (no libcuda link).
+// most 256 per dimension. swizzle128: the box lands with the 128-byte swizzle (16-byte chunk c of
+// box row r at chunk c ^ (r % 8); box rows of exactly 128 bytes, destination 1024-byte aligned),
+// the layout wgmma reads as GMMA::Layout_K_SW128_Atom. The driver's encoder is found once per
+// process (no libcuda link).
 CUtensorMap make_tensor_map_2d(const char* op, const void* base, int elem_bytes, int64_t cols,
-                               int64_t rows, int64_t row_bytes, int box_cols, int box_rows);
+                               int64_t rows, int64_t row_bytes, int box_cols, int box_rows,
+                               bool swizzle128 = false);
 
 // ---- device: barriers -------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

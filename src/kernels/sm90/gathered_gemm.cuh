@@ -1,0 +1,353 @@
+// groupmm's own sm_90a grouped GEMM with a gathered A operand: a persistent, warp-specialized
+// kernel that reads the per-expert row counts on the device and runs an epilogue functor on every
+// output tile while the other consumer warpgroup's MMAs run (ping-pong).
+//
+//   C[r, :] = A[src_row[r], :] B_g^T      for every row r of expert g (rows from the splits)
+//
+// A is row-major [A_rows, K] (x, never permuted); src_row [R] int32 names the row of A behind
+// each of the R rows (-1: a zero row, the padding of a permuted buffer). B is the experts'
+// weights [G * B_rows, K] row-major (K-major), read by TMA with a 128-byte swizzle. The epilogue
+// functor receives the fp32 accumulator tile in registers with its coordinates; it owns the
+// output (the kernel writes nothing itself), so an epilogue may round, activate, weight, quantize
+// or scatter.
+//
+// Warp roles (3 warpgroups, one CTA per SM):
+//   producer   warpgroup 0: 128 threads gather A rows with 16-byte cp.async into the stage's
+//              swizzled buffer (zero-filled past K, for -1 rows and past the expert's end);
+//              thread 0 also issues the B tile's TMA copies. Both are counted on the stage's
+//              full barrier: 128 cp.async arrivals (noinc) + one arrive with the TMA byte count.
+//   consumers  warpgroups 1 and 2. Ping-pong: they take alternate tiles of the CTA's sequence;
+//              each runs its tile's mainloop (wgmma from shared memory, one batch in flight) and
+//              then its epilogue, which overlaps the other warpgroup's mainloop. Cooperative: both
+//              run every tile, 64 rows each, and their epilogues overlap the producer's loads of
+//              the next tile.
+// Stages are used in the CTA's tile order by both consumers, so a consumer knows its tile's
+// first stage from the tile's position alone (every tile has the same number of K blocks).
+//
+// Scheduling: every CTA scans the splits itself (scan_splits: clamped ranges, faults reported
+// once by CTA 0) into shared-memory tables; tiles are numbered expert by expert, row tile by row
+// tile, column tile fastest (consecutive CTAs share the gathered A rows while the expert's B
+// stays in L2), and CTA c takes tiles c, c + grid, ...
+//
+// Invariants (checked by the host wrapper): K % 8 == 0 (16-byte rows), A and B 16-byte aligned,
+// B_rows % kTileN == 0 (a column tile never straddles two experts), G <= kMaxGroups.
+#pragma once
+
+#include <cstdint>
+
+#include "cute/arch/copy_sm90_desc.hpp"
+#include "cute/atom/mma_traits_sm90_gmma.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/arch/reg_reconfig.h"
+#include "groupmm/core.hpp"
+#include "kernels/common/splits_scan.cuh"
+#include "kernels/common/status.cuh"
+#include "kernels/common/tma.cuh"
+
+namespace groupmm::cuda::sm90 {
+
+// ---- configuration -----------------------------------------------------------------------------
+// Element: cutlass::bfloat16_t or cutlass::half_t. kBHalves: the B tile is loaded as kBHalves
+// row blocks of kTileN / kBHalves rows, block h from rows h * B_rows / kBHalves + column tile *
+// kTileN / kBHalves of the expert (2: the gate and up halves of a fused gate_up weight land side
+// by side in one tile, so a SwiGLU epilogue finds both in the same thread's registers).
+// kCooperative: both consumer warpgroups work on every tile (64 rows each; the epilogue does not
+// overlap MMAs, but a tile of 128 x kTileN with kTileN up to 256 moves fewer bytes per FLOP);
+// else ping-pong (a warpgroup owns a whole 128 x kTileN tile, kTileN <= 128 for its registers).
+template <class Element_, int kTileN_, int kStages_, int kBHalves_, bool kCooperative_>
+struct GatheredGemmConfig {
+  using Element = Element_;
+  static constexpr bool kCooperative = kCooperative_;
+  static constexpr int kTileM = 128;
+  static constexpr int kWarpgroupM = kCooperative ? 64 : 128;  // rows of a consumer's MMAs
+  static constexpr int kTileN = kTileN_;
+  static constexpr int kTileK = 64;  // one 128-byte swizzle row of 16-bit elements
+  static constexpr int kStages = kStages_;
+  static constexpr int kBHalves = kBHalves_;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kMaxGroups = 1024;
+  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128*56 + 256*224 <= 64K
+  static constexpr int kStageBytesA = kTileM * kTileK * 2;
+  static constexpr int kStageBytesB = kTileN * kTileK * 2;
+  static constexpr int kStageBytes = kStageBytesA + kStageBytesB;
+  // tables: tile prefix [G + 1], row start [G], rows [G] (int32), then 2 barriers per stage
+  static constexpr int kTableBytes = (3 * kMaxGroups + 1) * 4;
+  static constexpr int kSmemBytes =
+      1024 /* alignment slack */ + kStages * kStageBytes + kTableBytes + (2 * kStages + 2) * 8 + 8;
+  static_assert(sizeof(Element) == 2, "16-bit operands (bf16, fp16)");
+  static_assert(kTileN % (16 * kBHalves) == 0 && kTileN >= 64 && kTileN <= 256,
+                "a wgmma N of 64..256 in steps of 16 per half");
+  static_assert(kTileN / kBHalves <= 256, "one TMA box per half");
+  static_assert(kWarpgroupM * kTileN / 128 <= 128, "fp32 accumulators per consumer thread");
+  static_assert(kStages >= 2 && kStages <= 8, "at least double buffering");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one sm_90 CTA");
+  static_assert(kStageBytesA % 1024 == 0 && kStageBytesB % 1024 == 0,
+                "every stage buffer starts 1024-byte aligned (the swizzle's period)");
+};
+
+struct GatheredGemmParams {
+  const void* a;           // [a_rows, K]
+  int64_t a_rows;          // rows of A (src_row values must be < a_rows)
+  int64_t lda;             // elements between A rows (>= K, multiple of 8)
+  const int32_t* src_row;  // [R]
+  int64_t R;               // rows of the grouped output (sum of the splits)
+  const void* splits;      // [G] int32 / int64 on the device
+  bool splits64;
+  int64_t G;
+  int64_t K;
+  int64_t b_rows;  // rows of one expert's B (N of the GEMM)
+  StatusBlock* status;
+  OpId op;
+};
+
+// Where a tile lies: expert g, output rows [row0, row0 + rows) (rows <= kTileM), column tile ct.
+struct TileCoord {
+  int g;
+  int64_t row0;
+  int rows;
+  int ct;
+};
+
+namespace detail {
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar))
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar))
+               : "memory");
+}
+// Orders shared-memory writes of the generic proxy (cp.async) before the async proxy's reads
+// (wgmma operands) of this thread.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// The last g with prefix[g] <= t (prefix non-decreasing, prefix[0] = 0 <= t < prefix[G]).
+__device__ __forceinline__ int find_tile_group(const int32_t* prefix, int G, int32_t t) {
+  int lo = 0, hi = G - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (prefix[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace detail
+
+template <class Config>
+struct GatheredGemmSmem {
+  uint8_t* stages;  // kStages x (A tile, B tile), 1024-byte aligned
+  int32_t* tile_prefix;
+  int32_t* row_start;
+  int32_t* rows;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* turn;  // [2]: consumer c may start its next mainloop
+  __device__ __forceinline__ explicit GatheredGemmSmem(uint8_t* raw) {
+    stages =
+        reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    tile_prefix = reinterpret_cast<int32_t*>(stages + Config::kStages * Config::kStageBytes);
+    row_start = tile_prefix + Config::kMaxGroups + 1;
+    rows = row_start + Config::kMaxGroups;
+    full = reinterpret_cast<uint64_t*>(
+        (reinterpret_cast<uintptr_t>(rows + Config::kMaxGroups) + 7) & ~uintptr_t(7));
+    empty = full + Config::kStages;
+    turn = empty + Config::kStages;
+  }
+  __device__ __forceinline__ uint8_t* a(int s) const { return stages + s * Config::kStageBytes; }
+  __device__ __forceinline__ uint8_t* b(int s) const {
+    return stages + s * Config::kStageBytes + Config::kStageBytesA;
+  }
+};
+
+// The kernel. Epilogue: a functor with
+//   template <class Accum, class Coords>
+//   __device__ void operator()(const Accum& acc, const Coords& coords, const TileCoord& t,
+//                              int row_off) const;
+// called by all 128 threads of a consumer warpgroup after the tile's last MMA; row_off +
+// get<0>(coords(i)) and get<1>(coords(i)) are the row and column within the tile of acc(i).
+template <class Config, class Epilogue>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    gathered_gemm_kernel(const GatheredGemmParams p, const __grid_constant__ CUtensorMap tma_b,
+                         const Epilogue epi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using Element = typename Config::Element;
+  constexpr int BM = Config::kTileM, BN = Config::kTileN, BK = Config::kTileK, S = Config::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  GatheredGemmSmem<Config> sm(smem_raw);
+  const int G = static_cast<int>(p.G);
+  const int tiles_n = static_cast<int>(p.b_rows / BN);
+
+  // ---- prologue: the tile tables from the device splits (faults reported by CTA 0 only) ------
+  SplitsScanArgs sa;
+  sa.splits = p.splits;
+  sa.splits64 = p.splits64;
+  sa.G = p.G;
+  sa.row_bound = p.R;
+  sa.expected_total = p.R;
+  sa.status = blockIdx.x == 0 ? p.status : nullptr;
+  sa.op = p.op;
+  const auto totals = scan_splits<Config::kThreads, 1>(
+      sa, [&](int64_t rows) { return Counts<1>{{(rows + BM - 1) / BM * tiles_n}}; },
+      [&](const ExpertSpan<1>& e) {
+        sm.tile_prefix[e.g] = static_cast<int32_t>(e.before.v[0]);
+        sm.row_start[e.g] = static_cast<int32_t>(e.start);
+        sm.rows[e.g] = static_cast<int32_t>(e.rows);
+      });
+  const int32_t total_tiles = static_cast<int32_t>(totals.derived.v[0]);
+  if (threadIdx.x == 0) {
+    sm.tile_prefix[G] = total_tiles;
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&sm.full[s], 128 + 1);
+      mbar_init(&sm.empty[s], Config::kCooperative ? 2 : 1);
+    }
+    mbar_init(&sm.turn[0], 1);
+    mbar_init(&sm.turn[1], 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  auto tile_at = [&](int32_t t) {
+    const int g = detail::find_tile_group(sm.tile_prefix, G, t);
+    const int32_t local = t - sm.tile_prefix[g];
+    const int rt = local / tiles_n;
+    TileCoord c;
+    c.g = g;
+    c.ct = local - rt * tiles_n;
+    c.row0 = int64_t(sm.row_start[g]) + int64_t(rt) * BM;
+    c.rows = min(BM, sm.rows[g] - rt * BM);
+    return c;
+  };
+  const int kb_count = static_cast<int>((p.K + BK - 1) / BK);
+  // warp-uniform by construction (a shuffle from lane 0), so that the compiler sees the role
+  // branches as uniform and keeps the wgmma batches asynchronous
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+
+  if (wg == 0) {
+    // ---- producer ------------------------------------------------------------------------------
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
+    const int tid = threadIdx.x;  // 0..127
+    const int chunk = tid % 8;    // the 16-byte chunk of a 128-byte K row
+    const int row_in = tid / 8;   // rows row_in + 16 i, i < 8
+    const Element* a = static_cast<const Element*>(p.a);
+    if (tid == 0) tma_prefetch_map(&tma_b);
+    int cnt = 0;
+    for (int32_t t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+      const TileCoord c = tile_at(t);
+      const Element* src[BM / 16];
+#pragma unroll
+      for (int i = 0; i < BM / 16; ++i) {
+        const int r = row_in + 16 * i;
+        src[i] = nullptr;
+        if (r < c.rows) {
+          const int32_t s = p.src_row[c.row0 + r];
+          if (s >= 0 && s < p.a_rows) {
+            src[i] = a + int64_t(s) * p.lda;
+          } else if (s != -1 && chunk == 0) {
+            report_fault(p.status, kFaultBadIndex, p.op, c.g, s);
+          }
+        }
+      }
+      const int64_t b_row0 = int64_t(c.g) * p.b_rows + int64_t(c.ct) * (BN / Config::kBHalves);
+      for (int kb = 0; kb < kb_count; ++kb, ++cnt) {
+        const int s = cnt % S;
+        mbar_wait(&sm.empty[s], ((cnt / S) & 1) ^ 1);
+        if (tid == 0) {
+          mbar_arrive_expect_tx(&sm.full[s], Config::kStageBytesB);
+#pragma unroll
+          for (int h = 0; h < Config::kBHalves; ++h)
+            tma_load_2d(sm.b(s) + h * (Config::kStageBytesB / Config::kBHalves), &tma_b, kb * BK,
+                        static_cast<int>(b_row0 + h * (p.b_rows / Config::kBHalves)), &sm.full[s]);
+        }
+        const int64_t k = int64_t(kb) * BK + chunk * 8;
+        const uint32_t a_base = smem_addr(sm.a(s));
+#pragma unroll
+        for (int i = 0; i < BM / 16; ++i) {
+          const int r = row_in + 16 * i;
+          // the 128-byte swizzle: 16-byte chunk c of row r lands at chunk c ^ (r % 8)
+          const uint32_t dst = a_base + r * 128 + ((chunk ^ (r % 8)) * 16);
+          const bool valid = src[i] != nullptr && k < p.K;
+          detail::cp_async_16(dst, valid ? static_cast<const void*>(src[i] + k) : p.a, valid);
+        }
+        detail::cp_async_arrive_noinc(&sm.full[s]);
+      }
+    }
+  } else {
+    // ---- consumers -----------------------------------------------------------------------------
+    cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegs>();
+    const int cw = wg - 1;  // consumer 0 or 1
+    const int ctid = threadIdx.x % 128;
+    constexpr int WM = Config::kWarpgroupM;
+    using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                               make_shape(Int<WM>{}, Int<BK>{})));
+    using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                               make_shape(Int<BN>{}, Int<BK>{})));
+    using MmaOp = decltype(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<BN>, _64>,
+                                                GMMA::Major::K, GMMA::Major::K>());
+    auto tiled_mma = make_tiled_mma(MmaOp{});
+    auto thr_mma = tiled_mma.get_thread_slice(ctid);
+    auto accum = partition_fragment_C(tiled_mma, make_shape(Int<WM>{}, Int<BN>{}));
+    const auto coords = thr_mma.partition_C(make_identity_tensor(make_shape(Int<WM>{}, Int<BN>{})));
+    // A cooperative consumer reads its 64 rows of the A tile: whole 8-row swizzle atoms of 1 KiB.
+    const int a_off = Config::kCooperative ? cw * WM * BK * 2 : 0;
+    const int row_off = Config::kCooperative ? cw * WM : 0;
+    int i = 0;  // position of the tile in this CTA's sequence
+    for (int32_t t = blockIdx.x; t < total_tiles; t += gridDim.x, ++i) {
+      if (!Config::kCooperative && (i & 1) != cw) continue;
+      const TileCoord c = tile_at(t);
+      int cnt = i * kb_count;
+      // Ping-pong mainloops run in tile order: wait until the other consumer has issued the
+      // previous tile's. Besides keeping the two MMA streams from competing, this bounds how far
+      // ahead a consumer waits on a stage: every fill before this tile's has completed, so a
+      // stage's barrier is at most one phase behind and its parity wait cannot alias an older
+      // phase. (Cooperative consumers wait on every stage in order, so the bound holds anyway.)
+      if (!Config::kCooperative) mbar_wait(&sm.turn[cw], ((i >> 1) & 1) ^ (cw == 0 ? 1 : 0));
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      auto mma_stage = [&](int s) {
+        auto sA =
+            make_tensor(make_smem_ptr(reinterpret_cast<Element*>(sm.a(s) + a_off)), SmemLayoutA{});
+        auto sB = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(sm.b(s))), SmemLayoutB{});
+        auto tA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
+        auto tB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));
+        warpgroup_fence_operand(accum);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tA); ++k) {
+          cute::gemm(tiled_mma, tA(_, _, k), tB(_, _, k), accum);
+          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        warpgroup_fence_operand(accum);
+      };
+      int prev = -1;
+      for (int kb = 0; kb < kb_count; ++kb, ++cnt) {
+        const int s = cnt % S;
+        mbar_wait(&sm.full[s], (cnt / S) & 1);
+        detail::fence_proxy_async_smem();
+        mma_stage(s);
+        warpgroup_wait<1>();  // the previous stage's MMAs are done: hand it back
+        if (prev >= 0 && ctid == 0) detail::mbar_arrive(&sm.empty[prev]);
+        prev = s;
+      }
+      if (!Config::kCooperative && ctid == 0) detail::mbar_arrive(&sm.turn[cw ^ 1]);
+      warpgroup_wait<0>();
+      if (ctid == 0) detail::mbar_arrive(&sm.empty[prev]);
+      epi(accum, coords, c, row_off);
+    }
+  }
+#endif
+}
+
+}  // namespace groupmm::cuda::sm90

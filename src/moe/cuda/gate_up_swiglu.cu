@@ -1,0 +1,176 @@
+// CUDA moe_gate_up_swiglu: the kernel layer's gathered grouped GEMM
+// (kernels/sm90/gathered_gemm.cuh) with the weighted-SwiGLU epilogue; and moe_permute_sources
+// (fill, then one thread per entry).
+//
+// The B tile holds the gate rows [ct * 64, ct * 64 + 64) and the up rows F + [same) of an expert
+// (kBHalves = 2), so a thread's accumulator holds gate column n and up column n + 64 of the same
+// rows: the SwiGLU needs no data exchange. The epilogue rounds both to the output dtype first
+// (the unfused GEMM's output rounding), applies weighted_swiglu's device element math and stores
+// pairs of columns (and the rounded pre-activation when asked) straight from registers.
+#include <algorithm>
+
+#include "kernels/common/element.cuh"
+#include "kernels/common/occupancy.cuh"
+#include "kernels/common/launch.cuh"
+#include "kernels/sm90/gathered_gemm.cuh"
+#include "moe/backends.hpp"
+#include "moe/cuda/moe_common.cuh"
+#include "moe/swiglu_backends.hpp"
+
+namespace groupmm::cuda {
+namespace {
+
+using namespace cute;
+
+// The configurations of the fused gate_up projection (named once here): cooperative 128 x 256
+// tiles (128 activation columns; 4 stages of 48 KiB) where F % 128 == 0, else ping-pong 128 x 128
+// tiles (64 activation columns; 6 stages of 32 KiB).
+template <class Element>
+using GateUpCoop = sm90::GatheredGemmConfig<Element, 256, 4, 2, true>;
+template <class Element>
+using GateUpPingPong = sm90::GatheredGemmConfig<Element, 128, 6, 2, false>;
+
+template <class E, int kTileN>
+struct WeightedSwigluEpilogue {
+  using S = typename E::Storage;
+  S* out;      // [R, F]
+  S* gate_up;  // [R, 2F] or null
+  const float* prob;
+  int64_t F;
+
+  template <class Accum, class Coords>
+  __device__ __forceinline__ void operator()(const Accum& acc, const Coords& coords,
+                                             const sm90::TileCoord& t, int row_off) const {
+    constexpr int kHalf = kTileN / 16;  // 8-column groups per half
+    static_assert(size<0, 2>(Accum{}) == 2 * kHalf, "m64nNk16 accumulator: N/8 column groups");
+    static_assert(size<2>(Accum{}) == 1, "one wgmma N block per tile");
+    const int64_t col0 = int64_t(t.ct) * (kTileN / 2);
+    CUTE_UNROLL
+    for (int mi = 0; mi < size<1>(Accum{}); ++mi) {
+      CUTE_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        const int m = row_off + get<0>(coords(make_coord(0, v1, 0), mi, 0));
+        if (m >= t.rows) continue;
+        const int64_t row = t.row0 + m;
+        const float w = prob[row];
+        CUTE_UNROLL
+        for (int v2 = 0; v2 < kHalf; ++v2) {
+          const int n = get<1>(coords(make_coord(0, v1, v2), mi, 0));
+          S g[2], u[2], h[2];
+          CUTE_UNROLL
+          for (int v0 = 0; v0 < 2; ++v0) {
+            g[v0] = E::from_float(acc(make_coord(v0, v1, v2), mi, 0));
+            u[v0] = E::from_float(acc(make_coord(v0, v1, v2 + kHalf), mi, 0));
+            h[v0] =
+                E::from_float(weighted_swiglu_fwd_elem(E::to_float(g[v0]), E::to_float(u[v0])) * w);
+          }
+          const int64_t col = col0 + n;  // even: pairs are 4-byte aligned
+          *reinterpret_cast<uint32_t*>(out + row * F + col) = pack(h);
+          if (gate_up != nullptr) {
+            *reinterpret_cast<uint32_t*>(gate_up + row * 2 * F + col) = pack(g);
+            *reinterpret_cast<uint32_t*>(gate_up + row * 2 * F + F + col) = pack(u);
+          }
+        }
+      }
+    }
+  }
+  static __device__ __forceinline__ uint32_t pack(const S (&v)[2]) {
+    return uint32_t(v[0]) | (uint32_t(v[1]) << 16);
+  }
+};
+
+template <class E, class Config>
+void launch_gate_up(Context& ctx, const MoeGateUpArgs& a) {
+  using Epi = WeightedSwigluEpilogue<E, Config::kTileN>;
+  const int64_t T = a.x.dim(0), H = a.x.dim(1), R = a.src_row.dim(0), G = a.w.dim(0);
+  const int64_t F = a.w.dim(1) / 2;
+  sm90::GatheredGemmParams p;
+  p.a = a.x.data;
+  p.a_rows = T;
+  p.lda = H;
+  p.src_row = a.src_row.ptr<int32_t>();
+  p.R = R;
+  p.splits = a.splits.data;
+  p.splits64 = a.splits.dtype == DType::int64;
+  p.G = G;
+  p.K = H;
+  p.b_rows = 2 * F;
+  p.status = ctx.status();
+  p.op = OpId::moe_gate_up;
+  const CUtensorMap tma_b =
+      make_tensor_map_2d("moe_gate_up_swiglu", a.w.data, 2, H, G * 2 * F, H * 2, Config::kTileK,
+                         Config::kTileN / Config::kBHalves, /*swizzle128=*/true);
+  Epi epi{static_cast<typename E::Storage*>(a.out.data),
+          a.gate_up.present() ? static_cast<typename E::Storage*>(a.gate_up.data) : nullptr,
+          a.prob.ptr<float>(), F};
+  auto kernel = sm90::gathered_gemm_kernel<Config, Epi>;
+  allow_dynamic_smem(ctx, kernel, Config::kSmemBytes);
+  // Tiles are at most (R / 128 + G) row tiles times F / 64 column tiles (host-known bound).
+  const int64_t tiles = (R / Config::kTileM + G) * (2 * F / Config::kTileN);
+  const unsigned grid =
+      static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, ctx.sm_count())));
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, ctx.stream()>>>(p, tma_b, epi);
+  GROUPMM_CHECK_LAUNCH();
+}
+
+__global__ void permute_sources_fill(int32_t* src_row, float* probs, int64_t rows) {
+  for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    src_row[r] = -1;
+    if (probs != nullptr) probs[r] = 0.0f;
+  }
+}
+
+__global__ void permute_sources_scatter(const int32_t* dest_row, const float* weights,
+                                        int32_t* src_row, float* probs, int64_t entries, int64_t k,
+                                        int64_t rows) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < entries;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t d = dest_row[i];
+    if (d < 0 || d >= rows) continue;
+    src_row[d] = static_cast<int32_t>(i / k);
+    if (probs != nullptr) probs[d] = weights[i];
+  }
+}
+
+}  // namespace
+
+void moe_gate_up_swiglu(Context& ctx, const MoeGateUpArgs& a) {
+  const bool coop = a.config.empty()
+                        ? (a.w.dim(1) / 2) % (GateUpCoop<cutlass::half_t>::kTileN / 2) == 0
+                        : a.config == "coop_128x256";
+  if (a.x.dtype == DType::bf16) {
+    if (coop)
+      launch_gate_up<Bf16, GateUpCoop<cutlass::bfloat16_t>>(ctx, a);
+    else
+      launch_gate_up<Bf16, GateUpPingPong<cutlass::bfloat16_t>>(ctx, a);
+  } else {
+    if (coop)
+      launch_gate_up<Fp16, GateUpCoop<cutlass::half_t>>(ctx, a);
+    else
+      launch_gate_up<Fp16, GateUpPingPong<cutlass::half_t>>(ctx, a);
+  }
+}
+
+void moe_permute_sources(Context& ctx, const PermuteMap& m, const TensorView& src_row,
+                         const TensorView& weights, const TensorView& probs) {
+  constexpr int kT = 256;
+  float* pr = probs.present() ? probs.ptr<float>() : nullptr;
+  if (m.rows > 0) {
+    const unsigned grid =
+        resident_grid(ctx, permute_sources_fill, kT, qnum::ceil_div(m.rows, kT), 8);
+    permute_sources_fill<<<grid, kT, 0, ctx.stream()>>>(src_row.ptr<int32_t>(), pr, m.rows);
+    GROUPMM_CHECK_LAUNCH();
+  }
+  const int64_t entries = m.tokens * m.topk;
+  if (entries > 0) {
+    const unsigned grid =
+        resident_grid(ctx, permute_sources_scatter, kT, qnum::ceil_div(entries, kT), 8);
+    permute_sources_scatter<<<grid, kT, 0, ctx.stream()>>>(
+        m.dest_row.ptr<int32_t>(), weights.present() ? weights.ptr<float>() : nullptr,
+        src_row.ptr<int32_t>(), pr, entries, m.topk, m.rows);
+    GROUPMM_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace groupmm::cuda
