@@ -85,7 +85,7 @@ stage_test() {
   fi
 }
 stage_sanitize() {
-  local mem=${SANITIZE_FILTER:-"*Offsets*:*ConvertGpu*:*GemmGpuGraph*:*GemmGpuFaults*:*forward_bf16_G128*:*wgrad_bf16_G128*:*dgrad_bf16_G4_*:*QuantizeGpu*:*Swizzle*:*SwiGLU*:*Swiglu*:*Dbias*:*GroupedLinear*:*MoE*:*Router*:*Permute*:*WeightedSwiglu*:*QuantizedGemm*decode*:*QuantizedGemmGpuGraph*:*QuantizedGemmGpuFaults*:*W4GemmGpuFaults*:*Mxfp4QuantizeGpuWeights*"}
+  local mem=${SANITIZE_FILTER:-"*Offsets*:*ConvertGpu*:*GemmGpuGraph*:*GemmGpuFaults*:*forward_bf16_G128*:*wgrad_bf16_G128*:*dgrad_bf16_G4_*:*QuantizeGpu*:*Swizzle*:*SwiGLU*:*Swiglu*:*Dbias*:*GroupedLinear*:*MoE*:*Router*:*Permute*:*WeightedSwiglu*:*QuantizedGemm*decode*:*QuantizedGemmGpuGraph*:*QuantizedGemmGpuFaults*:*W4GemmGpuFaults*:*Mxfp4QuantizeGpuWeights*:*GateUpGpuFaults*:*GateUpGpuGraph*:*GateUpGpu.*t1_k1_e1*:*GateUpGpu.*padded_16*"}
   run memcheck 400 "$OUT/memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "./$B/groupmm_tests_gpu" --gtest_brief=1 --gtest_filter="$mem"
   log "  memcheck: $(gtest_counts "$OUT/memcheck.log") $(grep 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"

@@ -289,8 +289,9 @@ struct MoeGateUpArgs {
   TensorView x, src_row, splits, w, prob, out;
   TensorView gate_up;  // optional
   // CUDA kernel configuration (tests and tuning; results are bit-identical in each): "" = the
-  // default (cooperative when F % 128 == 0, else ping-pong), "coop_128x256" (cooperative
-  // 128 x 256 tiles, needs F % 128 == 0) or "pingpong_128x128".
+  // default (coop_128x256 when F % 128 == 0, else pingpong_128x128); "coop_128x256"
+  // (cooperative 128 x 256 tiles), "coop_128x256_c2" (the same on 2-CTA clusters that multicast
+  // the weight tile; both need F % 128 == 0) or "pingpong_128x128".
   std::string config;
 };
 void moe_gate_up_swiglu(Context& ctx, const MoeGateUpArgs& args);

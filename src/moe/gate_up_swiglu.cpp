@@ -51,12 +51,13 @@ GateUpDims check_gate_up(const Context& ctx, const MoeGateUpArgs& a) {
     GROUPMM_CHECK(d.F % 64 == 0, op, ": w.shape[1]=", 2 * d.F,
                   " must be 2F with F a multiple of 64 on CUDA (a column tile per half)");
     GROUPMM_CHECK(d.E <= 1024, op, ": w.shape[0]=", d.E, " (experts) must be <= 1024 on CUDA");
-    GROUPMM_CHECK(a.config.empty() || a.config == "pingpong_128x128" ||
-                      (a.config == "coop_128x256" && d.F % 128 == 0),
-                  op, ": config=\"", a.config,
-                  "\" must be empty, pingpong_128x128 or "
-                  "coop_128x256 (the last with F % 128 == 0; F=",
-                  d.F, ")");
+    GROUPMM_CHECK(
+        a.config.empty() || a.config == "pingpong_128x128" ||
+            ((a.config == "coop_128x256" || a.config == "coop_128x256_c2") && d.F % 128 == 0),
+        op, ": config=\"", a.config,
+        "\" must be empty, pingpong_128x128, coop_128x256 or coop_128x256_c2 (the "
+        "coop ones with F % 128 == 0; F=",
+        d.F, ")");
     for (const TensorView* v : {&a.x, &a.w})
       GROUPMM_CHECK(reinterpret_cast<uintptr_t>(v->data) % 16 == 0, op, ": ", v == &a.x ? "x" : "w",
                     " must be 16-byte aligned on CUDA");

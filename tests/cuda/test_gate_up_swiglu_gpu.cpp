@@ -106,14 +106,15 @@ TEST_P(GateUpGpu, EqualsTheReferenceAndTheUnfusedComposition) {
   EXPECT_EQ(to_host<uint8_t>(gu2.view()), gu.dev_bytes()) << "pre-activation vs unfused";
   EXPECT_EQ(to_host<uint8_t>(out2.view()), out.dev_bytes()) << "activation vs unfused";
 
-  // The other schedule where both apply: the same bits.
-  if (F % 128 == 0) {
-    Tensor out4 = Tensor::empty({R, F}, c.dtype, Device::CUDA);
-    fill_bytes(out4, 0xFF);
-    MoeGateUpArgs pp = args(true, out4, TensorView());
-    pp.config = "pingpong_128x128";
-    moe_gate_up_swiglu(gpu, pp);
-    EXPECT_EQ(to_host<uint8_t>(out4.view()), out.dev_bytes()) << "ping-pong schedule";
+  // The other schedules where they apply: the same bits.
+  for (const char* cfg : {"pingpong_128x128", "coop_128x256", "coop_128x256_c2"}) {
+    if (F % 128 != 0 && std::string(cfg) != "pingpong_128x128") continue;
+    Tensor o = Tensor::empty({R, F}, c.dtype, Device::CUDA);
+    fill_bytes(o, 0xFF);
+    MoeGateUpArgs alt = args(true, o, TensorView());
+    alt.config = cfg;
+    moe_gate_up_swiglu(gpu, alt);
+    EXPECT_EQ(to_host<uint8_t>(o.view()), out.dev_bytes()) << cfg;
   }
   // Without the pre-activation output, and run again: the same activation bits.
   Tensor out3 = Tensor::empty({R, F}, c.dtype, Device::CUDA);
@@ -202,9 +203,11 @@ TEST(GateUpGpuGraph, ReplayWithNewRoutingEqualsEager) {
 
 // Bad device data: a src_row out of range reads as a zero row and sets kFaultBadIndex; splits
 // summing past R are clamped and reported; nothing is written past the outputs.
-TEST(GateUpGpuFaults, BadRowMapAndSplitsAreReported) {
+class GateUpGpuFaults : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GateUpGpuFaults, BadRowMapAndSplitsAreReported) {
   GROUPMM_REQUIRE_GPU();
-  const int64_t T = 64, E = 4, H = 128, F = 64, R = 128;
+  const int64_t T = 64, E = 4, H = 128, F = 128, R = 384;
   Context gpu(Device::CUDA);
   Pair x(DType::bf16, {T, H}), w(DType::bf16, {E, 2 * F, H}), src(DType::int32, {R}),
       probs(DType::fp32, {R}), splits(DType::int32, {E});
@@ -227,7 +230,8 @@ TEST(GateUpGpuFaults, BadRowMapAndSplitsAreReported) {
                   .w = w.dev,
                   .prob = probs.dev,
                   .out = out,
-                  .gate_up = TensorView()};
+                  .gate_up = TensorView(),
+                  .config = GetParam()};
   moe_gate_up_swiglu(gpu, a);
   StatusBlock s = gpu.take_status();
   EXPECT_EQ(s.bits, kFaultBadIndex);
@@ -245,6 +249,10 @@ TEST(GateUpGpuFaults, BadRowMapAndSplitsAreReported) {
   EXPECT_TRUE(std::all_of(all.begin() + R * F, all.end(), [](uint16_t v) { return v == 0x7F7F; }))
       << "written past out";
 }
+
+INSTANTIATE_TEST_SUITE_P(Configs, GateUpGpuFaults,
+                         ::testing::Values("pingpong_128x128", "coop_128x256", "coop_128x256_c2"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // Host validation names the op, the argument and the value.
 TEST(GateUpGpuErrors, ShapesOutsideTheKernelAreRefused) {

@@ -25,9 +25,11 @@
 // first stage from the tile's position alone (every tile has the same number of K blocks).
 //
 // Scheduling: every CTA scans the splits itself (scan_splits: clamped ranges, faults reported
-// once by CTA 0) into shared-memory tables; tiles are numbered expert by expert, row tile by row
-// tile, column tile fastest (consecutive CTAs share the gathered A rows while the expert's B
-// stays in L2), and CTA c takes tiles c, c + grid, ...
+// once by CTA 0) into shared-memory tables; work units are numbered expert by expert, row tile
+// (kCluster row tiles a unit) by row tile, column tile fastest (consecutive clusters share the
+// gathered A rows while the expert's B stays in L2), and cluster c takes units c, c + clusters,
+// ...; CTA r of the cluster takes row tile r of its unit (none past the expert's rows: it then
+// only loads and multicasts its half of B, keeping the stage protocol).
 //
 // Invariants (checked by the host wrapper): K % 8 == 0 (16-byte rows), A and B 16-byte aligned,
 // B_rows % kTileN == 0 (a column tile never straddles two experts), G <= kMaxGroups.
@@ -54,10 +56,15 @@ namespace groupmm::cuda::sm90 {
 // kCooperative: both consumer warpgroups work on every tile (64 rows each; the epilogue does not
 // overlap MMAs, but a tile of 128 x kTileN with kTileN up to 256 moves fewer bytes per FLOP);
 // else ping-pong (a warpgroup owns a whole 128 x kTileN tile, kTileN <= 128 for its registers).
-template <class Element_, int kTileN_, int kStages_, int kBHalves_, bool kCooperative_>
+// kCluster: CTAs of a cluster (1 or 2). With 2, the pair works on two row tiles of the same
+// expert and column tile: each CTA loads one half of the B tile and multicasts it to both, so
+// every CTA reads half the weight bytes from L2 (the A rows are gathered per CTA).
+template <class Element_, int kTileN_, int kStages_, int kBHalves_, bool kCooperative_,
+          int kCluster_ = 1>
 struct GatheredGemmConfig {
   using Element = Element_;
   static constexpr bool kCooperative = kCooperative_;
+  static constexpr int kCluster = kCluster_;
   static constexpr int kTileM = 128;
   static constexpr int kWarpgroupM = kCooperative ? 64 : 128;  // rows of a consumer's MMAs
   static constexpr int kTileN = kTileN_;
@@ -80,6 +87,8 @@ struct GatheredGemmConfig {
                 "a wgmma N of 64..256 in steps of 16 per half");
   static_assert(kTileN / kBHalves <= 256, "one TMA box per half");
   static_assert(kWarpgroupM * kTileN / 128 <= 128, "fp32 accumulators per consumer thread");
+  static_assert(kCluster == 1 || (kCluster == 2 && kBHalves % 2 == 0),
+                "a pair of CTAs splits the B tile's halves between them");
   static_assert(kStages >= 2 && kStages <= 8, "at least double buffering");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one sm_90 CTA");
   static_assert(kStageBytesA % 1024 == 0 && kStageBytesB % 1024 == 0,
@@ -128,6 +137,32 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 // (wgmma operands) of this thread.
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// The shared::cluster address of the same shared-memory location in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t peer_smem_addr(const void* p, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr)
+               : "memory");
+}
+// Every thread of every CTA of the cluster (release / acquire: barrier inits and the last
+// remote arrivals are visible across it).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// The B box at (col, row) into dst of every CTA in `mask`, counted on each one's barrier at bar's
+// offset.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int col,
+                                                      int row, uint64_t* bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar)), "h"(mask)
+      : "memory");
 }
 
 // The last g with prefix[g] <= t (prefix non-decreasing, prefix[0] = 0 <= t < prefix[G]).
@@ -200,7 +235,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   sa.status = blockIdx.x == 0 ? p.status : nullptr;
   sa.op = p.op;
   const auto totals = scan_splits<Config::kThreads, 1>(
-      sa, [&](int64_t rows) { return Counts<1>{{(rows + BM - 1) / BM * tiles_n}}; },
+      sa,
+      [&](int64_t rows) {
+        const int64_t row_tiles = (rows + BM - 1) / BM;
+        return Counts<1>{{(row_tiles + Config::kCluster - 1) / Config::kCluster * tiles_n}};
+      },
       [&](const ExpertSpan<1>& e) {
         sm.tile_prefix[e.g] = static_cast<int32_t>(e.before.v[0]);
         sm.row_start[e.g] = static_cast<int32_t>(e.start);
@@ -211,23 +250,29 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     sm.tile_prefix[G] = total_tiles;
     for (int s = 0; s < S; ++s) {
       mbar_init(&sm.full[s], 128 + 1);
-      mbar_init(&sm.empty[s], Config::kCooperative ? 2 : 1);
+      // one arrival per consumer warpgroup that reads the stage, in every CTA it is written to
+      mbar_init(&sm.empty[s], (Config::kCooperative ? 2 : 1) * Config::kCluster);
     }
     mbar_init(&sm.turn[0], 1);
     mbar_init(&sm.turn[1], 1);
     mbar_init_fence();
   }
   __syncthreads();
+  if constexpr (Config::kCluster > 1) detail::cluster_sync();  // the peer's barriers exist
+  const int rank = Config::kCluster > 1 ? static_cast<int>(blockIdx.x % Config::kCluster) : 0;
+  const int32_t first_unit = static_cast<int32_t>(blockIdx.x / Config::kCluster);
+  const int32_t unit_step = static_cast<int32_t>(gridDim.x / Config::kCluster);
 
   auto tile_at = [&](int32_t t) {
     const int g = detail::find_tile_group(sm.tile_prefix, G, t);
     const int32_t local = t - sm.tile_prefix[g];
-    const int rt = local / tiles_n;
+    const int unit_row = local / tiles_n;
+    const int rt = unit_row * Config::kCluster + rank;
     TileCoord c;
     c.g = g;
-    c.ct = local - rt * tiles_n;
+    c.ct = local - unit_row * tiles_n;
     c.row0 = int64_t(sm.row_start[g]) + int64_t(rt) * BM;
-    c.rows = min(BM, sm.rows[g] - rt * BM);
+    c.rows = max(0, min(BM, sm.rows[g] - rt * BM));
     return c;
   };
   const int kb_count = static_cast<int>((p.K + BK - 1) / BK);
@@ -244,7 +289,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     const Element* a = static_cast<const Element*>(p.a);
     if (tid == 0) tma_prefetch_map(&tma_b);
     int cnt = 0;
-    for (int32_t t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+    for (int32_t t = first_unit; t < total_tiles; t += unit_step) {
       const TileCoord c = tile_at(t);
       const Element* src[BM / 16];
 #pragma unroll
@@ -265,11 +310,17 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         const int s = cnt % S;
         mbar_wait(&sm.empty[s], ((cnt / S) & 1) ^ 1);
         if (tid == 0) {
-          mbar_arrive_expect_tx(&sm.full[s], Config::kStageBytesB);
+          mbar_arrive_expect_tx(&sm.full[s], Config::kStageBytesB);  // from every CTA's loads
 #pragma unroll
-          for (int h = 0; h < Config::kBHalves; ++h)
-            tma_load_2d(sm.b(s) + h * (Config::kStageBytesB / Config::kBHalves), &tma_b, kb * BK,
-                        static_cast<int>(b_row0 + h * (p.b_rows / Config::kBHalves)), &sm.full[s]);
+          for (int h = 0; h < Config::kBHalves; ++h) {
+            uint8_t* dst = sm.b(s) + h * (Config::kStageBytesB / Config::kBHalves);
+            const int row = static_cast<int>(b_row0 + h * (p.b_rows / Config::kBHalves));
+            if constexpr (Config::kCluster == 1)
+              tma_load_2d(dst, &tma_b, kb * BK, row, &sm.full[s]);
+            else if (h % Config::kCluster == rank)
+              detail::tma_load_2d_multicast(dst, &tma_b, kb * BK, row, &sm.full[s],
+                                            uint16_t((1u << Config::kCluster) - 1));
+          }
         }
         const int64_t k = int64_t(kb) * BK + chunk * 8;
         const uint32_t a_base = smem_addr(sm.a(s));
@@ -304,7 +355,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     const int a_off = Config::kCooperative ? cw * WM * BK * 2 : 0;
     const int row_off = Config::kCooperative ? cw * WM : 0;
     int i = 0;  // position of the tile in this CTA's sequence
-    for (int32_t t = blockIdx.x; t < total_tiles; t += gridDim.x, ++i) {
+    for (int32_t t = first_unit; t < total_tiles; t += unit_step, ++i) {
       if (!Config::kCooperative && (i & 1) != cw) continue;
       const TileCoord c = tile_at(t);
       int cnt = i * kb_count;
@@ -331,22 +382,34 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         warpgroup_commit_batch();
         warpgroup_fence_operand(accum);
       };
+      // warp-uniform (see wg): a cluster's spare row tile issues no MMAs
+      const bool has_rows = __shfl_sync(0xffffffffu, c.rows > 0 ? 1 : 0, 0) != 0;
+      // A stage is free once its readers in every CTA it was multicast to are done.
+      auto release = [&](int st) {
+        detail::mbar_arrive(&sm.empty[st]);
+        if constexpr (Config::kCluster > 1)
+          for (int r = 1; r < Config::kCluster; ++r)
+            detail::mbar_arrive_cluster(
+                detail::peer_smem_addr(&sm.empty[st], uint32_t((rank + r) % Config::kCluster)));
+      };
       int prev = -1;
       for (int kb = 0; kb < kb_count; ++kb, ++cnt) {
         const int s = cnt % S;
         mbar_wait(&sm.full[s], (cnt / S) & 1);
         detail::fence_proxy_async_smem();
-        mma_stage(s);
-        warpgroup_wait<1>();  // the previous stage's MMAs are done: hand it back
-        if (prev >= 0 && ctid == 0) detail::mbar_arrive(&sm.empty[prev]);
+        if (has_rows) mma_stage(s);  // a cluster's spare row tile keeps only the protocol
+        warpgroup_wait<1>();           // the previous stage's MMAs are done: hand it back
+        if (prev >= 0 && ctid == 0) release(prev);
         prev = s;
       }
       if (!Config::kCooperative && ctid == 0) detail::mbar_arrive(&sm.turn[cw ^ 1]);
       warpgroup_wait<0>();
-      if (ctid == 0) detail::mbar_arrive(&sm.empty[prev]);
-      epi(accum, coords, c, row_off);
+      if (ctid == 0) release(prev);
+      if (has_rows) epi(accum, coords, c, row_off);
     }
   }
+  // No CTA leaves while its peer may still arrive on its barriers.
+  if constexpr (Config::kCluster > 1) detail::cluster_sync();
 #endif
 }
 

@@ -8,6 +8,8 @@
 // (the unfused GEMM's output rounding), applies weighted_swiglu's device element math and stores
 // pairs of columns (and the rounded pre-activation when asked) straight from registers.
 #include <algorithm>
+#include <atomic>
+#include <string>
 
 #include "kernels/common/element.cuh"
 #include "kernels/common/occupancy.cuh"
@@ -29,6 +31,13 @@ template <class Element>
 using GateUpCoop = sm90::GatheredGemmConfig<Element, 256, 4, 2, true>;
 template <class Element>
 using GateUpPingPong = sm90::GatheredGemmConfig<Element, 128, 6, 2, false>;
+// The cooperative tile on a 2-CTA cluster: each CTA loads one weight half and multicasts it.
+template <class Element>
+using GateUpCoopPair = sm90::GatheredGemmConfig<Element, 256, 4, 2, true, 2>;
+
+// The default where F % 128 == 0 (wide) and otherwise.
+// (measured: docs/decisions.md, "Kernel layer: gate_up projection schedules").
+const std::string kGateUpDefaultWide = "coop_128x256", kGateUpDefaultNarrow = "pingpong_128x128";
 
 template <class E, int kTileN>
 struct WeightedSwigluEpilogue {
@@ -105,12 +114,40 @@ void launch_gate_up(Context& ctx, const MoeGateUpArgs& a) {
           a.prob.ptr<float>(), F};
   auto kernel = sm90::gathered_gemm_kernel<Config, Epi>;
   allow_dynamic_smem(ctx, kernel, Config::kSmemBytes);
-  // Tiles are at most (R / 128 + G) row tiles times F / 64 column tiles (host-known bound).
+  // Units are at most (R / 128 + G) row tiles times the column tiles (a host-known bound); the
+  // grid is the clusters resident at once (a GPC with an odd SM count leaves one SM idle), at most
+  // one CTA per unit row tile.
+  constexpr int C = Config::kCluster;
   const int64_t tiles = (R / Config::kTileM + G) * (2 * F / Config::kTileN);
-  const unsigned grid =
-      static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, ctx.sm_count())));
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, ctx.stream()>>>(p, tma_b, epi);
-  GROUPMM_CHECK_LAUNCH();
+  cudaLaunchConfig_t cfg = {};
+  cfg.blockDim = dim3(Config::kThreads);
+  cfg.dynamicSmemBytes = Config::kSmemBytes;
+  cfg.stream = ctx.stream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int64_t resident = ctx.sm_count() / C;
+  if constexpr (C > 1) {
+    // resident clusters per device (a property of the device and the kernel), found once
+    static std::atomic<int> per_device[64] = {};
+    GROUPMM_CHECK(ctx.device_index() < 64, "moe_gate_up_swiglu: device index ", ctx.device_index(),
+                  " past 63");
+    std::atomic<int>& clusters = per_device[ctx.device_index()];
+    if (clusters.load() == 0) {
+      cfg.gridDim = dim3(unsigned(ctx.sm_count() / C * C));
+      int n = 0;
+      GROUPMM_CHECK_CUDA(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+      clusters.store(std::max(n, 1));
+    }
+    resident = clusters.load();
+  }
+  const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(tiles, resident));
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * C));
+  GROUPMM_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, p, tma_b, epi));
 }
 
 __global__ void permute_sources_fill(int32_t* src_row, float* probs, int64_t rows) {
@@ -136,20 +173,23 @@ __global__ void permute_sources_scatter(const int32_t* dest_row, const float* we
 }  // namespace
 
 void moe_gate_up_swiglu(Context& ctx, const MoeGateUpArgs& a) {
-  const bool coop = a.config.empty()
-                        ? (a.w.dim(1) / 2) % (GateUpCoop<cutlass::half_t>::kTileN / 2) == 0
-                        : a.config == "coop_128x256";
-  if (a.x.dtype == DType::bf16) {
-    if (coop)
-      launch_gate_up<Bf16, GateUpCoop<cutlass::bfloat16_t>>(ctx, a);
+  const bool wide = (a.w.dim(1) / 2) % (GateUpCoop<cutlass::half_t>::kTileN / 2) == 0;
+  const std::string& name =
+      a.config.empty() ? (wide ? kGateUpDefaultWide : kGateUpDefaultNarrow) : a.config;
+  auto run = [&](auto e, auto cute_elem) {
+    using E = decltype(e);
+    using CE = decltype(cute_elem);
+    if (name == "coop_128x256")
+      launch_gate_up<E, GateUpCoop<CE>>(ctx, a);
+    else if (name == "coop_128x256_c2")
+      launch_gate_up<E, GateUpCoopPair<CE>>(ctx, a);
     else
-      launch_gate_up<Bf16, GateUpPingPong<cutlass::bfloat16_t>>(ctx, a);
-  } else {
-    if (coop)
-      launch_gate_up<Fp16, GateUpCoop<cutlass::half_t>>(ctx, a);
-    else
-      launch_gate_up<Fp16, GateUpPingPong<cutlass::half_t>>(ctx, a);
-  }
+      launch_gate_up<E, GateUpPingPong<CE>>(ctx, a);
+  };
+  if (a.x.dtype == DType::bf16)
+    run(Bf16{}, cutlass::bfloat16_t{});
+  else
+    run(Fp16{}, cutlass::half_t{});
 }
 
 void moe_permute_sources(Context& ctx, const PermuteMap& m, const TensorView& src_row,
