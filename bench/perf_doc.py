@@ -266,6 +266,17 @@ def moe_bench_bound(dd):
           f"{base[r['case']] / r['fb_us']:.2f}x"] for r in rows_of(d)])
 
 
+def kernel_gate_up(dd):
+    d = load("kernel_layer_gate_up_h200", dd)
+    tf = lambda r, k: "" if r[k] is None else f"{r[k]} ({r['flops'] / (r[k] * 1e6):.0f})"
+    return caption(d) + "\n" + table(
+        ["case", "run", "fused coop 128x256 us (TFLOP/s)", "coop on 2-CTA clusters", "ping-pong 128x128",
+         "unfused chain us", "fused vs unfused", "stock grouped GEMM alone", "dense cuBLAS", "fused share of dense"],
+        [[r["case"], r["run"], tf(r, "coop_us"), tf(r, "c2_us"), tf(r, "pingpong_us"), r["unfused_us"],
+          f"{r['unfused_us'] / r['coop_us']:.2f}x", tf(r, "gemm_us"), tf(r, "dense_us"),
+          pct(r["dense_us"] / r["coop_us"])] for r in rows_of(d)])
+
+
 def moe_memory(dd):
     d = load("moe_memory_h200", dd)
     return caption(d) + "\n" + table(
@@ -306,7 +317,7 @@ def python_overhead(dd):
 TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
     peers_deepgemm, gemm_w4, peers_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
-    moe_block, moe_dense_bound, moe_bench_bound, moe_memory, ep_plan, ep_exchange, ep_scaling,
+    moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, moe_memory, ep_plan, ep_exchange, ep_scaling,
     python_overhead)}
 
 MARK = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- end -->)", re.S)

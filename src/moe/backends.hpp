@@ -1,6 +1,6 @@
 // Backend entry points of the MoE ops in groupmm/moe.hpp (router, permute plan, permute /
-// unpermute, weighted SwiGLU). Arguments arrive validated by
-// src/moe/{router,permute,weighted_swiglu}.cpp.
+// unpermute, weighted SwiGLU, the fused gate_up projection). Arguments arrive validated by
+// src/moe/{router,permute,weighted_swiglu,gate_up_swiglu}.cpp.
 #pragma once
 
 #include "base/cuda_entry.hpp"
@@ -35,7 +35,9 @@ void check_permute_map(const Context& ctx, const char* op, const PermuteMap& m);
 //     tail rows 0 (moe_permute, moe_unpermute_backward);
 //   moe_gather_rows: dst[t] = sum_j src[dest_row[t, j]] + add[t] (+ d_weights[t, j] =
 //     d_probs[dest]) (moe_unpermute, moe_permute_backward);
-//   weighted_swiglu_forward / _backward (any SwigluForm; the plain one on its own path).
+//   weighted_swiglu_forward / _backward (any SwigluForm; the plain one on its own path);
+//   moe_gate_up_swiglu (the fused projection: CPU composes the unfused ops, CUDA runs the kernel
+//     layer's gathered GEMM) and moe_permute_sources (dest_row's inverse and the row probs).
 #define GROUPMM_MOE_ROW_OPS(ENTRY)                                                               \
   ENTRY void moe_scatter_rows(Context& ctx, const TensorView& src, const PermuteMap& map,        \
                               const TensorView& dst, const TensorView& weights,                  \

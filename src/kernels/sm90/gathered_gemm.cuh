@@ -1,6 +1,7 @@
 // groupmm's own sm_90a grouped GEMM with a gathered A operand: a persistent, warp-specialized
 // kernel that reads the per-expert row counts on the device and runs an epilogue functor on every
-// output tile while the other consumer warpgroup's MMAs run (ping-pong).
+// output tile, under the other consumer warpgroup's MMAs (ping-pong) or under the producer's loads
+// of the next tile (cooperative).
 //
 //   C[r, :] = A[src_row[r], :] B_g^T      for every row r of expert g (rows from the splits)
 //
@@ -78,7 +79,8 @@ struct GatheredGemmConfig {
   static constexpr int kStageBytesA = kTileM * kTileK * 2;
   static constexpr int kStageBytesB = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kStageBytesA + kStageBytesB;
-  // tables: tile prefix [G + 1], row start [G], rows [G] (int32), then 2 barriers per stage
+  // tables: tile prefix [G + 1], row start [G], rows [G] (int32); then the barriers: full and
+  // empty per stage, and the ping-pong consumers' two turns
   static constexpr int kTableBytes = (3 * kMaxGroups + 1) * 4;
   static constexpr int kSmemBytes =
       1024 /* alignment slack */ + kStages * kStageBytes + kTableBytes + (2 * kStages + 2) * 8 + 8;
@@ -398,7 +400,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         mbar_wait(&sm.full[s], (cnt / S) & 1);
         detail::fence_proxy_async_smem();
         if (has_rows) mma_stage(s);  // a cluster's spare row tile keeps only the protocol
-        warpgroup_wait<1>();           // the previous stage's MMAs are done: hand it back
+        warpgroup_wait<1>();         // the previous stage's MMAs are done: hand it back
         if (prev >= 0 && ctid == 0) release(prev);
         prev = s;
       }
