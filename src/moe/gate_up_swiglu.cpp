@@ -51,6 +51,11 @@ GateUpDims check_gate_up(const Context& ctx, const MoeGateUpArgs& a) {
     GROUPMM_CHECK(d.F % 64 == 0, op, ": w.shape[1]=", 2 * d.F,
                   " must be 2F with F a multiple of 64 on CUDA (a column tile per half)");
     GROUPMM_CHECK(d.E <= 1024, op, ": w.shape[0]=", d.E, " (experts) must be <= 1024 on CUDA");
+    // the kernel's int32 weight rows and tile numbers (tiles of 128 rows by 128 columns at most)
+    GROUPMM_CHECK(d.E * 2 * d.F <= INT32_MAX, op, ": w has ", d.E * 2 * d.F,
+                  " rows (E * 2F); at most 2^31 - 1 on CUDA");
+    GROUPMM_CHECK((d.R / 128 + d.E) * (2 * d.F / 128 + 1) <= INT32_MAX, op, ": R=", d.R,
+                  " and F=", d.F, " make more than 2^31 - 1 output tiles");
     GROUPMM_CHECK(
         a.config.empty() || a.config == "pingpong_128x128" ||
             ((a.config == "coop_128x256" || a.config == "coop_128x256_c2") && d.F % 128 == 0),
