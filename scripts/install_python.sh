@@ -12,7 +12,7 @@
 #     GROUPMM_BUILD_DIR, python/CMakeLists.txt): only the torch extension is compiled;
 #  5. an import of the installed package, from outside the checkout.
 # Then: .venv/bin/python examples/train_tiny_moe.py. GROUPMM_JOBS sets the parallel compile jobs
-# (default: the number of cores; each CUDA job takes up to about 4.5 GB of memory).
+# (default: the number of cores; the CUDA kernels take about 9 GB of memory with 2 jobs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
