@@ -51,15 +51,18 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 
-# The rest, by import name and requirement; only the missing ones are installed.
-missing=()
+# The rest, by import name and requirement: the missing ones, one at a time (one that cannot be
+# installed leaves the others in; the script then fails, naming it).
+failed=()
 for pair in "numpy:numpy" "pytest:pytest" "scikit_build_core:scikit-build-core>=0.10" \
   "transformers:transformers==5.17.0"; do
-  "$PY" -c "import ${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+  "$PY" -c "import ${pair%%:*}" >/dev/null 2>&1 && continue
+  echo "python env: installing ${pair#*:}"
+  pip_install "${pair#*:}" || failed+=("${pair#*:}")
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "python env: installing ${missing[*]}"
-  pip_install "${missing[@]}"
-fi
 "$PY" -c "import torch; print('python env: torch', torch.__version__, '(CUDA build)' if torch.version.cuda else '(CPU build)')"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "python env: could not install ${failed[*]}" >&2
+  exit 1
+fi
 case "$PY" in /*) echo "$PY" ;; *) echo "$PWD/$PY" ;; esac
