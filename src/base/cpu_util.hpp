@@ -69,8 +69,8 @@ struct RowRange {
 // scan's order: the negative splits first, then the ranges' faults, then the sum. The status block
 // keeps the first fault's group and value, so a negative split names its own group even when an
 // earlier group runs past the rows ({10, -2} for 8 rows: group 1, value -2), as on the device,
-// whose scan reports a chunk's negative splits before its ranges (every group of the GEMMs up to
-// 256 groups).
+// whose scan reports a chunk's negative splits before its ranges (a chunk: a group per thread of
+// the scanning block, 256 in the grouped GEMM's setup kernel).
 inline std::vector<RowRange> expert_rows(Context& ctx, const TensorView& splits, int64_t row_bound,
                                          OpId op, int64_t expected_total,
                                          bool total_at_most = false) {
