@@ -1,14 +1,17 @@
 """A transformers Qwen3-MoE causal LM with groupmm's experts backend: a few train steps, then
 generate().
 
-    PYTHONPATH=python python3 examples/hf_qwen3_moe.py             (CPU: a small random config)
-    PYTHONPATH=python python3 examples/hf_qwen3_moe.py --real      (GPU: Qwen3-30B-A3B layer sizes,
-                                                                    2 layers, bf16)
+    .venv/bin/python examples/hf_qwen3_moe.py             (CPU: a small random config)
+    .venv/bin/python examples/hf_qwen3_moe.py --real      (GPU: Qwen3-30B-A3B layer sizes, 2 layers,
+                                                           bf16)
+
+.venv/bin/python is the Python of the package's environment, after `bash scripts/install_python.sh`
+(which installs transformers==5.17.0 there too). With the in-place build instead
+(scripts/build_python.sh, or what scripts/test.sh leaves): PYTHONPATH=python .venv/bin/python ...
 
 The one switch is `experts_implementation="groupmm"` after importing
 groupmm.integrations.transformers (docs/integrations.md); --recipe picks an FP8 recipe
-(fp8_current, fp8_block: GPU or CPU reference, bf16 models). Needs `pip install
-transformers==5.17.0`.
+(fp8_current, fp8_block: GPU or CPU reference, bf16 models).
 """
 
 import argparse

@@ -1,6 +1,8 @@
 """Trains a tiny groupmm MoE model on synthetic data and prints the loss going down.
 
-    PYTHONPATH=python python3 examples/train_tiny_moe.py        (after scripts/build_python.sh)
+    .venv/bin/python examples/train_tiny_moe.py                      (after scripts/install_python.sh)
+    PYTHONPATH=python .venv/bin/python examples/train_tiny_moe.py    (the in-place build of
+                                                      scripts/build_python.sh or scripts/test.sh)
 
 The task: regress the output of a fixed random teacher MLP from random tokens. The model is an
 embedding projection, one groupmm.nn.MoE block (router, permute, grouped SwiGLU experts, unpermute,

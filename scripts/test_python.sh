@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Python package's tests (tests/python, pytest), called by scripts/test.sh after the C++ tests:
-#  1. a Python with torch and pytest: ${PYTHON:-python3} when it has both (the GPU machine), else a
-#     virtual environment in build/venv with torch (${GROUPMM_TORCH:-torch==2.11.0}, the GPU
-#     machine's version; used on the CPU here) and pytest from PyPI (a few minutes, once);
+#  1. a Python with torch and pytest: ${PYTHON:-python3} when it has both (the GPU machine), else
+#     the package's virtual environment, ${GROUPMM_VENV:-.venv} (scripts/python_env.sh: torch ==
+#     the GPU machine's version, CPU wheels where there is no GPU, numpy, pytest, transformers; a
+#     few minutes, once). Its Python, .venv/bin/python, then runs the examples too;
 #  2. the extension built in place against build/ (scripts/build_python.sh);
 #  3. pytest, bounded in time.
 # When torch cannot be installed the suite is reported as skipped (never as passed) and the exit
@@ -14,23 +15,17 @@ mkdir -p build
 report() { echo "$1 $2 $3" >"$counts"; }
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch, pytest" >/dev/null 2>&1; then
-  PY=$PWD/build/venv/bin/python
+  VENV=${GROUPMM_VENV:-.venv}
+  case "$VENV" in /*) PY=$VENV/bin/python ;; *) PY=$PWD/$VENV/bin/python ;; esac
+  # Also when the environment exists: what it lacks (transformers, numpy) is added. A Python given
+  # by PYTHON is left as it is (the GPU machine is offline).
+  timeout 1500 bash scripts/python_env.sh ||
+    echo "python tests: the environment $VENV is not complete (scripts/python_env.sh failed)"
   if ! "$PY" -c "import torch, pytest" >/dev/null 2>&1; then
-    echo "python tests: installing ${GROUPMM_TORCH:-torch==2.11.0} and pytest into build/venv (PyPI)"
-    if ! { python3 -m venv build/venv &&
-           timeout 1200 "$PY" -m pip install -q --disable-pip-version-check \
-             "${GROUPMM_TORCH:-torch==2.11.0}" pytest transformers==5.17.0; }; then
-      echo "python tests: SKIPPED (torch could not be installed)"
-      report 0 1 0
-      exit 0
-    fi
+    echo "python tests: SKIPPED (torch could not be installed)"
+    report 0 1 0
+    exit 0
   fi
-fi
-# transformers (the experts-backend tests; they report skipped without it): into the build venv
-# when an older one lacks it. A Python given by PYTHON is left as it is (the GPU machine is offline).
-if [ "$PY" = "$PWD/build/venv/bin/python" ] && ! "$PY" -c "import transformers" >/dev/null 2>&1; then
-  timeout 600 "$PY" -m pip install -q --disable-pip-version-check transformers==5.17.0 ||
-    echo "python tests: transformers could not be installed (its tests are skipped)"
 fi
 "$PY" -c "import torch; print('python tests: torch', torch.__version__, 'from', torch.__file__)"
 if ! PYTHON=$PY bash scripts/build_python.sh; then

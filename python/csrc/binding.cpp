@@ -1,4 +1,4 @@
-// binding.cpp: Call, the Context pool and the dtype map (see binding.hpp).
+// binding.cpp: Call, the Context pool, the dtype map and the error messages (see binding.hpp).
 //
 // Only device-generic c10 APIs are used for the device guard and the current stream, so the
 // extension links libc10/libtorch_cpu alone and builds against CPU-only and CUDA torch alike.
@@ -24,7 +24,39 @@ constexpr std::pair<at::ScalarType, groupmm::DType> kDTypes[] = {
     {at::kLong, groupmm::DType::int64},          {at::kFloat8_e4m3fn, groupmm::DType::fp8e4m3},
     {at::kFloat8_e5m2, groupmm::DType::fp8e5m2}, {at::kFloat8_e8m0fnu, groupmm::DType::e8m0},
 };
+
+bool file_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-' || c == '.';
+}
+
+// The length of a source location " [name.ext:123]" at msg[i] (what groupmm::Error appends), or 0.
+size_t source_location_at(const std::string& msg, size_t i) {
+  if (msg.compare(i, 2, " [") != 0) return 0;
+  size_t j = i + 2;
+  bool dot = false;
+  while (j < msg.size() && file_name_char(msg[j])) dot |= msg[j++] == '.';
+  if (j == i + 2 || !dot || j >= msg.size() || msg[j] != ':') return 0;
+  const size_t digits = ++j;
+  while (j < msg.size() && msg[j] >= '0' && msg[j] <= '9') ++j;
+  if (j == digits || j >= msg.size() || msg[j] != ']') return 0;
+  return j + 1 - i;
+}
 }  // namespace
+
+std::string without_source_locations(const std::string& msg) {
+  std::string out;
+  out.reserve(msg.size());
+  for (size_t i = 0; i < msg.size();) {
+    const size_t n = source_location_at(msg, i);
+    if (n > 0) {
+      i += n;
+    } else {
+      out += msg[i++];
+    }
+  }
+  return out;
+}
 
 groupmm::DType to_groupmm(at::ScalarType t, const char* op, const char* arg) {
   for (const auto& [torch_t, ours] : kDTypes)

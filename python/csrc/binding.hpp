@@ -14,23 +14,54 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "groupmm/core.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/quantize.hpp"
 
-// Registers an ops file's kernels (a function of torch::Library&) for both dispatch keys: one
-// kernel serves CPU and CUDA tensors, the core dispatching on the Context's device.
+// Registers an ops file's kernels (a function of groupmm_torch::Kernels&) for both dispatch keys:
+// one kernel serves CPU and CUDA tensors, the core dispatching on the Context's device.
 #define GROUPMM_TORCH_CPU_AND_CUDA(register_fn) \
   TORCH_LIBRARY_IMPL(groupmm, CPU, m) {         \
-    register_fn(m);                             \
+    ::groupmm_torch::Kernels kernels(m);        \
+    register_fn(kernels);                       \
   }                                             \
   TORCH_LIBRARY_IMPL(groupmm, CUDA, m) {        \
-    register_fn(m);                             \
+    ::groupmm_torch::Kernels kernels(m);        \
+    register_fn(kernels);                       \
   }
 
 namespace groupmm_torch {
+
+// A core error's message without the source locations groupmm::Error gives C++ callers
+// (" [tensor.cpp:197]", one per nested error): Python users get the message alone, as users of the
+// command line do. Anything else in the message is kept.
+std::string without_source_locations(const std::string& msg);
+
+// Registers op kernels with a torch::Library, each wrapped once here, so that every op raises the
+// core's errors (groupmm::Error: validation, device faults, CUDA errors) in Python without source
+// locations. The wrapper adds one call and a zero-cost try block to an op's host path.
+class Kernels {
+ public:
+  explicit Kernels(torch::Library& m) : m_(m) {}
+
+  template <class R, class... Args>
+  Kernels& impl(const char* name, R (*fn)(Args...)) {
+    m_.impl(name, [fn](Args... args) -> R {
+      try {
+        return fn(std::forward<Args>(args)...);
+      } catch (const groupmm::Error& e) {
+        throw groupmm::Error(without_source_locations(e.what()));
+      }
+    });
+    return *this;
+  }
+
+ private:
+  torch::Library& m_;
+};
 
 groupmm::DType to_groupmm(at::ScalarType t, const char* op, const char* arg);
 // The torch dtype of a groupmm dtype (packed fp4 pairs travel as uint8 bytes).

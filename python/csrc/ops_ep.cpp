@@ -353,7 +353,7 @@ void ep_capacity_plan_autograd(c10::DispatchKeySet ks, const PlanPtr& plan, cons
   below_autograd(GROUPMM_OP("ep_capacity_plan", EpCapFillSig), ks, plan, ids);
 }
 
-void register_ep_impls(torch::Library& m) {
+void register_ep_impls(Kernels& m) {
   m.impl("ep_dispatch_plan", &ep_dispatch_plan);
   m.impl("ep_capacity_plan_create", &ep_capacity_plan_create);
   m.impl("ep_capacity_plan", &ep_capacity_plan);

@@ -193,7 +193,7 @@ at::Tensor grouped_gemm_op(const at::Tensor& a, const at::Tensor& b, const at::T
   return op.outputs[0];
 }
 
-void register_gemm_impls(torch::Library& m) {
+void register_gemm_impls(Kernels& m) {
   m.impl("grouped_gemm", &grouped_gemm_op);
   m.impl("grouped_mm", &grouped_mm);
   m.impl("grouped_mm_dgrad", &grouped_mm_dgrad);

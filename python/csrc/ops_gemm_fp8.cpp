@@ -165,7 +165,7 @@ void grouped_mm_fp8_wgrad_accumulate(at::TensorList dy, at::TensorList x, const 
   run(s.call, s.args);
 }
 
-void register_gemm_fp8_impls(torch::Library& m) {
+void register_gemm_fp8_impls(Kernels& m) {
   m.impl("grouped_mm_fp8", &grouped_mm_fp8);
   m.impl("grouped_mm_fp8_dgrad", &grouped_mm_fp8_dgrad);
   m.impl("grouped_mm_fp8_wgrad", &grouped_mm_fp8_wgrad);

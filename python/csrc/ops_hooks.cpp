@@ -288,7 +288,7 @@ MoeOut core_moe(const at::Tensor& x, const at::Tensor& router_weight, const at::
   return out;
 }
 
-void register_hooks_impls(torch::Library& m) {
+void register_hooks_impls(Kernels& m) {
   m.impl("_core_moe", &core_moe);
   m.impl("_core_call_us", &core_call_us);
   m.impl("_core_grouped_linear", &core_grouped_linear);

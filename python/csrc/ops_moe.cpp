@@ -354,7 +354,7 @@ std::tuple<at::Tensor, at::Tensor> router_logits_backward(const at::Tensor& d_lo
   return {dx, dw};
 }
 
-void register_moe_impls(torch::Library& m) {
+void register_moe_impls(Kernels& m) {
   m.impl("router_logits", &router_logits);
   m.impl("router_logits_backward", &router_logits_backward);
   m.impl("swiglu", &swiglu);

@@ -141,7 +141,7 @@ at::Tensor group_dequantize(const at::Tensor& data, const at::Tensor& scale_inv,
   return out;
 }
 
-void register_quantize_impls(torch::Library& m) {
+void register_quantize_impls(Kernels& m) {
   m.impl("group_quantize", &group_quantize);
   m.impl("group_dequantize", &group_dequantize);
 }
@@ -169,7 +169,7 @@ GROUPMM_TORCH_CPU_AND_CUDA(register_quantize_impls)
 
 // No tensor argument, so no backend key to dispatch on: one kernel for every key.
 TORCH_LIBRARY_IMPL(groupmm, CompositeImplicitAutograd, m) {
-  m.impl("recipe_traits", &recipe_traits);
+  Kernels(m).impl("recipe_traits", &recipe_traits);
 }
 
 }  // namespace groupmm_torch

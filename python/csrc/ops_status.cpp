@@ -12,7 +12,7 @@ void check_status(const at::Tensor& device_like) {
   call.ctx().check();
 }
 
-void register_status_impls(torch::Library& m) {
+void register_status_impls(Kernels& m) {
   m.impl("check_status", &check_status);
 }
 

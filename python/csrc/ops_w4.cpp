@@ -183,7 +183,7 @@ std::tuple<at::Tensor, at::Tensor> export_mxfp4_weights(const at::Tensor& data,
   return {blocks, scales};
 }
 
-void register_w4_impls(torch::Library& m) {
+void register_w4_impls(Kernels& m) {
   m.impl("group_quantize_w4", &group_quantize_w4);
   m.impl("grouped_mm_w4", &grouped_mm_w4);
   m.impl("import_mxfp4_weights", &import_mxfp4_weights);

@@ -19,8 +19,9 @@ _lib = os.path.join(_here, "libgroupmm_torch.so")
 if not os.path.exists(_lib):
     raise ImportError(
         f"groupmm: the extension {_lib} is not built. From the repository root: "
-        "`pip install --no-build-isolation .`, or `bash scripts/build_python.sh` and "
-        "PYTHONPATH=python (both after scripts/setup.sh).")
+        "`bash scripts/install_python.sh` installs the package into .venv/ (then run "
+        ".venv/bin/python), or `bash scripts/build_python.sh` builds it in place (then "
+        "PYTHONPATH=python).")
 
 from ._build_info import TORCH_VERSION as _BUILT_FOR  # noqa: E402
 

@@ -65,27 +65,37 @@ struct RowRange {
 // Expert row ranges from host splits by the splits rule of offsets.hpp (the CUDA kernels' scan is
 // src/kernels/common/splits_scan.cuh): negative -> 0 (kFaultNegativeSplit), a range past row_bound
 // cut short (kFaultSplitsOverflow), a sum other than expected_total (kFaultSplitsTotalMismatch;
-// -1: not checked; total_at_most: only a sum above it). Faults are reported against `op`.
+// -1: not checked; total_at_most: only a sum above it). Faults are reported against `op`, in the
+// scan's order: the negative splits first, then the ranges' faults, then the sum. The status block
+// keeps the first fault's group and value, so a negative split names its own group even when an
+// earlier group runs past the rows ({10, -2} for 8 rows: group 1, value -2), as on the device,
+// whose scan reports a chunk's negative splits before its ranges (a chunk: a group per thread of
+// the scanning block, 256 in the grouped GEMM's setup kernel).
 inline std::vector<RowRange> expert_rows(Context& ctx, const TensorView& splits, int64_t row_bound,
                                          OpId op, int64_t expected_total,
                                          bool total_at_most = false) {
   const int64_t G = splits.dim(0);
+  std::vector<int64_t> m(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) {
+    int64_t& mg = m[static_cast<size_t>(g)];
+    mg = splits.dtype == DType::int64 ? splits.ptr<int64_t>()[g] : splits.ptr<int32_t>()[g];
+    if (mg < 0) {
+      report_fault_host(ctx.status(), kFaultNegativeSplit, op, static_cast<int32_t>(g), mg);
+      mg = 0;
+    }
+  }
   std::vector<RowRange> r(static_cast<size_t>(G));
   int64_t run = 0;
   for (int64_t g = 0; g < G; ++g) {
-    int64_t m = splits.dtype == DType::int64 ? splits.ptr<int64_t>()[g] : splits.ptr<int32_t>()[g];
-    if (m < 0) {
-      report_fault_host(ctx.status(), kFaultNegativeSplit, op, static_cast<int32_t>(g), m);
-      m = 0;
-    }
+    const int64_t mg = m[static_cast<size_t>(g)];
     const int64_t start = std::min(run, row_bound);
-    int64_t rows = m;
+    int64_t rows = mg;
     if (rows > row_bound - start) {  // not start + rows: a split near INT64_MAX would overflow
-      report_fault_host(ctx.status(), kFaultSplitsOverflow, op, static_cast<int32_t>(g), m);
+      report_fault_host(ctx.status(), kFaultSplitsOverflow, op, static_cast<int32_t>(g), mg);
       rows = row_bound - start;
     }
     r[static_cast<size_t>(g)] = {start, rows};
-    run = m > INT64_MAX - run ? INT64_MAX : run + m;  // the sum is only reported: saturate
+    run = mg > INT64_MAX - run ? INT64_MAX : run + mg;  // the sum is only reported: saturate
   }
   const bool bad_total = total_at_most ? run > expected_total : run != expected_total;
   if (expected_total >= 0 && bad_total)

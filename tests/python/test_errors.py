@@ -1,4 +1,7 @@
-"""Errors: the core's validation and device-fault messages reach Python as exceptions."""
+"""Errors: the core's validation and device-fault messages reach Python as exceptions, without
+the C++ source locations the core adds for C++ callers."""
+
+import re
 
 import pytest
 import torch
@@ -7,6 +10,9 @@ import groupmm
 from conftest import make_splits
 
 ops = torch.ops.groupmm
+
+# What groupmm::Error appends to its messages for C++ callers (" [tensor.cpp:197]").
+SOURCE_LOCATION = re.compile(r"\[[\w.+-]+\.(cpp|cc|cu|cuh|hpp|h):\d+\]")
 
 
 def test_mismatched_dtypes_name_the_op_and_argument(device):
@@ -73,3 +79,74 @@ def test_moe_arguments_are_named():
 def test_check_without_cuda_says_so():
     with pytest.raises(RuntimeError, match="groupmm.check: no CUDA device is available"):
         groupmm.check()
+
+
+def _cpu_operands():
+    bf = torch.bfloat16
+    return torch.randn(8, 16, dtype=bf), torch.randn(2, 8, 16, dtype=bf)
+
+
+def _backward_with_bad_splits():
+    """The forward runs with good splits; the splits then go bad before backward, so the fault is
+    raised by the backward ops, through the autograd engine."""
+    x, w = _cpu_operands()
+    x.requires_grad_()
+    splits = make_splits([4, 4], "cpu")
+    y = ops.grouped_mm(x, w, splits)
+    splits.data.copy_(torch.tensor([10, -2], dtype=torch.int32))  # unseen by autograd's checks
+    y.float().sum().backward()
+
+
+def _module_with_bad_splits():
+    x, _ = _cpu_operands()
+    groupmm.nn.GroupedLinear(2, 16, 8)(x, make_splits([10, -2], "cpu"))
+
+
+def _through_autograd_kernel():
+    x, w = _cpu_operands()
+    ops.grouped_mm(x.requires_grad_(), w, make_splits([10, -2], "cpu"))
+
+
+# Calls that fail in the core (groupmm::Error), each down another path of the binding: host-side
+# validation, device faults on the CPU, the Autograd kernels, the backward ops run by the autograd
+# engine, a module, and ops of other families.
+CORE_ERRORS = {
+    "validation": lambda: ops.grouped_mm(_cpu_operands()[0], torch.randn(2, 8, 12).bfloat16(),
+                                         make_splits([4, 4], "cpu")),
+    "device_fault": lambda: ops.grouped_mm(*_cpu_operands(), make_splits([10, -2], "cpu")),
+    "int64_splits": lambda: ops.grouped_mm(*_cpu_operands(),
+                                           make_splits([10, -2], "cpu", torch.int64)),
+    "autograd_kernel": _through_autograd_kernel,
+    "backward": _backward_with_bad_splits,
+    "module": _module_with_bad_splits,
+    "dgrad": lambda: ops.grouped_mm_dgrad(torch.randn(8, 8).bfloat16(), _cpu_operands()[1],
+                                          make_splits([10, -2], "cpu")),
+    "wgrad": lambda: ops.grouped_mm_wgrad(torch.randn(8, 8).bfloat16(), _cpu_operands()[0],
+                                          make_splits([10, -2], "cpu")),
+    "quantize": lambda: ops.group_quantize(_cpu_operands()[0], make_splits([10, -2], "cpu"),
+                                           "fp8_current"),
+    "offsets": lambda: ops.group_offsets(make_splits([10, -2], "cpu")),
+}
+
+
+@pytest.mark.parametrize("path", sorted(CORE_ERRORS))
+def test_messages_have_no_source_location(path):
+    with pytest.raises(RuntimeError) as info:
+        CORE_ERRORS[path]()
+    msg = str(info.value)
+    assert not SOURCE_LOCATION.search(msg), msg
+    assert msg == msg.strip() and "  " not in msg, msg  # nothing left where a location was cut
+
+
+SPLIT_FAULTS = sorted(set(CORE_ERRORS) - {"validation"})
+
+
+@pytest.mark.parametrize("path", SPLIT_FAULTS)
+def test_negative_split_names_its_group(path):
+    """splits [10, -2] for 8 rows: group 0 runs past the rows before group 1's negative count is
+    read; the message names group 1 (it named group 0, value 10, under 'negative split')."""
+    with pytest.raises(RuntimeError, match=r"negative split \(treated as 0\)") as info:
+        CORE_ERRORS[path]()
+    msg = str(info.value)
+    assert "first at group 1, value -2" in msg, msg
+    assert "group 0" not in msg, msg

@@ -4,6 +4,7 @@ CPU reference in seconds) and of examples/train_tiny_moe.py (the loss goes down)
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -76,3 +77,52 @@ def test_gpu_script_refuses_an_unknown_stage_before_any_work(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "unknown stage 'bench-gem'" in proc.stderr
     assert not out.exists()  # nothing ran: no build, no logs
+
+
+def _built_core_tree():
+    """A build tree of the core with a built library (build/ after scripts/test.sh, build-cpu/
+    after scripts/run.sh without a GPU), or None."""
+    for name in ("build", "build-cpu"):
+        tree = os.path.join(ROOT, name)
+        if all(os.path.exists(os.path.join(tree, f)) for f in ("groupmmConfig.cmake", "libgroupmm.a")):
+            return tree
+    return None
+
+
+def _configure_extension(tmp_path, build_dir):
+    """Configures python/CMakeLists.txt (what `pip install --no-build-isolation .` runs) into
+    tmp_path with GROUPMM_BUILD_DIR=build_dir; builds nothing."""
+    if shutil.which("cmake") is None or shutil.which("ninja") is None:
+        pytest.skip("needs cmake and ninja (scripts/setup.sh)")
+    env = dict(os.environ, GROUPMM_BUILD_DIR=build_dir)
+    return subprocess.run(["cmake", "-S", os.path.join(ROOT, "python"), "-B", str(tmp_path / "b"),
+                           "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                           f"-DPython3_EXECUTABLE={sys.executable}"],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.skipif(_built_core_tree() is None, reason="no built core (build/ or build-cpu/)")
+def test_pip_build_links_the_built_core(tmp_path):
+    """The wheel build links an already built core library (brought up to date first) instead of
+    compiling the core, CUDA kernels included, a second time."""
+    tree = _built_core_tree()
+    proc = _configure_extension(tmp_path, os.path.relpath(tree, ROOT))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"groupmm_torch: linking the core of {tree}" in proc.stdout, proc.stdout
+    ninja = (tmp_path / "b" / "build.ninja").read_text()
+    assert "groupmm_core_update" in ninja
+    assert "groupmm_lib.dir" not in ninja  # no core object is compiled here
+
+
+def test_pip_build_refuses_an_unconfigured_build_dir(tmp_path):
+    proc = _configure_extension(tmp_path, str(tmp_path / "nothing"))
+    assert proc.returncode != 0
+    assert "is not a configured build tree of groupmm" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("script", ["install_python.sh", "python_env.sh", "build_python.sh",
+                                    "test_python.sh"])
+def test_install_scripts_parse(script):
+    proc = subprocess.run(["bash", "-n", os.path.join(ROOT, "scripts", script)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
