@@ -2,9 +2,9 @@
 // (kernels/sm90/gathered_gemm.cuh) with the weighted-SwiGLU epilogue; and moe_permute_sources
 // (fill, then one thread per entry).
 //
-// The B tile holds the gate rows [ct * 64, ct * 64 + 64) and the up rows F + [same) of an expert
-// (kBHalves = 2), so a thread's accumulator holds gate column n and up column n + 64 of the same
-// rows: the SwiGLU needs no data exchange. The epilogue rounds both to the output dtype first
+// The B tile (N = kTileN) holds the gate rows [ct * N/2, (ct + 1) * N/2) and the up rows
+// F + [same) of an expert (kBHalves = 2), so a thread's accumulator holds gate column n and up
+// column n + N/2 of the same rows: the SwiGLU needs no data exchange. The epilogue rounds both to the output dtype first
 // (the unfused GEMM's output rounding), applies weighted_swiglu's device element math and stores
 // pairs of columns (and the rounded pre-activation when asked) straight from registers.
 #include <algorithm>
