@@ -63,8 +63,11 @@ GateUpDims check_gate_up(const Context& ctx, const MoeGateUpArgs& a) {
         "\" must be empty, pingpong_128x128, coop_128x256 or coop_128x256_c2 (the "
         "coop ones with F % 128 == 0; F=",
         d.F, ")");
-    for (const TensorView* v : {&a.x, &a.w})
-      GROUPMM_CHECK(reinterpret_cast<uintptr_t>(v->data) % 16 == 0, op, ": ", v == &a.x ? "x" : "w",
+    // x and w: 16-byte loads; out and gate_up: 16-byte stores of 8 columns
+    const std::pair<const TensorView*, const char*> aligned[] = {
+        {&a.x, "x"}, {&a.w, "w"}, {&a.out, "out"}, {&a.gate_up, "gate_up"}};
+    for (const auto& [v, name] : aligned)
+      GROUPMM_CHECK(!v->present() || reinterpret_cast<uintptr_t>(v->data) % 16 == 0, op, ": ", name,
                     " must be 16-byte aligned on CUDA");
   }
   return d;

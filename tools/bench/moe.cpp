@@ -127,7 +127,7 @@ std::vector<MoeMover> time_moe_movers(Context& ctx, MoE& moe, const TensorView& 
 // of that chain alone. {fused, unfused, gemm alone, dense} in us; zeros when the fused op does not
 // take the case (dtype, sizes).
 struct GateUpTimes {
-  double fused = 0, pingpong = 0, coop = 0, unfused = 0, gemm = 0, dense = 0;
+  double fused = 0, fused_h_only = 0, pingpong = 0, coop = 0, unfused = 0, gemm = 0, dense = 0;
 };
 GateUpTimes time_gate_up(Context& ctx, MoE& moe, const TensorView& x, int iters) {
   const MoEConfig& c = moe.config();
@@ -147,6 +147,9 @@ GateUpTimes time_gate_up(Context& ctx, MoE& moe, const TensorView& x, int iters)
   const MoeGateUpArgs a{
       .x = x, .src_row = src, .splits = m.splits, .w = w1, .prob = pr, .out = h, .gate_up = gu};
   r.fused = time_us(ctx, 2, iters, [&](int) { moe_gate_up_swiglu(ctx, a); });
+  MoeGateUpArgs h_only = a;  // a forward that recomputes the pre-activation in backward
+  h_only.gate_up = {};
+  r.fused_h_only = time_us(ctx, 2, iters, [&](int) { moe_gate_up_swiglu(ctx, h_only); });
   if (F % 128 == 0) {  // the other schedules, for the record
     MoeGateUpArgs o = a;
     o.config = "pingpong_128x128";
@@ -260,15 +263,16 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
     std::printf(
         "  gate_up projection alone (median of %d):\n"
         "    fused (gathered x + weighted SwiGLU epilogue) %9.1f us %6.0f TFLOP/s\n"
+        "      the same without the pre-activation output  %9.1f us %6.0f TFLOP/s\n"
         "      its ping-pong 128x128 schedule              %9.1f us\n"
         "      its cooperative 128x256 without cluster     %9.1f us\n"
         "    unfused (permute, grouped GEMM, SwiGLU)       %9.1f us   fused speedup %.2fx\n"
         "    its grouped GEMM alone                        %9.1f us %6.0f TFLOP/s\n"
         "    dense cuBLAS GEMM of T k rows                 %9.1f us %6.0f TFLOP/s: fused at "
         "%.0f%%\n",
-        iters, gt.fused, flops / (gt.fused * 1e6), gt.pingpong, gt.coop, gt.unfused,
-        gt.unfused / gt.fused, gt.gemm, flops / (gt.gemm * 1e6), gt.dense,
-        gt.dense > 0 ? flops / (gt.dense * 1e6) : 0.0,
+        iters, gt.fused, flops / (gt.fused * 1e6), gt.fused_h_only, flops / (gt.fused_h_only * 1e6),
+        gt.pingpong, gt.coop, gt.unfused, gt.unfused / gt.fused, gt.gemm, flops / (gt.gemm * 1e6),
+        gt.dense, gt.dense > 0 ? flops / (gt.dense * 1e6) : 0.0,
         gt.dense > 0 ? 100 * gt.dense / gt.fused : 0.0);
   }
   double copy_gbs = 0;
@@ -304,6 +308,7 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
                .add("movers", mv)
                .add("gate_up", JsonRecord()
                                    .add("fused_us", gt.fused)
+                                   .add("fused_h_only_us", gt.fused_h_only)
                                    .add("pingpong_us", gt.pingpong)
                                    .add("coop_us", gt.coop)
                                    .add("unfused_us", gt.unfused)

@@ -2,7 +2,10 @@
 // (bf16, fp16, fp32): storage type, exact conversions to and from fp32, and the two-element
 // ("pair") operations of the quantize kernels' amax. One definition for every op family.
 //
-// Conversions follow convert.hpp bit for bit: fp32 -> 16-bit is convert.hpp's rounding itself;
+// Conversions follow convert.hpp bit for bit: fp32 -> 16-bit is convert.hpp's rounding itself
+// (pair_from_floats: the hardware's cvt.rn, which rounds the same way, to nearest even, with no
+// flush and the canonical NaN 0x7FFF; kernels whose inputs are wgmma accumulators use it, since
+// integer arithmetic on accumulator bits makes ptxas serialize the wgmma pipeline);
 // 16-bit -> fp32 is exact, so the hardware conversion gives the same value (a NaN's payload may
 // differ, which no output shows: every result passes through fp32 arithmetic, which returns the
 // canonical NaN, or through a 16-bit encoder, which writes the canonical 0x7FFF).
@@ -28,6 +31,12 @@ struct Bf16 {
   using Pair = uint32_t;
   static __device__ __forceinline__ float to_float(Storage v) { return bf16_bits_to_float(v); }
   static __device__ __forceinline__ Storage from_float(float v) { return float_to_bf16_bits(v); }
+  // from_float of two values, lo in the low half, by the hardware conversion (the same bits).
+  static __device__ __forceinline__ Pair pair_from_floats(float lo, float hi) {
+    Pair r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
   static __device__ __forceinline__ float2 pair_to_float2(Pair w) {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
   }
@@ -54,6 +63,11 @@ struct Fp16 {
     return __half2float(__ushort_as_half(v));
   }
   static __device__ __forceinline__ Storage from_float(float v) { return float_to_fp16_bits(v); }
+  static __device__ __forceinline__ Pair pair_from_floats(float lo, float hi) {
+    Pair r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
   static __device__ __forceinline__ float2 pair_to_float2(Pair w) {
     return make_float2(to_float(static_cast<Storage>(w)), to_float(static_cast<Storage>(w >> 16)));
   }

@@ -4,9 +4,10 @@
 //
 // The B tile (N = kTileN) holds the gate rows [ct * N/2, (ct + 1) * N/2) and the up rows
 // F + [same) of an expert (kBHalves = 2), so a thread's accumulator holds gate column n and up
-// column n + N/2 of the same rows: the SwiGLU needs no data exchange. The epilogue rounds both to the output dtype first
-// (the unfused GEMM's output rounding), applies weighted_swiglu's device element math and stores
-// pairs of columns (and the rounded pre-activation when asked) straight from registers.
+// column n + N/2 of the same rows: the SwiGLU needs no data exchange. The epilogue rounds both to
+// the output dtype first (the unfused GEMM's output rounding), applies weighted_swiglu's device
+// element math and stores pairs of columns (and the rounded pre-activation when asked) straight
+// from registers.
 #include <algorithm>
 #include <atomic>
 #include <string>
@@ -39,52 +40,94 @@ using GateUpCoopPair = sm90::GatheredGemmConfig<Element, 256, 4, 2, true, 2>;
 // (measured: docs/decisions.md, "Kernel layer: gate_up projection schedules").
 const std::string kGateUpDefaultWide = "coop_128x256", kGateUpDefaultNarrow = "pingpong_128x128";
 
+// A 4 x 4 transpose of 32-bit words across the 4 lanes of a quad (lanes 4i .. 4i + 3): lane q's
+// v[j] becomes lane j's v[q]. Two exchange rounds (lane distance 2, then 1), each swapping the
+// off-diagonal halves of 2 x 2 blocks.
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
+  CUTE_UNROLL
+  for (int m = 2; m >= 1; m >>= 1) {
+    const bool upper = (q & m) != 0;
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      if (j & m) continue;
+      const uint32_t send = upper ? v[j] : v[j | m];
+      const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, m);
+      if (upper)
+        v[j] = recv;
+      else
+        v[j | m] = recv;
+    }
+  }
+}
+
 template <class E, int kTileN>
 struct WeightedSwigluEpilogue {
   using S = typename E::Storage;
-  S* out;      // [R, F]
-  S* gate_up;  // [R, 2F] or null
+  S* out;      // [R, F], 16-byte aligned
+  S* gate_up;  // [R, 2F] or null, 16-byte aligned
   const float* prob;
   int64_t F;
 
+  // The m64nNk16 accumulator: lane q of a quad holds columns 8 v2 + 2q, + 1 of its rows. Four
+  // consecutive 8-column groups are transposed across the quad, so that each lane stores 8
+  // consecutive columns (one 16-byte store instead of four 4-byte ones: the stores, not the
+  // math, bound this epilogue).
   template <class Accum, class Coords>
   __device__ __forceinline__ void operator()(const Accum& acc, const Coords& coords,
                                              const sm90::TileCoord& t, int row_off) const {
     constexpr int kHalf = kTileN / 16;  // 8-column groups per half
     static_assert(size<0, 2>(Accum{}) == 2 * kHalf, "m64nNk16 accumulator: N/8 column groups");
     static_assert(size<2>(Accum{}) == 1, "one wgmma N block per tile");
+    static_assert(kHalf % 4 == 0, "whole quads of 8-column groups per half");
+    const int q = static_cast<int>(threadIdx.x % 4);
     const int64_t col0 = int64_t(t.ct) * (kTileN / 2);
     CUTE_UNROLL
     for (int mi = 0; mi < size<1>(Accum{}); ++mi) {
       CUTE_UNROLL
       for (int v1 = 0; v1 < 2; ++v1) {
         const int m = row_off + get<0>(coords(make_coord(0, v1, 0), mi, 0));
-        if (m >= t.rows) continue;
+        // warp-uniform loop, divergent stores: every lane takes part in the shuffles
+        const bool live = m < t.rows;
         const int64_t row = t.row0 + m;
-        const float w = prob[row];
+        const float w = live ? prob[row] : 0.0f;
         CUTE_UNROLL
-        for (int v2 = 0; v2 < kHalf; ++v2) {
-          const int n = get<1>(coords(make_coord(0, v1, v2), mi, 0));
-          S g[2], u[2], h[2];
+        for (int c = 0; c < kHalf; c += 4) {
+          uint32_t g[4], u[4], h[4];
           CUTE_UNROLL
-          for (int v0 = 0; v0 < 2; ++v0) {
-            g[v0] = E::from_float(acc(make_coord(v0, v1, v2), mi, 0));
-            u[v0] = E::from_float(acc(make_coord(v0, v1, v2 + kHalf), mi, 0));
-            h[v0] =
-                E::from_float(weighted_swiglu_fwd_elem(E::to_float(g[v0]), E::to_float(u[v0])) * w);
+          for (int j = 0; j < 4; ++j) {
+            // the GEMM's output rounding, by the hardware conversion (see element.cuh: integer
+            // arithmetic on accumulator bits would serialize the wgmma pipeline)
+            g[j] = E::pair_from_floats(acc(make_coord(0, v1, c + j), mi, 0),
+                                       acc(make_coord(1, v1, c + j), mi, 0));
+            u[j] = E::pair_from_floats(acc(make_coord(0, v1, c + j + kHalf), mi, 0),
+                                       acc(make_coord(1, v1, c + j + kHalf), mi, 0));
+            S hv[2];
+            CUTE_UNROLL
+            for (int v0 = 0; v0 < 2; ++v0) {
+              const float gf = E::to_float(static_cast<S>(g[j] >> (16 * v0)));
+              const float uf = E::to_float(static_cast<S>(u[j] >> (16 * v0)));
+              hv[v0] = E::from_float(weighted_swiglu_fwd_elem(gf, uf) * w);
+            }
+            h[j] = uint32_t(hv[0]) | (uint32_t(hv[1]) << 16);
           }
-          const int64_t col = col0 + n;  // even: pairs are 4-byte aligned
-          *reinterpret_cast<uint32_t*>(out + row * F + col) = pack(h);
+          quad_transpose(h, q);
+          // this lane's 8 columns: group c + q of the half (column 8 (c + q) of the tile's half)
+          const int64_t col = col0 + get<1>(coords(make_coord(0, v1, c + q), mi, 0)) - 2 * q;
+          if (live) store16(out + row * F + col, h);
           if (gate_up != nullptr) {
-            *reinterpret_cast<uint32_t*>(gate_up + row * 2 * F + col) = pack(g);
-            *reinterpret_cast<uint32_t*>(gate_up + row * 2 * F + F + col) = pack(u);
+            quad_transpose(g, q);
+            quad_transpose(u, q);
+            if (live) {
+              store16(gate_up + row * 2 * F + col, g);
+              store16(gate_up + row * 2 * F + F + col, u);
+            }
           }
         }
       }
     }
   }
-  static __device__ __forceinline__ uint32_t pack(const S (&v)[2]) {
-    return uint32_t(v[0]) | (uint32_t(v[1]) << 16);
+  static __device__ __forceinline__ void store16(S* p, const uint32_t (&v)[4]) {
+    *reinterpret_cast<uint4*>(p) = make_uint4(v[0], v[1], v[2], v[3]);
   }
 };
 
