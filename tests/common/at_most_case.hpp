@@ -13,9 +13,11 @@
 #include <limits>
 #include <string>
 
+#include "common/ep_harness.hpp"
 #include "common/gemm_case.hpp"
 #include "common/test_util.hpp"
 #include "groupmm/dbias.hpp"
+#include "groupmm/ep.hpp"
 #include "groupmm/gemm.hpp"
 #include "groupmm/moe.hpp"
 #include "groupmm/quantize.hpp"
@@ -359,6 +361,52 @@ inline void check_quantized_gemm(Device d, QuantRecipe r, const Shape& sh, doubl
 // The split shapes of the quantized GEMM cases: FP8 wgrad needs multiples of 16.
 inline std::vector<Shape> gemm_shapes() {
   return {{{128, 0, 256, 16, 0, 64}, 300}, {{0, 0, 0, 0, 0, 208}, 77}, {{0, 0, 0}, 48}};
+}
+
+// ---- the capacity plan
+// ---------------------------------------------------------------------------
+
+// The capacity plan's splits_at_most (R = 2 ranks as threads): the experts' entries, equal to
+// splits but in the last expert, which also counts the zero tail; entry_splits() picks them, and
+// throughput mode's entry_splits() are its splits.
+inline void check_capacity_plan_splits(Device d) {
+  const int R = 2;
+  cudaStream_t s = nullptr;
+  if (d == Device::CUDA) GROUPMM_CHECK_CUDA(cudaStreamCreate(&s));
+  ep_harness::run_ranks(
+      R,
+      [&](int rank, ep::InProcessTransport& tr) {
+        Context ctx(d, s);
+        const ep::EpConfig cfg{8, R, 16, 2};
+        const int64_t T = 6;
+        std::vector<int32_t> ids(size_t(T * 2));  // fits the budget: no drop
+        for (int64_t i = 0; i < T * 2; ++i) ids[size_t(i)] = int32_t((i * 5 + rank) % 8);
+        Tensor idv = clone_to(host_view(ids, DType::int32, {T, 2}), d, s);
+        ep::EpPlan p = ep::ep_capacity_plan_create(ctx, tr, cfg, ep::EpCapacity{T, 0}, T,
+                                                   DType::bf16);  // rows = R * C_e = 24
+        ep::ep_capacity_plan(ctx, tr, idv, p);
+        EXPECT_EQ(p.entry_splits().data, p.splits_at_most.data());
+        const std::vector<uint8_t> sb = bytes_of(p.splits), ab = bytes_of(p.splits_at_most);
+        std::vector<int32_t> sp(size_t(p.local_experts)), at(size_t(p.local_experts));
+        std::memcpy(sp.data(), sb.data(), sb.size());
+        std::memcpy(at.data(), ab.data(), ab.size());
+        int64_t sum = 0;
+        for (int64_t e = 0; e < p.local_experts; ++e) {
+          sum += at[size_t(e)];
+          if (e + 1 < p.local_experts) EXPECT_EQ(at[size_t(e)], sp[size_t(e)]);
+        }
+        int64_t want = 0;  // the entries of every rank naming this rank's experts
+        for (int q = 0; q < R; ++q)
+          for (int64_t i = 0; i < T * 2; ++i) want += (i * 5 + q) % 8 / 4 == rank;
+        EXPECT_EQ(sum, want);
+        EXPECT_LT(sum, p.rows);
+        EXPECT_EQ(sp.back(), at.back() + (p.rows - sum));
+        ep::EpPlan t = ep::ep_dispatch_plan(ctx, tr, cfg, idv);
+        EXPECT_EQ(t.entry_splits().data, t.splits.data());
+        EXPECT_EQ(ctx.take_status().bits, 0u);
+      },
+      d, s);
+  if (s != nullptr) cudaStreamDestroy(s);
 }
 
 }  // namespace groupmm::test::at_most

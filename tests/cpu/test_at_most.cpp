@@ -4,8 +4,6 @@
 // the rows past the sum poisoned; sums past the rows reported. The capacity-mode plan's
 // splits_at_most. nn::MoE's capacity mode, which runs on them, is test_moe_ep.cpp's.
 #include "common/at_most_case.hpp"
-#include "common/ep_harness.hpp"
-#include "groupmm/ep.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
 
 namespace groupmm::test {
@@ -109,32 +107,8 @@ TEST(AtMostCpu, GroupedLinearRunsTheExpertsRowsOnly) {
   }
 }
 
-// The capacity plan's splits_at_most: the experts' entries, the tail only in splits' last entry;
-// throughput mode's entry_splits are its splits.
 TEST(AtMostCpu, CapacityPlanSplitsLeaveTheTailOut) {
-  const int R = 2;
-  ep::run_in_process_group("AtMostCpu", R, Device::CPU, nullptr, [&](ep::InProcessTransport& tr) {
-    Context ctx(Device::CPU);
-    const ep::EpConfig cfg{8, R, 16, 2};
-    const int64_t T = 6;
-    std::vector<int32_t> ids(size_t(T * 2));
-    for (int64_t i = 0; i < T * 2; ++i) ids[size_t(i)] = int32_t((i * 5 + tr.rank()) % 8);
-    const TensorView idv = host_view(ids, DType::int32, {T, 2});
-    ep::EpPlan p = ep::ep_capacity_plan_create(ctx, tr, cfg, ep::EpCapacity{T, 0}, T, DType::bf16);
-    ep::ep_capacity_plan(ctx, tr, idv, p);
-    const int32_t* s = p.splits.ptr<int32_t>();
-    const int32_t* a = p.splits_at_most.ptr<int32_t>();
-    int64_t sum = 0;
-    for (int64_t e = 0; e < p.local_experts; ++e) {
-      sum += a[e];
-      if (e + 1 < p.local_experts) EXPECT_EQ(a[e], s[e]);
-    }
-    EXPECT_LT(sum, p.rows);  // R * C_e = 24 rows of budget, 12 entries sent in all
-    EXPECT_EQ(s[p.local_experts - 1], a[p.local_experts - 1] + (p.rows - sum));
-    EXPECT_EQ(p.entry_splits().data, p.splits_at_most.data());
-    ep::EpPlan t = ep::ep_dispatch_plan(ctx, tr, cfg, idv);
-    EXPECT_EQ(t.entry_splits().data, t.splits.data());
-  });
+  check_capacity_plan_splits(Device::CPU);
 }
 
 }  // namespace
