@@ -189,6 +189,14 @@ struct GroupedTensor {
 // Device status word: how kernels report faults in device-side data (splits) without a sync
 // ================================================================================================
 
+// What sum(splits) may be for an op over a row buffer of M rows: exactly M (the default: a short
+// sum is kFaultSplitsTotalMismatch), or at most M (an op that takes a SplitsTotal neither reads
+// nor writes the rows past the sum, unless its header names an output it must write there; a sum
+// above M is still kFaultSplitsOverflow + kFaultSplitsTotalMismatch). at_most serves buffers sized
+// for a bound, such as expert-parallel capacity mode's (ep.hpp), whose tail belongs to no expert.
+enum class SplitsTotal : uint8_t { exact, at_most };
+const char* splits_total_name(SplitsTotal t);
+
 // The split faults are those of the splits rule (offsets.hpp), which every op follows.
 enum FaultBits : uint32_t {
   kFaultNegativeSplit = 1u << 0,        // a split was < 0 (treated as 0)

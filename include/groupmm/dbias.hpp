@@ -25,12 +25,21 @@ namespace groupmm {
 // Faults: the splits rule of offsets.hpp with M = dy.shape[0] (negative -> 0, ranges past M cut
 // short, a sum other than M reported), against OpId::group_dbias.
 //
+// total (SplitsTotal, core.hpp): exact (the default) or at_most: sum(splits) <= M, the dy rows
+// past the sum are not read (they belong to no expert) and a short sum is no fault; a sum above M
+// is still reported (kFaultSplitsOverflow + kFaultSplitsTotalMismatch). db is [G, N] and is
+// written as with exact splits. On the rows the experts own, the result is exact mode's bit for
+// bit (the same per-expert tiles and order).
+//
 // Graph safe on CUDA: three launches (per-expert plan, per-tile column sums, per-expert sums), no
 // host read of splits, no sync; the workspace comes from the argument or the Context (reserve
 // group_dbias_workspace_size() before capture). Any N, G >= 1; 16-byte aligned dy with N a
 // multiple of 16/sizeof(dtype) takes the vectorized path. Minimum SM: sm_90 (CUDA); CPU anywhere.
 void group_dbias(Context& ctx, const TensorView& dy, const TensorView& splits, const TensorView& db,
                  bool accumulate = false, void* workspace = nullptr, size_t workspace_bytes = 0);
+void group_dbias(Context& ctx, const TensorView& dy, const TensorView& splits, const TensorView& db,
+                 bool accumulate, SplitsTotal total, void* workspace = nullptr,
+                 size_t workspace_bytes = 0);
 
 // Workspace bytes group_dbias needs for M rows, N columns and G groups (0 on a CPU context).
 size_t group_dbias_workspace_size(const Context& ctx, int64_t M, int64_t N, int64_t G);

@@ -64,8 +64,12 @@
 //   value = the rows that peer needed, or the entries when the rows fit); Context::check() throws
 //   it. The expert-grouped buffer has plan.rows = R * C_e rows; the rows past the last local
 //   expert's are zero and counted in splits[E_l - 1], so sum(splits) == rows (the grouped GEMM's
-//   contract, as moe_permute's tail). When nothing overflows, every output equals throughput
-//   mode's bit for bit (xg's first sum(entries) rows and all of y, dx, d_weights).
+//   contract, as moe_permute's tail). plan.splits_at_most holds the same splits without the tail
+//   (plan.entry_splits()): the splits of the expert MLP's ops in their SplitsTotal::at_most mode
+//   (grouped GEMMs, the quantizers, weighted SwiGLU, dbias), which then neither read nor write
+//   the tail, so the experts compute the rows received only, whatever the capacity (nn::MoE does
+//   this). When nothing overflows, every output equals throughput mode's bit for bit (xg's first
+//   sum(entries) rows and all of y, dx, d_weights).
 //
 // Backends: the CPU backend (Device::CPU contexts, host memory, a host transport) is the
 // reference; the CUDA backend (sm_90) runs on a CUDA Context with a transport whose buffers live on
@@ -209,6 +213,14 @@ struct EpPlan {
   int64_t local_experts = 0;  // E_l = E / R
   int64_t rows = 0;  // rows of the expert-grouped buffer: exact (throughput) or R * C_e (capacity)
   Tensor splits;     // [E_l] int32: rows of each local expert in the grouped buffer
+  // Capacity mode only: [E_l] int32, the rows of each local expert that hold entries, without
+  // the zero tail: sum <= rows (splits_at_most[e] == splits[e] except in the last expert). The
+  // splits of ops run with SplitsTotal::at_most, which neither read nor write the tail.
+  Tensor splits_at_most;
+  // The splits that cover only the rows holding entries: splits_at_most in capacity mode, splits
+  // in throughput mode (whose buffer has no tail). For SplitsTotal::at_most ops over the grouped
+  // buffer; equal to splits wherever sum(splits) == rows.
+  TensorView entry_splits() const;
   std::vector<int64_t> splits_host;  // throughput mode: the same on the host (capacity: empty)
   // Routes, per peer (host, [R] each; offsets in rows or entries of the staging buffers). Forward
   // (home -> expert): token rows. Back (expert -> home): (token, slot) entries. Capacity mode: the

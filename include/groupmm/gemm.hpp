@@ -52,10 +52,8 @@ namespace groupmm {
 enum class GemmPass : uint8_t { forward, dgrad, wgrad };
 const char* gemm_pass_name(GemmPass p);
 
-// What sum(splits) may be: exactly M_total (the default), or at most M_total (rows past the sum
-// are not part of any expert; see "Splits short of M_total" above).
-enum class SplitsTotal : uint8_t { exact, at_most };
-const char* splits_total_name(SplitsTotal t);
+// SplitsTotal (core.hpp): what sum(splits) may be, exactly M_total (the default) or at most
+// M_total (see "Splits short of M_total" above).
 
 enum class GemmEngine : uint8_t {
   automatic,     // cutlass_sm90 on a CUDA context, reference on a CPU context
@@ -170,6 +168,12 @@ struct QuantizedGemmArgs {
   float beta = 0.0f;        // wgrad only: 0 or 1 (1 = accumulate into an fp32 out)
   bool fast_accum = false;  // fp8_current forward only: no periodic fp32 promotion
   GemmEngine engine = GemmEngine::automatic;  // automatic, cutlass_sm90 (CUDA), reference (CPU)
+  // As GroupedGemmArgs::splits_total: at_most lets sum(splits) stop short of M_total; the
+  // operands' rows past the sum (a's rowwise rows, the columnwise copies' columns past it) are
+  // not read and out's rows past it (forward, dgrad) are not written. The operands must have been
+  // quantized with the same splits (GroupQuantizeArgs::splits_total = at_most leaves those rows
+  // unwritten). No zero_tail here. FP8 wgrad's split_multiple rule applies to each split as is.
+  SplitsTotal splits_total = SplitsTotal::exact;
   std::string config;  // cutlass_sm90 kernel name; empty = heuristic; "@along_m|n" as above
   std::string to_string() const;
 };

@@ -237,6 +237,16 @@ void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const Tensor
 // Everything else (dtypes, the CUDA sigmoid, agreement with the CPU, dprob's order, aliasing,
 // vectorization: I a multiple of 16/sizeof(dtype) in either layout) as weighted_swiglu; graph
 // safe, one launch per direction.
+//
+// splits (optional, both directions): [G] int32|int64 row counts on the Context's device (host
+// memory on a CPU context), the experts' rows of a buffer whose tail belongs to no expert (expert
+// parallelism's capacity mode, ep.hpp; with SplitsTotal::at_most GEMMs around it). Only the rows
+// [0, S), S = sum(splits) (negative splits count as 0), are computed: the rows past S of gate_up,
+// prob and dout are not read, and those of out, dgate_up and dprob are not written. S <= M is the
+// contract; a sum above M computes the M rows and reports kFaultSplitsOverflow (at the first
+// expert that crosses M) and kFaultSplitsTotalMismatch (value: the sum) against weighted_swiglu;
+// a negative split reports kFaultNegativeSplit. The sum is read on the device (graph safe; no
+// host read). Rows [0, S) are bit for bit those of the call without splits. Absent: every row.
 enum class SwigluLayout : uint8_t { halves, interleaved };
 const char* swiglu_layout_name(SwigluLayout l);
 struct SwigluForm {
@@ -249,10 +259,12 @@ struct SwigluForm {
   std::string to_string() const;
 };
 void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
-                             const TensorView& out, const SwigluForm& form);
+                             const TensorView& out, const SwigluForm& form,
+                             const TensorView& splits = TensorView());
 void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
                               const TensorView& prob, const TensorView& dgate_up,
-                              const TensorView& dprob, const SwigluForm& form);
+                              const TensorView& dprob, const SwigluForm& form,
+                              const TensorView& splits = TensorView());
 
 // ================================================================================================
 // The fused gate_up projection: gathered x, the weighted SwiGLU in the GEMM's epilogue

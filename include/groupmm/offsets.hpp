@@ -14,7 +14,7 @@ namespace groupmm {
 //   - start_g = min(sum_{j<g} m_j, M) and rows_g = min(m_g, M - start_g): an expert that runs
 //     past row M is cut short there, the experts after it get no rows     (kFaultSplitsOverflow);
 //   - a sum of the m_g other than M                                 (kFaultSplitsTotalMismatch);
-//     grouped_gemm with SplitsTotal::at_most (gemm.hpp): only a sum above M.
+//     ops with SplitsTotal::at_most (core.hpp) and weighted_swiglu's splits: only a sum above M.
 // Rows past the last expert's range are left unwritten. group_offsets has no row buffer: it
 // applies the rule with M unbounded and checks the sum against expected_total when one is given.
 

@@ -208,6 +208,14 @@ QuantizedBuffers allocate_quantized(const QuantizedShapes& s, Device d,
 struct GroupQuantizeArgs {
   TensorView input;   // [M, K] activations or [G, N, K] weights; bf16/fp16/fp32
   TensorView splits;  // [G] int32/int64 row counts (device); absent for weights
+  // exact: sum(splits) == M (a short sum is kFaultSplitsTotalMismatch). at_most (activations
+  // only): sum(splits) <= M; the input rows past the sum are not read and the outputs' rows past
+  // it are not written (data, columnwise data, plain 1xB rowwise scales), a short sum is no fault.
+  // The scale buffers' slack is written 0 as always ("Layouts"; with at_most it also covers the
+  // block rows the missing rows would have had), and amax / global_scale per expert as always.
+  // On the rows the experts own, every output byte is exact mode's over a buffer of sum(splits)
+  // rows. A sum above M is reported as in exact mode.
+  SplitsTotal splits_total = SplitsTotal::exact;
   QuantizeConfig config;
   // Outputs (caller-provided, at least group_quantize_shapes() elements, dtypes as given there):
   // out.data / out.scale_inv when rowwise, out.columnwise_data / out.columnwise_scale_inv when
@@ -244,6 +252,9 @@ struct GroupDequantizeArgs {
   QuantizeConfig config;
   bool from_columnwise = false;  // read the columnwise copy instead of the rowwise one
   TensorView out;                // [M, K] or [G, N, K], bf16/fp16/fp32, un-transposed
+  // at_most (activations only; GroupQuantizeArgs::splits_total): sum(in.splits) <= M, the rows
+  // past the sum neither read nor written (out rows past it stay as they were).
+  SplitsTotal splits_total = SplitsTotal::exact;
   std::string to_string() const;
 };
 // out = dequantized values (rows past sum(splits) unwritten). Graph safe as group_quantize.

@@ -27,6 +27,10 @@ std::string EpPlan::to_string() const {
                               ", rows=", rows, ")");
 }
 
+TensorView EpPlan::entry_splits() const {
+  return mode == EpMode::capacity ? splits_at_most.view() : splits.view();
+}
+
 float ep_dot_order(const float* a, const float* b, int64_t n) {
   float part[detail::kDotLanes];
   const auto av = [a](int64_t h) { return a[h]; };
@@ -97,7 +101,7 @@ void plan(const char* op, const Context& ctx, const EpPlan& p, const Transport& 
             p.slot_entry.numel() == p.tokens * p.cfg.topk;
   if (p.mode == EpMode::capacity)
     ok = ok && p.stage_send.view().present() && p.stage_row_bytes > 0 &&
-         p.meta_send.view().device == ctx.device();
+         p.meta_send.view().device == ctx.device() && p.splits_at_most.numel() == p.local_experts;
   GROUPMM_CHECK(ok, op, ": plan is inconsistent or was built for another Context (", p.to_string(),
                 "); build it with ep_dispatch_plan or ep_capacity_plan_create");
 }
@@ -172,6 +176,7 @@ EpPlan ep_capacity_plan_create(Context& ctx, const Transport& tr, const EpConfig
     return Tensor::empty({std::max<int64_t>(n, 1)}, DType::int32, d, ctx.stream());
   };
   p.splits = Tensor::empty({El}, DType::int32, d, ctx.stream());
+  p.splits_at_most = Tensor::empty({El}, DType::int32, d, ctx.stream());
   p.send_token = ints(R * C);
   p.grouped_entry = Tensor::empty({p.rows}, DType::int32, d, ctx.stream());
   p.back_grouped = ints(R * Ce);

@@ -46,7 +46,8 @@ void zero_rows_past_splits(const TensorView& splits, const TensorView& out);
 void grouped_gemm_dequantized(Context& ctx, GemmPass pass, const std::vector<float>& a,
                               const std::vector<float>& b, const TensorView& splits,
                               const GemmDims& dims, float alpha, float beta, const TensorView& bias,
-                              const TensorView& out, int64_t wgrad_row_multiple);
+                              const TensorView& out, int64_t wgrad_row_multiple,
+                              bool splits_at_most);
 }  // namespace groupmm::cpu
 
 namespace groupmm::cuda {

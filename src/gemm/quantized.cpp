@@ -201,6 +201,7 @@ GemmLaunch fp8_launch(const QuantizedGemmArgs& a, const Resolved& r) {
   l.scale_a = r.a.scales.ptr<const float>();
   l.scale_b = r.b.scales.ptr<const float>();
   l.config = a.config;
+  l.splits_at_most = a.splits_total == SplitsTotal::at_most;
   return l;
 }
 
@@ -228,6 +229,7 @@ DequantPlan dequant_plan(const QuantizedGemmArgs& q, const Resolved& r, void* ba
                   const TensorView& out, bool weight) {
     dq.in = t;
     dq.in.splits = weight ? TensorView() : q.splits;
+    dq.splits_total = weight ? SplitsTotal::exact : q.splits_total;
     dq.config = quantize_config_of(t);
     dq.from_columnwise = c.columnwise;
     dq.out = out;
@@ -243,6 +245,7 @@ DequantPlan dequant_plan(const QuantizedGemmArgs& q, const Resolved& r, void* ba
   g.bias = q.bias;
   g.alpha = q.alpha;
   g.beta = q.beta;
+  g.splits_total = q.splits_total;
   g.engine = GemmEngine::cutlass_sm90;
   return p;
 }
@@ -270,6 +273,7 @@ std::string QuantizedGemmArgs::to_string() const {
       "QuantizedGemmArgs(pass=", gemm_pass_name(pass), ", a=", a.to_string(), ", b=", b.to_string(),
       ", out=", out.to_string(), ", splits=", splits.to_string(), ", bias=", bias.to_string(),
       ", alpha=", alpha, ", beta=", beta, fast_accum ? ", fast_accum" : "",
+      splits_total == SplitsTotal::at_most ? ", splits_total=at_most" : "",
       ", engine=", gemm_engine_name(engine), config.empty() ? "" : ", config=" + config, ")");
 }
 
@@ -301,7 +305,8 @@ void grouped_gemm(Context& ctx, const QuantizedGemmArgs& args, void* workspace, 
     group_dequantize(quiet, da);
     group_dequantize(quiet, db);
     cpu::grouped_gemm_dequantized(ctx, args.pass, A, B, args.splits, r.d, args.alpha, args.beta,
-                                  args.bias, args.out, recipe_traits(args.a.recipe).split_multiple);
+                                  args.bias, args.out, recipe_traits(args.a.recipe).split_multiple,
+                                  args.splits_total == SplitsTotal::at_most);
   } else if (use_fp8_kernels(ctx, args)) {
     cuda::cutlass_grouped_gemm(ctx, fp8_launch(args, r), workspace, ws_bytes);
   } else {

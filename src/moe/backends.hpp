@@ -35,7 +35,8 @@ void check_permute_map(const Context& ctx, const char* op, const PermuteMap& m);
 //     tail rows 0 (moe_permute, moe_unpermute_backward);
 //   moe_gather_rows: dst[t] = sum_j src[dest_row[t, j]] + add[t] (+ d_weights[t, j] =
 //     d_probs[dest]) (moe_unpermute, moe_permute_backward);
-//   weighted_swiglu_forward / _backward (any SwigluForm; the plain one on its own path);
+//   weighted_swiglu_forward / _backward (any SwigluForm; the plain one on its own path; splits
+//     absent: every row, else the rows [0, sum) only, moe.hpp);
 //   moe_gate_up_swiglu (the fused projection: CPU composes the unfused ops, CUDA runs the kernel
 //     layer's gathered GEMM) and moe_permute_sources (dest_row's inverse and the row probs).
 #define GROUPMM_MOE_ROW_OPS(ENTRY)                                                               \
@@ -47,13 +48,14 @@ void check_permute_map(const Context& ctx, const char* op, const PermuteMap& m);
                              const TensorView& d_probs, const TensorView& d_weights);            \
   ENTRY void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up,                    \
                                      const TensorView& prob, const TensorView& out,              \
-                                     const SwigluForm& form);                                    \
+                                     const SwigluForm& form, const TensorView& splits);          \
   ENTRY void moe_gate_up_swiglu(Context& ctx, const MoeGateUpArgs& args);                        \
   ENTRY void moe_permute_sources(Context& ctx, const PermuteMap& map, const TensorView& src_row, \
                                  const TensorView& weights, const TensorView& probs);            \
-  ENTRY void weighted_swiglu_backward(                                                           \
-      Context& ctx, const TensorView& dout, const TensorView& gate_up, const TensorView& prob,   \
-      const TensorView& dgate_up, const TensorView& dprob, const SwigluForm& form);
+  ENTRY void weighted_swiglu_backward(Context& ctx, const TensorView& dout,                      \
+                                      const TensorView& gate_up, const TensorView& prob,         \
+                                      const TensorView& dgate_up, const TensorView& dprob,       \
+                                      const SwigluForm& form, const TensorView& splits);
 
 namespace groupmm::cpu {
 void moe_router_logits(Context& ctx, const TensorView& x, const TensorView& w,

@@ -48,26 +48,37 @@ void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const Tensor
   weighted_swiglu_backward(ctx, dout, gate_up, prob, dgate_up, dprob, SwigluForm{});
 }
 
+// The optional splits of the at-most mode: [G >= 1] int32|int64 on the context's device.
+static void check_rows_splits(const Context& ctx, const char* op, const TensorView& splits) {
+  if (!splits.present()) return;
+  check_splits(op, splits, -1, ctx.device());
+  GROUPMM_CHECK(splits.dim(0) >= 1, op, ": splits.shape[0]=", splits.dim(0), " must be >= 1");
+}
+
 void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
-                             const TensorView& out, const SwigluForm& form) {
+                             const TensorView& out, const SwigluForm& form,
+                             const TensorView& splits) {
   const char* op = "weighted_swiglu_forward";
   check_form(op, form);
+  check_rows_splits(ctx, op, splits);
   check_swiglu_pair(ctx, op, gate_up, out, "out");
   check_prob(ctx, op, "prob", prob, gate_up.dim(0));
   GROUPMM_CHECK(!views_overlap(out, gate_up) && !views_overlap(out, prob), op,
                 ": out may not alias gate_up or prob");
   if (ctx.device() == Device::CPU)
-    cpu::weighted_swiglu_forward(ctx, gate_up, prob, out, form);
+    cpu::weighted_swiglu_forward(ctx, gate_up, prob, out, form, splits);
   else
-    cuda::weighted_swiglu_forward(ctx, gate_up, prob, out, form);
+    cuda::weighted_swiglu_forward(ctx, gate_up, prob, out, form, splits);
   ctx.after_op();
 }
 
 void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
                               const TensorView& prob, const TensorView& dgate_up,
-                              const TensorView& dprob, const SwigluForm& form) {
+                              const TensorView& dprob, const SwigluForm& form,
+                              const TensorView& splits) {
   const char* op = "weighted_swiglu_backward";
   check_form(op, form);
+  check_rows_splits(ctx, op, splits);
   check_swiglu_pair(ctx, op, gate_up, dout, "dout");
   check_prob(ctx, op, "prob", prob, gate_up.dim(0));
   check_prob(ctx, op, "dprob", dprob, gate_up.dim(0));
@@ -80,9 +91,9 @@ void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const Tensor
         ": dgate_up and dprob may not alias gate_up, dout or prob");
   GROUPMM_CHECK(!views_overlap(dgate_up, dprob), op, ": dgate_up may not alias dprob");
   if (ctx.device() == Device::CPU)
-    cpu::weighted_swiglu_backward(ctx, dout, gate_up, prob, dgate_up, dprob, form);
+    cpu::weighted_swiglu_backward(ctx, dout, gate_up, prob, dgate_up, dprob, form, splits);
   else
-    cuda::weighted_swiglu_backward(ctx, dout, gate_up, prob, dgate_up, dprob, form);
+    cuda::weighted_swiglu_backward(ctx, dout, gate_up, prob, dgate_up, dprob, form, splits);
   ctx.after_op();
 }
 

@@ -18,6 +18,7 @@ std::string GroupedLinearConfig::to_string() const {
      << ", delay_wgrad=" << (delay_wgrad ? "true" : "false")
      << ", main_grad=" << (accumulate_into_main_grad ? "true" : "false")
      << ", max_tokens=" << max_tokens << ", seed=" << seed
+     << (splits_total == SplitsTotal::at_most ? ", splits_total=at_most" : "")
      << ", recipe=" << (recipe ? recipe->name() : std::string("default")) << ")";
   return os.str();
 }
@@ -29,7 +30,7 @@ namespace {
 
 class HighPrecisionExecutor final : public LinearExecutor {
  public:
-  explicit HighPrecisionExecutor(GemmEngine e) : engine_(e) {}
+  HighPrecisionExecutor(GemmEngine e, SplitsTotal total) : engine_(e), total_(total) {}
 
   size_t workspace_bytes(const Context& ctx, const LinearPassViews& v) const override {
     size_t need = 0;
@@ -62,7 +63,7 @@ class HighPrecisionExecutor final : public LinearExecutor {
     GroupedGemmArgs a = args(GemmPass::wgrad, dy, x, dw, splits);
     a.beta = accumulate ? 1.0f : 0.0f;
     grouped_gemm(ctx, a);
-    if (db.present()) group_dbias(ctx, dy, splits, db, accumulate);
+    if (db.present()) group_dbias(ctx, dy, splits, db, accumulate, total_);
   }
 
  private:
@@ -77,9 +78,11 @@ class HighPrecisionExecutor final : public LinearExecutor {
     g.splits = splits;
     g.bias = bias;
     g.engine = engine_;
+    g.splits_total = total_;
     return g;
   }
   GemmEngine engine_;
+  SplitsTotal total_;
 };
 
 class HighPrecisionRecipe final : public LinearRecipe {
@@ -101,7 +104,9 @@ class HighPrecisionRecipe final : public LinearRecipe {
                   ": engine cannot run on a ", device_name(ctx.device()), " context");
     GROUPMM_CHECK(!(cfg.bias && engine_ == GemmEngine::cublas_loop), name(),
                   ": the cublas_loop engine does not apply bias");
-    return std::make_unique<HighPrecisionExecutor>(engine_);
+    GROUPMM_CHECK(engine_ != GemmEngine::cublas_loop || cfg.splits_total == SplitsTotal::exact,
+                  name(), ": splits_total=at_most needs the cutlass_sm90 or reference engine");
+    return std::make_unique<HighPrecisionExecutor>(engine_, cfg.splits_total);
   }
 
  private:

@@ -100,8 +100,16 @@ void check_config(const Context& ctx, const MoEConfig& c) {
       ": dtype=", dtype_name(c.dtype), " must be bf16 or fp16 (fp32 only on a CPU context)");
 }
 
+// Capacity mode's expert buffer is sized for the budget (R * C_e rows); the experts own only the
+// rows received, so the expert MLP runs with SplitsTotal::at_most over the plan's
+// splits_at_most and neither reads nor writes the tail.
+bool capacity_ep(const MoEConfig& c) {
+  return c.ep.enabled() && c.ep.mode == ep::EpMode::capacity;
+}
+
 GroupedLinearConfig linear(const MoEConfig& c, int64_t G, int64_t K, int64_t N, int64_t rows,
-                           uint64_t which) {
+                           uint64_t which, bool experts) {
+  const SplitsTotal total = experts && capacity_ep(c) ? SplitsTotal::at_most : SplitsTotal::exact;
   return GroupedLinearConfig{.experts = G,
                              .in_features = K,
                              .out_features = N,
@@ -111,7 +119,8 @@ GroupedLinearConfig linear(const MoEConfig& c, int64_t G, int64_t K, int64_t N, 
                              .accumulate_into_main_grad = c.accumulate_into_main_grad,
                              .max_tokens = rows,
                              .seed = c.seed * 8 + which,
-                             .recipe = c.recipe};
+                             .recipe = c.recipe,
+                             .splits_total = total};
 }
 
 }  // namespace
@@ -123,11 +132,11 @@ MoE::MoE(Context& ctx, const MoEConfig& cfg) : cfg_(cfg), device_(ctx.device()) 
   const int64_t H = cfg.hidden, F = cfg.ffn_hidden, E = cfg.experts, k = cfg.topk;
   const int64_t T = cfg.max_tokens, Fs = cfg.shared_ffn_hidden;
   const int64_t R = expert_rows_bound(), El = local_experts();
-  gate_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, El, H, 2 * F, R, 1));
-  down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, El, F, H, R, 2));
+  gate_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, El, H, 2 * F, R, 1, true));
+  down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, El, F, H, R, 2, true));
   if (Fs > 0) {
-    shared_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, H, 2 * Fs, T, 3));
-    shared_down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, Fs, H, T, 4));
+    shared_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, H, 2 * Fs, T, 3, false));
+    shared_down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, Fs, H, T, 4, false));
   }
   cudaStream_t s = ctx.stream();
   const Device d = device_;
@@ -312,7 +321,7 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
       ep::ep_capacity_plan(ctx, transport(), ra.expert_ids, *plan_);
     }
     rows_ = plan_->rows;
-    splits_ = plan_->splits.view();
+    splits_ = plan_->entry_splits();  // capacity mode: without the tail (the layers' at_most)
     GROUPMM_CHECK(rows_ <= expert_rows_bound(), op, ": this rank received ", rows_,
                   " expert rows, more than ep.max_rows=", expert_rows_bound(),
                   " (raise ep.max_rows)");
@@ -332,7 +341,8 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
   gu_ = gate_up_->forward(ctx, xp, splits_);
   stage(MoEStage::gate_up, false);
   const TensorView h = rows_view(h_, R, cfg_.ffn_hidden, t);
-  weighted_swiglu_forward(ctx, gu_, probs, h);
+  weighted_swiglu_forward(ctx, gu_, probs, h, SwigluForm{},
+                          capacity_ep(cfg_) ? splits_ : TensorView());
   stage(MoEStage::activation, false);
   const TensorView yp = down_->forward(ctx, h, splits_);
   stage(MoEStage::down, false);
@@ -381,7 +391,8 @@ TensorView MoE::backward(Context& ctx, const TensorView& dy) {
   const TensorView dgu = rows_view(dgu_, R, 2 * F, t);
   const TensorView probs = rows_view(probs_, R, 0, DType::fp32);
   const TensorView dprobs = rows_view(dprobs_, R, 0, DType::fp32);
-  weighted_swiglu_backward(ctx, dh, gu_, probs, dgu, dprobs);
+  weighted_swiglu_backward(ctx, dh, gu_, probs, dgu, dprobs, SwigluForm{},
+                           capacity_ep(cfg_) ? splits_ : TensorView());
   stage(MoEStage::activation, true);
   const TensorView dxp = gate_up_->backward(ctx, dgu);
   stage(MoEStage::gate_up, true);

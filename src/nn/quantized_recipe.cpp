@@ -42,10 +42,12 @@ struct QuantSlot {
     return t;
   }
 
-  GroupQuantizeArgs args(const TensorView& input, const TensorView& splits) const {
+  GroupQuantizeArgs args(const TensorView& input, const TensorView& splits,
+                         SplitsTotal total = SplitsTotal::exact) const {
     GroupQuantizeArgs a;
     a.input = input;
     a.splits = splits;
+    a.splits_total = splits.present() ? total : SplitsTotal::exact;
     a.config = cfg;
     const int64_t rows = splits.present() ? input.dim(0) : input.dim(0) * input.dim(1);
     a.out = view(rows, splits);
@@ -57,7 +59,9 @@ class QuantizedExecutor final : public LinearExecutor {
  public:
   QuantizedExecutor(Context& ctx, const GroupedLinearConfig& c, QuantRecipe r,
                     const QuantizedRecipeOptions& o)
-      : w_rows_(c.experts * c.out_features), fuse_dbias_(c.bias && !c.accumulate_into_main_grad) {
+      : w_rows_(c.experts * c.out_features),
+        fuse_dbias_(c.bias && !c.accumulate_into_main_grad),
+        total_(c.splits_total) {
     QuantizeConfig base;
     base.recipe = r;
     base.pow2_scales = o.pow2_scales;
@@ -77,9 +81,10 @@ class QuantizedExecutor final : public LinearExecutor {
     size_t need = 0;
     for (const TensorView* s : {&v.splits32, &v.splits64}) {
       const int64_t T = v.x.dim(0);
-      need = std::max({need, group_quantize_workspace_size(ctx, x_.args(v.x, *s)),
-                       group_quantize_workspace_size(ctx, w_.args(v.w, TensorView())),
-                       group_quantize_workspace_size(ctx, dy_.args(v.dy, *s), fuse_dbias_)});
+      need =
+          std::max({need, group_quantize_workspace_size(ctx, x_.args(v.x, *s, total_)),
+                    group_quantize_workspace_size(ctx, w_.args(v.w, TensorView())),
+                    group_quantize_workspace_size(ctx, dy_.args(v.dy, *s, total_), fuse_dbias_)});
       need = std::max(need, grouped_gemm_workspace_size(ctx, gemm(GemmPass::forward, x_.view(T, *s),
                                                                   weights(), v.y, *s, v.bias)));
       need = std::max(need, grouped_gemm_workspace_size(
@@ -99,7 +104,7 @@ class QuantizedExecutor final : public LinearExecutor {
       group_quantize(ctx, w_.args(w, TensorView()));
       weights_valid_ = true;
     }
-    group_quantize(ctx, x_.args(x, splits));
+    group_quantize(ctx, x_.args(x, splits, total_));
     grouped_gemm(ctx,
                  gemm(GemmPass::forward, x_.view(x.dim(0), splits), weights(), y, splits, bias));
   }
@@ -107,9 +112,9 @@ class QuantizedExecutor final : public LinearExecutor {
   void dgrad(Context& ctx, const TensorView& dy, const TensorView&, const TensorView& splits,
              const TensorView& dx) override {
     if (fuse_dbias_) {
-      bgrad_group_quantize(ctx, dy_.args(dy, splits), db_);
+      bgrad_group_quantize(ctx, dy_.args(dy, splits, total_), db_);
     } else {
-      group_quantize(ctx, dy_.args(dy, splits));
+      group_quantize(ctx, dy_.args(dy, splits, total_));
     }
     grouped_gemm(ctx, gemm(GemmPass::dgrad, dy_.view(dy.dim(0), splits), weights(), dx, splits));
   }
@@ -124,7 +129,7 @@ class QuantizedExecutor final : public LinearExecutor {
     if (fuse_dbias_) {
       copy(db, db_, ctx.stream());  // computed with dy's quantization
     } else {
-      group_dbias(ctx, dy, splits, db, accumulate);
+      group_dbias(ctx, dy, splits, db, accumulate, total_);
     }
   }
 
@@ -133,10 +138,11 @@ class QuantizedExecutor final : public LinearExecutor {
  private:
   GroupedTensor weights() const { return w_.view(w_rows_, TensorView()); }
 
-  static QuantizedGemmArgs gemm(GemmPass pass, const GroupedTensor& a, const GroupedTensor& b,
-                                const TensorView& out, const TensorView& splits,
-                                const TensorView& bias = TensorView()) {
+  QuantizedGemmArgs gemm(GemmPass pass, const GroupedTensor& a, const GroupedTensor& b,
+                         const TensorView& out, const TensorView& splits,
+                         const TensorView& bias = TensorView()) const {
     QuantizedGemmArgs q;
+    q.splits_total = total_;
     q.pass = pass;
     q.a = a;
     q.b = b;
@@ -150,6 +156,7 @@ class QuantizedExecutor final : public LinearExecutor {
   int64_t w_rows_;  // G * N
   Tensor db_;       // dy's bias gradient from the fused quantization, until wgrad
   bool fuse_dbias_;
+  SplitsTotal total_;  // of the activations' quantizers, the GEMMs and dbias
   bool weights_valid_ = false;
 };
 

@@ -98,6 +98,9 @@ class W4Recipe final : public LinearRecipe {
                                                 const GroupedLinearConfig& cfg) const override {
     GROUPMM_CHECK(cfg.dtype == DType::bf16, name(), ": dtype=", dtype_name(cfg.dtype),
                   " must be bf16 (the 4-bit weight GEMM takes and writes bf16)");
+    GROUPMM_CHECK(
+        cfg.splits_total == SplitsTotal::exact, name(),
+        ": splits_total=at_most is not served (the 4-bit weight GEMM takes exact splits)");
     const RecipeTraits t = recipe_traits(recipe_);
     GROUPMM_CHECK(cfg.in_features % t.in_features_multiple == 0 &&
                       cfg.out_features % t.out_features_multiple == 0,

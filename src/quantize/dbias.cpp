@@ -31,9 +31,14 @@ size_t group_dbias_workspace_size(const Context& ctx, int64_t M, int64_t N, int6
 
 void group_dbias(Context& ctx, const TensorView& dy, const TensorView& splits, const TensorView& db,
                  bool accumulate, void* workspace, size_t ws_bytes) {
+  group_dbias(ctx, dy, splits, db, accumulate, SplitsTotal::exact, workspace, ws_bytes);
+}
+
+void group_dbias(Context& ctx, const TensorView& dy, const TensorView& splits, const TensorView& db,
+                 bool accumulate, SplitsTotal total, void* workspace, size_t ws_bytes) {
   validate_dbias(ctx, dy, splits, db, accumulate);
   if (ctx.device() == Device::CPU) {
-    cpu::group_dbias(ctx, dy, splits, db, accumulate);
+    cpu::group_dbias(ctx, dy, splits, db, accumulate, total);
   } else {
     const size_t need = cuda::group_dbias_workspace_size(dy.dim(0), dy.dim(1), db.dim(0));
     if (workspace == nullptr) {
@@ -42,7 +47,7 @@ void group_dbias(Context& ctx, const TensorView& dy, const TensorView& splits, c
     }
     GROUPMM_CHECK(ws_bytes >= need, "group_dbias: workspace_bytes=", ws_bytes, " must be >= ", need,
                   " (group_dbias_workspace_size)");
-    cuda::group_dbias(ctx, dy, splits, db, accumulate, workspace, ws_bytes);
+    cuda::group_dbias(ctx, dy, splits, db, accumulate, total, workspace, ws_bytes);
   }
   ctx.after_op();
 }

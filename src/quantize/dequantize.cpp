@@ -6,6 +6,7 @@ namespace groupmm {
 std::string GroupDequantizeArgs::to_string() const {
   return detail::cat("GroupDequantizeArgs(in=", in.to_string(), ", ", config.to_string(),
                      from_columnwise ? ", from columnwise" : ", from rowwise",
+                     splits_total == SplitsTotal::at_most ? ", splits_total=at_most" : "",
                      ", out=", out.to_string(), ")");
 }
 
@@ -25,6 +26,7 @@ static QuantProblem validate_dequantize(const Context& ctx, const GroupDequantiz
   GroupQuantizeArgs q;
   q.input = o;
   q.splits = a.in.splits;
+  q.splits_total = a.splits_total;
   q.config = a.config;
   q.config.direction = a.from_columnwise ? QuantDirection::columnwise : QuantDirection::rowwise;
   q.out = a.in;

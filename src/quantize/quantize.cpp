@@ -141,7 +141,8 @@ std::string QuantizedShapes::to_string() const {
 
 std::string GroupQuantizeArgs::to_string() const {
   return detail::cat("GroupQuantizeArgs(input=", input.to_string(), ", splits=", splits.to_string(),
-                     ", ", config.to_string(), ", out=", out.to_string(), ")");
+                     splits_total == SplitsTotal::at_most ? ", splits_total=at_most" : "", ", ",
+                     config.to_string(), ", out=", out.to_string(), ")");
 }
 
 static TensorSpec spec(DType t, int64_t a, int64_t b = -1) {
@@ -346,6 +347,8 @@ QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs&
     p.K = x.dim(2);
   }
   GROUPMM_CHECK(p.G >= 1, op, ": the number of groups G=", p.G, " must be >= 1");
+  GROUPMM_CHECK(a.splits_total == SplitsTotal::exact || a.splits.present(), op,
+                ": splits_total=at_most needs splits (weights have none)");
   GROUPMM_CHECK(x.data != nullptr || x.numel() == 0, op, ": ", iname, ".data is null");
   GROUPMM_CHECK(reinterpret_cast<uintptr_t>(x.data) % 16 == 0, op, ": ", iname,
                 ".data must be 16-byte aligned");

@@ -58,6 +58,13 @@ struct GroupedLinearConfig {
   uint64_t seed = 0;       // initialization (see GroupedLinear)
   // What the layer quantizes and which GEMM it calls; null = high_precision_recipe().
   std::shared_ptr<const LinearRecipe> recipe;
+  // exact: sum(splits) == M for every forward's x [M, K]. at_most: sum(splits) <= M, the rows past
+  // the sum belong to no expert: every op of the layer (the grouped GEMMs, the quantizers of the
+  // quantized recipes, dbias) runs with SplitsTotal::at_most, so those rows of x and dy are not
+  // read and those of y and dx are not written (they keep what the layer's buffers held); dW and
+  // db are the experts' rows' only. What expert parallelism's capacity mode uses (nn::MoE). The
+  // 4-bit weight recipes (inference) take exact only.
+  SplitsTotal splits_total = SplitsTotal::exact;
   std::string to_string() const;
 };
 

@@ -46,6 +46,11 @@
 // here are this rank's tokens' share (sum them over the ranks, as data parallelism does; equal to
 // the one-rank grads up to fp32 summation order). aux_loss and z_loss are over this rank's tokens
 // (the aux loss's counts too). delay_wgrad and accumulate_into_main_grad work as without EP.
+// Capacity mode computes the rows received only: the local experts' GroupedLinear layers are
+// built with SplitsTotal::at_most and run, like weighted_swiglu, over the plan's splits_at_most,
+// so the tail of the R * C_e grouped rows is neither read nor written by the expert MLP (its
+// cost is that of the exchanged rows, whatever the capacity; the dispatch still writes the tail
+// as zero rows and the combine backward writes it as zero gradients, their contracts).
 // Restrictions: capacity_factor 0 and pad_align 1 (EP's capacity is ep.capacity, and the grouped
 // rows come unpadded: recipes whose wgrad needs aligned splits are not served yet), E divisible by
 // R. Capacity mode is graph safe (the plan is allocated at construction for max_tokens tokens and
@@ -73,7 +78,8 @@ struct MoEExpertParallel {
   ep::Transport* transport = nullptr;
   ep::EpMode mode = ep::EpMode::throughput;
   // Capacity mode: the per-(home rank, expert rank) bounds (every rank the same); overflow is
-  // dropped and reported as kFaultEpCapacity (ep.hpp). The grouped rows are R * C_e.
+  // dropped and reported as kFaultEpCapacity (ep.hpp). The grouped rows are R * C_e, of which
+  // the expert MLP computes the received ones only (see the header).
   ep::EpCapacity capacity;
   // Throughput mode: the most grouped rows a forward may receive (expert buffers are sized for
   // it); 0 = R * max_tokens * topk (every token of every rank on this rank's experts). A forward
@@ -210,7 +216,7 @@ class MoE {
   int64_t saved_t_ = -1;
   std::unique_ptr<ep::EpPlan> plan_;  // expert parallelism
   int64_t rows_ = 0;                  // grouped rows of the last forward
-  TensorView splits_;                 // their splits (map_.splits, or plan_->splits)
+  TensorView splits_;                 // their splits (map_.splits, or plan_->entry_splits())
   bool pending_dw_ = false;
   MoEStageHook hook_;
 };

@@ -56,7 +56,8 @@ void ep_capacity_plan_send(Context& ctx, const TensorView& expert_ids, EpPlan& p
 }
 
 // Expert side: the received entries (peer q, row i, slot j) grouped by local expert, stably in
-// (q, i, j) order; the tail rows past them are -1 (zero) and counted in the last split; per peer,
+// (q, i, j) order; the tail rows past them are -1 (zero) and counted in the last split (not in
+// splits_at_most); per peer,
 // the entries going back in (i, j) order. A malformed block (a count past C, a slot naming no
 // local expert, more than C_e entries) is clamped or skipped and reported.
 void ep_capacity_plan_recv(Context& ctx, EpPlan& p) {
@@ -94,6 +95,7 @@ void ep_capacity_plan_recv(Context& ctx, EpPlan& p) {
     next[size_t(e)] = total;
     total += splits[e];
   }
+  std::copy(splits, splits + El, p.splits_at_most.ptr<int32_t>());
   splits[El - 1] += int32_t(p.rows - total);  // the zero tail
   std::fill(grouped_entry + total, grouped_entry + p.rows, -1);
   std::fill(back, back + R * Ce, -1);

@@ -133,11 +133,12 @@ struct RecvParams {
   int32_t* ids2;        // [S] peer, or R (spare)
   const int32_t* dest1;
   const int32_t* dest2;
-  const int32_t* map1;     // row_start, kept, splits of the expert ranking [3 (E_l + 1)]
-  const int32_t* map2;     // of the peer ranking [3 (R + 1)]
-  int32_t* grouped_entry;  // [rows]
-  int32_t* back_grouped;   // [R C_e]
-  int32_t* splits;         // [E_l]
+  const int32_t* map1;      // row_start, kept, splits of the expert ranking [3 (E_l + 1)]
+  const int32_t* map2;      // of the peer ranking [3 (R + 1)]
+  int32_t* grouped_entry;   // [rows]
+  int32_t* back_grouped;    // [R C_e]
+  int32_t* splits;          // [E_l]
+  int32_t* splits_at_most;  // [E_l]: splits without the tail
   StatusBlock* status;
   int64_t R, C, Ce, k, El, S, rows;
 };
@@ -159,14 +160,15 @@ __global__ void __launch_bounds__(PlanConfig::kThreads) capacity_ids_kernel(Recv
 }
 
 // The tail of the grouped rows and every way-back slot start empty; the splits are the experts'
-// counts with the zero tail in the last.
+// counts with the zero tail in the last (splits_at_most: without it).
 __global__ void __launch_bounds__(PlanConfig::kThreads) capacity_fill_kernel(RecvParams p) {
   const int64_t total = p.map1[p.El];  // the spare group's start: the entries of real experts
   for (int64_t g = total + grid_stride_start(); g < p.rows; g += grid_stride())
     p.grouped_entry[g] = -1;
   for (int64_t i = grid_stride_start(); i < p.R * p.Ce; i += grid_stride()) p.back_grouped[i] = -1;
   if (grid_stride_start() == 0) {
-    for (int64_t e = 0; e < p.El; ++e) p.splits[e] = p.map1[2 * (p.El + 1) + e];
+    for (int64_t e = 0; e < p.El; ++e)
+      p.splits[e] = p.splits_at_most[e] = p.map1[2 * (p.El + 1) + e];
     const int64_t tail = p.rows - total;
     if (tail < 0) report_fault(p.status, kFaultEpCapacity, OpId::ep_dispatch, -1, total);
     p.splits[p.El - 1] += int32_t(max(tail, int64_t(0)));
@@ -222,6 +224,7 @@ void ep_capacity_plan_recv(Context& ctx, EpPlan& p) {
   r.grouped_entry = p.grouped_entry.ptr<int32_t>();
   r.back_grouped = p.back_grouped.ptr<int32_t>();
   r.splits = p.splits.ptr<int32_t>();
+  r.splits_at_most = p.splits_at_most.ptr<int32_t>();
   r.status = ctx.status();
   r.R = p.cfg.ranks;
   r.C = p.cap.rows_per_peer;

@@ -111,9 +111,10 @@ void zero_rows_past_splits(const TensorView& splits, const TensorView& out) {
 void grouped_gemm_dequantized(Context& ctx, GemmPass pass, const std::vector<float>& a,
                               const std::vector<float>& b, const TensorView& splits,
                               const GemmDims& d, float alpha, float beta, const TensorView& bias,
-                              const TensorView& out, int64_t wgrad_row_multiple) {
-  gemm_loops<double>(ctx, {pass, false, wgrad_row_multiple, a, b, alpha, beta, bias, out}, splits,
-                     d);
+                              const TensorView& out, int64_t wgrad_row_multiple,
+                              bool splits_at_most) {
+  gemm_loops<double>(ctx, {pass, splits_at_most, wgrad_row_multiple, a, b, alpha, beta, bias, out},
+                     splits, d);
 }
 
 }  // namespace groupmm::cpu

@@ -40,11 +40,20 @@ Elem elem_of(const SwigluForm& form) {
   return {{form.alpha, form.limit, form.up_offset}, form.plain()};
 }
 
+// The rows computed: all M, or with splits the rows the experts own, [0, min(sum, M)), by the
+// splits rule at most M (a sum above M is reported, a short one is not).
+int64_t rows_of(Context& ctx, const TensorView& splits, int64_t M) {
+  if (!splits.present()) return M;
+  const auto r = expert_rows(ctx, splits, M, OpId::weighted_swiglu, M, /*total_at_most=*/true);
+  return r.back().start + r.back().rows;
+}
+
 }  // namespace
 
-void weighted_swiglu_forward(Context&, const TensorView& gate_up, const TensorView& prob,
-                             const TensorView& out, const SwigluForm& form) {
-  const int64_t M = out.dim(0), I = out.dim(1);
+void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
+                             const TensorView& out, const SwigluForm& form,
+                             const TensorView& splits) {
+  const int64_t M = rows_of(ctx, splits, out.dim(0)), I = out.dim(1);
   const PairIndex at{I, form.layout == SwigluLayout::interleaved};
   const Elem e = elem_of(form);
 #pragma omp parallel for if (M * I > kParallelWork)
@@ -57,10 +66,11 @@ void weighted_swiglu_forward(Context&, const TensorView& gate_up, const TensorVi
   }
 }
 
-void weighted_swiglu_backward(Context&, const TensorView& dout, const TensorView& gate_up,
+void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
                               const TensorView& prob, const TensorView& dgate_up,
-                              const TensorView& dprob, const SwigluForm& form) {
-  const int64_t M = dout.dim(0), I = dout.dim(1);
+                              const TensorView& dprob, const SwigluForm& form,
+                              const TensorView& splits) {
+  const int64_t M = rows_of(ctx, splits, dout.dim(0)), I = dout.dim(1);
   const PairIndex at{I, form.layout == SwigluLayout::interleaved};
   const Elem e = elem_of(form);
 #pragma omp parallel for if (M * I > kParallelWork)

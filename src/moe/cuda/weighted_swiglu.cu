@@ -6,11 +6,14 @@
 // and independent of the grid. Element math: swiglu_backends.hpp's weighted_swiglu_* and
 // swiglu_form_* with the fast sigmoid (the sigmoid's division without the IEEE slow path: this
 // kernel is bound by instruction issue, not bandwidth; see there).
+// With splits (the at-most mode, moe.hpp) each block first sums the splits on the device (warp 0)
+// and runs only the rows [0, min(sum, M)); the faults of the splits rule are reported by block 0.
 #include <algorithm>
 
 #include "moe/backends.hpp"
 #include "moe/swiglu_backends.hpp"
 #include "kernels/common/occupancy.cuh"
+#include "kernels/common/splits_scan.cuh"
 #include "moe/cuda/moe_common.cuh"
 
 namespace groupmm::cuda {
@@ -32,7 +35,54 @@ struct WeightedSwigluParams {
   void* out;            // [M, I] (forward) or dgate_up [M, 2I] (backward)
   float* dprob;         // [M] (backward)
   int64_t M, I;
+  const void* splits = nullptr;  // [G] int32 / int64 (the at-most mode), or null: every row
+  bool splits64 = false;
+  int64_t G = 0;
+  StatusBlock* status = nullptr;
 };
+
+// The faults of the splits rule (offsets.hpp, at most M rows; a short sum is none) in the order
+// the host reference reports them: every negative split, then the expert that crosses M, then the
+// sum. Serial: it runs only when warp 0 has seen a fault.
+__device__ void report_split_faults(const WeightedSwigluParams& p) {
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t m = load_split(p.splits, p.splits64, g);
+    if (m < 0) report_fault(p.status, kFaultNegativeSplit, OpId::weighted_swiglu, int32_t(g), m);
+  }
+  int64_t run = 0;
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t m = max(load_split(p.splits, p.splits64, g), int64_t(0));
+    if (m > p.M - min(run, p.M))
+      report_fault(p.status, kFaultSplitsOverflow, OpId::weighted_swiglu, int32_t(g), m);
+    run = m > INT64_MAX - run ? INT64_MAX : run + m;
+  }
+  if (run > p.M) report_fault(p.status, kFaultSplitsTotalMismatch, OpId::weighted_swiglu, -1, run);
+}
+
+// The rows this call computes: M, or min(sum of the splits, M) (negative splits count 0). Every
+// thread of the block must call it.
+__device__ __forceinline__ int64_t rows_to_compute(const WeightedSwigluParams& p) {
+  if (p.splits == nullptr) return p.M;
+  __shared__ int64_t rows;
+  if (threadIdx.x < 32) {
+    int64_t sum = 0;  // each split clamped to [0, M]: the sum cannot overflow
+    bool fault = false;
+    for (int64_t g = threadIdx.x; g < p.G; g += 32) {
+      const int64_t m = load_split(p.splits, p.splits64, g);
+      fault |= m < 0;
+      sum += min(max(m, int64_t(0)), p.M);
+    }
+#pragma unroll
+    for (int step = 16; step >= 1; step /= 2) sum += __shfl_xor_sync(kFullMask, sum, step);
+    fault = __any_sync(kFullMask, fault) || sum > p.M;
+    if (threadIdx.x == 0) {
+      rows = min(sum, p.M);
+      if (fault && blockIdx.x == 0) report_split_faults(p);
+    }
+  }
+  __syncthreads();
+  return rows;
+}
 
 // The element math of a kernel: swiglu's (kForm false: the plain op, unchanged) or a SwigluForm's.
 template <bool kForm>
@@ -69,7 +119,8 @@ __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * WeightedSwigluConfig::kWarps;
   const int64_t V = p.I / N;
-  for (int64_t m = int64_t(blockIdx.x) * WeightedSwigluConfig::kWarps + threadIdx.x / 32; m < p.M;
+  const int64_t M = rows_to_compute(p);
+  for (int64_t m = int64_t(blockIdx.x) * WeightedSwigluConfig::kWarps + threadIdx.x / 32; m < M;
        m += warps) {
     const P* __restrict__ row =
         reinterpret_cast<const P*>(static_cast<const S*>(p.gate_up) + m * 2 * p.I);
@@ -143,7 +194,9 @@ void launch(Context& ctx, DType t, const WeightedSwigluParams& p, const SwigluFo
     constexpr int kVec = kVec16<E>;
     const bool vec = p.I % kVec == 0 && aligned16(p.gate_up) && aligned16(p.out) &&
                      (p.dout == nullptr || aligned16(p.dout));
-    const int64_t want = qnum::ceil_div(p.M, WeightedSwigluConfig::kWarps);
+    // At least one block with splits: it reports the faults of a sum above M = 0.
+    const int64_t want = std::max<int64_t>(qnum::ceil_div(p.M, WeightedSwigluConfig::kWarps),
+                                           p.splits != nullptr ? 1 : 0);
     constexpr int kT = WeightedSwigluConfig::kThreads;
     auto kernel = vec ? weighted_swiglu_kernel<E, kVec, kBackward, kForm, kInterleaved>
                       : weighted_swiglu_kernel<E, 1, kBackward, kForm, kInterleaved>;
@@ -155,7 +208,7 @@ void launch(Context& ctx, DType t, const WeightedSwigluParams& p, const SwigluFo
 
 template <bool kBackward>
 void launch(Context& ctx, DType t, const WeightedSwigluParams& p, const SwigluForm& form) {
-  if (p.M == 0) return;
+  if (p.M == 0 && p.splits == nullptr) return;
   const SwigluFormElem f{form.alpha, form.limit, form.up_offset};
   if (form.plain())
     launch<kBackward, false, false>(ctx, t, p, f);
@@ -165,20 +218,32 @@ void launch(Context& ctx, DType t, const WeightedSwigluParams& p, const SwigluFo
     launch<kBackward, true, true>(ctx, t, p, f);
 }
 
+void with_splits(Context& ctx, WeightedSwigluParams& p, const TensorView& splits) {
+  if (!splits.present()) return;
+  p.splits = splits.data;
+  p.splits64 = splits.dtype == DType::int64;
+  p.G = splits.dim(0);
+  p.status = ctx.status();
+}
+
 }  // namespace
 
 void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up, const TensorView& prob,
-                             const TensorView& out, const SwigluForm& form) {
+                             const TensorView& out, const SwigluForm& form,
+                             const TensorView& splits) {
   WeightedSwigluParams p{gate_up.data, prob.ptr<float>(), nullptr,   out.data,
                          nullptr,      out.dim(0),        out.dim(1)};
+  with_splits(ctx, p, splits);
   launch<false>(ctx, gate_up.dtype, p, form);
 }
 
 void weighted_swiglu_backward(Context& ctx, const TensorView& dout, const TensorView& gate_up,
                               const TensorView& prob, const TensorView& dgate_up,
-                              const TensorView& dprob, const SwigluForm& form) {
+                              const TensorView& dprob, const SwigluForm& form,
+                              const TensorView& splits) {
   WeightedSwigluParams p{gate_up.data,       prob.ptr<float>(), dout.data,  dgate_up.data,
                          dprob.ptr<float>(), dout.dim(0),       dout.dim(1)};
+  with_splits(ctx, p, splits);
   launch<true>(ctx, gate_up.dtype, p, form);
 }
 

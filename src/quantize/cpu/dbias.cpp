@@ -8,9 +8,10 @@
 namespace groupmm::cpu {
 
 void group_dbias(Context& ctx, const TensorView& dy, const TensorView& splits, const TensorView& db,
-                 bool accumulate) {
+                 bool accumulate, SplitsTotal total) {
   const int64_t M = dy.dim(0), N = dy.dim(1), G = db.dim(0);
-  const auto ranges = expert_rows(ctx, splits, M, OpId::group_dbias);
+  const auto ranges =
+      expert_rows(ctx, splits, M, OpId::group_dbias, M, total == SplitsTotal::at_most);
   std::vector<float> sums(static_cast<size_t>(N));
   for (int64_t g = 0; g < G; ++g) {
     const RowRange r = ranges[static_cast<size_t>(g)];

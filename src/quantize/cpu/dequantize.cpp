@@ -7,7 +7,8 @@ namespace groupmm::cpu {
 void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantProblem& p) {
   const qnum::Layout& L = p.L;
   const std::vector<qnum::Geom> geo =
-      quant_geoms(ctx, a.in.splits, p.M, p.G, L.cb, OpId::group_dequantize);
+      quant_geoms(ctx, a.in.splits, p.M, p.G, L.cb, OpId::group_dequantize, nullptr,
+                  a.splits_total == SplitsTotal::at_most);
   const bool col = a.from_columnwise;
   const uint8_t* data =
       static_cast<const uint8_t*>(col ? a.in.columnwise_data.data : a.in.data.data);

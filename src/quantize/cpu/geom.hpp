@@ -12,12 +12,13 @@ namespace groupmm::cpu {
 
 // splits absent: G experts of rows_total / G rows each (weights).
 // end (optional): the geometry after the last expert (the plan kernel's entry G), the totals.
+// total_at_most: SplitsTotal::at_most (a sum short of rows_total is no fault).
 inline std::vector<qnum::Geom> quant_geoms(Context& ctx, const TensorView& splits,
                                            int64_t rows_total, int64_t G, int col_block, OpId op,
-                                           qnum::Geom* end = nullptr) {
+                                           qnum::Geom* end = nullptr, bool total_at_most = false) {
   std::vector<RowRange> rr;
   if (splits.present()) {
-    rr = expert_rows(ctx, splits, rows_total, op);
+    rr = expert_rows(ctx, splits, rows_total, op, rows_total, total_at_most);
   } else {
     for (int64_t g = 0; g < G; ++g) rr.push_back({g * (rows_total / G), rows_total / G});
   }

@@ -57,8 +57,8 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
                     const TensorView& dbias) {
   const Layout& L = p.L;
   Geom end;  // after the last expert: where the scales' slack starts
-  const std::vector<Geom> geo =
-      quant_geoms(ctx, a.splits, p.M, p.G, L.cb, OpId::group_quantize, &end);
+  const std::vector<Geom> geo = quant_geoms(ctx, a.splits, p.M, p.G, L.cb, OpId::group_quantize,
+                                            &end, a.splits_total == SplitsTotal::at_most);
   Quantizer Q{a, p, L, to_floats(a.input)};
   const bool fp4 = qnum::is_fp4(L.recipe);
   const bool need_expert_amax =

@@ -92,13 +92,14 @@ size_t group_dbias_workspace_size(int64_t M, int64_t N, int64_t G) {
 }
 
 void group_dbias(Context& ctx, const TensorView& dy, const TensorView& splits, const TensorView& db,
-                 bool accumulate, void* workspace, size_t) {
+                 bool accumulate, SplitsTotal total, void* workspace, size_t) {
   const int64_t M = dy.dim(0), N = dy.dim(1), G = db.dim(0);
   const QuantWorkspace ws = workspace_of(M, N, G);
   const QuantPlan plan = plan_view(QuantWorkspace::plan(workspace), G);
   QuantPlanArgs pa;
   pa.splits = splits;
   pa.rows_total = M;
+  pa.total_at_most = total == SplitsTotal::at_most;
   pa.op = OpId::group_dbias;
   launch_quant_plan(ctx, plan, pa);
   if (N == 0) return;

@@ -132,6 +132,7 @@ void group_dequantize(Context& ctx, const GroupDequantizeArgs& a, const QuantPro
   QuantPlanArgs pa;
   pa.splits = a.in.splits;
   pa.rows_total = p.M;
+  pa.total_at_most = a.splits_total == SplitsTotal::at_most;
   pa.col_block = p.L.cb;
   pa.op = OpId::group_dequantize;
   launch_quant_plan(ctx, plan, pa);

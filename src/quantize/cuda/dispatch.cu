@@ -126,6 +126,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   QuantPlanArgs pa;
   pa.splits = a.splits;
   pa.rows_total = p.M;
+  pa.total_at_most = a.splits_total == SplitsTotal::at_most;
   pa.col_block = p.L.cb;
   pa.amax_bits = amax_bits;
   pa.amax_slots = fused ? layout.amax_slots(ws) : nullptr;  // emptied by the plan kernel

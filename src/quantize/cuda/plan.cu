@@ -79,6 +79,7 @@ void launch_quant_plan(Context& ctx, const QuantPlan& plan, const QuantPlanArgs&
   p.splits.uniform_rows = a.rows_total / plan.G;
   p.splits.row_bound = a.rows_total;
   p.splits.expected_total = a.splits.present() ? a.rows_total : -1;
+  p.splits.total_at_most = a.total_at_most;
   p.splits.status = ctx.status();
   p.splits.op = a.op;
   p.col_block = a.col_block;

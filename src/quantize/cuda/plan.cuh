@@ -32,9 +32,10 @@ struct QuantPlan {
 QuantPlan plan_view(void* plan_part, int64_t G);
 
 struct QuantPlanArgs {
-  TensorView splits;       // [G] device int32 / int64; absent: G experts of rows_total / G rows
-  int64_t rows_total = 0;  // M: the row bound of the splits rule
-  int col_block = 128;     // cb: 16, 32 or 128 rows
+  TensorView splits;           // [G] device int32 / int64; absent: G experts of rows_total / G rows
+  int64_t rows_total = 0;      // M: the row bound of the splits rule
+  bool total_at_most = false;  // SplitsTotal::at_most: a sum short of rows_total is no fault
+  int col_block = 128;         // cb: 16, 32 or 128 rows
   uint32_t* amax_bits = nullptr;   // [G] zeroed when given (the amax pass merges into it)
   uint32_t* amax_slots = nullptr;  // set to kSlotEmpty when given (the fused amax schedule)
   int64_t slot_count = 0;          // how many (QuantWorkspace::slot_count)
