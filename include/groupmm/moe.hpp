@@ -55,6 +55,8 @@ const char* router_score_name(RouterScore s);
 // Numerics are bit-identical on both backends (own exp, fixed summation order: see
 // src/numerics/router.hpp) except the two losses (logsumexp and cross-token sums differ in
 // rounding only; each is still deterministic run to run).
+// The router's limits: E in [1, kRouterMaxExperts], k in [1, min(E, kRouterMaxTopk)].
+inline constexpr int64_t kRouterMaxExperts = 1024, kRouterMaxTopk = 32;
 struct RouterConfig {
   int64_t experts = 0;  // E, 1..1024
   int64_t topk = 0;     // k, 1..min(E, 32)

@@ -5,6 +5,8 @@
 // capacity; the host-known sizes (tokens, top-k, experts, rows) follow from their shapes.
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "binding.hpp"
 #include "groupmm/moe.hpp"
 
@@ -100,14 +102,24 @@ std::tuple<at::Tensor, at::Tensor> weighted_swiglu_ex_backward(const at::Tensor&
                                        swiglu_form(alpha, limit, up_offset, interleaved));
 }
 
-groupmm::RouterConfig router_config(int64_t experts, int64_t topk, c10::string_view score,
-                                    int64_t n_group, int64_t topk_group, bool renormalize,
-                                    double scaling_factor, double aux_loss_coeff,
-                                    double z_loss_coeff) {
+// The config of router (and router_backward, whose k is expert_ids.shape[1]). E and k are
+// checked here, before the op sizes its outputs [T, k] from them (a negative k would otherwise
+// fail in torch's allocator); the core checks the rest of the config.
+groupmm::RouterConfig router_config(const char* op, int64_t experts, int64_t topk,
+                                    const char* topk_arg, c10::string_view score, int64_t n_group,
+                                    int64_t topk_group, bool renormalize, double scaling_factor,
+                                    double aux_loss_coeff, double z_loss_coeff) {
+  using groupmm::kRouterMaxExperts, groupmm::kRouterMaxTopk;
+  TORCH_CHECK_VALUE(experts >= 1 && experts <= kRouterMaxExperts, "groupmm.", op,
+                    ": logits.shape[1]=", experts, " (experts) must be in [1, ", kRouterMaxExperts,
+                    "]");
+  const int64_t max_k = std::min(experts, kRouterMaxTopk);
+  TORCH_CHECK_VALUE(topk >= 1 && topk <= max_k, "groupmm.", op, ": ", topk_arg, "=", topk,
+                    " must be in [1, min(experts, ", kRouterMaxTopk, ")] = [1, ", max_k, "]");
   groupmm::RouterConfig c;
   c.experts = experts;
   c.topk = topk;
-  TORCH_CHECK_VALUE(score == "softmax" || score == "sigmoid", "groupmm.router: score='",
+  TORCH_CHECK_VALUE(score == "softmax" || score == "sigmoid", "groupmm.", op, ": score='",
                     std::string(score), "' must be 'softmax' or 'sigmoid'");
   c.score = score == "softmax" ? groupmm::RouterScore::softmax : groupmm::RouterScore::sigmoid;
   c.n_group = n_group;
@@ -130,8 +142,8 @@ Bound bind_router(Call& call, const at::Tensor& logits,
   TORCH_CHECK_VALUE(logits.dim() == 2, "groupmm.router: logits must be [T, E]; got ",
                     logits.sizes());
   const int64_t T = logits.size(0), E = logits.size(1);
-  const auto cfg = router_config(E, topk, score, n_group, topk_group, renormalize, scaling_factor,
-                                 aux_loss_coeff, z_loss_coeff);
+  const auto cfg = router_config("router", E, topk, "topk", score, n_group, topk_group, renormalize,
+                                 scaling_factor, aux_loss_coeff, z_loss_coeff);
   groupmm::RouterArgs a;
   a.logits = call.in(logits, "logits");
   a.expert_bias = call.in(expert_bias, "expert_bias");
@@ -175,8 +187,9 @@ at::Tensor router_backward(const at::Tensor& logits, const at::Tensor& expert_id
   Call call("router_backward", logits);
   TORCH_CHECK_VALUE(logits.dim() == 2 && expert_ids.dim() == 2,
                     "groupmm.router_backward: logits must be [T, E] and expert_ids [T, k]");
-  const auto cfg = router_config(logits.size(1), expert_ids.size(1), score, n_group, topk_group,
-                                 renormalize, scaling_factor, aux_loss_coeff, z_loss_coeff);
+  const auto cfg = router_config("router_backward", logits.size(1), expert_ids.size(1),
+                                 "expert_ids.shape[1]", score, n_group, topk_group, renormalize,
+                                 scaling_factor, aux_loss_coeff, z_loss_coeff);
   groupmm::RouterBackwardArgs a;
   a.logits = call.in(logits, "logits");
   a.expert_ids = call.in(expert_ids, "expert_ids");

@@ -45,6 +45,9 @@ def check(device=None):
     `device` (default: the current CUDA device) and torch's current stream there; synchronizes
     that stream. Outside captured or compiled regions."""
     device = torch.device(device if device is not None else "cuda")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"groupmm.check: device='{device}' must be a cuda or cpu device (groupmm "
+                         "runs on those)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("groupmm.check: no CUDA device is available (torch.cuda.is_available() "
                            "is False); on the CPU every op raises its fault when it runs")

@@ -23,9 +23,11 @@ _pad_on_cpu = False
 
 
 def _check(cond, message):
-    # torch._check's behaviour (RuntimeError) with an eager message: torch.compile traces it
+    # torch._check's behaviour (RuntimeError) with an eager message: torch.compile traces it.
+    # message: a string, or a callable that makes it (formatted only on failure, so that a
+    # compiled call does not format symbolic sizes).
     if not cond:
-        raise RuntimeError(message)
+        raise RuntimeError(message() if callable(message) else message)
 
 
 def _splits_from_offs(offs):
@@ -136,42 +138,53 @@ def _torch_layout(t):
 
 
 def _check_args(mat_a, mat_b, offs, bias, out_dtype):
-    # torch._grouped_mm's rules and messages (torch/_meta_registrations.py)
+    # torch._grouped_mm's rules and messages (torch/_meta_registrations.py), each prefixed with
+    # the op and followed by the values it read (messages made only on failure: see _check).
+    op = "groupmm.grouped_mm: "
+    one_device = " (every tensor of one call on one device)"
     _check(mat_a.dtype == mat_b.dtype and mat_a.dtype in (torch.bfloat16, torch.float16,
-                                                                 torch.float32),
-                 "groupmm.grouped_mm: expected mat_a and mat_b of one dtype, bfloat16, "
-                 f"float16 or float32, got mat_a.dtype={mat_a.dtype} and "
-                 f"mat_b.dtype={mat_b.dtype}.")
+                                                         torch.float32),
+           lambda: f"{op}expected mat_a and mat_b of one dtype, bfloat16, float16 or float32, "
+                   f"got mat_a.dtype={mat_a.dtype} and mat_b.dtype={mat_b.dtype}.")
     _check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
-                 "Multiplicands must be 2D or 3D but got "
-                 f"mat_a.dim()={mat_a.dim()} and mat_b.dim()={mat_b.dim()}")
+           lambda: f"{op}Multiplicands must be 2D or 3D but got mat_a.dim()={mat_a.dim()} and "
+                   f"mat_b.dim()={mat_b.dim()}")
+    _check(mat_b.device == mat_a.device,
+           lambda: f"{op}mat_b is on {mat_b.device} but mat_a is on {mat_a.device}{one_device}")
     a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
     if not (a2 and b2):
         _check(mat_a.shape[-1] == mat_b.shape[-2],
-                     "contraction dimension of mat_a and mat_b must match")
+               lambda: f"{op}contraction dimension of mat_a and mat_b must match "
+                       f"(mat_a.shape[-1]={mat_a.shape[-1]}, mat_b.shape[-2]={mat_b.shape[-2]})")
     if a2 or b2:
-        _check(offs is not None, "Offsets tensor not provided, but is needed for "
-                     f"{mat_a.dim()}D/{mat_b.dim()}D multiplicand layouts.")
+        _check(offs is not None, lambda: f"{op}Offsets tensor not provided, but is needed for "
+                                         f"{mat_a.dim()}D/{mat_b.dim()}D multiplicand layouts.")
         _check(offs.dim() == 1,
-                     f"Offsets tensor must be 1D, but got offs.dim()={offs.dim()}.")
-        _check(offs.dtype == torch.int32, "Offsets tensor must be integer (int32) "
-                     f"tensor, but got {offs.dtype}.")
+               lambda: f"{op}Offsets tensor must be 1D, but got offs.dim()={offs.dim()}.")
+        _check(offs.dtype == torch.int32,
+               lambda: f"{op}Offsets tensor must be integer (int32) tensor, but got "
+                       f"{offs.dtype}.")
+        _check(offs.device == mat_a.device,
+               lambda: f"{op}offs is on {offs.device} but mat_a is on {mat_a.device}{one_device}")
         if a2 and not b2:
             _check(offs.shape[0] == mat_b.shape[0],
-                         "matrix batch sizes have to match")
+                   lambda: f"{op}matrix batch sizes have to match (offs.shape[0]="
+                           f"{offs.shape[0]}, mat_b.shape[0]={mat_b.shape[0]})")
         if b2 and not a2:
             _check(offs.shape[0] == mat_a.shape[0],
-                         "matrix batch sizes have to match")
+                   lambda: f"{op}matrix batch sizes have to match (offs.shape[0]="
+                           f"{offs.shape[0]}, mat_a.shape[0]={mat_a.shape[0]})")
     else:
-        _check(offs is None, "Offsets tensor provided, but is not needed for 3D/3D "
-                     "multiplicand layouts.")
+        _check(offs is None, f"{op}Offsets tensor provided, but is not needed for 3D/3D "
+                             "multiplicand layouts.")
         _check(mat_a.shape[0] == mat_b.shape[0],
-                     "batched dimension has to match")
-    _check(bias is None, "Bias tensor provided, but it is not supported yet.")
+               lambda: f"{op}batched dimension has to match (mat_a.shape[0]={mat_a.shape[0]}, "
+                       f"mat_b.shape[0]={mat_b.shape[0]})")
+    _check(bias is None, f"{op}Bias tensor provided, but it is not supported yet.")
     _check(out_dtype is None or out_dtype == mat_a.dtype or
-                 (out_dtype == torch.float32 and mat_a.dtype != torch.float32),
-                 f"groupmm.grouped_mm: out_dtype={out_dtype} must be mat_a's dtype "
-                 f"({mat_a.dtype}) or torch.float32")
+           (out_dtype == torch.float32 and mat_a.dtype != torch.float32),
+           lambda: f"{op}out_dtype={out_dtype} must be mat_a's dtype ({mat_a.dtype}) or "
+                   "torch.float32")
 
 
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
@@ -199,7 +212,16 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     else:
         splits = _splits_from_offs(offs)
     if not (mat_a.is_cuda or _pad_on_cpu):
-        return _GroupedMM.apply(mat_a, mat_b, splits, kind, out_dtype)
+        if offs is None or torch.compiler.is_compiling():
+            return _GroupedMM.apply(mat_a, mat_b, splits, kind, out_dtype)
+        try:
+            return _GroupedMM.apply(mat_a, mat_b, splits, kind, out_dtype)
+        except RuntimeError as e:  # a split fault, raised at once on the CPU: say it of offs
+            if not str(e).startswith("device fault in grouped_gemm"):
+                raise
+            raise RuntimeError(f"groupmm.grouped_mm: offs={offs.tolist()} (cumulative group "
+                               "ends: group g has offs[g] - offs[g-1] rows, up to the grouped "
+                               f"extent): {e}") from None
     # CUDA: the dims other than the grouped one must be multiples of 8 (16-byte rows); torch's
     # callers often pass 8-padded storage with a narrower view. Zero-pad those dims (a copy of
     # the operand), compute, and return the result in torch's own output layout (_torch_layout).
@@ -248,9 +270,10 @@ def scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scal
                                   "(scale_a [M], scale_b [G, N]) are not (see "
                                   "docs/integrations.md)")
 
+    op = "groupmm.scaled_grouped_mm: "
     _check(mat_a.dtype == torch.float8_e4m3fn and mat_b.dtype == torch.float8_e4m3fn,
-                 "Expected inputs of E4M3 FP8 type but got "
-                 f"mat_a.dtype={mat_a.dtype} and mat_b.dtype={mat_b.dtype}.")
+           lambda: f"{op}Expected inputs of E4M3 FP8 type but got mat_a.dtype={mat_a.dtype} and "
+                   f"mat_b.dtype={mat_b.dtype}.")
     if mat_a.dim() != 2 or mat_b.dim() != 3:
         refuse(f"the {mat_a.dim()}D x {mat_b.dim()}D form")
     if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
@@ -263,14 +286,20 @@ def scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scal
     if scale_result is not None:
         refuse("scale_result")
     _check(offs is not None and offs.dtype == torch.int32 and offs.dim() == 1 and
-                 offs.shape[0] == G, "groupmm.scaled_grouped_mm: offs must be int32 [G]")
+           offs.shape[0] == G,
+           lambda: f"{op}offs must be int32 [G={G}]; got " +
+                   ("None" if offs is None else f"{offs.dtype} {list(offs.shape)}"))
+    _check(offs.device == mat_a.device, lambda: f"{op}offs is on {offs.device} but mat_a is on "
+                                                f"{mat_a.device} (every tensor of one call on "
+                                                "one device)")
     _check(out_dtype in (None, torch.bfloat16),
-                 "If output dtype provided, it must be torch.bfloat16.")
+           lambda: f"{op}If output dtype provided, it must be torch.bfloat16 (got {out_dtype}).")
     _check(mat_a.shape[1] == mat_b.shape[1],
-                 "contraction dimension of mat_a and mat_b must match")
+           lambda: f"{op}contraction dimension of mat_a and mat_b must match (mat_a.shape[1]="
+                   f"{mat_a.shape[1]}, mat_b.shape[1]={mat_b.shape[1]})")
     w = mat_b.transpose(-2, -1)
-    _check(w.is_contiguous(), "Expected mat_b tensor to be column major in the "
-                 f"last two dimensions, got strides {mat_b.stride()[-2:]}")
+    _check(w.is_contiguous(), lambda: f"{op}Expected mat_b tensor to be column major in the "
+                                      f"last two dimensions, got strides {mat_b.stride()[-2:]}")
     N, K = w.shape[1], w.shape[2]
     none = mat_a.new_empty(0)
     # amax as group_quantize records it for these scales (scale_inv = amax / 448)

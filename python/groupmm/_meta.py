@@ -6,10 +6,53 @@ compares these against the real kernels).
 """
 
 import collections
+import functools
+import inspect
 import math
 
 import torch
-from torch.library import register_fake
+
+
+def _tensors(name, value):
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _tensors(f"{name}[{i}]", v)
+
+
+def _check_one_device(op, sig, args, kwargs):
+    """The op kernels' rule (binding.cpp, Call::check_device), for a call that reaches a fake
+    kernel because one of its tensors is on the meta device: torch dispatches a call that mixes
+    real and meta tensors to the Meta kernel, which would return an uninitialized result. Fake
+    tensors (torch.compile) carry their real device, so a compiled call is not affected."""
+    try:
+        named = sig.bind(*args, **kwargs).arguments.items()
+    except TypeError:
+        named = ((f"argument {i}", a) for i, a in enumerate(args))
+    found = [t for n, v in named for t in _tensors(n, v)]
+    if not any(t.device.type == "meta" for _, t in found):
+        return
+    device = found[0][1].device
+    for name, t in found:
+        if t.device != device:
+            raise RuntimeError(f"groupmm.{op}: {name} is on {t.device} but the op runs on "
+                               f"{device} (every tensor of one call on one device)")
+
+
+def register_fake(qualname):
+    """torch.library.register_fake, with the op kernels' one-device rule (_check_one_device)."""
+    op = qualname.split("::")[-1]
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def fake(*args, **kwargs):
+            _check_one_device(op, sig, args, kwargs)
+            return fn(*args, **kwargs)
+        return torch.library.register_fake(qualname)(fake)
+    return wrap
 
 
 def _empty(like, shape, dtype):
@@ -110,10 +153,28 @@ def _(dout, gate_up, prob, alpha=1.0, limit=None, up_offset=0.0, interleaved=Fal
     return torch.empty_like(gate_up), _empty(prob, prob.shape, torch.float32)
 
 
+# The router's limits (groupmm/moe.hpp kRouterMaxExperts, kRouterMaxTopk).
+ROUTER_MAX_EXPERTS, ROUTER_MAX_TOPK = 1024, 32
+
+
+def check_router_sizes(op, experts, topk, experts_arg, topk_arg="topk"):
+    """E and k of a router as the op kernel checks them (python/csrc/ops_moe.cpp, router_config),
+    before anything is sized from them: ValueError naming `op` and the argument."""
+    if not 1 <= experts <= ROUTER_MAX_EXPERTS:
+        what = "" if experts_arg == "experts" else " (experts)"
+        raise ValueError(f"groupmm.{op}: {experts_arg}={experts}{what} must be in "
+                         f"[1, {ROUTER_MAX_EXPERTS}]")
+    max_k = min(experts, ROUTER_MAX_TOPK)
+    if not 1 <= topk <= max_k:
+        raise ValueError(f"groupmm.{op}: {topk_arg}={topk} must be in [1, min(experts, "
+                         f"{ROUTER_MAX_TOPK})] = [1, {max_k}]")
+
+
 @register_fake("groupmm::router")
 def _(logits, expert_bias, topk, score="softmax", n_group=1, topk_group=1, renormalize=False,
       scaling_factor=1.0, aux_loss_coeff=0.0, z_loss_coeff=0.0):
     T, E = logits.shape
+    check_router_sizes("router", E, topk, "logits.shape[1]")
     return (_empty(logits, (T, topk), torch.int32), _empty(logits, (T, topk), torch.float32),
             _empty(logits, (E,), torch.int32), _empty(logits, (1,), torch.float32),
             _empty(logits, (1,), torch.float32))

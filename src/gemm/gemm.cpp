@@ -58,13 +58,20 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
   GROUPMM_CHECK(a.a.present() && a.b.present() && a.out.present(), op,
                 ": a, b and out are required (", a.to_string(), ")");
   const DType t = a.a.dtype;
+  const bool fwd = a.pass == GemmPass::forward, wgrad = a.pass == GemmPass::wgrad;
+  const char* a_name = fwd ? "a (x)" : "a (dy)";
+  const char* b_name = wgrad ? "b (x)" : "b (W)";
   GROUPMM_CHECK(t == DType::bf16 || t == DType::fp16 || (t == DType::fp32 && dev == Device::CPU),
-                op, ": a.dtype=", dtype_name(t),
+                op, ": ", a_name, ".dtype=", dtype_name(t),
                 " must be bf16 or fp16 (fp32 only on a CPU context: gradient checks)");
+  // Named from a's side: a layer's weight has the layer's dtype, so an input in another dtype
+  // is what a caller most often got wrong.
+  GROUPMM_CHECK(a.b.dtype == t, op, ": ", a_name, ".dtype=", dtype_name(t), " must equal ", b_name,
+                ".dtype=", dtype_name(a.b.dtype), " (both operands in one dtype)");
   GemmDims d;
-  if (a.pass == GemmPass::wgrad) {
-    check_view(op, "a (dy)", a.a, t, 2, dev);
-    check_view(op, "b (x)", a.b, t, 2, dev);
+  if (wgrad) {
+    check_view(op, a_name, a.a, t, 2, dev);
+    check_view(op, b_name, a.b, t, 2, dev);
     GROUPMM_CHECK(a.out.dtype == DType::fp32 || a.out.dtype == t, op,
                   ": out.dtype=", dtype_name(a.out.dtype), " must be fp32 or ", dtype_name(t),
                   " for wgrad");
@@ -73,7 +80,8 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
     d.N = a.a.dim(1);
     d.K = a.b.dim(1);
     d.G = a.out.dim(0);
-    check_dim(op, "b (x)", a.b, 0, d.M);
+    GROUPMM_CHECK(a.b.dim(0) == d.M, op, ": b (x).shape[0]=", a.b.dim(0),
+                  " must equal a (dy).shape[0]=", d.M, " (the rows M)");
     check_dim(op, "out (dW)", a.out, 1, d.N);
     check_dim(op, "out (dW)", a.out, 2, d.K);
     GROUPMM_CHECK(a.beta == 0.0f || a.beta == 1.0f, op, ": beta=", a.beta, " must be 0 or 1");
@@ -83,9 +91,8 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
                   dtype_name(a.out.dtype));
     GROUPMM_CHECK(!a.bias.present(), op, ": bias is only valid for the forward pass");
   } else {
-    const bool fwd = a.pass == GemmPass::forward;
-    check_view(op, fwd ? "a (x)" : "a (dy)", a.a, t, 2, dev);
-    check_view(op, "b (W)", a.b, t, 3, dev);
+    check_view(op, a_name, a.a, t, 2, dev);
+    check_view(op, b_name, a.b, t, 3, dev);
     // An fp32 out is the accumulator without the 16-bit rounding, for callers that keep fp32
     // (twice the store bytes).
     const DType o = a.out.dtype;
@@ -97,7 +104,9 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
     d.G = a.b.dim(0);
     d.N = a.b.dim(1);
     d.K = a.b.dim(2);
-    check_dim(op, fwd ? "a (x)" : "a (dy)", a.a, 1, fwd ? d.K : d.N);
+    GROUPMM_CHECK(a.a.dim(1) == (fwd ? d.K : d.N), op, ": ", a_name, ".shape[1]=", a.a.dim(1),
+                  " must equal b (W).shape[", fwd ? 2 : 1, "]=", fwd ? d.K : d.N,
+                  fwd ? " (K: W is [G, N, K])" : " (N: W is [G, N, K])");
     check_dim(op, fwd ? "out (y)" : "out (dx)", a.out, 0, d.M);
     check_dim(op, fwd ? "out (y)" : "out (dx)", a.out, 1, fwd ? d.N : d.K);
     GROUPMM_CHECK(a.beta == 0.0f, op, ": beta=", a.beta, " must be 0 for ", gemm_pass_name(a.pass));

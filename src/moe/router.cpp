@@ -22,8 +22,10 @@ namespace {
 
 void check_router_config(const char* op, const RouterConfig& c) {
   const int64_t E = c.experts, k = c.topk;
-  GROUPMM_CHECK(E >= 1 && E <= 1024, op, ": cfg.experts=", E, " must be in [1, 1024]");
-  GROUPMM_CHECK(k >= 1 && k <= 32, op, ": cfg.topk=", k, " must be in [1, 32]");
+  GROUPMM_CHECK(E >= 1 && E <= kRouterMaxExperts, op, ": cfg.experts=", E, " must be in [1, ",
+                kRouterMaxExperts, "]");
+  GROUPMM_CHECK(k >= 1 && k <= kRouterMaxTopk, op, ": cfg.topk=", k, " must be in [1, ",
+                kRouterMaxTopk, "]");
   GROUPMM_CHECK(k <= E, op, ": cfg.topk=", k, " must be <= cfg.experts=", E);
   GROUPMM_CHECK(c.n_group >= 1 && c.n_group <= 32 && E % c.n_group == 0, op,
                 ": cfg.n_group=", c.n_group, " must be in [1, 32] and divide experts=", E);
@@ -74,9 +76,13 @@ DType check_gemm_operands(const Context& ctx, const char* op, const TensorView& 
   GROUPMM_CHECK(t == DType::bf16 || t == DType::fp16 || (fp32_ok && t == DType::fp32), op,
                 ": x.dtype=", dtype_name(t), " must be bf16 or fp16",
                 fp32_ok ? " (or fp32 on a CPU context)" : "");
+  // Named from x's side, as grouped_gemm does: the router weight has the block's dtype and size.
+  GROUPMM_CHECK(!w.present() || w.dtype == t, op, ": x.dtype=", dtype_name(t),
+                " must equal w.dtype=", dtype_name(w.dtype), " (both operands in one dtype)");
   check_view(op, "x", x, t, 2, ctx.device());
   check_view(op, "w", w, t, 2, ctx.device());
-  check_dim(op, "w", w, 1, x.dim(1));
+  GROUPMM_CHECK(x.dim(1) == w.dim(1), op, ": x.shape[1]=", x.dim(1),
+                " must equal w.shape[1]=", w.dim(1), " (the hidden size H: w is [E, H])");
   GROUPMM_CHECK(w.dim(0) >= 1, op, ": w.shape[0]=", w.dim(0), " (experts) must be >= 1");
   return t;
 }

@@ -230,17 +230,43 @@ TEST(GemmCpu, BadInputMessages) {
       p.args(p.a.data(), p.b.data(), out.data(), p.splits.data(), nullptr, Device::CPU);
   GroupedGemmArgs bad = a;
   bad.a.shape[1] = 12;
-  EXPECT_THROW_MSG(grouped_gemm(ctx, bad), "grouped_gemm: a (x).shape[1]=12 must equal 8");
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: a (x).shape[1]=12 must equal b (W).shape[2]=8 (K: W is "
+                   "[G, N, K])");
+  // Operands of two dtypes: named from a's side (an input in another dtype than a layer's
+  // weight), with both dtypes, in every pass.
   bad = a;
   bad.b.dtype = DType::fp16;
-  EXPECT_THROW_MSG(grouped_gemm(ctx, bad), "grouped_gemm: b (W).dtype=fp16 must be bf16");
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: a (x).dtype=bf16 must equal b (W).dtype=fp16 (both operands in "
+                   "one dtype)");
+  bad = a;
+  bad.a.dtype = DType::fp32;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: a (x).dtype=fp32 must equal b (W).dtype=bf16");
+  bad.pass = GemmPass::dgrad;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: a (dy).dtype=fp32 must equal b (W).dtype=bf16");
+  bad.pass = GemmPass::wgrad;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: a (dy).dtype=fp32 must equal b (x).dtype=bf16");
+  {  // wgrad: x's rows against dy's
+    GemmProblem w =
+        GemmProblem::make(GemmPass::wgrad, DType::bf16, 2, {3, 5}, 16, 8, false, 0, DType::fp32);
+    std::vector<uint8_t> o(w.out_bytes());
+    GroupedGemmArgs wa =
+        w.args(w.a.data(), w.b.data(), o.data(), w.splits.data(), nullptr, Device::CPU);
+    wa.b.shape[0] = 7;
+    EXPECT_THROW_MSG(grouped_gemm(ctx, wa),
+                     "grouped_gemm: b (x).shape[0]=7 must equal a (dy).shape[0]=8 (the rows M)");
+  }
   bad = a;
   bad.splits.shape[0] = 3;
   EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
                    "grouped_gemm: splits.shape[0]=3 must equal the number of groups 2");
   bad = a;
   bad.a.dtype = bad.b.dtype = bad.out.dtype = DType::int32;  // (fp32 is valid on a CPU context)
-  EXPECT_THROW_MSG(grouped_gemm(ctx, bad), "grouped_gemm: a.dtype=int32 must be bf16 or fp16");
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad), "grouped_gemm: a (x).dtype=int32 must be bf16 or fp16");
   bad = a;
   bad.out.dtype = DType::fp16;  // neither a's dtype nor fp32
   EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
@@ -249,6 +275,11 @@ TEST(GemmCpu, BadInputMessages) {
   bad.a.shape[1] = 16, bad.out.shape[1] = 8;
   EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
                    "grouped_gemm: out.dtype=fp16 must be bf16 or fp32 for dgrad");
+  bad.out.dtype = DType::bf16;
+  bad.a.shape[1] = 12;  // dy [M, N] against W [G, N=16, K=8]
+  EXPECT_THROW_MSG(grouped_gemm(ctx, bad),
+                   "grouped_gemm: a (dy).shape[1]=12 must equal b (W).shape[1]=16 (N: W is "
+                   "[G, N, K])");
   bad = a;
   bad.a.dtype = bad.b.dtype = DType::fp32;  // fp32 operands (CPU) write fp32 only
   EXPECT_THROW_MSG(grouped_gemm(ctx, bad), "grouped_gemm: out.dtype=bf16 must be fp32 for forward");

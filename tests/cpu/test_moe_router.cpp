@@ -225,6 +225,23 @@ TEST(RouterCpu, LogitsGemmAndItsBackward) {
   EXPECT_EQ(dw, (std::vector<float>{3, 4, 5, 6, 2, 3, 2, 1}));
 }
 
+TEST(RouterCpu, LogitsGemmNamesItsInput) {
+  // x in another dtype or size than the router weight: named from x's side, with both values.
+  Context ctx(Device::CPU);
+  std::vector<float> x(12), logits(6);
+  std::vector<uint16_t> w16(8);
+  const TensorView w = host_view(w16, DType::bf16, {2, 4});
+  EXPECT_THROW_MSG(moe_router_logits(ctx, host_view(x, DType::fp32, {3, 4}), w,
+                                     host_view(logits, DType::fp32, {3, 2})),
+                   "moe_router_logits: x.dtype=fp32 must equal w.dtype=bf16 (both operands in "
+                   "one dtype)");
+  std::vector<uint16_t> x16(12);
+  EXPECT_THROW_MSG(moe_router_logits(ctx, host_view(x16, DType::bf16, {2, 6}), w,
+                                     host_view(logits, DType::fp32, {2, 2})),
+                   "moe_router_logits: x.shape[1]=6 must equal w.shape[1]=4 (the hidden size H: w "
+                   "is [E, H])");
+}
+
 TEST(RouterCpu, ClearErrors) {
   Context ctx(Device::CPU);
   std::vector<float> l(12), w(12);

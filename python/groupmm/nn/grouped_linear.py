@@ -326,8 +326,15 @@ class GroupedLinear(torch.nn.Module):
         nothing of x (nor its quantized copy) for backward, and its wgrad reads what the callable
         gives. The caller keeps what the callable needs (MoE: the block input and the routing, to
         gather the permuted rows again)."""
+        w = self.weight
+        if x.dim() != 2 or x.shape[1] != self.in_features or x.dtype != w.dtype:
+            # Said here, from x's side: the ops would name the weight, or (quantized recipes)
+            # quantize an input of another dtype without a word.
+            raise ValueError(f"groupmm.nn.GroupedLinear.forward: x must be [M, "
+                             f"{self.in_features}] {w.dtype} (the layer's in_features and "
+                             f"dtype); got {list(x.shape)} {x.dtype}")
         plain = self.recipe == "bf16" and not self.accumulate_into_main_grad
-        weight = self._grouped(self.weight)
+        weight = self._grouped(w)
         if recompute_input is not None and torch.compiler.is_compiling():
             raise RuntimeError("groupmm.nn.GroupedLinear: recompute_input is eager-only")
         if plain and not self.delay_wgrad and recompute_input is None:

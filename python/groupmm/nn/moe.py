@@ -25,10 +25,11 @@ Expert parallelism (ep_group=, nn::MoE's MoEConfig::ep) is in moe_ep.py.
 """
 
 import math
+import numbers
 
 import torch
 
-from .._meta import moe_capacity
+from .._meta import check_router_sizes, moe_capacity
 from . import moe_ep
 from ._recompute import again as _again
 from .grouped_linear import GroupedLinear, split_multiple
@@ -116,11 +117,10 @@ class MoE(torch.nn.Module):
             raise ValueError(f"groupmm.nn.MoE: capacity_factor={capacity_factor} must be finite "
                              "and >= 0 (0 = dropless)")
         # The core's router limits (groupmm/moe.hpp RouterConfig), said here before any op runs.
-        if not 1 <= experts <= 1024:
-            raise ValueError(f"groupmm.nn.MoE: experts={experts} must be in [1, 1024]")
-        if not 1 <= topk <= min(experts, 32):
-            raise ValueError(f"groupmm.nn.MoE: topk={topk} must be in [1, min(experts, 32)] = "
-                             f"[1, {min(experts, 32)}]")
+        for name, v in (("experts", experts), ("topk", topk)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"groupmm.nn.MoE: {name}={v!r} must be an int")
+        check_router_sizes("nn.MoE", experts, topk, "experts")
         self.experts, self.topk, self.align = experts, topk, align
         self.recipe, self.split_multiple = recipe, split
         self.capacity_factor = float(capacity_factor)
