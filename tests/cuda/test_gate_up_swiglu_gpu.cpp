@@ -135,7 +135,9 @@ INSTANTIATE_TEST_SUITE_P(
                       GateUpCase{"h_not_mult_64", 129, 2, 4, 200, 64, 1, 0, DType::bf16},
                       GateUpCase{"t1_k1_e1", 1, 1, 1, 64, 64, 1, 0, DType::bf16},
                       GateUpCase{"e256", 1024, 2, 256, 128, 128, 1, 0, DType::bf16},
-                      GateUpCase{"fp16", 400, 2, 8, 512, 128, 1, 0, DType::fp16}),
+                      GateUpCase{"fp16", 400, 2, 8, 512, 128, 1, 0, DType::fp16},
+                      // more column tiles than a raster band, the last band narrower
+                      GateUpCase{"wide_f_bands", 600, 2, 4, 256, 1152, 1, 3, DType::bf16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Graph safe: captured plan + sources + fused projection, replayed after the routing changed,

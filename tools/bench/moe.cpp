@@ -127,7 +127,8 @@ std::vector<MoeMover> time_moe_movers(Context& ctx, MoE& moe, const TensorView& 
 // of that chain alone. {fused, unfused, gemm alone, dense} in us; zeros when the fused op does not
 // take the case (dtype, sizes).
 struct GateUpTimes {
-  double fused = 0, fused_h_only = 0, pingpong = 0, coop = 0, unfused = 0, gemm = 0, dense = 0;
+  double fused = 0, fused_h_only = 0, pingpong = 0, coop = 0, coop_c2 = 0, unfused = 0, gemm = 0,
+         dense = 0;
 };
 GateUpTimes time_gate_up(Context& ctx, MoE& moe, const TensorView& x, int iters) {
   const MoEConfig& c = moe.config();
@@ -156,6 +157,8 @@ GateUpTimes time_gate_up(Context& ctx, MoE& moe, const TensorView& x, int iters)
     r.pingpong = time_us(ctx, 2, iters, [&](int) { moe_gate_up_swiglu(ctx, o); });
     o.config = "coop_128x256";
     r.coop = time_us(ctx, 2, iters, [&](int) { moe_gate_up_swiglu(ctx, o); });
+    o.config = "coop_128x256_c2";
+    r.coop_c2 = time_us(ctx, 2, iters, [&](int) { moe_gate_up_swiglu(ctx, o); });
   }
   r.unfused = time_us(ctx, 2, iters, [&](int) {
     moe_permute(ctx, x, m, xp, wt, pr);
@@ -266,13 +269,14 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
         "      the same without the pre-activation output  %9.1f us %6.0f TFLOP/s\n"
         "      its ping-pong 128x128 schedule              %9.1f us\n"
         "      its cooperative 128x256 without cluster     %9.1f us\n"
+        "      its cooperative 128x256 on 2-CTA clusters   %9.1f us\n"
         "    unfused (permute, grouped GEMM, SwiGLU)       %9.1f us   fused speedup %.2fx\n"
         "    its grouped GEMM alone                        %9.1f us %6.0f TFLOP/s\n"
         "    dense cuBLAS GEMM of T k rows                 %9.1f us %6.0f TFLOP/s: fused at "
         "%.0f%%\n",
         iters, gt.fused, flops / (gt.fused * 1e6), gt.fused_h_only, flops / (gt.fused_h_only * 1e6),
-        gt.pingpong, gt.coop, gt.unfused, gt.unfused / gt.fused, gt.gemm, flops / (gt.gemm * 1e6),
-        gt.dense, gt.dense > 0 ? flops / (gt.dense * 1e6) : 0.0,
+        gt.pingpong, gt.coop, gt.coop_c2, gt.unfused, gt.unfused / gt.fused, gt.gemm,
+        flops / (gt.gemm * 1e6), gt.dense, gt.dense > 0 ? flops / (gt.dense * 1e6) : 0.0,
         gt.dense > 0 ? 100 * gt.dense / gt.fused : 0.0);
   }
   double copy_gbs = 0;
@@ -311,6 +315,7 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
                                    .add("fused_h_only_us", gt.fused_h_only)
                                    .add("pingpong_us", gt.pingpong)
                                    .add("coop_us", gt.coop)
+                                   .add("coop_c2_us", gt.coop_c2)
                                    .add("unfused_us", gt.unfused)
                                    .add("gemm_us", gt.gemm)
                                    .add("dense_us", gt.dense)));

@@ -26,11 +26,15 @@
 // first stage from the tile's position alone (every tile has the same number of K blocks).
 //
 // Scheduling: every CTA scans the splits itself (scan_splits: clamped ranges, faults reported
-// once by CTA 0) into shared-memory tables; work units are numbered expert by expert, row tile
-// (kCluster row tiles a unit) by row tile, column tile fastest (consecutive clusters share the
-// gathered A rows while the expert's B stays in L2), and cluster c takes units c, c + clusters,
-// ...; CTA r of the cluster takes row tile r of its unit (none past the expert's rows: it then
-// only loads and multicasts its half of B, keeping the stage protocol).
+// once by CTA 0) into shared-memory tables; work units (kCluster row tiles by one column tile)
+// are numbered expert by expert, and within an expert in bands of `band_n` column tiles: band by
+// band, unit row by unit row within a band, column tile fastest. Consecutive units share their
+// gathered A rows, and the units in flight at once (one per cluster) cover about
+// clusters / band_n unit rows by band_n column tiles, so that the A rows and B columns they read
+// stay in L2 however wide the expert (the host picks band_n; band_n >= the column tiles is plain
+// row-major order). Cluster c takes units c, c + clusters, ...; CTA r of the cluster takes row tile
+// r of its unit (none past the expert's rows: it then only loads and multicasts its half of B,
+// keeping the stage protocol).
 //
 // Invariants (checked by the host wrapper): K % 8 == 0 (16-byte rows), A and B 16-byte aligned,
 // B_rows % kTileN == 0 (a column tile never straddles two experts), G <= kMaxGroups.
@@ -108,6 +112,7 @@ struct GatheredGemmParams {
   int64_t G;
   int64_t K;
   int64_t b_rows;  // rows of one expert's B (N of the GEMM)
+  int32_t band_n;  // column tiles per raster band (>= 1)
   StatusBlock* status;
   OpId op;
 };
@@ -265,14 +270,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int32_t first_unit = static_cast<int32_t>(blockIdx.x / Config::kCluster);
   const int32_t unit_step = static_cast<int32_t>(gridDim.x / Config::kCluster);
 
+  const int band_n = max(1, min(static_cast<int>(p.band_n), tiles_n));
   auto tile_at = [&](int32_t t) {
     const int g = detail::find_tile_group(sm.tile_prefix, G, t);
     const int32_t local = t - sm.tile_prefix[g];
-    const int unit_row = local / tiles_n;
+    const int32_t unit_rows = (sm.tile_prefix[g + 1] - sm.tile_prefix[g]) / tiles_n;
+    const int32_t per_band = unit_rows * band_n;  // units of a full band
+    const int band = local / per_band;
+    const int32_t in_band = local - band * per_band;
+    const int width = min(band_n, tiles_n - band * band_n);  // the last band may be narrower
+    const int unit_row = in_band / width;
     const int rt = unit_row * Config::kCluster + rank;
     TileCoord c;
     c.g = g;
-    c.ct = local - unit_row * tiles_n;
+    c.ct = band * band_n + (in_band - unit_row * width);
     c.row0 = int64_t(sm.row_start[g]) + int64_t(rt) * BM;
     c.rows = max(0, min(BM, sm.rows[g] - rt * BM));
     return c;

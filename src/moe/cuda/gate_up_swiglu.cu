@@ -9,6 +9,7 @@
 // element math and stores pairs of columns (and the rounded pre-activation when asked) straight
 // from registers.
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <string>
 
@@ -190,6 +191,12 @@ void launch_gate_up(Context& ctx, const MoeGateUpArgs& a) {
   }
   const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(tiles, resident));
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * C));
+  // The raster band: the units in flight (one per cluster) cover clusters / band unit rows of A
+  // (C * 128 rows each) by band column tiles of B (kTileN rows each); an expert too large for L2
+  // is then read from memory about (A bytes) * (column tiles / band) + (B bytes) * (unit rows /
+  // (clusters / band)), least at band = sqrt(clusters * C * 128 / kTileN).
+  p.band_n = static_cast<int32_t>(
+      std::max(1.0, std::round(std::sqrt(double(clusters) * C * Config::kTileM / Config::kTileN))));
   GROUPMM_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, p, tma_b, epi));
 }
 
