@@ -282,6 +282,24 @@ TEST(GateUpGpuErrors, ShapesOutsideTheKernelAreRefused) {
   }
   EXPECT_FALSE(moe_gate_up_swiglu_supported(gpu, DType::bf16, H, 48, E));
   EXPECT_FALSE(moe_gate_up_swiglu_supported(gpu, DType::fp32, H, 64, E));
+  // The epilogue stores 8 columns at once: an output view 2 elements into its buffer is refused.
+  Tensor w64 = t({E, 2 * 64, H}, DType::bf16), big = t({R * 64 + 8}, DType::bf16);
+  const TensorView shifted(static_cast<uint16_t*>(big.data()) + 2, DType::bf16, Device::CUDA,
+                           {R, 64});
+  try {
+    moe_gate_up_swiglu(gpu, MoeGateUpArgs{.x = x,
+                                          .src_row = src,
+                                          .splits = sp,
+                                          .w = w64,
+                                          .prob = pr,
+                                          .out = shifted,
+                                          .gate_up = TensorView()});
+    ADD_FAILURE() << "a misaligned out accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("moe_gate_up_swiglu: out must be 16-byte aligned"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
