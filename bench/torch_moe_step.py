@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A training step (forward + backward) of groupmm.nn.MoE against the plain PyTorch MoE block of
 bench/peers_torch_moe.py (softmax / sigmoid top-k router, argsort + index_select, two
-torch._grouped_mm, index_add_), on the same shapes, weights and inputs, in the same process.
+torch._grouped_mm, index_add_), eager and under torch.compile, on the same shapes, weights and
+inputs, in the same process.
 
     PYTHONPATH=python python3 bench/torch_moe_step.py [--case qwen3] [--json out/torch_moe_step.json]
     PYTHONPATH=python python3 bench/torch_moe_step.py --cpu --quick     (a smoke run, seconds)
@@ -100,6 +101,25 @@ def time_case(c, device, iters, warmup):
         row["speedup"] = round(row["torch_us"] / row["groupmm_us"], 3)
     except RuntimeError as e:  # e.g. out of memory: report, keep the other shapes
         row["torch_error"] = str(e).splitlines()[0][:160]
+    # The second peer: the same block under torch.compile, as a PyTorch user would try it (graph
+    # breaks where the routing's shapes depend on the data). Inductor on CUDA; on the CPU smoke
+    # run aot_eager, which traces forward and backward without generating C++.
+    compiled = torch.compile(theirs, backend="inductor" if device.type == "cuda" else "aot_eager")
+
+    def step_compiled():
+        compiled(x).backward(dy)
+        clear()
+
+    try:
+        with torch.no_grad():
+            y_c = compiled(x).float()
+        row["torch_compiled_rel_err"] = round(((y_c - y_theirs).norm() / y_theirs.norm()).item(), 5)
+        # one more warm-up step: the first compiles the training graphs
+        row["torch_compiled_us"] = common.median_us(step_compiled, device, warmup + 1, iters)
+        row["speedup_vs_compiled"] = round(row["torch_compiled_us"] / row["groupmm_us"], 3)
+    except Exception as e:  # a compiler failure is the peer's result: report, keep going
+        row["torch_compiled_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    torch._dynamo.reset()
     return row
 
 
@@ -119,7 +139,8 @@ def main():
             torch.cuda.empty_cache()
     print(f"MoE training step (fwd + bwd), groupmm.nn.MoE vs plain PyTorch, "
           f"{result['device']}, torch {result['torch']}, median of {iters}")
-    cols = ["case", "T", "H", "F", "E", "k", "groupmm_us", "torch_us", "speedup", "rel_err"]
+    cols = ["case", "T", "H", "F", "E", "k", "groupmm_us", "torch_us", "speedup", "rel_err",
+            "torch_compiled_us", "speedup_vs_compiled"]
     if device.type == "cuda":
         cols += ["groupmm_no_recompute_us", "kept_rows", "kept_rows_no_recompute", "torch_kept_rows"]
     print(common.table(cols, result["cases"]))
