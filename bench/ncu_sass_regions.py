@@ -9,7 +9,8 @@ Usage (on the GPU machine):
 Groups: the consumer mainloop by instruction class (from the full-barrier wait before the first
 QGMMA), the consumer epilogue (from the last QGMMA's block to the consumer's EXIT), and every other
 warp (producer, scheduler, prologue). The region bounds are found from the SASS, so they are
-approximate to a few instructions.
+approximate to a few instructions. A kernel without QGMMA (bf16 wgmma, groupmm's own kernel layer)
+is split into runs of instructions by how often they execute instead (see by_count).
 """
 
 import csv
@@ -37,8 +38,8 @@ def main(path):
     samples = [count(d["# Samples"]) for d in data]
     total = sum(samples)
     mma = [i for i, s in enumerate(src) if opcode(s).startswith("QGMMA")]
-    if not mma:
-        sys.exit(f"{path}: no QGMMA in the source page (not an FP8 wgmma kernel?)")
+    if not mma:  # not a CUTLASS FP8 mainloop: the kernel's runs of equal execution counts
+        return by_count(path, data, src, samples, total)
     start = max(i for i in range(mma[0]) if "TRYWAIT" in src[i]) - 2
     end = next(i for i in range(mma[-1], len(src)) if opcode(src[i]) == "EXIT")
     epilogue = next(i for i in range(mma[-1], len(src)) if "BAR.SYNC" in src[i] or "UTMACCTL" in src[i]) - 30
@@ -63,6 +64,31 @@ def main(path):
     print(f"{path}: {total} samples")
     for key, value in sorted(groups.items(), key=lambda kv: -kv[1]):
         print(f"  {100 * value / total:5.1f}%  {key}")
+
+
+def by_count(path, data, src, samples, total):
+    """Any kernel: consecutive instructions with the same class of execution count form a run (per
+    K block, per tile, once, never), printed with their share of the samples, their stall reasons
+    and their first instruction: the mainloop, the epilogue and the producer's loop fall apart by
+    how often they run (per K block: a third of a wgmma's count and up, spin loops included)."""
+    executed = [count(d["Instructions Executed"]) for d in data]
+    stalls = [k for k in data[0] if k.startswith("stall_") and "Not Issued" not in k]
+    gmma = [e for e, t in zip(executed, src) if "GMMA" in opcode(t)]
+    top = max(gmma) if gmma else max(executed)  # an MMA's count: once per K block (and warp)
+    cls = ["per K block" if e >= top / 3 else "per tile" if e > 0 else "not executed" for e in executed]
+    runs, a = [], 0
+    for i in range(1, len(src) + 1):
+        if i == len(src) or cls[i] != cls[a]:
+            runs.append((a, i - 1))
+            a = i
+    print(f"{path}: {total} samples (no QGMMA: runs of instructions by execution count)")
+    for a, b in runs:
+        n = sum(samples[a:b + 1])
+        if n < 0.005 * total:
+            continue
+        why = {k: sum(count(data[i][k]) for i in range(a, b + 1)) for k in stalls}
+        worst = ", ".join(f"{k[6:]} {100 * v / n:.0f}%" for k, v in sorted(why.items(), key=lambda kv: -kv[1])[:3])
+        print(f"  {100 * n / total:5.1f}%  [{a}, {b}] {cls[a]:12}  {worst}   ({src[a][:40]})")
 
 
 if __name__ == "__main__":
