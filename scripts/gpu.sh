@@ -33,7 +33,7 @@ stages (knobs are environment variables):
   bench-ep        bench ep, bench moe --ep capacity: a process per GPU (torchrun) when several
   bench-w4        bench gemm --weights nvfp4, then mxfp4 --json (ITERS)
   python          the torch extension against $BUILD_DIR, then pytest tests/python on the GPU
-  ncu             Nsight Compute: NCU_KERNEL of NCU_CMD (bench quantize) per NCU_CASES, NCU_SOURCE=1
+  ncu             Nsight Compute: NCU_KERNEL of NCU_CMD (bench quantize) per NCU_CASES, NCU_SOURCE=1: + SASS regions
   tune            bench gemm --quick sweeps: TUNE ("ARGS;ARGS;...", default the wgrad tiles)
   ab              $AB_OLD (prepare-ab REV) vs this tree, old new new old: quantize, AB_GEMM_CASES
   demo            demo and demo moe at their GPU sizes
@@ -180,7 +180,12 @@ stage_ncu() {
       --launch-skip 2 --launch-count 1 --set full ${NCU_SOURCE:+-o "$OUT/ncu_$n"} \
       "$BIN" ${NCU_CMD:-bench quantize --recipe ${c%/*} --direction ${c#*/} --shape 65536x7168 --iters 1}
     grep -E "Duration|DRAM Throughput|Executed Ipc A|Issue Slots Busy|No Eligible" "$OUT/ncu_$n.txt" | head -8
-    [ -n "${NCU_SOURCE:-}" ] && ncu -i "$OUT/ncu_$n.ncu-rep" --page source --print-source sass --csv >"$OUT/src_$n.csv" 2>&1
+    if [ -n "${NCU_SOURCE:-}" ]; then  # the report went to a file: its details page, then the SASS
+      ncu -i "$OUT/ncu_$n.ncu-rep" --page details >>"$OUT/ncu_$n.txt" 2>&1
+      grep -E "Duration|DRAM Throughput|Executed Ipc A|Issue Slots Busy|No Eligible" "$OUT/ncu_$n.txt" | head -8
+      ncu -i "$OUT/ncu_$n.ncu-rep" --page source --print-source sass --csv >"$OUT/src_$n.csv" 2>&1
+      python3 bench/ncu_sass_regions.py "$OUT/src_$n.csv" | tee -a "$OUT/ncu_$n.txt" | head -14
+    fi
   done
 }
 stage_tune() {
