@@ -192,8 +192,21 @@ void GroupedLinear::prepare(Context& ctx) {
   if (need > 0) ctx.reserve_workspace(need);
 }
 
+TensorView GroupedLinear::forward_external(Context& ctx, const TensorView& x,
+                                           const TensorView& splits) {
+  const char* op = "GroupedLinear.forward_external";
+  GROUPMM_CHECK(cfg_.recipe->quantization() == QuantRecipe::none && !cfg_.bias, op,
+                ": only a high-precision layer without bias (recipe=", cfg_.recipe->name(),
+                ", bias=", cfg_.bias ? "true" : "false", ")");
+  return forward_impl(ctx, x, splits, op, false);
+}
+
 TensorView GroupedLinear::forward(Context& ctx, const TensorView& x, const TensorView& splits) {
-  const char* op = "GroupedLinear.forward";
+  return forward_impl(ctx, x, splits, "GroupedLinear.forward", true);
+}
+
+TensorView GroupedLinear::forward_impl(Context& ctx, const TensorView& x, const TensorView& splits,
+                                       const char* op, bool run_gemm) {
   check_ctx(ctx, "forward");
   GROUPMM_CHECK(!pending_wgrad_, op,
                 ": a delayed wgrad is pending; call backward_dw() before the "
@@ -208,7 +221,7 @@ TensorView GroupedLinear::forward(Context& ctx, const TensorView& x, const Tenso
   saved_splits_ = TensorView(splits_.data(), splits.dtype, device_, {cfg_.experts});
   copy(saved_splits_, splits, ctx.stream());
   const TensorView y(y_.data(), cfg_.dtype, device_, {M, cfg_.out_features});
-  exec_->forward(ctx, x, w_.view(), b_.view(), saved_splits_, y);
+  if (run_gemm) exec_->forward(ctx, x, w_.view(), b_.view(), saved_splits_, y);
   saved_x_ = x;
   saved_m_ = M;
   return y;

@@ -57,8 +57,9 @@ std::string MoEConfig::to_string() const {
                      ", bias=", bias ? "true" : "false", ", dtype=", dtype_name(dtype),
                      ", delay_wgrad=", delay_wgrad ? "true" : "false",
                      ", main_grad=", accumulate_into_main_grad ? "true" : "false",
-                     ", expert_bias=", expert_bias ? "true" : "false", ", ep=", ep.to_string(),
-                     ", ", router_config().to_string(), ")");
+                     ", expert_bias=", expert_bias ? "true" : "false",
+                     fused_gate_up ? ", fused_gate_up=true" : "", ", ep=", ep.to_string(), ", ",
+                     router_config().to_string(), ")");
 }
 
 namespace {
@@ -98,6 +99,19 @@ void check_config(const Context& ctx, const MoEConfig& c) {
   GROUPMM_CHECK(
       c.dtype == DType::bf16 || c.dtype == DType::fp16 || (fp32_ok && c.dtype == DType::fp32), op,
       ": dtype=", dtype_name(c.dtype), " must be bf16 or fp16 (fp32 only on a CPU context)");
+  if (c.fused_gate_up) {
+    GROUPMM_CHECK(
+        !c.ep.enabled() && !c.bias && (!c.recipe || c.recipe->quantization() == QuantRecipe::none),
+        op, ": fused_gate_up needs the high-precision recipe (recipe=",
+        c.recipe ? c.recipe->name() : std::string("bf16"),
+        "), no bias (bias=", c.bias ? "true" : "false",
+        ") and no expert parallelism (ep=", c.ep.to_string(), ")");
+    GROUPMM_CHECK(moe_gate_up_swiglu_supported(ctx, c.dtype, c.hidden, c.ffn_hidden, c.experts), op,
+                  ": fused_gate_up: moe_gate_up_swiglu does not take dtype=", dtype_name(c.dtype),
+                  ", hidden=", c.hidden, ", ffn_hidden=", c.ffn_hidden, ", experts=", c.experts,
+                  " on ", device_name(ctx.device()),
+                  " (CUDA: hidden % 8 == 0, ffn_hidden % 64 == 0, experts <= 1024)");
+  }
 }
 
 // Capacity mode's expert buffer is sized for the budget (R * C_e rows); the experts own only the
@@ -153,6 +167,7 @@ MoE::MoE(Context& ctx, const MoEConfig& cfg) : cfg_(cfg), device_(ctx.device()) 
   dest_ = Tensor::empty({T, k}, DType::int32, d, s);
   xp_ = Tensor::empty({R, H}, t, d, s);
   probs_ = Tensor::empty({R}, DType::fp32, d, s);
+  if (cfg.fused_gate_up) src_row_ = Tensor::empty({R}, DType::int32, d, s);
   h_ = Tensor::empty({R, F}, t, d, s);
   y_ = Tensor::empty({T, H}, t, d, s);
   dyp_ = Tensor::empty({R, H}, t, d, s);
@@ -332,18 +347,36 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
   }
   const int64_t R = rows_;
   const TensorView xp = rows_view(xp_, R, H, t), probs = rows_view(probs_, R, 0, DType::fp32);
-  if (ep_on)
-    ep::ep_dispatch(ctx, transport(), *plan_, x, xp, ra.weights, probs);
-  else
-    moe_permute(ctx, x, map_, xp, ra.weights, probs);
-  stage(MoEStage::permute, false);
-
-  gu_ = gate_up_->forward(ctx, xp, splits_);
-  stage(MoEStage::gate_up, false);
   const TensorView h = rows_view(h_, R, cfg_.ffn_hidden, t);
-  weighted_swiglu_forward(ctx, gu_, probs, h, SwigluForm{},
-                          capacity_ep(cfg_) ? splits_ : TensorView());
-  stage(MoEStage::activation, false);
+  if (cfg_.fused_gate_up) {
+    // the row map instead of the permuted copy; xp is gathered in backward (gate_up's wgrad)
+    const TensorView src_row = rows_view(src_row_, R, 0, DType::int32);
+    moe_permute_sources(ctx, map_, src_row, ra.weights, probs);
+    stage(MoEStage::permute, false);
+    gu_ = gate_up_->forward_external(ctx, xp, splits_);
+    moe_gate_up_swiglu(ctx, MoeGateUpArgs{.x = x,
+                                          .src_row = src_row,
+                                          .splits = splits_,
+                                          .w = gate_up_->weight(),
+                                          .prob = probs,
+                                          .out = h,
+                                          .gate_up = gu_,
+                                          .config = {}});
+    stage(MoEStage::gate_up, false);
+    stage(MoEStage::activation, false);  // inside gate_up's kernel
+  } else {
+    if (ep_on)
+      ep::ep_dispatch(ctx, transport(), *plan_, x, xp, ra.weights, probs);
+    else
+      moe_permute(ctx, x, map_, xp, ra.weights, probs);
+    stage(MoEStage::permute, false);
+
+    gu_ = gate_up_->forward(ctx, xp, splits_);
+    stage(MoEStage::gate_up, false);
+    weighted_swiglu_forward(ctx, gu_, probs, h, SwigluForm{},
+                            capacity_ep(cfg_) ? splits_ : TensorView());
+    stage(MoEStage::activation, false);
+  }
   const TensorView yp = down_->forward(ctx, h, splits_);
   stage(MoEStage::down, false);
 
@@ -394,6 +427,8 @@ TensorView MoE::backward(Context& ctx, const TensorView& dy) {
   weighted_swiglu_backward(ctx, dh, gu_, probs, dgu, dprobs, SwigluForm{},
                            capacity_ep(cfg_) ? splits_ : TensorView());
   stage(MoEStage::activation, true);
+  // fused_gate_up: the permuted rows gate_up's wgrad reads (forward saved the buffer, unfilled)
+  if (cfg_.fused_gate_up) moe_permute(ctx, saved_x_, map_, rows_view(xp_, R, H, t));
   const TensorView dxp = gate_up_->backward(ctx, dgu);
   stage(MoEStage::gate_up, true);
 

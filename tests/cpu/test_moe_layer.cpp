@@ -8,6 +8,7 @@
 #include <omp.h>
 #endif
 
+#include "common/moe_fused_case.hpp"
 #include "common/test_util.hpp"
 #include "base/cpu_util.hpp"
 #include "groupmm/nn/moe.hpp"
@@ -214,6 +215,30 @@ TEST(MoECpu, ClearErrors) {
   moe.forward(ctx, host_view(x, DType::bf16, {8, 6}));
   EXPECT_THROW_MSG(moe.backward(ctx, host_view(dy, DType::bf16, {7, 6})),
                    "MoE.backward: dy.shape[0]=7 must equal 8");
+}
+
+// fused_gate_up (moe_gate_up_swiglu, whose CPU reference is the separate ops, and the backward's
+// gather of the permuted rows) changes no bit: dropless, with padding and capacity, delayed wgrad
+// and main grads, a shared expert.
+TEST(MoECpu, FusedGateUpEqualsTheSeparateOps) {
+  Context ctx(Device::CPU);
+  MoEConfig c = small_cfg(DType::bf16);
+  c.bias = false;
+  expect_fused_gate_up_bit_exact(ctx, c, 8);
+  c.capacity_factor = 0.75;
+  c.pad_align = 4;
+  c.delay_wgrad = true;
+  c.accumulate_into_main_grad = true;
+  expect_fused_gate_up_bit_exact(ctx, c, 7);
+}
+
+TEST(MoECpu, FusedGateUpRefusesWhatItCannotServe) {
+  Context ctx(Device::CPU);
+  MoEConfig c = small_cfg(DType::bf16);
+  c.fused_gate_up = true;  // small_cfg has biases
+  EXPECT_THROW_MSG(MoE m(ctx, c),
+                   "MoE: fused_gate_up needs the high-precision recipe (recipe=bf16), no bias "
+                   "(bias=true) and no expert parallelism (ep=off)");
 }
 
 }  // namespace

@@ -61,6 +61,7 @@ std::vector<MoeBenchCase> moe_bench_cases(const BenchMoeOptions& o) {
       continue;
     out.push_back(c);
     if (o.tokens > 0) out.back().cfg.max_tokens = o.tokens;
+    out.back().cfg.fused_gate_up = o.fused_gate_up;
     if (o.recipe != "bf16") {  // the expert linears quantized, experts padded as the recipe needs
       const QuantRecipe r = training_recipe_of(o.recipe);
       if (cpu) {  // the smoke shapes widened to the recipe's feature multiple (128: fp8_block)
@@ -145,8 +146,14 @@ GateUpTimes time_gate_up(Context& ctx, MoE& moe, const TensorView& x, int iters)
   Tensor h = Tensor::empty({R, F}, c.dtype, d, s);
   const TensorView w1 = moe.gate_up().weight(), wt = moe.router_weights();
   moe_permute_sources(ctx, m, src, wt, pr);
-  const MoeGateUpArgs a{
-      .x = x, .src_row = src, .splits = m.splits, .w = w1, .prob = pr, .out = h, .gate_up = gu};
+  const MoeGateUpArgs a{.x = x,
+                        .src_row = src,
+                        .splits = m.splits,
+                        .w = w1,
+                        .prob = pr,
+                        .out = h,
+                        .gate_up = gu,
+                        .config = {}};
   r.fused = time_us(ctx, 2, iters, [&](int) { moe_gate_up_swiglu(ctx, a); });
   MoeGateUpArgs h_only = a;  // a forward that recomputes the pre-activation in backward
   h_only.gate_up = {};
@@ -224,13 +231,14 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
   const BlockInputs in = block_inputs(ctx, T, H, 31);
   const Tensor &x = in.x, &dy = in.dy;
   std::printf(
-      "\n== %s: T=%lld H=%lld F=%lld E=%lld k=%lld%s, permuted rows %lld, bf16, experts %s\n",
+      "\n== %s: T=%lld H=%lld F=%lld E=%lld k=%lld%s, permuted rows %lld, bf16, experts %s%s\n",
       bc.name, (long long)T, (long long)H, (long long)c.ffn_hidden, (long long)c.experts,
       (long long)c.topk,
       c.shared_ffn_hidden > 0 ? detail::cat(" + shared expert F=", c.shared_ffn_hidden).c_str()
                               : "",
       (long long)moe_permuted_rows(T, c.topk, c.experts),
-      c.recipe ? c.recipe->name().c_str() : "bf16");
+      c.recipe ? c.recipe->name().c_str() : "bf16",
+      c.fused_gate_up ? ", gate_up fused (moe_gate_up_swiglu)" : "");
   const TensorView y = moe.forward(ctx, x);
   ctx.check();
   int mism = 0;
@@ -302,6 +310,7 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
                .add("shared_F", c.shared_ffn_hidden)
                .add("score", router_score_name(c.score))
                .add("recipe", c.recipe ? c.recipe->name() : std::string("bf16"))
+               .add("fused_gate_up", c.fused_gate_up)
                .add("fwd_us", fwd_us)
                .add("fwd_bwd_us", step_us)
                .add("bound_fwd_us", bound_fwd)
@@ -394,6 +403,9 @@ void add_bench_moe_options(CLI::App& app, BenchMoeCommand& cmd) {
   add_choice(app, "--recipe", o.recipe, {"bf16", "fp8_current", "fp8_block", "mxfp8"},
              "the expert linears' recipe (quantized: experts padded to its split multiple)");
   app.add_flag("--cpu", o.cpu, "smoke run on the CPU reference backend (tiny shapes)");
+  app.add_flag("--fused-gate-up", o.fused_gate_up,
+               "the block's gate_up projection and weighted SwiGLU as one kernel-layer op "
+               "(MoEConfig::fused_gate_up; bf16, no EP)");
   add_json(app, o.json);
   add_choice(app, "--ep", o.ep, {"capacity", "throughput"},
              "expert parallelism: every case as one rank of a group (E / R experts and T tokens a "

@@ -55,8 +55,9 @@ struct BenchMoeOptions {
   // The expert linears' recipe: bf16, or a quantized training recipe (experts padded to its
   // split_multiple, recipe_traits); one GPU only.
   std::string recipe = "bf16";
-  bool cpu = false;  // smoke run on the CPU reference backend (tiny shapes, wall clock)
-  std::string json;  // write the results here (bench/peers_torch_moe.py reads them)
+  bool cpu = false;            // smoke run on the CPU reference backend (tiny shapes, wall clock)
+  bool fused_gate_up = false;  // MoEConfig::fused_gate_up for every case
+  std::string json;            // write the results here (bench/peers_torch_moe.py reads them)
   // Expert parallelism (nn::MoE over ranks, moe_ep.cpp): ep "capacity" or "throughput" runs
   // every case as one rank of a group with E / R local experts and T tokens a rank; "" = one GPU,
   // no EP. The group as in `bench ep` (common/ep_group.hpp); with cpu, `ranks` (default 2)

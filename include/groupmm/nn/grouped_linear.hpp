@@ -183,6 +183,12 @@ class GroupedLinear {
   // x [M, K] (M <= max_tokens) in dtype, splits [G] int32/int64 on the layer's device.
   // Returns y [M, N]. Saves x (by reference) and a copy of splits for backward.
   TensorView forward(Context& ctx, const TensorView& x, const TensorView& splits);
+  // The forward of a caller whose fused kernel computes y itself (nn::MoE's fused gate_up
+  // projection: moe_gate_up_swiglu): everything forward does but the GEMM. Saves x by reference
+  // (x may be filled later: it must hold the layer's input when backward runs) and the splits, and
+  // returns y [M, N], the layer's buffer, for the caller to write. High-precision recipe without
+  // bias only (a quantized recipe's forward keeps its own copies for backward).
+  TensorView forward_external(Context& ctx, const TensorView& x, const TensorView& splits);
   // dy [M, N] with forward's M. Returns dx [M, K]; computes dW/db now unless delay_wgrad.
   TensorView backward(Context& ctx, const TensorView& dy);
   // With delay_wgrad: computes the queued dW/db (throws if nothing is queued).
@@ -217,6 +223,8 @@ class GroupedLinear {
 
  private:
   void check_ctx(const Context& ctx, const char* fn) const;
+  TensorView forward_impl(Context& ctx, const TensorView& x, const TensorView& splits,
+                          const char* op, bool run_gemm);
   void run_wgrad(Context& ctx, const TensorView& dy, const TensorView& x);
 
   GroupedLinearConfig cfg_;

@@ -118,6 +118,12 @@ struct MoEConfig {
   uint64_t seed = 0;  // initialization (router weight like nn.Linear; the linears as GroupedLinear)
   std::shared_ptr<const LinearRecipe> recipe;  // of the expert linears; null = high precision
   MoEExpertParallel ep;                        // expert parallelism (off by default)
+  // The gate_up projection and the weighted SwiGLU as one op of the kernel layer
+  // (moe_gate_up_swiglu: x gathered through the row map inside the GEMM, the activation in its
+  // epilogue), and no permuted copy of x in forward; backward gathers it for gate_up's wgrad.
+  // Results are bit for bit those of the separate ops. High precision (no recipe), no bias, no
+  // expert parallelism; on CUDA the shapes moe_gate_up_swiglu_supported takes.
+  bool fused_gate_up = false;
   RouterConfig router_config() const;
   std::string to_string() const;
 };
@@ -209,6 +215,7 @@ class MoE {
   Tensor logits_, ids_, weights_, counts_, losses_;      // router
   Tensor map_buf_, dest_;                                // permute map: [3E] starts|kept|splits
   Tensor xp_, probs_, h_, y_;                            // forward
+  Tensor src_row_;                                       // fused_gate_up: the row map [rows]
   Tensor dyp_, dprobs_, dgu_, dx_, dweights_, dlogits_;  // backward
   Tensor sh_h_, sh_dgu_, token_counts_;                  // shared expert; [max_tokens + 1] = 0..T
   PermuteMap map_;

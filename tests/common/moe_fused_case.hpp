@@ -1,0 +1,59 @@
+// nn::MoE with fused_gate_up against the same block with the separate ops, on one device: the
+// same parameters (the same seed), inputs and two steps (the second with new inputs, so that the
+// gather of backward reads the current routing); y, the losses, dx and every gradient bit for bit
+// (tests/cpu/test_moe_layer.cpp, tests/cuda/test_moe_layer_gpu.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/test_util.hpp"
+#include "groupmm/nn/moe.hpp"
+
+namespace groupmm::test {
+
+inline std::vector<nn::GroupedLinear*> moe_linears(nn::MoE& m) {
+  std::vector<nn::GroupedLinear*> l = {&m.gate_up(), &m.down()};
+  if (m.has_shared_expert()) {
+    l.push_back(&m.shared_gate_up());
+    l.push_back(&m.shared_down());
+  }
+  return l;
+}
+
+// T tokens a step; c.fused_gate_up is ignored (the pair is made from c).
+inline void expect_fused_gate_up_bit_exact(Context& ctx, nn::MoEConfig c, int64_t T) {
+  c.fused_gate_up = false;
+  nn::MoE plain(ctx, c);
+  c.fused_gate_up = true;
+  nn::MoE fused(ctx, c);
+  auto pl = moe_linears(plain), fl = moe_linears(fused);
+  ASSERT_EQ(bytes_of(plain.router_weight()), bytes_of(fused.router_weight()));
+  for (size_t i = 0; i < pl.size(); ++i)
+    ASSERT_EQ(bytes_of(pl[i]->weight()), bytes_of(fl[i]->weight())) << "linear " << i;
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    std::vector<uint16_t> hx(size_t(T * c.hidden)), hdy(size_t(T * c.hidden));
+    const auto rx = randn(hx.size(), 1.0f), rdy = randn(hdy.size(), 0.1f);
+    for (size_t i = 0; i < hx.size(); ++i) {
+      hx[i] = float_to_bf16_bits(rx[i]);
+      hdy[i] = float_to_bf16_bits(rdy[i]);
+    }
+    Tensor x = clone_to(host_view(hx, DType::bf16, {T, c.hidden}), ctx.device());
+    Tensor dy = clone_to(host_view(hdy, DType::bf16, {T, c.hidden}), ctx.device());
+    const TensorView yp = plain.forward(ctx, x), yf = fused.forward(ctx, x);
+    EXPECT_EQ(bytes_of(yp), bytes_of(yf)) << "y";
+    EXPECT_EQ(bytes_of(plain.aux_loss()), bytes_of(fused.aux_loss())) << "aux loss";
+    const TensorView dxp = plain.backward(ctx, dy), dxf = fused.backward(ctx, dy);
+    plain.backward_dw(ctx);
+    fused.backward_dw(ctx);
+    EXPECT_NO_THROW(ctx.check());
+    EXPECT_EQ(bytes_of(dxp), bytes_of(dxf)) << "dx";
+    EXPECT_EQ(bytes_of(plain.router_weight_grad()), bytes_of(fused.router_weight_grad()))
+        << "router dW";
+    for (size_t i = 0; i < pl.size(); ++i)
+      EXPECT_EQ(bytes_of(pl[i]->weight_grad()), bytes_of(fl[i]->weight_grad())) << "dW " << i;
+  }
+}
+
+}  // namespace groupmm::test
