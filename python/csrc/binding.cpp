@@ -90,6 +90,13 @@ groupmm::ScaleLayout layout_of(c10::string_view l, const char* op) {
                     "' must be 'plain', 'swizzled' or 'mn_major'");
 }
 
+groupmm::SplitsTotal splits_total_of(c10::string_view t, const char* op) {
+  if (t == "exact") return groupmm::SplitsTotal::exact;
+  TORCH_CHECK_VALUE(t == "at_most", "groupmm.", op, ": splits_total='", std::string(t),
+                    "' must be 'exact' or 'at_most'");
+  return groupmm::SplitsTotal::at_most;
+}
+
 void check_spec(const char* op, const std::string& arg, const at::Tensor& t,
                 const groupmm::TensorSpec& spec, const std::string& what) {
   if (!spec.present()) {

@@ -70,6 +70,9 @@ at::ScalarType torch_dtype(groupmm::DType t);
 // String options shared by several ops; errors name the op and the value.
 groupmm::QuantRecipe recipe_of(c10::string_view r, const char* op);
 groupmm::ScaleLayout layout_of(c10::string_view l, const char* op);
+// An op's splits_total argument: 'exact' (sum(splits) == rows) or 'at_most' (sum <= rows, the
+// rows past the sum neither read nor written; core.hpp SplitsTotal).
+groupmm::SplitsTotal splits_total_of(c10::string_view t, const char* op);
 
 // An optional tensor that an op takes or returns as "absent": a 1-D tensor with no element.
 inline bool absent(const at::Tensor& t) {
@@ -145,7 +148,8 @@ Bound bind_gemm(Call& call, groupmm::GemmPass pass, const at::Tensor& a, const a
 Bound bind_group_quantize(Call& call, const at::Tensor& input,
                           const std::optional<at::Tensor>& splits, c10::string_view recipe,
                           std::optional<at::ScalarType> fp8_dtype, c10::string_view direction,
-                          c10::string_view scale_layout, bool pow2_scales, bool block_2d);
+                          c10::string_view scale_layout, bool pow2_scales, bool block_2d,
+                          groupmm::SplitsTotal splits_total = groupmm::SplitsTotal::exact);
 Bound bind_router(Call& call, const at::Tensor& logits,
                   const std::optional<at::Tensor>& expert_bias, int64_t topk,
                   c10::string_view score, int64_t n_group, int64_t topk_group, bool renormalize,

@@ -27,13 +27,15 @@ using Tensor = at::Tensor;
 using OptTensor = std::optional<at::Tensor>;
 using OptDtype = std::optional<at::ScalarType>;
 
-using MmSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, OptDtype);
-using MmGradSig = Tensor(const Tensor&, const Tensor&, const Tensor&, OptDtype);
-using DbiasSig = Tensor(const Tensor&, const Tensor&, OptDtype);
+using MmSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, OptDtype,
+                     c10::string_view);
+using MmGradSig = Tensor(const Tensor&, const Tensor&, const Tensor&, OptDtype, c10::string_view);
+using DbiasSig = Tensor(const Tensor&, const Tensor&, OptDtype, c10::string_view);
 using SwigluSig = Tensor(const Tensor&);
 using SwigluBwdSig = Tensor(const Tensor&, const Tensor&);
-using WSwigluSig = Tensor(const Tensor&, const Tensor&);
-using WSwigluBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&);
+using WSwigluSig = Tensor(const Tensor&, const Tensor&, const OptTensor&);
+using WSwigluBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                 const OptTensor&);
 using LogitsSig = Tensor(const Tensor&, const Tensor&);
 using LogitsBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&);
 using Router5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
@@ -53,39 +55,45 @@ using UnpermuteBwdSig = Tensor(const Tensor&, const Tensor&, const Tensor&, cons
 
 struct GroupedMm : torch::autograd::Function<GroupedMm> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w,
-                        const Tensor& splits, const OptTensor& bias, OptDtype out_dtype) {
+                        const Tensor& splits, const OptTensor& bias, OptDtype out_dtype,
+                        c10::string_view splits_total) {
     ctx->save_for_backward({x, w, splits});
     const bool has_bias = bias.has_value() && bias->defined();
     ctx->saved_data["bias_dtype"] = has_bias ? static_cast<int64_t>(bias->scalar_type()) : -1;
+    ctx->saved_data["splits_total"] = std::string(splits_total);
     const at::AutoDispatchBelowADInplaceOrView guard;
-    return GROUPMM_OP("grouped_mm", MmSig).call(x, w, splits, bias, out_dtype);
+    return GROUPMM_OP("grouped_mm", MmSig).call(x, w, splits, bias, out_dtype, splits_total);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &w = saved[1], &splits = saved[2];
     Tensor dy = grads[0];
     const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
+    // at_most: every pass leaves the rows past sum(splits) alone (dx's are not written).
+    const std::string total = ctx->saved_data["splits_total"].toStringRef();
     Tensor dx, dw, db;
-    if (!dy.defined()) return {dx, dw, Tensor(), db, Tensor()};
+    if (!dy.defined()) return {dx, dw, Tensor(), db, Tensor(), Tensor()};
     // The bias gradient sums the upstream gradient as it comes (fp32 with out_dtype=float32);
     // the GEMMs take both operands in one dtype, so an fp32 dy is rounded to x's for them.
     if (bias_dtype >= 0 && ctx->needs_input_grad(3))
       db = GROUPMM_OP("group_dbias", DbiasSig)
-               .call(dy, splits, static_cast<at::ScalarType>(bias_dtype));
+               .call(dy, splits, static_cast<at::ScalarType>(bias_dtype), total);
     if (dy.scalar_type() != x.scalar_type()) dy = dy.to(x.scalar_type());
     if (ctx->needs_input_grad(0))
-      dx = GROUPMM_OP("grouped_mm_dgrad", MmGradSig).call(dy, w, splits, std::nullopt);
+      dx = GROUPMM_OP("grouped_mm_dgrad", MmGradSig).call(dy, w, splits, std::nullopt, total);
     if (ctx->needs_input_grad(1))
-      dw = GROUPMM_OP("grouped_mm_wgrad", MmGradSig).call(dy, x, splits, std::nullopt);
-    return {dx, dw, Tensor(), db, Tensor()};
+      dw = GROUPMM_OP("grouped_mm_wgrad", MmGradSig).call(dy, x, splits, std::nullopt, total);
+    return {dx, dw, Tensor(), db, Tensor(), Tensor()};
   }
 };
 
 Tensor grouped_mm_autograd(c10::DispatchKeySet ks, const Tensor& x, const Tensor& w,
-                           const Tensor& splits, const OptTensor& bias, OptDtype out_dtype) {
+                           const Tensor& splits, const OptTensor& bias, OptDtype out_dtype,
+                           c10::string_view splits_total) {
   if (!records({&x, &w}) && !records(bias))
-    return below_autograd(GROUPMM_OP("grouped_mm", MmSig), ks, x, w, splits, bias, out_dtype);
-  return GroupedMm::apply(x, w, splits, bias, out_dtype);
+    return below_autograd(GROUPMM_OP("grouped_mm", MmSig), ks, x, w, splits, bias, out_dtype,
+                          splits_total);
+  return GroupedMm::apply(x, w, splits, bias, out_dtype, splits_total);
 }
 
 // ---- swiglu, weighted_swiglu --------------------------------------------------------------------
@@ -109,24 +117,28 @@ Tensor swiglu_autograd(c10::DispatchKeySet ks, const Tensor& gate_up) {
 }
 
 struct WeightedSwiglu : torch::autograd::Function<WeightedSwiglu> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& gate_up, const Tensor& prob) {
-    ctx->save_for_backward({gate_up, prob});
+  static Tensor forward(AutogradContext* ctx, const Tensor& gate_up, const Tensor& prob,
+                        const OptTensor& splits) {
+    const bool has_splits = splits.has_value() && splits->defined();
+    ctx->save_for_backward({gate_up, prob, has_splits ? *splits : Tensor()});
     const at::AutoDispatchBelowADInplaceOrView guard;
-    return GROUPMM_OP("weighted_swiglu", WSwigluSig).call(gate_up, prob);
+    return GROUPMM_OP("weighted_swiglu", WSwigluSig).call(gate_up, prob, splits);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return {Tensor(), Tensor()};
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
     const auto saved = ctx->get_saved_variables();
-    auto [dgu, dprob] =
-        GROUPMM_OP("weighted_swiglu_backward", WSwigluBwdSig).call(grads[0], saved[0], saved[1]);
-    return {dgu, dprob};
+    const OptTensor splits = saved[2].defined() ? OptTensor(saved[2]) : std::nullopt;
+    auto [dgu, dprob] = GROUPMM_OP("weighted_swiglu_backward", WSwigluBwdSig)
+                            .call(grads[0], saved[0], saved[1], splits);
+    return {dgu, dprob, Tensor()};
   }
 };
 
-Tensor weighted_swiglu_autograd(c10::DispatchKeySet ks, const Tensor& gate_up, const Tensor& prob) {
+Tensor weighted_swiglu_autograd(c10::DispatchKeySet ks, const Tensor& gate_up, const Tensor& prob,
+                                const OptTensor& splits) {
   if (!records({&gate_up, &prob}))
-    return below_autograd(GROUPMM_OP("weighted_swiglu", WSwigluSig), ks, gate_up, prob);
-  return WeightedSwiglu::apply(gate_up, prob);
+    return below_autograd(GROUPMM_OP("weighted_swiglu", WSwigluSig), ks, gate_up, prob, splits);
+  return WeightedSwiglu::apply(gate_up, prob, splits);
 }
 
 using WSwigluExSig = Tensor(const Tensor&, const Tensor&, double, std::optional<double>, double,
@@ -371,7 +383,7 @@ using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
 using Tensors4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
 using Tensors5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 using QuantizeSig = Tensors5(const Tensor&, const OptTensor&, c10::string_view, OptDtype,
-                             c10::string_view, c10::string_view, bool, bool);
+                             c10::string_view, c10::string_view, bool, bool, c10::string_view);
 using DequantizeSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                              const Tensor&, const OptTensor&, c10::ArrayRef<int64_t>,
                              c10::string_view, OptDtype, c10::string_view, bool, bool, OptDtype);

@@ -120,6 +120,18 @@ struct EpPlan : torch::CustomClassHolder {
         .deleter([keep](void*) mutable { keep.reset(); })
         .make_tensor();
   }
+  // [E_l] int32: the splits that cover only the rows holding entries (ep.hpp entry_splits():
+  // capacity mode's splits without the zero tail, throughput mode's splits), for the expert ops'
+  // at-most mode (splits_total='at_most', weighted_swiglu's splits). Kept alive as splits().
+  at::Tensor splits_at_most() const {
+    const at::Device d = group->torch_device();
+    std::shared_ptr<ep::EpPlan> keep = plan;
+    return at::for_blob(plan->entry_splits().data, {plan->local_experts})
+        .options(at::TensorOptions().dtype(at::kInt).device(d))
+        .target_device(d)
+        .deleter([keep](void*) mutable { keep.reset(); })
+        .make_tensor();
+  }
 };
 
 using GroupPtr = c10::intrusive_ptr<EpGroup>;
@@ -381,6 +393,7 @@ TORCH_LIBRARY_FRAGMENT(groupmm, m) {
       .def("local_experts", &EpPlan::local_experts)
       .def("mode", &EpPlan::mode)
       .def("splits", &EpPlan::splits)
+      .def("splits_at_most", &EpPlan::splits_at_most)
       .def("in_use", &EpPlan::in_use)
       .def("last_overflow", &EpPlan::last_overflow)
       .def("describe", &EpPlan::describe);

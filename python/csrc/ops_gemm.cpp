@@ -81,9 +81,11 @@ namespace {
 
 at::Tensor run_gemm(groupmm::GemmPass pass, const at::Tensor& a, const at::Tensor& b,
                     const at::Tensor& splits, const std::optional<at::Tensor>& bias,
-                    std::optional<at::ScalarType> out_dtype) {
-  Call call(gemm_op_name(pass), a);
-  Bound op = bind_gemm(call, pass, a, b, splits, bias, out_dtype);
+                    std::optional<at::ScalarType> out_dtype, c10::string_view splits_total) {
+  const char* op_name = gemm_op_name(pass);
+  const groupmm::SplitsTotal total = splits_total_of(splits_total, op_name);
+  Call call(op_name, a);
+  Bound op = bind_gemm_rule(call, pass, a, b, splits, bias, out_dtype, total, false);
   op.run();
   call.finish();
   return op.outputs[0];
@@ -92,28 +94,34 @@ at::Tensor run_gemm(groupmm::GemmPass pass, const at::Tensor& a, const at::Tenso
 // y [M, N] = x_g W_g^T (+ b_g) per expert, in out_dtype (x's dtype or float32; bias in it).
 at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& splits,
                       const std::optional<at::Tensor>& bias,
-                      std::optional<at::ScalarType> out_dtype) {
-  return run_gemm(groupmm::GemmPass::forward, x, w, splits, bias, out_dtype);
+                      std::optional<at::ScalarType> out_dtype, c10::string_view splits_total) {
+  return run_gemm(groupmm::GemmPass::forward, x, w, splits, bias, out_dtype, splits_total);
 }
 
 // dx [M, K] = dy_g W_g per expert, in out_dtype (dy's dtype or float32).
 at::Tensor grouped_mm_dgrad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& splits,
-                            std::optional<at::ScalarType> out_dtype) {
-  return run_gemm(groupmm::GemmPass::dgrad, dy, w, splits, std::nullopt, out_dtype);
+                            std::optional<at::ScalarType> out_dtype,
+                            c10::string_view splits_total) {
+  return run_gemm(groupmm::GemmPass::dgrad, dy, w, splits, std::nullopt, out_dtype, splits_total);
 }
 
 // dW [G, N, K] = dy_g^T x_g per expert, in out_dtype (dy's dtype or float32).
 at::Tensor grouped_mm_wgrad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& splits,
-                            std::optional<at::ScalarType> out_dtype) {
-  return run_gemm(groupmm::GemmPass::wgrad, dy, x, splits, std::nullopt, out_dtype);
+                            std::optional<at::ScalarType> out_dtype,
+                            c10::string_view splits_total) {
+  return run_gemm(groupmm::GemmPass::wgrad, dy, x, splits, std::nullopt, out_dtype, splits_total);
 }
 
 // main_grad [G, N, K] fp32 += dy_g^T x_g (a zero-row expert leaves its slice unchanged).
 void grouped_mm_wgrad_accumulate(const at::Tensor& dy, const at::Tensor& x,
-                                 const at::Tensor& splits, const at::Tensor& main_grad) {
-  Call call("grouped_mm_wgrad_accumulate", dy);
+                                 const at::Tensor& splits, const at::Tensor& main_grad,
+                                 c10::string_view splits_total) {
+  const char* op = "grouped_mm_wgrad_accumulate";
+  const groupmm::SplitsTotal total = splits_total_of(splits_total, op);
+  Call call(op, dy);
   groupmm::GroupedGemmArgs args =
       gemm_args(call, groupmm::GemmPass::wgrad, dy, x, splits, std::nullopt);
+  args.splits_total = total;
   args.out = call.out(main_grad, "main_grad");
   args.beta = 1.0f;
   bind(call, args, {}).run();
@@ -122,34 +130,36 @@ void grouped_mm_wgrad_accumulate(const at::Tensor& dy, const at::Tensor& x,
 
 // db [G, N] (accumulate: += into fp32 db) = sum of expert g's rows of dy.
 void run_dbias(Call& call, const at::Tensor& dy, const at::Tensor& splits, const at::Tensor& db,
-               bool accumulate) {
+               bool accumulate, groupmm::SplitsTotal total) {
   const auto dyv = call.in(dy, "dy");
   const auto sv = call.in(splits, "splits");
   auto& ctx = call.ctx();
   const size_t ws =
       groupmm::group_dbias_workspace_size(ctx, dy.size(0), dy.size(1), splits.size(0));
   groupmm::group_dbias(ctx, dyv, sv, call.out(db, accumulate ? "main_grad" : "db"), accumulate,
-                       call.workspace(ws), ws);
+                       total, call.workspace(ws), ws);
   call.finish();
 }
 
 // db [G, N] = sum of expert g's rows of dy, in out_dtype (dy's dtype or float32).
 at::Tensor group_dbias(const at::Tensor& dy, const at::Tensor& splits,
-                       std::optional<at::ScalarType> out_dtype) {
+                       std::optional<at::ScalarType> out_dtype, c10::string_view splits_total) {
+  const groupmm::SplitsTotal total = splits_total_of(splits_total, "group_dbias");
   Call call("group_dbias", dy);
   TORCH_CHECK_VALUE(dy.dim() == 2, "groupmm.group_dbias: dy must be [M, N]; got ", dy.sizes());
   at::Tensor db = call.empty({splits.size(0), dy.size(1)}, out_dtype.value_or(dy.scalar_type()));
-  run_dbias(call, dy, splits, db, false);
+  run_dbias(call, dy, splits, db, false, total);
   return db;
 }
 
 // main_grad [G, N] fp32 += sum of expert g's rows of dy (a zero-row expert: unchanged).
 void group_dbias_accumulate(const at::Tensor& dy, const at::Tensor& splits,
-                            const at::Tensor& main_grad) {
+                            const at::Tensor& main_grad, c10::string_view splits_total) {
+  const groupmm::SplitsTotal total = splits_total_of(splits_total, "group_dbias_accumulate");
   Call call("group_dbias_accumulate", dy);
   TORCH_CHECK_VALUE(dy.dim() == 2, "groupmm.group_dbias_accumulate: dy must be [M, N]; got ",
                     dy.sizes());
-  run_dbias(call, dy, splits, main_grad, true);
+  run_dbias(call, dy, splits, main_grad, true, total);
 }
 
 // (start, end) [G] in splits' dtype: end is torch._grouped_mm's `offs`.

@@ -45,46 +45,49 @@ groupmm::SwigluForm swiglu_form(double alpha, std::optional<double> limit, doubl
 }
 
 // The SwigluForm variant: the same outputs as weighted_swiglu, the form's parameters validated
-// by the core (messages name the op and form.<parameter>).
+// by the core (messages name the op and form.<parameter>). With splits: sum(splits) <= M, the
+// rows past the sum neither read nor written (moe.hpp).
 at::Tensor weighted_swiglu_with(const char* op, const at::Tensor& gate_up, const at::Tensor& prob,
-                                const groupmm::SwigluForm& form) {
+                                const groupmm::SwigluForm& form,
+                                const std::optional<at::Tensor>& splits = std::nullopt) {
   Call call(op, gate_up);
   const auto g = call.in(gate_up, "gate_up");
   const auto p = call.in(prob, "prob");
+  const auto sv = call.in(splits, "splits");
   TORCH_CHECK_VALUE(gate_up.dim() == 2, "groupmm.", op, ": gate_up must be [M, 2I]; got ",
                     gate_up.sizes());
   at::Tensor out = call.empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.scalar_type());
-  groupmm::weighted_swiglu_forward(call.ctx(), g, p, call.out(out, "out"), form);
+  groupmm::weighted_swiglu_forward(call.ctx(), g, p, call.out(out, "out"), form, sv);
   call.finish();
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> weighted_swiglu_backward_with(const char* op,
-                                                                 const at::Tensor& dout,
-                                                                 const at::Tensor& gate_up,
-                                                                 const at::Tensor& prob,
-                                                                 const groupmm::SwigluForm& form) {
+std::tuple<at::Tensor, at::Tensor> weighted_swiglu_backward_with(
+    const char* op, const at::Tensor& dout, const at::Tensor& gate_up, const at::Tensor& prob,
+    const groupmm::SwigluForm& form, const std::optional<at::Tensor>& splits = std::nullopt) {
   Call call(op, gate_up);
   const auto d = call.in(dout, "dout");
   const auto g = call.in(gate_up, "gate_up");
   const auto p = call.in(prob, "prob");
+  const auto sv = call.in(splits, "splits");
   at::Tensor dgu = call.empty(gate_up.sizes(), gate_up.scalar_type());
   at::Tensor dprob = call.empty(prob.sizes(), at::kFloat);
   groupmm::weighted_swiglu_backward(call.ctx(), d, g, p, call.out(dgu, "dgate_up"),
-                                    call.out(dprob, "dprob"), form);
+                                    call.out(dprob, "dprob"), form, sv);
   call.finish();
   return {dgu, dprob};
 }
 
-at::Tensor weighted_swiglu(const at::Tensor& gate_up, const at::Tensor& prob) {
-  return weighted_swiglu_with("weighted_swiglu", gate_up, prob, groupmm::SwigluForm{});
+at::Tensor weighted_swiglu(const at::Tensor& gate_up, const at::Tensor& prob,
+                           const std::optional<at::Tensor>& splits) {
+  return weighted_swiglu_with("weighted_swiglu", gate_up, prob, groupmm::SwigluForm{}, splits);
 }
 
-std::tuple<at::Tensor, at::Tensor> weighted_swiglu_backward(const at::Tensor& dout,
-                                                            const at::Tensor& gate_up,
-                                                            const at::Tensor& prob) {
+std::tuple<at::Tensor, at::Tensor> weighted_swiglu_backward(
+    const at::Tensor& dout, const at::Tensor& gate_up, const at::Tensor& prob,
+    const std::optional<at::Tensor>& splits) {
   return weighted_swiglu_backward_with("weighted_swiglu_backward", dout, gate_up, prob,
-                                       groupmm::SwigluForm{});
+                                       groupmm::SwigluForm{}, splits);
 }
 
 at::Tensor weighted_swiglu_ex(const at::Tensor& gate_up, const at::Tensor& prob, double alpha,

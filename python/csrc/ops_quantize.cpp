@@ -54,10 +54,12 @@ groupmm::TensorView maybe_view(Call& call, const at::Tensor& t, const char* arg)
 Bound bind_group_quantize(Call& call, const at::Tensor& input,
                           const std::optional<at::Tensor>& splits, c10::string_view recipe,
                           std::optional<at::ScalarType> fp8_dtype, c10::string_view direction,
-                          c10::string_view scale_layout, bool pow2_scales, bool block_2d) {
+                          c10::string_view scale_layout, bool pow2_scales, bool block_2d,
+                          groupmm::SplitsTotal splits_total) {
   groupmm::GroupQuantizeArgs a;
   a.input = call.in(input, "input");
   a.splits = call.in(splits, "splits");
+  a.splits_total = splits_total;
   a.config = config_of("group_quantize", recipe, fp8_dtype, direction, scale_layout, pow2_scales,
                        block_2d);
   TORCH_CHECK_VALUE(input.dim() == (splits ? 2 : 3), "groupmm.group_quantize: input must be ",
@@ -87,10 +89,11 @@ using Quantized = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at:
 Quantized group_quantize(const at::Tensor& input, const std::optional<at::Tensor>& splits,
                          c10::string_view recipe, std::optional<at::ScalarType> fp8_dtype,
                          c10::string_view direction, c10::string_view scale_layout,
-                         bool pow2_scales, bool block_2d) {
+                         bool pow2_scales, bool block_2d, c10::string_view splits_total) {
+  const groupmm::SplitsTotal total = splits_total_of(splits_total, "group_quantize");
   Call call("group_quantize", input);
   Bound op = bind_group_quantize(call, input, splits, recipe, fp8_dtype, direction, scale_layout,
-                                 pow2_scales, block_2d);
+                                 pow2_scales, block_2d, total);
   op.run();
   call.finish();
   const auto& q = op.outputs;

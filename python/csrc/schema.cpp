@@ -7,35 +7,44 @@
 TORCH_LIBRARY(groupmm, m) {
   // grouped GEMM (gemm.hpp): forward TN, dgrad NN, wgrad NT; weights [G, N, K]
   // out_dtype: the inputs' dtype (default) or float32 (the fp32 accumulator, no 16-bit rounding)
+  // splits_total (every op over grouped activations, quantized ones included): 'exact'
+  // (sum(splits) == rows) or 'at_most' (sum <= rows; the rows past the sum are neither read nor
+  // written, output rows there are left as allocated; a sum above rows is a device fault)
   m.def(
       "grouped_mm(Tensor x, Tensor w, Tensor splits, Tensor? bias=None, "
-      "ScalarType? out_dtype=None) -> Tensor");
+      "ScalarType? out_dtype=None, str splits_total='exact') -> Tensor");
   m.def(
-      "grouped_mm_dgrad(Tensor dy, Tensor w, Tensor splits, ScalarType? out_dtype=None) -> "
-      "Tensor");
+      "grouped_mm_dgrad(Tensor dy, Tensor w, Tensor splits, ScalarType? out_dtype=None, "
+      "str splits_total='exact') -> Tensor");
   m.def(
-      "grouped_mm_wgrad(Tensor dy, Tensor x, Tensor splits, ScalarType? out_dtype=None) -> Tensor");
+      "grouped_mm_wgrad(Tensor dy, Tensor x, Tensor splits, ScalarType? out_dtype=None, "
+      "str splits_total='exact') -> Tensor");
   m.def(
-      "grouped_mm_wgrad_accumulate(Tensor dy, Tensor x, Tensor splits, Tensor(a!) main_grad) -> "
-      "()");
-  m.def("group_dbias(Tensor dy, Tensor splits, ScalarType? out_dtype=None) -> Tensor");
-  m.def("group_dbias_accumulate(Tensor dy, Tensor splits, Tensor(a!) main_grad) -> ()");
+      "grouped_mm_wgrad_accumulate(Tensor dy, Tensor x, Tensor splits, Tensor(a!) main_grad, "
+      "str splits_total='exact') -> ()");
+  m.def(
+      "group_dbias(Tensor dy, Tensor splits, ScalarType? out_dtype=None, "
+      "str splits_total='exact') -> Tensor");
+  m.def(
+      "group_dbias_accumulate(Tensor dy, Tensor splits, Tensor(a!) main_grad, "
+      "str splits_total='exact') -> ()");
 
   // grouped GEMM over quantized operands (gemm.hpp, QuantizedGemmArgs): each operand is the list
   // of the 5 tensors group_quantize returned; recipe fp8_current, fp8_block or mxfp8. Weights
   // [G, N, K] quantized without splits (fp8_block: block_2d=True), activations with them.
   m.def(
       "grouped_mm_fp8(Tensor[] x, Tensor[] w, Tensor splits, str recipe, "
-      "str scale_layout='plain', Tensor? bias=None, bool fast_accum=False) -> Tensor");
+      "str scale_layout='plain', Tensor? bias=None, bool fast_accum=False, "
+      "str splits_total='exact') -> Tensor");
   m.def(
       "grouped_mm_fp8_dgrad(Tensor[] dy, Tensor[] w, Tensor splits, str recipe, "
-      "str scale_layout='plain') -> Tensor");
+      "str scale_layout='plain', str splits_total='exact') -> Tensor");
   m.def(
       "grouped_mm_fp8_wgrad(Tensor[] dy, Tensor[] x, Tensor splits, str recipe, "
-      "str scale_layout='plain', ScalarType? out_dtype=None) -> Tensor");
+      "str scale_layout='plain', ScalarType? out_dtype=None, str splits_total='exact') -> Tensor");
   m.def(
       "grouped_mm_fp8_wgrad_accumulate(Tensor[] dy, Tensor[] x, Tensor splits, str recipe, "
-      "Tensor(a!) main_grad, str scale_layout='plain') -> ()");
+      "Tensor(a!) main_grad, str scale_layout='plain', str splits_total='exact') -> ()");
 
   // 4-bit expert weights (quantize.hpp nvfp4 / mxfp4, gemm.hpp W4GemmArgs): packed e2m1 pairs are
   // uint8 [G, N, K/2] (element 2j in the low nibble), as checkpoints store them.
@@ -59,10 +68,11 @@ TORCH_LIBRARY(groupmm, m) {
   // MoE ops (moe.hpp)
   m.def("swiglu(Tensor gate_up) -> Tensor");
   m.def("swiglu_backward(Tensor dout, Tensor gate_up) -> Tensor");
-  m.def("weighted_swiglu(Tensor gate_up, Tensor prob) -> Tensor");
+  // splits given: sum(splits) <= M rows, the rows past the sum neither read nor written
+  m.def("weighted_swiglu(Tensor gate_up, Tensor prob, Tensor? splits=None) -> Tensor");
   m.def(
-      "weighted_swiglu_backward(Tensor dout, Tensor gate_up, Tensor prob) -> "
-      "(Tensor dgate_up, Tensor dprob)");
+      "weighted_swiglu_backward(Tensor dout, Tensor gate_up, Tensor prob, Tensor? splits=None) "
+      "-> (Tensor dgate_up, Tensor dprob)");
   // the parameterized one (moe.hpp SwigluForm: gpt-oss's clamped SwiGLU): g' = min(g, limit),
   // u' = clamp(u, -limit, limit), out = g' sigmoid(alpha g') (u' + up_offset) prob; limit None =
   // no clamp; interleaved: gate = column 2i, up = 2i + 1 (else the two halves)
@@ -106,8 +116,8 @@ TORCH_LIBRARY(groupmm, m) {
   m.def(
       "group_quantize(Tensor input, Tensor? splits, str recipe, ScalarType? fp8_dtype=None, "
       "str direction='both', str scale_layout='plain', bool pow2_scales=False, "
-      "bool block_2d=False) -> (Tensor data, Tensor scale_inv, Tensor columnwise_data, "
-      "Tensor columnwise_scale_inv, Tensor amax)");
+      "bool block_2d=False, str splits_total='exact') -> (Tensor data, Tensor scale_inv, "
+      "Tensor columnwise_data, Tensor columnwise_scale_inv, Tensor amax)");
   m.def(
       "group_dequantize(Tensor data, Tensor scale_inv, Tensor columnwise_data, "
       "Tensor columnwise_scale_inv, Tensor amax, Tensor? splits, int[] shape, str recipe, "

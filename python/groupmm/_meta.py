@@ -89,32 +89,32 @@ def recipe_traits(recipe):
 
 
 @register_fake("groupmm::grouped_mm")
-def _(x, w, splits, bias=None, out_dtype=None):
+def _(x, w, splits, bias=None, out_dtype=None, splits_total="exact"):
     return _empty(x, (x.shape[0], w.shape[1]), out_dtype or x.dtype)
 
 
 @register_fake("groupmm::grouped_mm_dgrad")
-def _(dy, w, splits, out_dtype=None):
+def _(dy, w, splits, out_dtype=None, splits_total="exact"):
     return _empty(dy, (dy.shape[0], w.shape[2]), out_dtype or dy.dtype)
 
 
 @register_fake("groupmm::grouped_mm_wgrad")
-def _(dy, x, splits, out_dtype=None):
+def _(dy, x, splits, out_dtype=None, splits_total="exact"):
     return _empty(dy, (splits.shape[0], dy.shape[1], x.shape[1]), out_dtype or dy.dtype)
 
 
 @register_fake("groupmm::grouped_mm_wgrad_accumulate")
-def _(dy, x, splits, main_grad):
+def _(dy, x, splits, main_grad, splits_total="exact"):
     return None
 
 
 @register_fake("groupmm::group_dbias")
-def _(dy, splits, out_dtype=None):
+def _(dy, splits, out_dtype=None, splits_total="exact"):
     return _empty(dy, (splits.shape[0], dy.shape[1]), out_dtype or dy.dtype)
 
 
 @register_fake("groupmm::group_dbias_accumulate")
-def _(dy, splits, main_grad):
+def _(dy, splits, main_grad, splits_total="exact"):
     return None
 
 
@@ -134,12 +134,12 @@ def _(dout, gate_up):
 
 
 @register_fake("groupmm::weighted_swiglu")
-def _(gate_up, prob):
+def _(gate_up, prob, splits=None):
     return _empty(gate_up, (gate_up.shape[0], gate_up.shape[1] // 2), gate_up.dtype)
 
 
 @register_fake("groupmm::weighted_swiglu_backward")
-def _(dout, gate_up, prob):
+def _(dout, gate_up, prob, splits=None):
     return torch.empty_like(gate_up), _empty(prob, prob.shape, torch.float32)
 
 
@@ -281,7 +281,7 @@ def quantized_shapes(rows, K, G, recipe, fp8_dtype=None, direction="both", scale
 
 @register_fake("groupmm::group_quantize")
 def _(input, splits, recipe, fp8_dtype=None, direction="both", scale_layout="plain",
-      pow2_scales=False, block_2d=False):
+      pow2_scales=False, block_2d=False, splits_total="exact"):
     G = splits.shape[0] if splits is not None else input.shape[0]
     K = input.shape[-1]
     rows = input.numel() // K
@@ -309,24 +309,25 @@ def quantized_dims(q):
 
 
 @register_fake("groupmm::grouped_mm_fp8")
-def _(x, w, splits, recipe, scale_layout="plain", bias=None, fast_accum=False):
+def _(x, w, splits, recipe, scale_layout="plain", bias=None, fast_accum=False,
+      splits_total="exact"):
     return _empty(splits, (quantized_dims(x)[0], quantized_dims(w)[0] // splits.shape[0]),
                   torch.bfloat16)
 
 
 @register_fake("groupmm::grouped_mm_fp8_dgrad")
-def _(dy, w, splits, recipe, scale_layout="plain"):
+def _(dy, w, splits, recipe, scale_layout="plain", splits_total="exact"):
     return _empty(splits, (quantized_dims(dy)[0], quantized_dims(w)[1]), torch.bfloat16)
 
 
 @register_fake("groupmm::grouped_mm_fp8_wgrad")
-def _(dy, x, splits, recipe, scale_layout="plain", out_dtype=None):
+def _(dy, x, splits, recipe, scale_layout="plain", out_dtype=None, splits_total="exact"):
     return _empty(splits, (splits.shape[0], quantized_dims(dy)[1], quantized_dims(x)[1]),
                   out_dtype or torch.bfloat16)
 
 
 @register_fake("groupmm::grouped_mm_fp8_wgrad_accumulate")
-def _(dy, x, splits, recipe, main_grad, scale_layout="plain"):
+def _(dy, x, splits, recipe, main_grad, scale_layout="plain", splits_total="exact"):
     return None
 
 

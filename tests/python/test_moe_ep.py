@@ -289,6 +289,76 @@ def test_one_rank_equals_the_block(world1):
             assert torch.equal(p.grad, dict(ep.named_parameters())[name].grad), (mode, name)
 
 
+class _PoisonedTail:
+    """torch.ops.groupmm as moe_ep sees it, except that ep_dispatch's received rows past the
+    entries (capacity mode's zero tail: plan.splits_at_most() sums to the entries) and their
+    probs come back NaN. A step that computes the tail then carries NaN into the experts' weight
+    gradients (dW = dy^T x over every row, dy's tail rows being 0); one that leaves it out does
+    not. The host read of the sum is the test's, not the module's."""
+
+    def __getattr__(self, name):
+        return getattr(ops, name)
+
+    @staticmethod
+    def ep_dispatch(plan, x, weights=None):
+        xg, probs = ops.ep_dispatch(plan, x, weights)
+        entries = int(plan.splits_at_most().sum())
+        assert entries < xg.shape[0], "the budget must leave a tail for this test"
+        rows = torch.arange(xg.shape[0]) < entries
+        nan = float("nan")
+        return (torch.where(rows.unsqueeze(1), xg, torch.full_like(xg, nan)),
+                torch.where(rows, probs, torch.full_like(probs, nan)))
+
+
+@pytest.mark.parametrize("recipe,dtype,hidden,ffn,shared", [
+    ("bf16", torch.float32, 16, 8, 6), ("bf16", torch.bfloat16, 16, 8, 0),
+    ("fp8_current", torch.bfloat16, 32, 16, 0), ("fp8_block", torch.bfloat16, 128, 128, 0),
+    ("mxfp8", torch.bfloat16, 32, 32, 32)])
+def test_capacity_mode_leaves_the_padding_rows_out(world1, monkeypatch, recipe, dtype, hidden,
+                                                   ffn, shared):
+    """Capacity factor 2 on one rank: half the received buffer is padding. Poisoned with NaN, it
+    changes nothing (y, dx and every gradient are the clean step's bits): the experts neither read
+    nor compute it. The control puts the expert layers back to exact splits (the whole buffer,
+    as before the at-most mode), and the poison then reaches the weight gradients."""
+    torch.manual_seed(7)
+    T = 16
+    _, ep = _blocks(1, dtype, recipe, shared, False, "softmax", "capacity", None, 2.0, hidden, ffn,
+                    group=world1)
+    assert ep.gate_up.splits_total == ep.down.splits_total == "at_most"
+    x, dy = torch.randn(T, hidden).to(dtype), torch.randn(T, hidden).to(dtype)
+
+    def step():
+        ep.zero_grad(set_to_none=True)
+        y, dx = _step(ep, x, dy)
+        return [y, dx] + [p.grad for p in ep.parameters()]
+
+    clean = step()
+    monkeypatch.setattr(groupmm.nn.moe_ep, "ops", _PoisonedTail())
+    for a, b in zip(step(), clean):
+        assert torch.equal(a, b) and torch.isfinite(a.float()).all()
+    for layer in (ep.gate_up, ep.down):  # the control: the tail computed again
+        layer.splits_total = layer._exec.total = "exact"
+    control = step()
+    assert not all(torch.isfinite(g.float()).all() for g in control), \
+        "with exact splits the poisoned tail should have reached a gradient"
+
+
+def test_plan_splits_at_most(world1):
+    g = groupmm.nn.moe_ep.ep_group(world1, "cpu")
+    T, H = 7, 16
+    ids = torch.randint(0, E, (T, K), dtype=torch.int32)
+    cap = ops.ep_capacity_plan_create(g, ids, E, H, T, 2 * T * K, torch.float32)
+    ops.ep_capacity_plan(cap, ids)
+    full, at_most = cap.splits(), cap.splits_at_most()
+    assert cap.rows() == 2 * T * K and cap.in_use()  # the splits tensors hold the plan
+    assert int(full.sum()) == cap.rows() and int(at_most.sum()) == T * K
+    assert torch.equal(full[:-1], at_most[:-1])
+    del full, at_most
+    assert not cap.in_use()
+    plan = ops.ep_dispatch_plan(g, ids, E, H)  # throughput mode: no tail, the same splits
+    assert torch.equal(plan.splits(), plan.splits_at_most())
+
+
 # ---- GPU: one device --------------------------------------------------------------------------
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(),

@@ -100,6 +100,17 @@ def samples(device):
         ("group_quantize", (w, None, "mxfp8"), {}),
         ("group_dequantize", (*q, splits, [M, K], "mxfp8"), {"out_dtype": torch.float32}),
         ("group_dequantize", (*q, splits, [M, K], "mxfp8"), {"from_columnwise": True}),
+        # the at-most splits rule (a full sum here: every output row written, so the eager and
+        # AOT outputs compare; tests/python/test_at_most.py has the short sums)
+        ("grouped_mm", (grad(x), grad(w), splits, grad(torch.randn(G, N, **bf))),
+         {"splits_total": "at_most"}),
+        ("grouped_mm_wgrad_accumulate", (dy, x, splits, torch.zeros(G, N, K, device=device)),
+         {"splits_total": "at_most"}),
+        ("group_dbias", (dy, splits), {"out_dtype": torch.float32, "splits_total": "at_most"}),
+        ("grouped_mm_fp8", (*fp8["mxfp8"][:2], splits16, "mxfp8"), {"splits_total": "at_most"}),
+        ("group_quantize", (x, splits, "fp8_current"), {"splits_total": "at_most"}),
+        ("weighted_swiglu", (grad(gate_up), grad(prob), splits), {}),
+        ("weighted_swiglu_backward", (torch.randn(M, N, **bf), gate_up, prob, splits), {}),
     ]
 
 

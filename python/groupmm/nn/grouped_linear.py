@@ -32,22 +32,25 @@ def split_multiple(recipe):
 class _HighPrecision:
     """bf16/fp16 (fp32 on the CPU) operands straight into the grouped GEMMs."""
 
+    total = "exact"  # the layer's splits_total, passed to every op over the grouped rows
+
     def prepare(self, weight, first):
         return weight
 
     def forward(self, x, weight, bias, splits):
-        return ops.grouped_mm(x, weight, splits, bias), (x, weight)
+        return ops.grouped_mm(x, weight, splits, bias, splits_total=self.total), (x, weight)
 
     def dgrad(self, dy, state, splits, need_dx):
         _x, weight = state
-        return (ops.grouped_mm_dgrad(dy, weight, splits) if need_dx else None), dy
+        dx = ops.grouped_mm_dgrad(dy, weight, splits, splits_total=self.total) if need_dx else None
+        return dx, dy
 
     def wgrad(self, dy, state, splits, main_grad):
         x, _weight = state
         if main_grad is not None:
-            ops.grouped_mm_wgrad_accumulate(dy, x, splits, main_grad)
+            ops.grouped_mm_wgrad_accumulate(dy, x, splits, main_grad, splits_total=self.total)
             return None
-        return ops.grouped_mm_wgrad(dy, x, splits)
+        return ops.grouped_mm_wgrad(dy, x, splits, splits_total=self.total)
 
     def input_state(self, x, splits):
         """What wgrad reads of x (state[0]), made again from a recomputed x."""
@@ -115,6 +118,8 @@ class _Quantized(_CachedWeights):
     (rowwise for forward / dgrad, columnwise kept for wgrad), W in both (128x128 blocks for
     fp8_block), plain scales; dy in grad_dtype."""
 
+    total = "exact"  # the layer's splits_total (activations and the GEMMs over them)
+
     def __init__(self, recipe, grad_dtype, pow2_scales):
         self.recipe, self.grad_dtype, self.pow2 = recipe, grad_dtype, pow2_scales
         self.weights = _WeightCache(recipe, self._quantize_weights)
@@ -124,18 +129,23 @@ class _Quantized(_CachedWeights):
                                   block_2d=self.recipe == "fp8_block")
 
     def forward(self, x, qw, bias, splits):
-        qx = ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2)
-        y = ops.grouped_mm_fp8(list(qx), qw, splits, self.recipe, bias=bias)
+        qx = ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2,
+                                splits_total=self.total)
+        y = ops.grouped_mm_fp8(list(qx), qw, splits, self.recipe, bias=bias,
+                               splits_total=self.total)
         return y, (_columnwise(qx), qw)
 
     def input_state(self, x, splits):
         # The same quantization of the same x: the same bytes as forward's columnwise copy.
-        return _columnwise(ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2))
+        return _columnwise(ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2,
+                                              splits_total=self.total))
 
     def dgrad(self, dy, state, splits, need_dx):
         _qx, qw = state
-        qdy = ops.group_quantize(dy, splits, self.recipe, self.grad_dtype, pow2_scales=self.pow2)
-        dx = ops.grouped_mm_fp8_dgrad(list(qdy), qw, splits, self.recipe) if need_dx else None
+        qdy = ops.group_quantize(dy, splits, self.recipe, self.grad_dtype, pow2_scales=self.pow2,
+                                 splits_total=self.total)
+        dx = (ops.grouped_mm_fp8_dgrad(list(qdy), qw, splits, self.recipe,
+                                       splits_total=self.total) if need_dx else None)
         return dx, _columnwise(qdy)
 
     def wgrad(self, qdy, state, splits, main_grad):
@@ -145,11 +155,14 @@ class _Quantized(_CachedWeights):
                 # Inductor does not functionalize a mutating op that reads float8_e8m0fnu
                 # tensors (the MX scales); the fp32 dW added in place gives the same sums.
                 main_grad.add_(ops.grouped_mm_fp8_wgrad(qdy, qx, splits, self.recipe,
-                                                        out_dtype=torch.float32))
+                                                        out_dtype=torch.float32,
+                                                        splits_total=self.total))
                 return None
-            ops.grouped_mm_fp8_wgrad_accumulate(qdy, qx, splits, self.recipe, main_grad)
+            ops.grouped_mm_fp8_wgrad_accumulate(qdy, qx, splits, self.recipe, main_grad,
+                                                splits_total=self.total)
             return None
-        return ops.grouped_mm_fp8_wgrad(qdy, qx, splits, self.recipe, out_dtype=torch.bfloat16)
+        return ops.grouped_mm_fp8_wgrad(qdy, qx, splits, self.recipe, out_dtype=torch.bfloat16,
+                                        splits_total=self.total)
 
 
 class _W4(_CachedWeights):
@@ -198,9 +211,10 @@ class _GroupedLinearFn(torch.autograd.Function):
         db = None
         if need_b:
             if layer.accumulate_into_main_grad:
-                ops.group_dbias_accumulate(dy, splits, layer.bias.main_grad)
+                ops.group_dbias_accumulate(dy, splits, layer.bias.main_grad,
+                                           splits_total=layer.splits_total)
             else:
-                db = ops.group_dbias(dy, splits)
+                db = ops.group_dbias(dy, splits, splits_total=layer.splits_total)
         dw = None
         if need_w:
             if layer.delay_wgrad:
@@ -262,18 +276,31 @@ class GroupedLinear(torch.nn.Module):
     backward_dw() then computes dW into weight.grad (added to it, as autograd does) or main_grad.
     Several backwards may queue before one backward_dw(). Hooks on weight.grad do not see it.
 
+    splits_total (the C++ GroupedLinearConfig::splits_total): 'exact' (the default: sum(splits)
+    == x.shape[0]) or 'at_most' (sum(splits) <= x.shape[0]: the rows past the sum belong to no
+    expert and are neither read nor written: y's rows there, and dx's in backward, are left as
+    allocated (uninitialized); a sum above the rows is a device fault). For buffers sized for a
+    bound, such as expert-parallel capacity mode's. Training recipes only (the 4-bit weight GEMM
+    takes exact splits).
+
     A state dict of per-expert nn.Linear layers ("{prefix}{g}.weight", "{prefix}{g}.bias", as a
     ModuleList of them writes) loads directly; from_linears() builds one from the layers.
     """
 
     def __init__(self, experts, in_features, out_features, bias=True, dtype=torch.bfloat16,
                  device=None, accumulate_into_main_grad=False, recipe="bf16", delay_wgrad=False,
-                 grad_dtype=torch.float8_e4m3fn, pow2_scales=False):
+                 grad_dtype=torch.float8_e4m3fn, pow2_scales=False, splits_total="exact"):
         super().__init__()
         self.experts, self.in_features, self.out_features = experts, in_features, out_features
         self.accumulate_into_main_grad = accumulate_into_main_grad
         self.recipe, self.delay_wgrad = recipe, delay_wgrad
         self._exec = self._make_executor(recipe, dtype, grad_dtype, pow2_scales)
+        _check(splits_total in ("exact", "at_most"), recipe,
+               f"splits_total='{splits_total}' must be 'exact' or 'at_most'")
+        _check(splits_total == "exact" or recipe in TRAINING_RECIPES, recipe,
+               "splits_total='at_most' needs a training recipe (the 4-bit weight GEMM takes "
+               "exact splits)")
+        self.splits_total = self._exec.total = splits_total
         self._pending_wgrad = []
         kw = dict(dtype=dtype, device=device)
         self.weight = torch.nn.Parameter(torch.empty(experts, out_features, in_features, **kw))
@@ -339,7 +366,7 @@ class GroupedLinear(torch.nn.Module):
             raise RuntimeError("groupmm.nn.GroupedLinear: recompute_input is eager-only")
         if plain and not self.delay_wgrad and recompute_input is None:
             # The registered op's own autograd formula: traceable by torch.compile end to end.
-            return ops.grouped_mm(x, weight, splits, self.bias)
+            return ops.grouped_mm(x, weight, splits, self.bias, splits_total=self.splits_total)
         w_op = self._exec.prepare(weight, is_first_microbatch)
         if not torch.is_grad_enabled():
             return self._exec.forward(x, w_op, self.bias, splits)[0]
@@ -408,4 +435,5 @@ class GroupedLinear(torch.nn.Module):
         return (f"experts={self.experts}, in_features={self.in_features}, "
                 f"out_features={self.out_features}, bias={self.bias is not None}, "
                 f"recipe='{self.recipe}', delay_wgrad={self.delay_wgrad}, "
+                f"splits_total='{self.splits_total}', "
                 f"accumulate_into_main_grad={self.accumulate_into_main_grad}")

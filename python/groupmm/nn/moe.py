@@ -96,8 +96,11 @@ class MoE(torch.nn.Module):
     entries_per_peer), or from capacity_factor > 0 as groupmm.nn.moe_ep.capacity_from_factor says,
     which needs the same T on every rank; tokens over the budget are dropped, reported on the CPU
     in ep_overflow and on CUDA by groupmm.check()). capacity_factor is the per-peer budget's
-    factor in capacity mode and must be 0 in throughput mode. With recompute, the dispatched rows
-    are kept (recomputing them would repeat the exchange).
+    factor in capacity mode and must be 0 in throughput mode. In capacity mode the expert layers
+    and the activation run over the rows received only (splits_total='at_most' over the plan's
+    splits_at_most(): the budget's padding rows are neither read nor computed; the 4-bit weight
+    recipes excepted). With recompute, the dispatched rows are kept (recomputing them would
+    repeat the exchange).
     """
 
     def __init__(self, hidden, ffn_hidden, experts, topk, *, shared_ffn_hidden=0, score="softmax",
@@ -140,6 +143,8 @@ class MoE(torch.nn.Module):
                                             ep_capacity)
         local = experts if self.ep is None else self.ep.local_experts
         lkw = dict(kw, bias=False, recipe=recipe, delay_wgrad=delay_wgrad)
+        if self.ep is not None:  # capacity mode: the experts compute the received rows only
+            lkw["splits_total"] = self.ep.splits_total(recipe)
         self.gate_up = GroupedLinear(local, hidden, 2 * ffn_hidden, **lkw)
         self.down = GroupedLinear(local, ffn_hidden, hidden, **lkw)
         self.shared_up = self.shared_down = None

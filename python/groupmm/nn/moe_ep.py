@@ -12,9 +12,18 @@ and autograd runs the backward collectives (ep_combine_backward, ep_dispatch_bac
 The transport is torch.classes.groupmm.EpGroup: the core's ep::Transport over the process group's
 own communicator (gloo for CPU tensors, NCCL for CUDA tensors; nothing is created).
 
+Capacity mode: the grouped buffer is sized for the budget (R * C_e rows), the rows past the
+entries received a zero tail. The expert layers run with splits_total='at_most' over
+plan.splits_at_most() (the splits without the tail) and weighted_swiglu takes the same splits, so
+the tail is neither read nor computed, and the rows of y_grouped, dx_grouped and d_probs there are
+left unwritten; ep_combine and ep_dispatch_backward read only the entries' rows. (The 4-bit weight
+recipes' GEMM takes exact splits: there the tail is computed as before.)
+
 With align > 1 (the FP8 recipes' split_multiple), the received rows are padded per local expert by
-a local permute (k = 1, ids from plan.splits()) and unpadded by its unpermute: a row's bits do not
-change, so the experts see exactly the one-rank block's padded rows.
+a local permute (k = 1, ids from the splits) and unpadded by its unpermute: a row's bits do not
+change, so the experts see exactly the one-rank block's padded rows. In capacity mode the tail
+rows are a group of their own after the local experts (E_l + 1 groups in the permute), which the
+experts' at-most splits (the first E_l) leave out.
 """
 
 import math
@@ -22,6 +31,7 @@ import math
 import torch
 
 from ._recompute import again as _again
+from .grouped_linear import TRAINING_RECIPES
 
 ops = torch.ops.groupmm
 
@@ -83,6 +93,11 @@ class ExpertParallel:
         self._plans = {}  # (device, T, dtype) -> [EpPlan]
         self.last_overflow = None
 
+    def splits_total(self, recipe):
+        """The expert layers' splits rule: 'at_most' in capacity mode (the budget's padding rows
+        are not computed), where the recipe's GEMMs take it (not the 4-bit weight ones)."""
+        return "at_most" if self.mode == "capacity" and recipe in TRAINING_RECIPES else "exact"
+
     def group(self, device):
         key = str(device)
         if key not in self._groups:
@@ -112,8 +127,13 @@ class ExpertParallel:
         return plan
 
 
-def _local_ids(splits, rows):
-    """[rows, 1] int32: the local expert of each grouped row (rows in expert order)."""
+def _local_ids(splits, rows, tail=False):
+    """[rows, 1] int32: the local expert of each grouped row (rows in expert order). tail: splits
+    may sum to less than rows, and the rows past the sum get id E_l (a group of their own); on
+    the device, no host read of the splits."""
+    if tail:
+        rest = (rows - splits.sum()).reshape(1).to(splits.dtype)
+        splits = torch.cat([splits, rest])
     experts = torch.arange(splits.shape[0], device=splits.device, dtype=torch.int32)
     return torch.repeat_interleave(experts, splits, output_size=rows).unsqueeze(1)
 
@@ -127,18 +147,23 @@ def forward(moe, x, is_first_microbatch, again):
         with torch.no_grad():
             moe.tokens_per_expert.add_(counts)
     plan = ep.plan(ids, moe.experts, x.shape[1], x.dtype)
-    splits = plan.splits()
+    # Capacity mode: the splits without the budget's zero tail, which the experts leave out.
+    at_most = moe.gate_up.splits_total == "at_most"
+    splits = plan.splits_at_most() if at_most else plan.splits()
     # The dispatched rows are kept for gate_up's wgrad (recomputing them would repeat the
     # exchange); the SwiGLU outputs and the shared expert recompute as without EP.
     x_g, probs = ops.ep_dispatch(plan, x, weights)
     local = None
     if moe.align > 1:
-        lmap = ops.permute_plan(_local_ids(splits, x_g.shape[0]), ep.local_experts, moe.align, 0)
+        El = ep.local_experts
+        lids = _local_ids(splits, x_g.shape[0], tail=at_most)
+        lmap = ops.permute_plan(lids, El + 1 if at_most else El, moe.align, 0)
         x_g, probs = ops.permute(x_g, *lmap, moe.align, 0, probs.unsqueeze(1))
-        splits, local = lmap[3], lmap
+        splits, local = (lmap[3][:El] if at_most else lmap[3]), lmap
+    act_splits = splits if at_most else None
     gu = moe.gate_up(x_g, splits, is_first_microbatch)
-    h = ops.weighted_swiglu(gu, probs)
-    rh = _again(ops.weighted_swiglu, gu, probs) if again else None
+    h = ops.weighted_swiglu(gu, probs, act_splits)
+    rh = _again(ops.weighted_swiglu, gu, probs, act_splits) if again else None
     y_g = moe.down(h, splits, is_first_microbatch, recompute_input=rh)
     if local is not None:
         y_g = ops.unpermute(y_g, *local, moe.align, 0, None)
