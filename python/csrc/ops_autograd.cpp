@@ -400,6 +400,23 @@ constexpr char kExportMxfp4[] = "groupmm::export_mxfp4_weights";
 constexpr char kGroupOffsets[] = "groupmm::group_offsets";
 constexpr char kPermutePlan[] = "groupmm::permute_plan";
 
+// gate_up_swiglu is forward only (inference): with an input that requires grad it refuses, rather
+// than return outputs without a gradient.
+using GateUpSwigluSig = Tensors3(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, int64_t, int64_t, const Tensor&, const Tensor&,
+                                 bool, c10::string_view);
+Tensors3 gate_up_swiglu_autograd(c10::DispatchKeySet ks, const Tensor& x, const Tensor& dest_row,
+                                 const Tensor& row_start, const Tensor& kept, const Tensor& splits,
+                                 int64_t align, int64_t capacity, const Tensor& weights,
+                                 const Tensor& w, bool pre_activation, c10::string_view config) {
+  TORCH_CHECK(!records({&x, &weights, &w}),
+              "groupmm.gate_up_swiglu: forward only (inference): x, weights or w requires grad; "
+              "run it under torch.no_grad() / torch.inference_mode(), or train with permute, "
+              "grouped_mm and weighted_swiglu (bit for bit the same forward)");
+  return below_autograd(GROUPMM_OP("gate_up_swiglu", GateUpSwigluSig), ks, x, dest_row, row_start,
+                        kept, splits, align, capacity, weights, w, pre_activation, config);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(groupmm, Autograd, m) {
@@ -409,6 +426,7 @@ TORCH_LIBRARY_IMPL(groupmm, Autograd, m) {
   m.impl("import_mxfp4_weights", TORCH_FN((NonDifferentiable<kImportMxfp4, CheckpointSig>::call)));
   m.impl("export_mxfp4_weights", TORCH_FN((NonDifferentiable<kExportMxfp4, CheckpointSig>::call)));
   m.impl("group_offsets", TORCH_FN((NonDifferentiable<kGroupOffsets, OffsetsSig>::call)));
+  m.impl("gate_up_swiglu", TORCH_FN(gate_up_swiglu_autograd));
   m.impl("permute_plan", TORCH_FN((NonDifferentiable<kPermutePlan, PermutePlanSig>::call)));
   m.impl("grouped_mm", TORCH_FN(grouped_mm_autograd));
   m.impl("swiglu", TORCH_FN(swiglu_autograd));

@@ -283,6 +283,40 @@ Bound bind_unpermute(Call& call, const at::Tensor& y_perm, const at::Tensor& des
 
 namespace {
 
+// The gate_up projection of the permuted rows with the weighted SwiGLU, x read through the row map
+// (moe_permute_sources, then moe_gate_up_swiglu): bit for bit permute -> grouped_mm ->
+// weighted_swiglu. The row map is scratch from torch's allocator.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gate_up_swiglu(
+    const at::Tensor& x, const at::Tensor& dest_row, const at::Tensor& row_start,
+    const at::Tensor& kept, const at::Tensor& splits, int64_t align, int64_t capacity,
+    const at::Tensor& weights, const at::Tensor& w, bool pre_activation, c10::string_view config) {
+  Call call("gate_up_swiglu", x);
+  TORCH_CHECK_VALUE(x.dim() == 2 && w.dim() == 3 && w.size(1) % 2 == 0,
+                    "groupmm.gate_up_swiglu: x must be [T, H] and w [E, 2F, H]; got ", x.sizes(),
+                    " and ", w.sizes());
+  const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
+  const int64_t F = w.size(1) / 2;
+  at::Tensor h = call.empty({m.rows, F}, x.scalar_type());
+  at::Tensor gu = call.empty({pre_activation ? m.rows : 0, 2 * F}, x.scalar_type());
+  at::Tensor probs = call.empty({m.rows}, at::kFloat);
+  at::Tensor src = call.empty({m.rows}, at::kInt);
+  auto& ctx = call.ctx();
+  const auto pv = call.out(probs, "probs"), sv = call.out(src, "src_row");
+  groupmm::moe_permute_sources(ctx, m, sv, call.in(weights, "weights"), pv);
+  groupmm::MoeGateUpArgs a{
+      .x = call.in(x, "x"),
+      .src_row = sv,
+      .splits = m.splits,
+      .w = call.in(w, "w"),
+      .prob = pv,
+      .out = call.out(h, "h"),
+      .gate_up = pre_activation ? call.out(gu, "gate_up") : groupmm::TensorView(),
+      .config = std::string(config)};
+  groupmm::moe_gate_up_swiglu(ctx, a);
+  call.finish();
+  return {h, gu, probs};
+}
+
 std::tuple<at::Tensor, at::Tensor> permute(const at::Tensor& x, const at::Tensor& dest_row,
                                            const at::Tensor& row_start, const at::Tensor& kept,
                                            const at::Tensor& splits, int64_t align,
@@ -386,6 +420,7 @@ void register_moe_impls(Kernels& m) {
   m.impl("permute_backward", &permute_backward);
   m.impl("unpermute", &unpermute);
   m.impl("unpermute_backward", &unpermute_backward);
+  m.impl("gate_up_swiglu", &gate_up_swiglu);
 }
 
 }  // namespace

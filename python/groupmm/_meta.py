@@ -228,6 +228,14 @@ def _(x, dest_row, row_start, kept, splits, align, capacity, weights=None):
                                                         torch.float32)
 
 
+@register_fake("groupmm::gate_up_swiglu")
+def _(x, dest_row, row_start, kept, splits, align, capacity, weights, w, pre_activation=False,
+      config=""):
+    R, F = _rows(dest_row, splits, align, capacity), w.shape[1] // 2
+    return (_empty(x, (R, F), x.dtype), _empty(x, (R if pre_activation else 0, 2 * F), x.dtype),
+            _empty(x, (R,), torch.float32))
+
+
 @register_fake("groupmm::permute_backward")
 def _(d_x_perm, dest_row, row_start, kept, splits, align, capacity, d_probs=None):
     T, k = dest_row.shape

@@ -154,3 +154,40 @@ def test_permute_unpermute_round_trip_and_grads(device, align):
     (y.float().sum() + (probs * torch.arange(R, device=device)).sum()).backward()
     assert_close(x.grad, torch.full_like(x.grad, 2 * k + 1))
     torch.testing.assert_close(weights.grad, d.float())
+
+
+@pytest.mark.parametrize("align,capacity,pre", [(1, 0, True), (16, 0, False), (1, 3, True)])
+def test_gate_up_swiglu_equals_the_separate_ops(device, align, capacity, pre):
+    """The kernel-layer op (x gathered inside the GEMM, the activation in its epilogue) is bit for
+    bit permute -> grouped_mm -> weighted_swiglu, padding and capacity drops included."""
+    T, E, k, H, F = 37, 8, 2, 64, 64
+    torch.manual_seed(0)
+    ids = torch.stack([torch.randperm(E, device=device)[:k] for _ in range(T)]).int()
+    ids[:5, 0] = 3  # expert 3 over its capacity when there is one
+    weights = torch.rand(T, k, device=device)
+    x = torch.randn(T, H, device=device, dtype=torch.bfloat16)
+    w = (torch.randn(E, 2 * F, H, device=device) * H ** -0.5).to(torch.bfloat16)
+    plan = ops.permute_plan(ids, E, align, capacity)
+    h, gu, probs = ops.gate_up_swiglu(x, *plan, align, capacity, weights, w, pre)
+    xp, probs_ref = ops.permute(x, *plan, align, capacity, weights)
+    gu_ref = ops.grouped_mm(xp, w, plan[3])
+    h_ref = ops.weighted_swiglu(gu_ref, probs_ref)
+    assert torch.equal(h, h_ref) and torch.equal(probs, probs_ref)
+    if pre:
+        assert torch.equal(gu, gu_ref)
+    else:
+        assert gu.shape == (0, 2 * F)
+
+
+def test_gate_up_swiglu_is_forward_only(device):
+    T, E, k, H, F = 4, 2, 1, 64, 64
+    ids = torch.zeros(T, k, dtype=torch.int32, device=device)
+    plan = ops.permute_plan(ids, E, 1, 0)
+    x = torch.randn(T, H, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(E, 2 * F, H, device=device, dtype=torch.bfloat16)
+    weights = torch.ones(T, k, device=device)
+    with pytest.raises(RuntimeError, match="groupmm.gate_up_swiglu: forward only"):
+        ops.gate_up_swiglu(x, *plan, 1, 0, weights, w)
+    with torch.no_grad():
+        h, _, _ = ops.gate_up_swiglu(x, *plan, 1, 0, weights, w)
+    assert h.shape == (T * k, F) and not h.requires_grad
