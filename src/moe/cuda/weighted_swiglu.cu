@@ -6,8 +6,8 @@
 // and independent of the grid. Element math: swiglu_backends.hpp's weighted_swiglu_* and
 // swiglu_form_* with the fast sigmoid (the sigmoid's division without the IEEE slow path: this
 // kernel is bound by instruction issue, not bandwidth; see there).
-// With splits (the at-most mode, moe.hpp) each block first sums the splits on the device (warp 0)
-// and runs only the rows [0, min(sum, M)); the faults of the splits rule are reported by block 0.
+// With splits (the at-most mode, moe.hpp) each block first sums the splits on the device
+// (scan_splits) and runs only the rows [0, min(sum, M)); block 0 reports the splits rule's faults.
 #include <algorithm>
 
 #include "moe/backends.hpp"
@@ -41,47 +41,23 @@ struct WeightedSwigluParams {
   StatusBlock* status = nullptr;
 };
 
-// The faults of the splits rule (offsets.hpp, at most M rows; a short sum is none) in the order
-// the host reference reports them: every negative split, then the expert that crosses M, then the
-// sum. Serial: it runs only when warp 0 has seen a fault.
-__device__ void report_split_faults(const WeightedSwigluParams& p) {
-  for (int64_t g = 0; g < p.G; ++g) {
-    const int64_t m = load_split(p.splits, p.splits64, g);
-    if (m < 0) report_fault(p.status, kFaultNegativeSplit, OpId::weighted_swiglu, int32_t(g), m);
-  }
-  int64_t run = 0;
-  for (int64_t g = 0; g < p.G; ++g) {
-    const int64_t m = max(load_split(p.splits, p.splits64, g), int64_t(0));
-    if (m > p.M - min(run, p.M))
-      report_fault(p.status, kFaultSplitsOverflow, OpId::weighted_swiglu, int32_t(g), m);
-    run = m > INT64_MAX - run ? INT64_MAX : run + m;
-  }
-  if (run > p.M) report_fault(p.status, kFaultSplitsTotalMismatch, OpId::weighted_swiglu, -1, run);
-}
-
-// The rows this call computes: M, or min(sum of the splits, M) (negative splits count 0). Every
-// thread of the block must call it.
+// The rows this call computes: M, or min(sum of the splits, M) with splits (the splits rule of
+// offsets.hpp at most M rows, scan_splits; block 0 reports its faults). Every thread of the block
+// must call it.
 __device__ __forceinline__ int64_t rows_to_compute(const WeightedSwigluParams& p) {
   if (p.splits == nullptr) return p.M;
-  __shared__ int64_t rows;
-  if (threadIdx.x < 32) {
-    int64_t sum = 0;  // each split clamped to [0, M]: the sum cannot overflow
-    bool fault = false;
-    for (int64_t g = threadIdx.x; g < p.G; g += 32) {
-      const int64_t m = load_split(p.splits, p.splits64, g);
-      fault |= m < 0;
-      sum += min(max(m, int64_t(0)), p.M);
-    }
-#pragma unroll
-    for (int step = 16; step >= 1; step /= 2) sum += __shfl_xor_sync(kFullMask, sum, step);
-    fault = __any_sync(kFullMask, fault) || sum > p.M;
-    if (threadIdx.x == 0) {
-      rows = min(sum, p.M);
-      if (fault && blockIdx.x == 0) report_split_faults(p);
-    }
-  }
-  __syncthreads();
-  return rows;
+  SplitsScanArgs sa;
+  sa.splits = p.splits;
+  sa.splits64 = p.splits64;
+  sa.G = p.G;
+  sa.row_bound = p.M;
+  sa.expected_total = p.M;
+  sa.total_at_most = true;
+  sa.status = blockIdx.x == 0 ? p.status : nullptr;
+  sa.op = OpId::weighted_swiglu;
+  const auto totals = scan_splits<WeightedSwigluConfig::kThreads, 0>(
+      sa, [](int64_t) { return Counts<0>{}; }, [](const ExpertSpan<0>&) {});
+  return min(totals.rows, p.M);
 }
 
 // The element math of a kernel: swiglu's (kForm false: the plain op, unchanged) or a SwigluForm's.
