@@ -12,6 +12,7 @@
 
 namespace groupmm::test {
 
+// The block's GroupedLinear layers: gate_up, down, then the shared expert's two when it has one.
 inline std::vector<nn::GroupedLinear*> moe_linears(nn::MoE& m) {
   std::vector<nn::GroupedLinear*> l = {&m.gate_up(), &m.down()};
   if (m.has_shared_expert()) {

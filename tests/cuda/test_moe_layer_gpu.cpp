@@ -23,15 +23,6 @@ void copy_param(const TensorView& dst, const TensorView& src) {
        TensorView(src.data, DType::e8m0, src.device, {src.nbytes()}));
 }
 
-std::vector<GroupedLinear*> linears(MoE& m) {
-  std::vector<GroupedLinear*> l = {&m.gate_up(), &m.down()};
-  if (m.has_shared_expert()) {
-    l.push_back(&m.shared_gate_up());
-    l.push_back(&m.shared_down());
-  }
-  return l;
-}
-
 struct Bf16Host {  // random bf16 host tensor
   std::vector<uint16_t> b;
   TensorView v;
@@ -79,7 +70,7 @@ TEST_P(MoEGpu, MatchesTheCpuBlock) {
   Context cctx(Device::CPU), gctx(Device::CUDA);
   MoE g(gctx, c), h(cctx, c);
   copy_param(h.router_weight(), g.router_weight());
-  auto gl = linears(g), hl = linears(h);
+  auto gl = moe_linears(g), hl = moe_linears(h);
   for (size_t i = 0; i < gl.size(); ++i) {
     copy_param(hl[i]->weight(), gl[i]->weight());
     copy_param(hl[i]->bias(), gl[i]->bias());
@@ -152,7 +143,7 @@ struct Step {
     std::vector<std::vector<uint8_t>> s = {bytes_of(dx), bytes_of(m.aux_loss()),
                                            bytes_of(m.z_loss()), bytes_of(m.router_weight_grad()),
                                            bytes_of(m.counts())};
-    for (GroupedLinear* l : linears(m)) {
+    for (GroupedLinear* l : moe_linears(m)) {
       s.push_back(bytes_of(l->weight_grad()));
       s.push_back(bytes_of(l->bias_grad()));
     }
