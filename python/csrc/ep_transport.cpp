@@ -1,8 +1,6 @@
 // ep_transport.cpp: ProcessGroupTransport (ep_transport.hpp).
 #include "ep_transport.hpp"
 
-#include <c10/core/impl/VirtualGuardImpl.h>
-
 namespace groupmm_torch {
 
 void ProcessGroupTransport::all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) {
@@ -11,26 +9,13 @@ void ProcessGroupTransport::all_to_all_counts(const int64_t* send, int64_t* recv
   const auto host = at::TensorOptions().dtype(at::kLong);
   at::Tensor s = at::from_blob(const_cast<int64_t*>(send), {total}, host);
   at::Tensor r = at::from_blob(recv, {total}, host);
-  if (device_.is_cpu()) {
-    exchange(r, s, {}, {});
-    return;
-  }
-  at::Tensor sd = s.to(device_), rd = at::empty({total}, host.device(device_));
-  exchange(rd, sd, {}, {});
-  r.copy_(rd);  // a device-to-host copy: synchronizes the current stream
+  exchange(r, s, {}, {});
 }
 
 void ProcessGroupTransport::all_to_all_v(const void* send, const int64_t* send_counts,
                                          const int64_t* send_offsets, void* recv,
                                          const int64_t* recv_counts, const int64_t* recv_offsets,
-                                         cudaStream_t stream) {
-  if (device_.is_cuda()) {
-    const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-    auto* current = static_cast<cudaStream_t>(impl.getStream(device_).native_handle());
-    TORCH_CHECK(current == stream, "groupmm EpGroup: an exchange on rank ", rank(),
-                " was issued on another stream than torch's current stream of ", device_,
-                " (run the ep ops on the current stream)");
-  }
+                                         cudaStream_t /*stream: CPU, none*/) {
   const int R = size();
   std::vector<int64_t> sc(send_counts, send_counts + R), rc(recv_counts, recv_counts + R);
   // alltoall_base takes one packed buffer per side: block p right after block p - 1. The
@@ -57,7 +42,6 @@ void ProcessGroupTransport::exchange(at::Tensor& out, at::Tensor& in,
                                      std::vector<int64_t> out_splits,
                                      std::vector<int64_t> in_splits) {
   c10d::AllToAllOptions opts;
-  opts.asyncOp = false;  // NCCL: on the current stream
   auto work = pg_->alltoall_base(out, in, out_splits, in_splits, opts);
   work->wait();
 }

@@ -1,7 +1,7 @@
 // ep_transport.hpp: ProcessGroupTransport, the core's ep::Transport over a torch.distributed
-// process group. Its two collectives run as ProcessGroup::alltoall_base with split sizes on the
-// group's own communicator (gloo for CPU tensors, NCCL for CUDA ones), issued with asyncOp=false
-// so that NCCL runs them on torch's current stream, where groupmm's kernels run too.
+// process group for CPU tensors. Its two collectives run as ProcessGroup::alltoall_base with split
+// sizes on the group's own communicator (gloo), and block until done. CUDA groups use the core's
+// NCCL transport instead (ops_ep.cpp says why).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -16,17 +16,18 @@ namespace groupmm_torch {
 class ProcessGroupTransport final : public groupmm::ep::Transport {
  public:
   ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGroup> pg, at::Device device)
-      : pg_(std::move(pg)), device_(device) {}
+      : pg_(std::move(pg)), device_(device) {
+    TORCH_CHECK_VALUE(device_.is_cpu(),
+                      "groupmm EpGroup: the process group's transport is for "
+                      "CPU tensors; got ",
+                      device_);
+  }
   int rank() const override { return pg_->getRank(); }
   int size() const override { return pg_->getSize(); }
-  groupmm::Device device() const override {
-    return device_.is_cuda() ? groupmm::Device::CUDA : groupmm::Device::CPU;
-  }
-  // Host int64 blocks; a CUDA group stages them through the device (and synchronizes: the
-  // throughput plan reads them on the host).
+  groupmm::Device device() const override { return groupmm::Device::CPU; }
+  // Host int64 blocks.
   void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) override;
-  // Packed blocks only (block p right after block p - 1, as the core's movers send them); a CUDA
-  // exchange checks that `stream` is torch's current stream.
+  // Packed blocks only (block p right after block p - 1, as the core's movers send them).
   void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
                     void* recv, const int64_t* recv_counts, const int64_t* recv_offsets,
                     cudaStream_t stream) override;

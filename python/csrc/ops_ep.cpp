@@ -1,22 +1,28 @@
 // ops_ep.cpp: expert parallelism (groupmm/ep.hpp) over a torch.distributed process group.
 //
-// ProcessGroupTransport (ep_transport.hpp) is a groupmm::ep::Transport whose two collectives run
-// through the c10d ProcessGroup (alltoall_base with split sizes), so the core's plans and movers
-// run unchanged over gloo (CPU tensors, the CPU backend) and NCCL (CUDA tensors). The
-// communicator is the process group's own ("borrowed"): nothing is created, no unique id is
-// exchanged. Two custom classes carry the state the ops share, defined here beside the ops that
-// take them (the schema parser needs a class registered before an op names it):
-//   torch.classes.groupmm.EpGroup(group_name, device): the transport of one process group on one
-//     device (group_name: ProcessGroup.group_name, resolved with c10d::resolve_process_group);
+// Two transports behind one custom class, chosen by the device:
+//  - CPU tensors: ProcessGroupTransport (ep_transport.hpp), a groupmm::ep::Transport whose two
+//    collectives run through the c10d ProcessGroup (alltoall_base with split sizes) on the group's
+//    own communicator (gloo); nothing is created.
+//  - CUDA tensors: the core's NCCL transport (groupmm/ep_nccl.hpp) on a communicator groupmm
+//    creates for the group: rank 0 makes a unique id (ep_nccl_unique_id), the Python side
+//    broadcasts it over the process group, and every rank passes it to the constructor. The
+//    process group's own NCCL communicator is not borrowed: c10d does not expose it, and driving
+//    ProcessGroupNCCL from this extension crashed in its one GPU run, while the core's transport
+//    is the one the C++ tests and benchmarks run over several GPUs (point-to-point calls on the
+//    op's stream, capturable in a CUDA graph).
+// Two custom classes carry the state the ops share, defined here beside the ops that take them
+// (the schema parser needs a class registered before an op names it):
+//   torch.classes.groupmm.EpGroup(group_name, device, nccl_id=None): the transport of one process
+//     group on one device (group_name: ProcessGroup.group_name, resolved with
+//     c10d::resolve_process_group; nccl_id: the unique id, for a CUDA device only);
 //   torch.classes.groupmm.EpPlan: an ep::EpPlan (throughput or capacity), made by the plan ops.
 // The movers (ep_dispatch, ep_combine) have autograd formulas (their backward ops, which are
 // collectives too: every rank's backward must run them, as every rank's forward ran the movers).
 //
-// Streams: a groupmm op runs on torch's current stream (binding.hpp's Call). The collectives are
-// issued with asyncOp=false, which ProcessGroupNCCL runs on the current stream, and Work::wait()
-// orders the current stream after them (and blocks on gloo), so the exchange sits between the
-// groupmm kernels on one stream as in the core's NCCL transport. A CUDA exchange checks that the
-// stream it is given is torch's current stream.
+// Streams: a groupmm op runs on torch's current stream (binding.hpp's Call). Over gloo the
+// collectives block; over NCCL the core's transport enqueues them on the op's stream, between the
+// groupmm kernels, as in the C++ layers.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -33,6 +39,10 @@
 #include "binding.hpp"
 #include "ep_transport.hpp"
 #include "groupmm/ep.hpp"
+#include "groupmm/version.hpp"
+#if GROUPMM_WITH_NCCL
+#include "groupmm/ep_nccl.hpp"
+#endif
 
 namespace groupmm_torch {
 namespace {
@@ -43,27 +53,33 @@ namespace ep = groupmm::ep;
 // The custom classes
 // ================================================================================================
 
+// NCCL's unique id, ncclUniqueId's bytes (NCCL_UNIQUE_ID_BYTES).
+constexpr int64_t kNcclIdBytes = 128;
+
 struct EpGroup : torch::CustomClassHolder {
   // A collective of the group's ranks: one small exchange connects every pair now (NCCL
   // connects lazily, which cannot happen under graph capture) and checks that every rank took
   // part with this group.
-  EpGroup(const std::string& group_name, const std::string& device) : device_(device) {
+  EpGroup(const std::string& group_name, const std::string& device,
+          const std::optional<at::Tensor>& nccl_id)
+      : device_(device) {
     TORCH_CHECK_VALUE(device_.is_cpu() || device_.is_cuda(), "groupmm EpGroup: device ", device,
                       " must be cpu or cuda");
-    // Over NCCL the first (and only) GPU run crashed while making the group (R = 1, torch 2.11);
-    // until that is understood and tested, a CUDA group is refused rather than risked.
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        !device_.is_cuda(),
-        "groupmm EpGroup: expert parallelism from PyTorch runs over CPU process groups (gloo) "
-        "only for now; over NCCL use the C++ transport (groupmm/ep_nccl.hpp, nn::MoE with "
-        "MoEConfig::ep)");
     if (device_.is_cuda() && !device_.has_index()) {
       const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
       device_ = at::Device(c10::DeviceType::CUDA, impl.getDevice().index());
     }
     pg_ = c10d::resolve_process_group(group_name);
-    backend_ = pg_->getBackend(device_.type())->getBackendName();
-    tr_ = std::make_unique<ProcessGroupTransport>(pg_, device_);
+    if (device_.is_cpu()) {
+      TORCH_CHECK_VALUE(!nccl_id.has_value(),
+                        "groupmm EpGroup: nccl_id is for a CUDA group; "
+                        "a CPU group exchanges over the process group's own (gloo) communicator");
+      backend_ = pg_->getBackend(device_.type())->getBackendName();
+      tr_ = std::make_unique<ProcessGroupTransport>(pg_, device_);
+    } else {
+      tr_ = make_nccl(nccl_id);
+      backend_ = "nccl";
+    }
     const c10::OptionalDeviceGuard guard(device_.is_cuda() ? std::optional<at::Device>(device_)
                                                            : std::nullopt);
     const int R = tr_->size();
@@ -79,17 +95,69 @@ struct EpGroup : torch::CustomClassHolder {
   std::string device() const { return device_.str(); }
   std::string describe() const {
     return "EpGroup(rank " + std::to_string(rank()) + " of " + std::to_string(size()) + ", " +
-           backend_ + " on " + device_.str() + ", the process group's own communicator)";
+           backend_ + " on " + device_.str() +
+           (device_.is_cpu() ? ", the process group's own communicator)"
+                             : ", a communicator groupmm made for the process group)");
   }
   ep::Transport& transport() { return *tr_; }
   const at::Device& torch_device() const { return device_; }
 
  private:
+  // The core's NCCL transport on a new communicator of the group's ranks, made with the unique id
+  // every rank received (a collective: every rank of the group calls it with the same id).
+  std::unique_ptr<ep::Transport> make_nccl(const std::optional<at::Tensor>& id) {
+    TORCH_CHECK_VALUE(id.has_value(),
+                      "groupmm EpGroup: a CUDA group needs nccl_id, the unique "
+                      "id rank 0 made with ep_nccl_unique_id() and broadcast over the process "
+                      "group (groupmm.nn.moe_ep.ep_group does both)");
+    TORCH_CHECK_VALUE(id->device().is_cpu() && id->scalar_type() == at::kByte && id->dim() == 1 &&
+                          id->numel() == kNcclIdBytes,
+                      "groupmm EpGroup: nccl_id must be a CPU uint8 tensor of ", kNcclIdBytes,
+                      " bytes; got ", id->scalar_type(), " ", id->sizes(), " on ", id->device());
+#if GROUPMM_WITH_NCCL
+    ncclUniqueId uid;
+    static_assert(sizeof(uid) == kNcclIdBytes, "ncclUniqueId's size");
+    const at::Tensor c = id->contiguous();
+    std::memcpy(&uid, c.data_ptr(), sizeof(uid));
+    // The communicator's device is the current device while it is made and used (ep_nccl.hpp).
+    const c10::OptionalDeviceGuard guard{std::optional<at::Device>(device_)};
+    try {
+      return ep::NcclTransport::create(uid, pg_->getSize(), pg_->getRank());
+    } catch (const groupmm::Error& e) {
+      throw groupmm::Error(without_source_locations(e.what()));
+    }
+#else
+    TORCH_CHECK_NOT_IMPLEMENTED(false,
+                                "groupmm EpGroup: this groupmm was built without NCCL "
+                                "(groupmm/version.hpp GROUPMM_WITH_NCCL 0): no CUDA group");
+#endif
+  }
+
   at::Device device_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   std::string backend_;
-  std::unique_ptr<ProcessGroupTransport> tr_;
+  std::unique_ptr<ep::Transport> tr_;
 };
+
+// [128] uint8 on the CPU: a new NCCL unique id (rank 0 makes it; every rank of the group passes
+// the same bytes to EpGroup).
+at::Tensor ep_nccl_unique_id() {
+#if GROUPMM_WITH_NCCL
+  ncclUniqueId uid;
+  try {
+    uid = ep::NcclTransport::unique_id();
+  } catch (const groupmm::Error& e) {
+    throw groupmm::Error(without_source_locations(e.what()));
+  }
+  at::Tensor t = at::empty({kNcclIdBytes}, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(t.data_ptr(), &uid, sizeof(uid));
+  return t;
+#else
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "groupmm.ep_nccl_unique_id: this groupmm was built without "
+                              "NCCL (groupmm/version.hpp GROUPMM_WITH_NCCL 0)");
+#endif
+}
 
 struct EpPlan : torch::CustomClassHolder {
   EpPlan(c10::intrusive_ptr<EpGroup> g, std::shared_ptr<ep::EpPlan> p)
@@ -381,7 +449,7 @@ void register_ep_impls(Kernels& m) {
 // class is registered before the ops that name it are parsed.
 TORCH_LIBRARY_FRAGMENT(groupmm, m) {
   m.class_<EpGroup>("EpGroup")
-      .def(torch::init<std::string, std::string>())
+      .def(torch::init<std::string, std::string, std::optional<at::Tensor>>())
       .def("rank", &EpGroup::rank)
       .def("size", &EpGroup::size)
       .def("backend", &EpGroup::backend)
@@ -398,6 +466,8 @@ TORCH_LIBRARY_FRAGMENT(groupmm, m) {
       .def("last_overflow", &EpPlan::last_overflow)
       .def("describe", &EpPlan::describe);
 #define GROUPMM_EP_GROUP "__torch__.torch.classes.groupmm.EpGroup"
+  // A new NCCL unique id for a CUDA EpGroup (no tensor argument: a catch-all kernel).
+  m.def("ep_nccl_unique_id() -> Tensor", &ep_nccl_unique_id);
 #define GROUPMM_EP_PLAN "__torch__.torch.classes.groupmm.EpPlan"
   // plans (ep.hpp): throughput (a count exchange, host reads: not graph safe); capacity (create
   // once per T, allocating; fill every step, graph safe)

@@ -8,8 +8,10 @@ grads (router, shared expert) summed over the ranks (each rank sums only its tok
 order differs). Throughput and capacity mode, fp32 and bf16, a quantized recipe (padded experts),
 delayed wgrad, a rank without tokens, capacity overflow reported and deterministic, and a rank
 that fails: its peers get an error instead of waiting. R = 1 in this process (gloo), with the op
-level and the configuration checks. GPU (one device, R = 1 over NCCL): against the block without
-EP, and capacity mode captured in a CUDA graph, replayed with new routing.
+level and the configuration checks. GPU over groupmm's NCCL communicator: R = 1 in this process
+against the block without EP, capacity mode captured in a CUDA graph and replayed with new
+routing; where the machine has several GPUs, one process per GPU (R = 2 and 4 as there are GPUs)
+against the one-rank block, as the CPU cases.
 """
 
 import datetime
@@ -67,13 +69,13 @@ def _rel(a, b):
 
 def case_matches_one_rank(rank, world, *, tokens, dtype="float32", recipe="bf16", shared=6,
                           delay_wgrad=False, score="softmax", mode="throughput", capacity=None,
-                          capacity_factor=0.0, hidden=16, ffn=8, seed=0):
+                          capacity_factor=0.0, hidden=16, ffn=8, seed=0, device="cpu"):
     dtype = getattr(torch, dtype)
     torch.manual_seed(seed)
     ref, ep = _blocks(world, dtype, recipe, shared, delay_wgrad, score, mode, capacity,
-                      capacity_factor, hidden, ffn)
-    x_all = torch.randn(sum(tokens), hidden).to(dtype)
-    dy_all = torch.randn(sum(tokens), hidden).to(dtype)
+                      capacity_factor, hidden, ffn, device=device)
+    x_all = torch.randn(sum(tokens), hidden).to(device=device, dtype=dtype)
+    dy_all = torch.randn(sum(tokens), hidden).to(device=device, dtype=dtype)
     y_ref, dx_ref = _step(ref, x_all, dy_all)
     off, T = sum(tokens[:rank]), tokens[rank]
     y, dx = _step(ep, x_all[off:off + T], dy_all[off:off + T])
@@ -95,16 +97,29 @@ def case_matches_one_rank(rank, world, *, tokens, dtype="float32", recipe="bf16"
         assert _rel(g, b.weight.grad) <= tol, f"{type(a).__name__} dW: rel {_rel(g, b.weight.grad)}"
 
 
-def case_overflow(rank, world, *, tokens, seed=0):
+def _device_overflow(device):
+    """The capacity drop the last steps reported on `device` (groupmm.check raises it), or None."""
+    try:
+        groupmm.check(device)
+    except Exception as e:  # noqa: BLE001  (the core's error type)
+        return str(e)
+    return None
+
+
+def case_overflow(rank, world, *, tokens, seed=0, device="cpu"):
     torch.manual_seed(seed)
-    _, ep = _blocks(world, torch.float32, "bf16", 6, False, "softmax", "capacity", (1, 0), 0.0,
-                    16, 8)
-    x = torch.randn(sum(tokens), 16)[sum(tokens[:rank]):][:tokens[rank]]
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    _, ep = _blocks(world, dtype, "bf16", 16, False, "softmax", "capacity", (1, 0), 0.0,
+                    16, 8, device=device)
+    x = torch.randn(sum(tokens), 16)[sum(tokens[:rank]):][:tokens[rank]].to(device, dtype)
     dy = torch.randn_like(x)
     first = _step(ep, x, dy)
-    assert ep.ep_overflow is not None and "ep_dispatch" in ep.ep_overflow, ep.ep_overflow
+    report = ep.ep_overflow if device == "cpu" else _device_overflow(device)
+    assert report is not None and "ep_dispatch" in report, report
     ep.zero_grad()
     again = _step(ep, x, dy)  # a drop is deterministic: the same bits
+    if device != "cpu":
+        assert _device_overflow(device) is not None
     for a, b in zip(first, again):
         assert torch.isfinite(a).all() and torch.equal(a, b)
 
@@ -128,13 +143,18 @@ def case_rank_fails(rank, world, **_):
 CASES = {f.__name__: f for f in (case_matches_one_rank, case_overflow, case_rank_fails)}
 
 
-def _worker(rank, world, init, cases, out, pg_timeout):
+def _worker(rank, world, init, cases, out, pg_timeout, gpus):
     torch.set_num_threads(1)
     results = {}
     try:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+        if gpus:  # one GPU a rank: the cases' tensors on cuda:rank
+            torch.cuda.set_device(rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if gpus else "gloo", init_method=init,
+                                rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=pg_timeout))
         for name, fn, kw in cases:
+            if gpus:
+                kw = dict(kw, device=f"cuda:{rank}")
             try:
                 results[name] = CASES[fn](rank, world, **kw) or "ok"
             except AssertionError as e:
@@ -148,13 +168,14 @@ def _worker(rank, world, init, cases, out, pg_timeout):
     dist.destroy_process_group()
 
 
-def run_ranks(world, cases, timeout=120, pg_timeout=30):
-    """Runs the cases on `world` gloo processes; returns (each rank's results, exit codes).
-    Processes still alive after `timeout` seconds are killed and reported as hung."""
+def run_ranks(world, cases, timeout=120, pg_timeout=30, gpus=False):
+    """Runs the cases on `world` gloo processes (gpus: one process per GPU, the cases' tensors on
+    it, EP over NCCL); returns (each rank's results, exit codes). Processes still alive after
+    `timeout` seconds are killed and reported as hung."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'rendezvous')}"
-        procs = [ctx.Process(target=_worker, args=(r, world, init, cases, tmp, pg_timeout))
+        procs = [ctx.Process(target=_worker, args=(r, world, init, cases, tmp, pg_timeout, gpus))
                  for r in range(world)]
         for p in procs:
             p.start()
@@ -366,8 +387,113 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_avai
 
 
 @cuda
-def test_nccl_group_is_refused(world1):
-    # Making the group over NCCL crashed in its first GPU run: refused with a clear error until
-    # that path is understood and tested (docs/expert_parallelism.md).
-    with pytest.raises(NotImplementedError, match="over CPU process groups"):
-        groupmm.nn.moe_ep.ep_group(world1, "cuda")
+def test_nccl_group_one_rank(world1):
+    g = groupmm.nn.moe_ep.ep_group(world1, "cuda")
+    assert (g.rank(), g.size(), g.backend(), g.device()) == (0, 1, "nccl", "cuda:0")
+    assert "communicator groupmm made" in g.describe()
+    # The unique id is NCCL's 128 bytes, and a CUDA group refuses to be made without one.
+    uid = ops.ep_nccl_unique_id()
+    assert uid.dtype == torch.uint8 and uid.shape == (128,) and uid.device.type == "cpu"
+    with pytest.raises(ValueError, match="needs nccl_id"):
+        torch.classes.groupmm.EpGroup(world1.group_name, "cuda:0", None)
+    with pytest.raises(ValueError, match="nccl_id must be a CPU uint8 tensor of 128 bytes"):
+        torch.classes.groupmm.EpGroup(world1.group_name, "cuda:0", uid[:64])
+    with pytest.raises(ValueError, match="nccl_id is for a CUDA group"):
+        torch.classes.groupmm.EpGroup(world1.group_name, "cpu", uid)
+    # An exchange over it: one rank's dispatch is moe_permute's permutation.
+    T, H = 37, 64
+    ids = torch.randint(0, E, (T, K), dtype=torch.int32, device="cuda")
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    plan = ops.ep_dispatch_plan(g, ids, E, H)
+    xg, _ = ops.ep_dispatch(plan, x, None)
+    xp, _ = ops.permute(x, *ops.permute_plan(ids, E, 1, 0), 1, 0, None)
+    assert torch.equal(xg, xp)
+    groupmm.check()
+
+
+@cuda
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_current"])
+@pytest.mark.parametrize("mode", ["throughput", "capacity"])
+def test_nccl_one_rank_equals_the_block(world1, recipe, mode):
+    torch.manual_seed(0)
+    H, F, T = 128, 64, 256
+    ref, ep = _blocks(1, torch.bfloat16, recipe, 64, False, "softmax", mode, None,
+                      2.0 if mode == "capacity" else 0.0, H, F, device="cuda", group=world1)
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    for a, b in zip(_step(ref, x, dy), _step(ep, x, dy)):
+        assert torch.equal(a, b)
+    for name, p in ref.named_parameters():
+        assert torch.equal(p.grad, dict(ep.named_parameters())[name].grad), name
+    groupmm.check()
+
+
+@cuda
+def test_nccl_capacity_step_replays_in_a_cuda_graph(world1):
+    # The capacity block's forward and backward captured once (plan fill, exchanges, experts),
+    # replayed with new tokens (new routing) against eager steps of a twin with the same weights.
+    torch.manual_seed(0)
+    H, F, T = 128, 64, 256
+    kw = dict(shared_ffn_hidden=64, device="cuda", ep_group=world1, ep_mode="capacity",
+              capacity_factor=2.0)
+    moe = groupmm.nn.MoE(H, F, E, K, **kw)
+    twin = groupmm.nn.MoE(H, F, E, K, **kw)
+    twin.load_state_dict(moe.state_dict())
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+
+    def step(m, x):
+        y, _ = m(x)
+        return (y, *torch.autograd.grad(y, (x, m.gate_up.weight, m.router.weight), dy))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # the plan, the Contexts and the NCCL connections are made here
+            step(moe, x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        static = step(moe, x)
+    for _ in range(3):
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step(twin, x.detach().requires_grad_())
+        for got, want in zip(static, eager):
+            assert torch.equal(got, want)
+    groupmm.check()
+
+
+def gpu_cases(world):
+    uneven = [0 if r == 1 else 40 + 24 * r for r in range(world)]  # rank 1 has no tokens
+    even = [64] * world
+    big = max(uneven)
+    gpu = dict(dtype="bfloat16", hidden=128, ffn=64, shared=64)
+    return [
+        ("bf16 throughput", "case_matches_one_rank", dict(tokens=uneven, **gpu)),
+        ("bf16 capacity", "case_matches_one_rank",
+         dict(tokens=uneven, mode="capacity", capacity=(big, 0), seed=1, **gpu)),
+        ("bf16 sigmoid delayed wgrad capacity_factor", "case_matches_one_rank",
+         dict(tokens=even, score="sigmoid", delay_wgrad=True, mode="capacity",
+              capacity_factor=float(world), seed=2, **gpu)),
+        ("fp8_current throughput", "case_matches_one_rank",
+         dict(tokens=even, recipe="fp8_current", seed=3, **dict(gpu, shared=0))),
+        ("fp8_block capacity", "case_matches_one_rank",
+         dict(tokens=even, recipe="fp8_block", mode="capacity", capacity=(64, 0), seed=4,
+              **dict(gpu, hidden=256, ffn=128, shared=0))),
+        ("overflow", "case_overflow", dict(tokens=even)),
+    ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2
+                    or not dist.is_nccl_available(), reason="needs 2 CUDA GPUs and NCCL")
+@pytest.mark.parametrize("world", [2, 4])
+def test_ep_over_nccl_matches_one_rank(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs; {torch.cuda.device_count()} visible")
+    results, codes = run_ranks(world, gpu_cases(world), timeout=300, pg_timeout=120, gpus=True)
+    for r, (res, code) in enumerate(zip(results, codes)):
+        assert code == 0 and "error" not in res, f"rank {r}: {res.get('error', code)}"
+        assert all(v == "ok" for v in res.values()), res

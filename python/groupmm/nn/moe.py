@@ -90,7 +90,8 @@ class MoE(torch.nn.Module):
     local_experts say which); the router and the shared expert are on every rank (their gradients
     are this rank's tokens' share: all-reduce them as data parallelism does). Each forward and
     backward is a collective of the group: every rank runs them, in the same order. The exchanges
-    use the process group's own communicator (gloo for CPU tensors, NCCL for CUDA ones).
+    use the process group's own communicator for CPU tensors (gloo), and for CUDA tensors an NCCL
+    communicator groupmm makes for the group's ranks when the block first runs on a device.
     ep_mode='throughput' (dropless; exact per-peer counts, read on the host: not graph safe) or
     'capacity' (a fixed budget per pair of ranks, graph safe: ep_capacity=(rows_per_peer,
     entries_per_peer), or from capacity_factor > 0 as groupmm.nn.moe_ep.capacity_from_factor says,

@@ -9,8 +9,10 @@ the C++ nn::MoE with MoEConfig::ep (src/nn/moe.cpp), op for op:
   the local experts (plan.splits()) -> ep_combine (unweighted, + the shared expert's output)
 
 and autograd runs the backward collectives (ep_combine_backward, ep_dispatch_backward) in reverse.
-The transport is torch.classes.groupmm.EpGroup: the core's ep::Transport over the process group's
-own communicator (gloo for CPU tensors, NCCL for CUDA tensors; nothing is created).
+The transport is torch.classes.groupmm.EpGroup: for CPU tensors the core's ep::Transport over the
+process group's own communicator (gloo; nothing is created); for CUDA tensors the core's NCCL
+transport on a communicator groupmm creates for the group's ranks (rank 0's unique id broadcast
+over the process group), the same transport the C++ layers and benchmarks run.
 
 Capacity mode: the grouped buffer is sized for the budget (R * C_e rows), the rows past the
 entries received a zero tail. The expert layers run with splits_total='at_most' over
@@ -40,9 +42,27 @@ MODES = ("throughput", "capacity")
 
 def ep_group(process_group, device):
     """The EpGroup of `process_group` for tensors on `device` (a collective of the group's ranks:
-    it makes one small exchange, which connects NCCL's peers before any capture)."""
+    it makes one small exchange, which connects NCCL's peers before any capture).
+
+    CPU: the process group's own communicator. CUDA: a new NCCL communicator of the group's
+    ranks on `device` (the current CUDA device if no index is given): rank 0 makes a unique id and
+    broadcasts it over the process group (a CUDA tensor, so the group needs a backend that
+    carries CUDA tensors, as NCCL and gloo do)."""
+    import torch.distributed as dist
+    device = torch.device(device)
     name = process_group.group_name
-    return torch.classes.groupmm.EpGroup(name, str(torch.device(device)))
+    if device.type != "cuda":
+        return torch.classes.groupmm.EpGroup(name, str(device), None)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if dist.get_rank(process_group) == 0:
+        uid = ops.ep_nccl_unique_id()
+    else:
+        uid = torch.zeros(128, dtype=torch.uint8)
+    uid = uid.to(device)
+    dist.broadcast(uid, src=dist.get_global_rank(process_group, 0), group=process_group)
+    with torch.cuda.device(device):
+        return torch.classes.groupmm.EpGroup(name, str(device), uid.cpu())
 
 
 def capacity_from_factor(tokens, topk, ranks, capacity_factor):
