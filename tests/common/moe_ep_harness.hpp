@@ -95,6 +95,7 @@ struct Case {
   ep::EpMode mode = ep::EpMode::throughput;
   ep::EpCapacity cap;
   std::vector<int64_t> tokens;  // per rank
+  int64_t chunks = 1;           // ep.chunks of the EP blocks (overlap)
 };
 
 struct Result {
@@ -139,6 +140,7 @@ inline Result run_case(const Case& c, Device dev, uint64_t seed) {
         ec.ep.transport = &tr;
         ec.ep.mode = c.mode;
         ec.ep.capacity = c.cap;
+        ec.ep.chunks = c.chunks;
         MoE m(rctx, ec);
         copy_params(rctx, m, one);
         res.rank[size_t(r)] = step(rctx, m, xs[size_t(r)], dys[size_t(r)], c.tokens[size_t(r)]);
