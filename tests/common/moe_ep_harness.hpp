@@ -149,6 +149,22 @@ inline Result run_case(const Case& c, Device dev, uint64_t seed) {
   return res;
 }
 
+// Every field of two steps, bit for bit.
+inline void expect_same_step(const StepOut& a, const StepOut& b) {
+  using ep_harness::same_bits;
+  EXPECT_EQ(a.status, b.status);
+  EXPECT_TRUE(same_bits(a.y, b.y)) << "y";
+  EXPECT_TRUE(same_bits(a.dx, b.dx)) << "dx";
+  EXPECT_TRUE(same_bits(a.weights, b.weights)) << "router weights";
+  EXPECT_TRUE(same_bits(a.wr_grad, b.wr_grad)) << "router dW";
+  EXPECT_TRUE(same_bits(a.gu_w, b.gu_w)) << "gate_up dW";
+  EXPECT_TRUE(same_bits(a.gu_b, b.gu_b)) << "gate_up db";
+  EXPECT_TRUE(same_bits(a.down_w, b.down_w)) << "down dW";
+  EXPECT_TRUE(same_bits(a.down_b, b.down_b)) << "down db";
+  EXPECT_TRUE(same_bits(a.sgu_w, b.sgu_w)) << "shared gate_up dW";
+  EXPECT_TRUE(same_bits(a.sdown_w, b.sdown_w)) << "shared down dW";
+}
+
 // Rows [first, first + n) of a [*, cols] vector.
 inline std::vector<float> rows_of(const std::vector<float>& v, int64_t first, int64_t n,
                                   int64_t cols) {

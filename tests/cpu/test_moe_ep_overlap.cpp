@@ -41,22 +41,6 @@ MoEConfig mxfp8_block() {
   return c;
 }
 
-// Every field of two steps, bit for bit.
-void expect_same_step(const StepOut& a, const StepOut& b) {
-  using ep_harness::same_bits;
-  EXPECT_EQ(a.status, b.status);
-  EXPECT_TRUE(same_bits(a.y, b.y)) << "y";
-  EXPECT_TRUE(same_bits(a.dx, b.dx)) << "dx";
-  EXPECT_TRUE(same_bits(a.weights, b.weights)) << "router weights";
-  EXPECT_TRUE(same_bits(a.wr_grad, b.wr_grad)) << "router dW";
-  EXPECT_TRUE(same_bits(a.gu_w, b.gu_w)) << "gate_up dW";
-  EXPECT_TRUE(same_bits(a.gu_b, b.gu_b)) << "gate_up db";
-  EXPECT_TRUE(same_bits(a.down_w, b.down_w)) << "down dW";
-  EXPECT_TRUE(same_bits(a.down_b, b.down_b)) << "down db";
-  EXPECT_TRUE(same_bits(a.sgu_w, b.sgu_w)) << "shared gate_up dW";
-  EXPECT_TRUE(same_bits(a.sdown_w, b.sdown_w)) << "shared down dW";
-}
-
 // y, dx, router weights and the local experts' grads of every rank against the one-rank block.
 void expect_one_rank(const Case& c, const Result& res) {
   const int64_t H = c.cfg.hidden, F = c.cfg.ffn_hidden, El = c.cfg.experts / c.ranks;
