@@ -406,10 +406,12 @@ GroupedTensor ep_dispatch_fp8(Context& ctx, Transport& tr, const EpPlan& plan,
 // step moves n fixed blocks of each size and the grouped buffer is n R C_e rows (divide C by n to
 // keep the bytes of the unchunked step); overflow is decided per chunk (a token dropped for one
 // chunk's experts on q may be kept for another's), so results equal the unchunked step's whenever
-// no chunk overflows. Graph safe like the unchunked capacity step.
+// no chunk overflows. Graph safe like the unchunked capacity step. A chunk's combine backward is
+// the unweighted form (a chunked step routes the weights as probs, as nn::MoE does): the weighted
+// form writes every slot of d_weights, so one chunk's call would clear the others' values.
 struct EpChunkedPlan {
   int64_t chunks = 0;                // n
-  std::vector<int64_t> first_local;  // [n + 1]: chunk c's local experts [first_local[c], [c + 1])
+  std::vector<int64_t> first_local;  // [n + 1]: chunk c holds [first_local[c], first_local[c + 1])
   std::vector<EpPlan> plans;         // [n]: chunk c's plan (its local experts renumbered from 0)
   // Grouped rows: chunk c's are rows [row_base[c], row_base[c + 1]) of the chunks' concatenated
   // grouped buffer (throughput mode: exactly the unchunked buffer; capacity mode: n blocks of

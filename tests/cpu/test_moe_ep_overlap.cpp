@@ -108,7 +108,7 @@ TEST(MoeEpOverlapCpu, Bf16MainGradDelayedWgradChunksMatch) {
 }
 
 TEST(MoeEpOverlapCpu, Mxfp8ChunksMatch) {
-  for (int R : {1, 2})
+  for (int R : {1, 2, 4})
     for (ep::EpMode mode : {ep::EpMode::throughput, ep::EpMode::capacity})
       check_chunks(mxfp8_block(), R, mode,
                    seed_for("moe_ep_overlap_mxfp8") + uint64_t(R * 3 + int(mode)));
