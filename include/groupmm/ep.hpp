@@ -80,7 +80,13 @@
 // only some ranks (an expert id out of range on one rank) leaves the others waiting in the
 // exchange. The throughput plan throws on an id outside [0, E) (naming the first one; a CUDA plan
 // finds it on the device and throws when it reads the sizes, after the count exchange); the
-// capacity plan (device data on CUDA) skips such an entry and reports kFaultBadIndex.
+// capacity plan (device data on CUDA) skips such an entry and reports kFaultBadIndex. An id of -1
+// is no error: the slot names no expert (nothing moves for it, the combine skips it, its
+// d_weights are 0), which the chunked plans below use for the experts of other chunks.
+//
+// Chunked steps (EpChunkedPlan, below) split the local experts into n consecutive groups and give
+// each group its own plan, so that the exchange of one group runs while the experts of another
+// compute; every result stays the unchunked step's, bit for bit.
 // Minimum SM: sm_90 (CUDA); the CPU backend runs anywhere.
 #pragma once
 
@@ -122,6 +128,12 @@ class Transport {
   virtual void all_to_all_v(const void* send, const int64_t* send_counts,
                             const int64_t* send_offsets, void* recv, const int64_t* recv_counts,
                             const int64_t* recv_offsets, cudaStream_t stream) = 0;
+  // Whether all_to_all_v may be ordered on a stream other than the caller's compute stream (a
+  // second stream of the same device, ordered against the first with events), so that a chunked
+  // step's exchanges run beside its compute. False (the default) keeps every exchange on the
+  // Context's stream: the in-process device group orders every rank's copies on its one stream,
+  // and a torch process group exchanges on torch's current stream. NcclTransport says true.
+  virtual bool concurrent_streams() const { return false; }
 };
 
 class InProcessHub;  // mailboxes + barrier shared by the ranks of one in-process group
@@ -358,6 +370,105 @@ GroupedTensor ep_dispatch_fp8(Context& ctx, Transport& tr, const EpPlan& plan,
                               const GroupedTensor& x_q, const GroupedTensor& x_grouped,
                               const TensorView& weights = TensorView(),
                               const TensorView& probs = TensorView());
+
+// ================================================================================================
+// Chunked steps: the exchanges beside the experts' compute
+// ================================================================================================
+//
+// The E_l local experts of every rank in n consecutive chunks: chunk c holds local experts
+// [lo_c, lo_(c+1)) with lo_c = c E_l / n (rounded down; 1 <= n <= E_l, the same n on every rank).
+// Chunk c has a plan of its own (plans[c], an ordinary EpPlan of the same EpConfig, built from the
+// ids with every slot naming another chunk's expert set to -1 and chunk c's experts renumbered to
+// local experts 0 .. lo_(c+1) - lo_c - 1 of each rank), so its exchanges move only the rows and
+// entries of its experts. A step:
+//
+//   cp = ep_dispatch_plan_chunked(ctx, tr, cfg, expert_ids, n, row_dtype)   (or the capacity pair)
+//   for c: ep_dispatch(ctx, tr, cp.plans[c], x, xg_c, weights, probs_c)     xg_c: cp.rows_of(c)
+//          expert MLP of chunk c on xg_c (cp.splits(c): its experts' rows, the unchunked order)
+//          ep_combine_chunk(ctx, tr, cp, c, yg_c)                            entries home
+//   ep_combine_finish(ctx, cp, weights, y, add)                              the sum, once
+//   for c: ep_combine_backward(ctx, tr, cp.plans[c], dy, {}, {}, d_yg_c, {}) (unweighted)
+//          expert MLP backward of chunk c
+//          ep_dispatch_backward_chunk(ctx, tr, cp, c, d_xg_c, d_probs_c)     gradients home
+//   ep_dispatch_backward_finish(ctx, cp, dx, d_weights, add)                 the sum, once
+//
+// Each call is a collective as before (every rank, the same order), and the calls of different
+// chunks may run on different streams of one device (an exchange of chunk c + 1 beside the
+// experts of chunk c) when the transport's concurrent_streams() says so; nn::MoE does that.
+// Bit-identity with the unchunked step: chunk c's grouped rows (expert-major, within an expert in
+// (source rank, token, slot) order) are exactly the unchunked grouped rows of its experts, so
+// every expert computes on the same rows in the same order; the finish ops sum each token's k
+// entries in slot order, rounded once, as ep_combine and ep_dispatch_backward do. What changes:
+// a token row goes once to each (rank, chunk) that holds one of its experts (a row two chunks of
+// one rank need crosses twice; the entries, k per token at most, cross once as before), and
+// throughput mode builds n plans (n count exchanges, n host waits). Capacity mode: each chunk's
+// plan has the budgets EpCapacity gives (per chunk: C rows and C_e entries to each peer), so a
+// step moves n fixed blocks of each size and the grouped buffer is n R C_e rows (divide C by n to
+// keep the bytes of the unchunked step); overflow is decided per chunk (a token dropped for one
+// chunk's experts on q may be kept for another's), so results equal the unchunked step's whenever
+// no chunk overflows. Graph safe like the unchunked capacity step. A chunk's combine backward is
+// the unweighted form (a chunked step routes the weights as probs, as nn::MoE does): the weighted
+// form writes every slot of d_weights, so one chunk's call would clear the others' values.
+struct EpChunkedPlan {
+  int64_t chunks = 0;                // n
+  std::vector<int64_t> first_local;  // [n + 1]: chunk c holds [first_local[c], first_local[c + 1])
+  std::vector<EpPlan> plans;         // [n]: chunk c's plan (its local experts renumbered from 0)
+  // Grouped rows: chunk c's are rows [row_base[c], row_base[c + 1]) of the chunks' concatenated
+  // grouped buffer (throughput mode: exactly the unchunked buffer; capacity mode: n blocks of
+  // R C_e rows, each with its own zero tail).
+  std::vector<int64_t> row_base;  // [n + 1]
+  // The way back: chunk c's entries land at rows [back_base[c], back_base[c + 1]) of back_rows
+  // (and back_values, one fp32 each); slot_entry [T, k] int32 is (t, j)'s row there (-1: none).
+  std::vector<int64_t> back_base;                  // [n + 1]
+  Tensor slot_entry, back_rows, back_values, ids;  // ids: [T, k] int32 scratch (chunk ids)
+  int64_t back_row_bytes = 0;  // bytes of a back_rows row (row_dtype's H values)
+  int64_t tokens() const { return plans.empty() ? 0 : plans[0].tokens; }
+  int64_t rows() const { return row_base.empty() ? 0 : row_base.back(); }
+  int64_t experts_of(int64_t c) const {
+    return first_local[size_t(c + 1)] - first_local[size_t(c)];
+  }
+  // Chunk c's grouped rows (plans[c].rows) and the splits of its experts ([experts_of(c)] views of
+  // plans[c].splits / entry_splits(): capacity mode's at-most splits without the tail).
+  int64_t rows_of(int64_t c) const { return plans[size_t(c)].rows; }
+  TensorView splits(int64_t c) const;
+  TensorView entry_splits(int64_t c) const;
+  std::string to_string() const;
+};
+
+// Throughput mode, chunked: n plans (each as ep_dispatch_plan: not graph safe), the merged
+// slot_entry and the way back's buffers, for rows of row_dtype (bf16, fp16 or fp32: the widest
+// the combine and dispatch backward will move). Throws for n outside [1, E_l] naming n.
+EpChunkedPlan ep_dispatch_plan_chunked(Context& ctx, Transport& tr, const EpConfig& cfg,
+                                       const TensorView& expert_ids, int64_t chunks,
+                                       DType row_dtype);
+// Capacity mode, chunked: allocates n capacity plans (each as ep_capacity_plan_create, with cap)
+// and the way back's buffers, once, before capture.
+EpChunkedPlan ep_capacity_plan_chunked_create(Context& ctx, const Transport& tr,
+                                              const EpConfig& cfg, const EpCapacity& cap,
+                                              int64_t chunks, int64_t tokens, DType row_dtype);
+// Capacity mode, chunked: fills every chunk's plan for this step's routing (n metadata exchanges)
+// and the merged slot_entry. Graph safe. expert_ids [T, k] int32 on the Context's device.
+void ep_capacity_plan_chunked(Context& ctx, Transport& tr, const TensorView& expert_ids,
+                              EpChunkedPlan& plan);
+
+// Chunk c's entries home: y_grouped [plan.rows_of(c), H] (chunk c's expert outputs) -> rows
+// [back_base[c], back_base[c + 1]) of plan.back_rows. Collective; graph safe with capacity plans.
+void ep_combine_chunk(Context& ctx, Transport& tr, EpChunkedPlan& plan, int64_t c,
+                      const TensorView& y_grouped);
+// After every chunk's ep_combine_chunk: out [T, H] as ep_combine (weights [T, k] fp32 or absent,
+// add optional), from plan.back_rows; out's dtype is y_grouped's. Local (no exchange).
+void ep_combine_finish(Context& ctx, const EpChunkedPlan& plan, const TensorView& weights,
+                       const TensorView& out, const TensorView& add = TensorView());
+// Chunk c's gradient rows home: d_x_grouped [plan.rows_of(c), H] -> plan.back_rows, and with
+// d_probs [plan.rows_of(c)] fp32 one value per entry -> plan.back_values. Collective.
+void ep_dispatch_backward_chunk(Context& ctx, Transport& tr, EpChunkedPlan& plan, int64_t c,
+                                const TensorView& d_x_grouped,
+                                const TensorView& d_probs = TensorView());
+// After every chunk's ep_dispatch_backward_chunk: dx [T, H] (+ add) and d_weights [T, k] fp32
+// (given only when every chunk sent d_probs) as ep_dispatch_backward. Local.
+void ep_dispatch_backward_finish(Context& ctx, const EpChunkedPlan& plan, const TensorView& dx,
+                                 const TensorView& d_weights = TensorView(),
+                                 const TensorView& add = TensorView());
 
 // The fixed summation order of d_weights' dot products (both backends): 32 lane partials, lane l
 // summing p_h = a_h * b_h (fp32, rounded) for h = l, l + 32, ... in order, then a butterfly:

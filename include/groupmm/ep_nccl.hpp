@@ -54,6 +54,9 @@ class NcclTransport final : public Transport {
   void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
                     void* recv, const int64_t* recv_counts, const int64_t* recv_offsets,
                     cudaStream_t stream) override;
+  // NCCL orders a transfer on whatever stream it is given: a chunked step's exchanges may run on
+  // a second stream beside the compute (every rank issues them in the same order).
+  bool concurrent_streams() const override { return true; }
   ncclComm_t comm() const { return comm_; }
 
  private:

@@ -57,7 +57,17 @@ namespace groupmm::ep {
      slot_entry, overflow reports) and the receiver side after it (grouped_entry, splits,         \
      back_grouped). */                                                                            \
   ENTRY void ep_capacity_plan_send(Context& ctx, const TensorView& expert_ids, EpPlan& plan);     \
-  ENTRY void ep_capacity_plan_recv(Context& ctx, EpPlan& plan);
+  ENTRY void ep_capacity_plan_recv(Context& ctx, EpPlan& plan);                                   \
+  /* A chunk's ids (EpChunkedPlan): for each of the T k ids e = q E_l + le in [0, E), out =       \
+     q E_l + le - lo when lo <= le < hi, else -1 (another chunk's expert); -1 stays -1; any other \
+     id stays out of range (its value, or INT32_MAX past int32) for the plan to report. ids int32 \
+     or int64 [T, k]; out int32. */                                                               \
+  ENTRY void ep_chunk_ids(Context& ctx, int32_t* out, const TensorView& ids, int64_t E,           \
+                          int64_t El, int64_t lo, int64_t hi);                                    \
+  /* merged[i] = base + part[i] where part[i] >= 0, for i < n; elsewhere -1 when first, else      \
+     left alone (the slots of one chunk's plan into the chunks' concatenated way back). */        \
+  ENTRY void ep_merge_slots(Context& ctx, int32_t* merged, const int32_t* part, int64_t n,        \
+                            int64_t base, bool first);
 
 namespace cpu {
 GROUPMM_EP_PRIMITIVES()

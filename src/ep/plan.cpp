@@ -92,9 +92,10 @@ void check_args(const char* op, const Context& ctx, const Transport& tr, const E
                 ": tokens * k=", expert_ids.dim(0) * cfg.topk, " must fit int32");
 }
 
+// -1 names no expert (ep.hpp): not an error.
 void bad_id(const char* op, const EpConfig& cfg, int64_t i, int64_t e) {
-  GROUPMM_CHECK(e >= 0 && e < cfg.experts, op, ": expert_ids[", i / cfg.topk, ", ", i % cfg.topk,
-                "]=", e, " must be in [0, ", cfg.experts, ")");
+  GROUPMM_CHECK(e == -1 || (e >= 0 && e < cfg.experts), op, ": expert_ids[", i / cfg.topk, ", ",
+                i % cfg.topk, "]=", e, " must be in [0, ", cfg.experts, ")");
 }
 
 EpPlan empty_plan(const EpConfig& cfg, int rank, int64_t tokens) {
@@ -121,6 +122,8 @@ EpPlan host_plan(Context& ctx, Transport& tr, const EpConfig& cfg, const TensorV
     ids[size_t(i)] = e;
   }
   EpPlan p = empty_plan(cfg, me, T);
+  // The rank holding a slot's expert; R for a slot that names none (-1), which no rank gets.
+  const auto rank_of = [&](int64_t i) { return ids[size_t(i)] < 0 ? R : ids[size_t(i)] / El; };
 
   // ---- sender side: each token goes once to every rank holding one of its experts, in token
   // order; its metadata row says, per slot, the local expert there (-1: another rank's expert).
@@ -129,12 +132,12 @@ EpPlan host_plan(Context& ctx, Transport& tr, const EpConfig& cfg, const TensorV
   for (int64_t t = 0; t < T; ++t) {
     for (int q = 0; q < R; ++q) {
       bool needed = false;
-      for (int64_t j = 0; j < k; ++j) needed |= ids[size_t(t * k + j)] / El == q;
+      for (int64_t j = 0; j < k; ++j) needed |= rank_of(t * k + j) == q;
       if (!needed) continue;
       tokens_to[size_t(q)].push_back(int32_t(t));
       for (int64_t j = 0; j < k; ++j) {
         const int64_t e = ids[size_t(t * k + j)];
-        meta_to[size_t(q)].push_back(e / El == q ? int32_t(e - q * El) : -1);
+        meta_to[size_t(q)].push_back(rank_of(t * k + j) == q ? int32_t(e - q * El) : -1);
       }
     }
   }
@@ -190,7 +193,7 @@ EpPlan host_plan(Context& ctx, Transport& tr, const EpConfig& cfg, const TensorV
   for (int q = 0; q < R; ++q)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < k; ++j)
-        if (ids[size_t(t * k + j)] / El == q) {
+        if (rank_of(t * k + j) == q) {
           slot_entry[size_t(t * k + j)] = entry++;
           ++p.back_recv[size_t(q)];
         }

@@ -158,6 +158,8 @@ GroupedLinear::GroupedLinear(Context& ctx, const GroupedLinearConfig& cfg)
   y_ = Tensor::empty({cfg.max_tokens, N}, t, device_, s);
   dx_ = Tensor::empty({cfg.max_tokens, K}, t, device_, s);
   splits_ = Tensor::empty({G}, DType::int64, device_, s);
+  w_view_ = w_.view();
+  b_view_ = b_.view();
   dw_view_ = dw_.view();
   db_view_ = db_.view();
 
@@ -168,7 +170,54 @@ GroupedLinear::GroupedLinear(Context& ctx, const GroupedLinearConfig& cfg)
   prepare(ctx);
 }
 
-GroupedLinear::~GroupedLinear() = default;
+namespace {
+// Groups [first, first + count) of a [G, ...] view (absent stays absent).
+TensorView group_slice(const TensorView& t, int64_t first, int64_t count) {
+  if (!t.present()) return t;
+  TensorView v = t;
+  const int64_t per = t.numel() / t.dim(0);
+  v.data = static_cast<char*>(t.data) + dtype_storage_bytes(t.dtype, first * per);
+  v.shape[0] = count;
+  return v;
+}
+}  // namespace
+
+GroupedLinear::GroupedLinear(Context& ctx, GroupedLinear& whole, int64_t first, int64_t count,
+                             int64_t max_tokens)
+    : cfg_(whole.cfg_), device_(whole.device_), whole_(&whole), first_(first) {
+  const char* op = "GroupedLinear(part)";
+  check_ctx(ctx, "part");
+  GROUPMM_CHECK(whole.whole_ == nullptr, op, ": the whole is itself a part");
+  GROUPMM_CHECK(first >= 0 && count >= 1 && first + count <= whole.cfg_.experts, op, ": experts [",
+                first, ", ", first + count, ") must lie in [0, experts=", whole.cfg_.experts, ")");
+  GROUPMM_CHECK(max_tokens >= 1, op, ": max_tokens=", max_tokens, " must be >= 1");
+  cfg_.experts = count;
+  cfg_.max_tokens = max_tokens;
+  exec_ = cfg_.recipe->make_executor(ctx, cfg_);
+  cudaStream_t s = ctx.stream();
+  y_ = Tensor::empty({max_tokens, cfg_.out_features}, cfg_.dtype, device_, s);
+  dx_ = Tensor::empty({max_tokens, cfg_.in_features}, cfg_.dtype, device_, s);
+  splits_ = Tensor::empty({count}, DType::int64, device_, s);
+  follow_whole();
+  whole.parts_.push_back(this);
+  prepare(ctx);
+}
+
+void GroupedLinear::follow_whole() {
+  const int64_t n = cfg_.experts;
+  w_view_ = group_slice(whole_->w_view_, first_, n);
+  b_view_ = group_slice(whole_->b_view_, first_, n);
+  dw_view_ = group_slice(whole_->dw_view_, first_, n);
+  db_view_ = group_slice(whole_->db_view_, first_, n);
+}
+
+GroupedLinear::~GroupedLinear() {
+  if (whole_ != nullptr) {
+    auto& v = whole_->parts_;
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
+  }
+  for (GroupedLinear* p : parts_) p->whole_ = nullptr;  // (a whole outlives its parts)
+}
 
 void GroupedLinear::check_ctx(const Context& ctx, const char* fn) const {
   GROUPMM_CHECK(ctx.device() == device_, "GroupedLinear.", fn, ": the context is ",
@@ -182,8 +231,8 @@ void GroupedLinear::prepare(Context& ctx) {
   v.dy = y_.view();
   v.y = y_.view();
   v.dx = dx_.view();
-  v.w = w_.view();
-  v.bias = b_.view();
+  v.w = w_view_;
+  v.bias = b_view_;
   v.dw = dw_view_;
   v.db = db_view_;
   v.splits64 = splits_.view();
@@ -221,7 +270,7 @@ TensorView GroupedLinear::forward_impl(Context& ctx, const TensorView& x, const 
   saved_splits_ = TensorView(splits_.data(), splits.dtype, device_, {cfg_.experts});
   copy(saved_splits_, splits, ctx.stream());
   const TensorView y(y_.data(), cfg_.dtype, device_, {M, cfg_.out_features});
-  if (run_gemm) exec_->forward(ctx, x, w_.view(), b_.view(), saved_splits_, y);
+  if (run_gemm) exec_->forward(ctx, x, w_view_, b_view_, saved_splits_, y);
   saved_x_ = x;
   saved_m_ = M;
   return y;
@@ -239,7 +288,7 @@ TensorView GroupedLinear::backward(Context& ctx, const TensorView& dy) {
   check_dim(op, "dy", dy, 1, cfg_.out_features);
 
   const TensorView dx(dx_.data(), cfg_.dtype, device_, {saved_m_, cfg_.in_features});
-  exec_->dgrad(ctx, dy, w_.view(), saved_splits_, dx);
+  exec_->dgrad(ctx, dy, w_view_, saved_splits_, dx);
   if (cfg_.delay_wgrad) {
     pending_dy_ = dy;
     pending_wgrad_ = true;
@@ -275,6 +324,7 @@ void GroupedLinear::zero_grad(Context& ctx) {
 
 void GroupedLinear::set_main_grad(const TensorView& dw, const TensorView& db) {
   const char* op = "GroupedLinear.set_main_grad";
+  GROUPMM_CHECK(whole_ == nullptr, op, ": set it on the whole layer (this is a part of it)");
   GROUPMM_CHECK(cfg_.accumulate_into_main_grad, op,
                 ": the layer was built with "
                 "accumulate_into_main_grad=false");
@@ -291,10 +341,12 @@ void GroupedLinear::set_main_grad(const TensorView& dw, const TensorView& db) {
   }
   dw_view_ = dw;
   db_view_ = db;
+  for (GroupedLinear* p : parts_) p->follow_whole();
 }
 
 void GroupedLinear::weights_changed() {
   exec_->weights_changed();
+  for (GroupedLinear* p : parts_) p->exec_->weights_changed();
 }
 
 // ---- checkpoint import / export
@@ -338,9 +390,9 @@ void GroupedLinear::import_weights(Context& ctx, const std::vector<TensorView>& 
   check_lists("GroupedLinear.import_weights", cfg_, w, b);
   const int64_t N = cfg_.out_features, K = cfg_.in_features;
   for (size_t g = 0; g < w.size(); ++g)
-    copy(expert_slice(w_.view(), static_cast<int64_t>(g), N, K), w[g], ctx.stream());
+    copy(expert_slice(w_view_, static_cast<int64_t>(g), N, K), w[g], ctx.stream());
   for (size_t g = 0; g < b.size(); ++g)
-    copy(expert_slice(b_.view(), static_cast<int64_t>(g), N, 0), b[g], ctx.stream());
+    copy(expert_slice(b_view_, static_cast<int64_t>(g), N, 0), b[g], ctx.stream());
   weights_changed();
 }
 
@@ -350,9 +402,9 @@ void GroupedLinear::export_weights(Context& ctx, const std::vector<TensorView>& 
   check_lists("GroupedLinear.export_weights", cfg_, w, b);
   const int64_t N = cfg_.out_features, K = cfg_.in_features;
   for (size_t g = 0; g < w.size(); ++g)
-    copy(w[g], expert_slice(w_.view(), static_cast<int64_t>(g), N, K), ctx.stream());
+    copy(w[g], expert_slice(w_view_, static_cast<int64_t>(g), N, K), ctx.stream());
   for (size_t g = 0; g < b.size(); ++g)
-    copy(b[g], expert_slice(b_.view(), static_cast<int64_t>(g), N, 0), ctx.stream());
+    copy(b[g], expert_slice(b_view_, static_cast<int64_t>(g), N, 0), ctx.stream());
   ctx.synchronize();  // device destinations are complete when this returns, like host ones
 }
 

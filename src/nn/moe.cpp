@@ -38,6 +38,48 @@ GroupedLinearConfig linear(const MoEConfig& c, int64_t G, int64_t K, int64_t N, 
 
 }  // namespace
 
+// The exchanges' stream of a chunked step (CUDA, over a transport with concurrent_streams()):
+// a Context on a stream of the layer's own, and the events that order it against the caller's
+// stream. Every forward and backward forks onto it after the plan and joins back before its last
+// op, so a captured step stays one graph and nothing is left on it between calls. Without it
+// (x() is the caller's Context) the chunks run in order on one stream.
+struct MoE::Streams {
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<Context> xctx;
+  cudaEvent_t to_x = nullptr, to_main = nullptr;  // re-recorded before each wait
+  std::vector<cudaEvent_t> dispatched;            // [chunks]: chunk c's rows have arrived
+
+  Streams(const Context& ctx, int64_t chunks) {
+    GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    try {
+      xctx = std::make_unique<Context>(ctx.device(), stream);
+      for (cudaEvent_t* e : {&to_x, &to_main})
+        GROUPMM_CHECK_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      dispatched.assign(size_t(chunks), nullptr);
+      for (cudaEvent_t& e : dispatched)
+        GROUPMM_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~Streams() { release(); }
+  void release() noexcept {
+    for (cudaEvent_t e : dispatched)
+      if (e != nullptr) cudaEventDestroy(e);
+    for (cudaEvent_t e : {to_x, to_main})
+      if (e != nullptr) cudaEventDestroy(e);
+    xctx.reset();
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    stream = nullptr;
+  }
+  // `to` waits for what `from` has enqueued so far.
+  static void order(cudaEvent_t e, cudaStream_t from, cudaStream_t to) {
+    GROUPMM_CHECK_CUDA(cudaEventRecord(e, from));
+    GROUPMM_CHECK_CUDA(cudaStreamWaitEvent(to, e, 0));
+  }
+};
+
 MoE::MoE(Context& ctx, const MoEConfig& cfg) : cfg_(cfg), device_(ctx.device()) {
   check_moe_config(ctx, cfg);
   const RouterConfig rc = cfg.router_config();
@@ -45,8 +87,21 @@ MoE::MoE(Context& ctx, const MoEConfig& cfg) : cfg_(cfg), device_(ctx.device()) 
   const int64_t H = cfg.hidden, F = cfg.ffn_hidden, E = cfg.experts, k = cfg.topk;
   const int64_t T = cfg.max_tokens, Fs = cfg.shared_ffn_hidden;
   const int64_t R = expert_rows_bound(), El = local_experts();
-  gate_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, El, H, 2 * F, R, 1, true));
-  down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, El, F, H, R, 2, true));
+  // Chunked: the wholes hold the parameters (their buffers unused: one row), the parts compute.
+  const int64_t whole_rows = chunked() ? 1 : R;
+  gate_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, El, H, 2 * F, whole_rows, 1, true));
+  down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, El, F, H, whole_rows, 2, true));
+  if (chunked()) {
+    const int64_t n = cfg.ep.chunks, rows = chunk_rows_bound();
+    for (int64_t c = 0; c < n; ++c) {  // the chunks of ep.hpp's EpChunkedPlan
+      const int64_t lo = c * El / n, hi = (c + 1) * El / n;
+      gate_up_parts_.push_back(std::make_unique<GroupedLinear>(ctx, *gate_up_, lo, hi - lo, rows));
+      down_parts_.push_back(std::make_unique<GroupedLinear>(ctx, *down_, lo, hi - lo, rows));
+    }
+    chunk_gu_.resize(size_t(n));
+    if (ctx.device() == Device::CUDA && cfg.ep.transport->concurrent_streams())
+      streams_ = std::make_unique<Streams>(ctx, n);
+  }
   if (Fs > 0) {
     shared_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, H, 2 * Fs, T, 3, false));
     shared_down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, Fs, H, T, 4, false));
@@ -137,20 +192,33 @@ int MoE::ranks() const {
 int64_t MoE::expert_rows_bound() const {
   const MoEExpertParallel& e = cfg_.ep;
   if (!e.enabled()) return map_for(cfg_.max_tokens).rows;
-  const int64_t R = ranks();
-  if (e.mode == ep::EpMode::capacity) {
-    const int64_t Ce = e.capacity.entries_per_peer > 0 ? e.capacity.entries_per_peer
-                                                       : e.capacity.rows_per_peer * cfg_.topk;
-    return std::max<int64_t>(R * Ce, 1);
-  }
-  return e.max_rows > 0 ? e.max_rows : std::max<int64_t>(R * cfg_.max_tokens * cfg_.topk, 1);
+  // Capacity mode: one block of R C_e rows a chunk; throughput mode: the chunks' rows are the
+  // unchunked ones, split.
+  if (e.mode == ep::EpMode::capacity) return std::max<int64_t>(e.chunks, 1) * chunk_rows_bound();
+  return e.max_rows > 0 ? e.max_rows : std::max<int64_t>(ranks() * cfg_.max_tokens * cfg_.topk, 1);
+}
+
+// The most grouped rows one chunk may get: its capacity block, or every row.
+int64_t MoE::chunk_rows_bound() const {
+  const MoEExpertParallel& e = cfg_.ep;
+  if (e.mode != ep::EpMode::capacity) return expert_rows_bound();
+  const int64_t Ce = e.capacity.entries_per_peer > 0 ? e.capacity.entries_per_peer
+                                                     : e.capacity.rows_per_peer * cfg_.topk;
+  return std::max<int64_t>(ranks() * Ce, 1);
 }
 
 // Capacity mode: the plan for T tokens (allocated once per T; a captured step keeps its T).
 void MoE::ep_plan_for(Context& ctx, int64_t T) {
+  const ep::EpConfig ec = ep_config_of(cfg_, ranks());
+  if (chunked()) {
+    if (cplan_ && cplan_->tokens() == T) return;
+    cplan_ = std::make_unique<ep::EpChunkedPlan>(ep::ep_capacity_plan_chunked_create(
+        ctx, transport(), ec, cfg_.ep.capacity, cfg_.ep.chunks, T, cfg_.dtype));
+    return;
+  }
   if (plan_ && plan_->tokens == T) return;
-  plan_ = std::make_unique<ep::EpPlan>(ep::ep_capacity_plan_create(
-      ctx, transport(), ep_config_of(cfg_, ranks()), cfg_.ep.capacity, T, cfg_.dtype));
+  plan_ = std::make_unique<ep::EpPlan>(
+      ep::ep_capacity_plan_create(ctx, transport(), ec, cfg_.ep.capacity, T, cfg_.dtype));
 }
 
 TensorView MoE::rows_view(const Tensor& t, int64_t rows, int64_t cols, DType dt) const {
@@ -158,11 +226,19 @@ TensorView MoE::rows_view(const Tensor& t, int64_t rows, int64_t cols, DType dt)
                   : TensorView(t.data(), dt, device_, {rows});
 }
 
+TensorView MoE::region(const Tensor& t, int64_t first, int64_t rows, int64_t cols, DType dt) const {
+  void* p =
+      static_cast<char*>(t.data()) + dtype_storage_bytes(dt, first * std::max<int64_t>(cols, 1));
+  return cols > 0 ? TensorView(p, dt, device_, {rows, cols}) : TensorView(p, dt, device_, {rows});
+}
+
 void MoE::prepare(Context& ctx) {
   check_ctx(ctx, "prepare");
   const int64_t T = cfg_.max_tokens;
   gate_up_->prepare(ctx);
   down_->prepare(ctx);
+  for (auto* parts : {&gate_up_parts_, &down_parts_})
+    for (auto& p : *parts) p->prepare(ctx);
   if (shared_up_) {
     shared_up_->prepare(ctx);
     shared_down_->prepare(ctx);
@@ -225,6 +301,7 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
   ra.z_loss = z_loss();
   moe_router_forward(ctx, cfg_.router_config(), ra);
   stage(MoEStage::router, false);
+  if (chunked()) return forward_chunked(ctx, x, ra.weights);
 
   if (ep_on) {  // the plan: exact rows (a count exchange) or the capacity plan's fixed blocks
     if (cfg_.ep.mode == ep::EpMode::throughput) {
@@ -279,15 +356,7 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
   const TensorView yp = down_->forward(ctx, h, splits_);
   stage(MoEStage::down, false);
 
-  TensorView shared_y;
-  if (shared_up_) {
-    const TensorView splits(token_counts_.ptr<int32_t>() + T, DType::int32, device_, {1});
-    sh_gu_ = shared_up_->forward(ctx, x, splits);
-    const TensorView sh = rows_view(sh_h_, T, cfg_.shared_ffn_hidden, t);
-    swiglu_forward(ctx, sh_gu_, sh);
-    shared_y = shared_down_->forward(ctx, sh, splits);
-    stage(MoEStage::shared_expert, false);
-  }
+  const TensorView shared_y = shared_forward(ctx, x, T);
   const TensorView y = rows_view(y_, T, H, t);
   if (ep_on)
     ep::ep_combine(ctx, transport(), *plan_, yp, TensorView(), y, shared_y);
@@ -297,7 +366,130 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
   return y;
 }
 
+// The shared expert's output on x [T, H] (absent without one).
+TensorView MoE::shared_forward(Context& ctx, const TensorView& x, int64_t T) {
+  if (!shared_up_) return TensorView();
+  const TensorView splits(token_counts_.ptr<int32_t>() + T, DType::int32, device_, {1});
+  sh_gu_ = shared_up_->forward(ctx, x, splits);
+  const TensorView sh = rows_view(sh_h_, T, cfg_.shared_ffn_hidden, cfg_.dtype);
+  swiglu_forward(ctx, sh_gu_, sh);
+  const TensorView y = shared_down_->forward(ctx, sh, splits);
+  stage(MoEStage::shared_expert, false);
+  return y;
+}
+
+// The chunked step's forward after the router (see the header): the plan, then per chunk the
+// dispatch (on the exchanges' stream, one chunk ahead), the experts (on the caller's stream) and
+// the combine's way back, then one sum. Issue order on the exchanges' stream: dispatch 0,
+// dispatch 1, combine 0, dispatch 2, combine 1, ..., so that chunk c's experts run while
+// dispatch c + 1 and combine c - 1 move. Every rank issues the same exchanges in the same order.
+TensorView MoE::forward_chunked(Context& ctx, const TensorView& x, const TensorView& weights) {
+  const char* op = "MoE.forward";
+  const int64_t T = x.dim(0), H = cfg_.hidden, F = cfg_.ffn_hidden, n = cfg_.ep.chunks;
+  const DType t = cfg_.dtype;
+  ep::Transport& tr = transport();
+  if (cfg_.ep.mode == ep::EpMode::throughput) {
+    cplan_ = std::make_unique<ep::EpChunkedPlan>(
+        ep::ep_dispatch_plan_chunked(ctx, tr, ep_config_of(cfg_, ranks()), expert_ids(), n, t));
+  } else {
+    ep_plan_for(ctx, T);
+    ep::ep_capacity_plan_chunked(ctx, tr, expert_ids(), *cplan_);
+  }
+  ep::EpChunkedPlan& cp = *cplan_;
+  rows_ = cp.rows();
+  GROUPMM_CHECK(rows_ <= expert_rows_bound(), op, ": this rank received ", rows_,
+                " expert rows, more than ep.max_rows=", expert_rows_bound(),
+                " (raise ep.max_rows)");
+  stage(MoEStage::permute, false);  // the plan; the rows move beside the experts below
+  Context& xc = streams_ ? *streams_->xctx : ctx;
+  const auto dispatch = [&](int64_t c) {
+    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
+    ep::ep_dispatch(xc, tr, cp.plans[size_t(c)], x, region(xp_, b, m, H, t), weights,
+                    region(probs_, b, m, 0, DType::fp32));
+    if (streams_) GROUPMM_CHECK_CUDA(cudaEventRecord(streams_->dispatched[size_t(c)], xc.stream()));
+  };
+  if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // the plan's ids, x
+  dispatch(0);
+  const TensorView shared_y = shared_forward(ctx, x, T);  // while chunk 0's rows move
+  for (int64_t c = 0; c < n; ++c) {
+    if (c + 1 < n) dispatch(c + 1);
+    if (streams_)
+      GROUPMM_CHECK_CUDA(cudaStreamWaitEvent(ctx.stream(), streams_->dispatched[size_t(c)], 0));
+    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
+    const TensorView splits = cp.entry_splits(c);
+    const TensorView probs = region(probs_, b, m, 0, DType::fp32), h = region(h_, b, m, F, t);
+    chunk_gu_[size_t(c)] = gate_up_parts_[size_t(c)]->forward(ctx, region(xp_, b, m, H, t), splits);
+    stage(MoEStage::gate_up, false);
+    weighted_swiglu_forward(ctx, chunk_gu_[size_t(c)], probs, h, SwigluForm{},
+                            capacity_ep(cfg_) ? splits : TensorView());
+    stage(MoEStage::activation, false);
+    const TensorView yp = down_parts_[size_t(c)]->forward(ctx, h, splits);
+    stage(MoEStage::down, false);
+    if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // yp written
+    ep::ep_combine_chunk(xc, tr, cp, c, yp);
+  }
+  if (streams_) Streams::order(streams_->to_main, xc.stream(), ctx.stream());  // join
+  const TensorView y = rows_view(y_, T, H, t);
+  ep::ep_combine_finish(ctx, cp, TensorView(), y, shared_y);
+  stage(MoEStage::unpermute, false);
+  return y;
+}
+
 // ---- backward -----------------------------------------------------------------------------------
+
+// The shared expert's dx for dy [T, H] (absent without one).
+TensorView MoE::shared_backward(Context& ctx, const TensorView& dy, int64_t T) {
+  if (!shared_up_) return TensorView();
+  const TensorView dsh = shared_down_->backward(ctx, dy);
+  const TensorView sdgu = rows_view(sh_dgu_, T, 2 * cfg_.shared_ffn_hidden, cfg_.dtype);
+  swiglu_backward(ctx, dsh, sh_gu_, sdgu);
+  const TensorView dx = shared_up_->backward(ctx, sdgu);
+  stage(MoEStage::shared_expert, true);
+  return dx;
+}
+
+// The chunked step's backward up to the router (see forward_chunked): per chunk the combine
+// backward (dy to the experts, one chunk ahead), the experts' backward and the gradients' way
+// home, then one sum into dx and d_weights.
+void MoE::backward_chunked(Context& ctx, const TensorView& dy, const TensorView& dx,
+                           const TensorView& dweights) {
+  const int64_t T = saved_t_, H = cfg_.hidden, F = cfg_.ffn_hidden, n = cfg_.ep.chunks;
+  const DType t = cfg_.dtype;
+  ep::Transport& tr = transport();
+  ep::EpChunkedPlan& cp = *cplan_;
+  Context& xc = streams_ ? *streams_->xctx : ctx;
+  const auto send = [&](int64_t c) {  // unweighted: the weights entered the activation
+    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
+    ep::ep_combine_backward(xc, tr, cp.plans[size_t(c)], dy, TensorView(), TensorView(),
+                            region(dyp_, b, m, H, t), TensorView());
+    if (streams_) GROUPMM_CHECK_CUDA(cudaEventRecord(streams_->dispatched[size_t(c)], xc.stream()));
+  };
+  if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // dy
+  send(0);
+  stage(MoEStage::unpermute, true);
+  const TensorView shared_dx = shared_backward(ctx, dy, T);  // while chunk 0's dy moves
+  for (int64_t c = 0; c < n; ++c) {
+    if (c + 1 < n) send(c + 1);
+    if (streams_)
+      GROUPMM_CHECK_CUDA(cudaStreamWaitEvent(ctx.stream(), streams_->dispatched[size_t(c)], 0));
+    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
+    const TensorView splits = cp.entry_splits(c);
+    const TensorView dh = down_parts_[size_t(c)]->backward(ctx, region(dyp_, b, m, H, t));
+    stage(MoEStage::down, true);
+    const TensorView dgu = region(dgu_, b, m, 2 * F, t);
+    const TensorView dprobs = region(dprobs_, b, m, 0, DType::fp32);
+    weighted_swiglu_backward(ctx, dh, chunk_gu_[size_t(c)], region(probs_, b, m, 0, DType::fp32),
+                             dgu, dprobs, SwigluForm{}, capacity_ep(cfg_) ? splits : TensorView());
+    stage(MoEStage::activation, true);
+    const TensorView dxp = gate_up_parts_[size_t(c)]->backward(ctx, dgu);
+    stage(MoEStage::gate_up, true);
+    if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // dxp, dprobs
+    ep::ep_dispatch_backward_chunk(xc, tr, cp, c, dxp, dprobs);
+  }
+  if (streams_) Streams::order(streams_->to_main, xc.stream(), ctx.stream());  // join
+  ep::ep_dispatch_backward_finish(ctx, cp, dx, dweights, shared_dx);
+  stage(MoEStage::permute, true);
+}
 
 TensorView MoE::backward(Context& ctx, const TensorView& dy) {
   const char* op = "MoE.backward";
@@ -310,42 +502,39 @@ TensorView MoE::backward(Context& ctx, const TensorView& dy) {
   const int64_t R = rows_;
   const DType t = cfg_.dtype;
   const bool ep_on = cfg_.ep.enabled();
-
-  const TensorView dyp = rows_view(dyp_, R, H, t);
-  if (ep_on)
-    ep::ep_combine_backward(ctx, transport(), *plan_, dy, TensorView(), TensorView(), dyp,
-                            TensorView());
-  else
-    moe_unpermute_backward(ctx, dy, map_, dyp);
-  stage(MoEStage::unpermute, true);
-  const TensorView dh = down_->backward(ctx, dyp);
-  stage(MoEStage::down, true);
-  const TensorView dgu = rows_view(dgu_, R, 2 * F, t);
-  const TensorView probs = rows_view(probs_, R, 0, DType::fp32);
-  const TensorView dprobs = rows_view(dprobs_, R, 0, DType::fp32);
-  weighted_swiglu_backward(ctx, dh, gu_, probs, dgu, dprobs, SwigluForm{},
-                           capacity_ep(cfg_) ? splits_ : TensorView());
-  stage(MoEStage::activation, true);
-  // fused_gate_up: the permuted rows gate_up's wgrad reads (forward saved the buffer, unfilled)
-  if (cfg_.fused_gate_up) moe_permute(ctx, saved_x_, map_, rows_view(xp_, R, H, t));
-  const TensorView dxp = gate_up_->backward(ctx, dgu);
-  stage(MoEStage::gate_up, true);
-
-  TensorView shared_dx;
-  if (shared_up_) {
-    const TensorView dsh = shared_down_->backward(ctx, dy);
-    const TensorView sdgu = rows_view(sh_dgu_, T, 2 * cfg_.shared_ffn_hidden, t);
-    swiglu_backward(ctx, dsh, sh_gu_, sdgu);
-    shared_dx = shared_up_->backward(ctx, sdgu);
-    stage(MoEStage::shared_expert, true);
-  }
   const TensorView dx = rows_view(dx_, T, H, t);
   const TensorView dweights = rows_view(dweights_, T, cfg_.topk, DType::fp32);
-  if (ep_on)
-    ep::ep_dispatch_backward(ctx, transport(), *plan_, dxp, dx, dprobs, dweights, shared_dx);
-  else
-    moe_permute_backward(ctx, dxp, map_, dx, dprobs, dweights, shared_dx);
-  stage(MoEStage::permute, true);
+
+  if (chunked()) {
+    backward_chunked(ctx, dy, dx, dweights);
+  } else {
+    const TensorView dyp = rows_view(dyp_, R, H, t);
+    if (ep_on)
+      ep::ep_combine_backward(ctx, transport(), *plan_, dy, TensorView(), TensorView(), dyp,
+                              TensorView());
+    else
+      moe_unpermute_backward(ctx, dy, map_, dyp);
+    stage(MoEStage::unpermute, true);
+    const TensorView dh = down_->backward(ctx, dyp);
+    stage(MoEStage::down, true);
+    const TensorView dgu = rows_view(dgu_, R, 2 * F, t);
+    const TensorView probs = rows_view(probs_, R, 0, DType::fp32);
+    const TensorView dprobs = rows_view(dprobs_, R, 0, DType::fp32);
+    weighted_swiglu_backward(ctx, dh, gu_, probs, dgu, dprobs, SwigluForm{},
+                             capacity_ep(cfg_) ? splits_ : TensorView());
+    stage(MoEStage::activation, true);
+    // fused_gate_up: the permuted rows gate_up's wgrad reads (forward saved the buffer, unfilled)
+    if (cfg_.fused_gate_up) moe_permute(ctx, saved_x_, map_, rows_view(xp_, R, H, t));
+    const TensorView dxp = gate_up_->backward(ctx, dgu);
+    stage(MoEStage::gate_up, true);
+
+    const TensorView shared_dx = shared_backward(ctx, dy, T);
+    if (ep_on)
+      ep::ep_dispatch_backward(ctx, transport(), *plan_, dxp, dx, dprobs, dweights, shared_dx);
+    else
+      moe_permute_backward(ctx, dxp, map_, dx, dprobs, dweights, shared_dx);
+    stage(MoEStage::permute, true);
+  }
 
   RouterBackwardArgs rb;
   rb.logits = rows_view(logits_, T, E, DType::fp32);
@@ -371,8 +560,13 @@ void MoE::backward_dw(Context& ctx) {
   check_ctx(ctx, "backward_dw");
   if (!cfg_.delay_wgrad) return;  // the weight grads ran in backward
   GROUPMM_CHECK(pending_dw_, "MoE.backward_dw: no wgrad is pending (call backward first)");
-  gate_up_->backward_dw(ctx);
-  down_->backward_dw(ctx);
+  if (chunked()) {  // the parts computed: each expert's wgrad over its chunk's rows
+    for (auto* parts : {&gate_up_parts_, &down_parts_})
+      for (auto& p : *parts) p->backward_dw(ctx);
+  } else {
+    gate_up_->backward_dw(ctx);
+    down_->backward_dw(ctx);
+  }
   if (shared_up_) {
     shared_up_->backward_dw(ctx);
     shared_down_->backward_dw(ctx);

@@ -43,7 +43,8 @@ std::string MoEExpertParallel::to_string() const {
   return detail::cat("rank ", transport->rank(), " of ", transport->size(), ", ",
                      ep::ep_mode_name(mode),
                      mode == ep::EpMode::capacity ? ", " + capacity.to_string() : std::string(),
-                     max_rows > 0 ? detail::cat(", max_rows=", max_rows) : std::string());
+                     max_rows > 0 ? detail::cat(", max_rows=", max_rows) : std::string(),
+                     chunks != 1 ? detail::cat(", chunks=", chunks) : std::string());
 }
 
 std::string MoEConfig::to_string() const {
@@ -72,6 +73,8 @@ void check_moe_config(const Context& ctx, const MoEConfig& c) {
   GROUPMM_CHECK(std::isfinite(c.capacity_factor) && c.capacity_factor >= 0, op,
                 ": capacity_factor=", c.capacity_factor, " must be finite and >= 0");
   GROUPMM_CHECK(c.pad_align >= 1, op, ": pad_align=", c.pad_align, " must be >= 1");
+  GROUPMM_CHECK(c.ep.chunks == 1 || c.ep.enabled(), op, ": ep.chunks=", c.ep.chunks,
+                " needs expert parallelism (ep.transport); without it, 1");
   if (c.ep.enabled()) {
     const ep::Transport& tr = *c.ep.transport;
     const int64_t R = tr.size();
@@ -84,6 +87,10 @@ void check_moe_config(const Context& ctx, const MoEConfig& c) {
     GROUPMM_CHECK(tr.device() == ctx.device(), op, ": ep.transport's buffers live on ",
                   device_name(tr.device()), " but the context is ", device_name(ctx.device()));
     GROUPMM_CHECK(c.ep.max_rows >= 0, op, ": ep.max_rows=", c.ep.max_rows, " must be >= 0");
+    // A chunk holds at least one local expert (more chunks than experts would leave empty ones).
+    GROUPMM_CHECK(c.ep.chunks >= 1 && c.ep.chunks <= c.experts / R, op, ": ep.chunks=", c.ep.chunks,
+                  " must be in [1, E / R=", c.experts / R,
+                  "] (each chunk holds at least one local expert)");
     if (c.ep.mode == ep::EpMode::capacity)
       GROUPMM_CHECK(c.ep.capacity.rows_per_peer >= 1 && c.ep.capacity.entries_per_peer >= 0, op,
                     ": ep.capacity=", c.ep.capacity.to_string(),

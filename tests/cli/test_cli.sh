@@ -197,6 +197,17 @@ expect 2 "--ranks, --rank, --id-file and --capacity-factor need --ep" -- bench m
 expect 2 "--capacity-factor applies to --ep capacity" -- bench moe --cpu --ep throughput --capacity-factor 3
 expect 2 "--ep: 'dense' is not one of capacity, throughput" -- bench moe --ep dense
 expect 2 "bench moe: --ranks 3 must divide the experts of every chosen case \(case qwen3 has E=16\)" -- bench moe --cpu --ep capacity --ranks 3
+# --ep-chunks: the overlap breakdown per rank; a bad N named with its value
+expect 0 "qwen3 +1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+" -- bench moe --cpu --ep capacity --ep-chunks 2 --case qwen3 --json "$tmp/moe_ep_chunks.json"
+if python3 - "$tmp/moe_ep_chunks.json" <<'PY'; then pass=$((pass + 1)); else failed=$((failed + 1)); echo "FAIL: bench moe --ep-chunks --json"; fi
+import json, sys
+d = json.load(open(sys.argv[1]))
+c = d["cases"][0]
+assert c["chunks"] == 2 and c["exchange_us"] > 0 and c["experts_us"] > 0 and 0 <= c["exposed_share"] <= 1, d
+PY
+expect 2 "--ep-chunks 3 must be at most the local experts E / R of every chosen case \(case mixtral: E=4 over 2 ranks = 2\)" -- bench moe --cpu --ep throughput --ep-chunks 3
+expect 2 "--ep-chunks: 0 is out of range" -- bench moe --cpu --ep capacity --ep-chunks 0
+expect 2 "--ep-chunks 2 needs --ep capacity\|throughput" -- bench moe --cpu --ep-chunks 2
 
 echo "cli: $pass checks passed, $failed failed"
 [ "$failed" = 0 ]

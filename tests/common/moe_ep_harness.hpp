@@ -95,6 +95,7 @@ struct Case {
   ep::EpMode mode = ep::EpMode::throughput;
   ep::EpCapacity cap;
   std::vector<int64_t> tokens;  // per rank
+  int64_t chunks = 1;           // ep.chunks of the EP blocks (overlap)
 };
 
 struct Result {
@@ -139,12 +140,29 @@ inline Result run_case(const Case& c, Device dev, uint64_t seed) {
         ec.ep.transport = &tr;
         ec.ep.mode = c.mode;
         ec.ep.capacity = c.cap;
+        ec.ep.chunks = c.chunks;
         MoE m(rctx, ec);
         copy_params(rctx, m, one);
         res.rank[size_t(r)] = step(rctx, m, xs[size_t(r)], dys[size_t(r)], c.tokens[size_t(r)]);
       },
       dev, stream);
   return res;
+}
+
+// Every field of two steps, bit for bit.
+inline void expect_same_step(const StepOut& a, const StepOut& b) {
+  using ep_harness::same_bits;
+  EXPECT_EQ(a.status, b.status);
+  EXPECT_TRUE(same_bits(a.y, b.y)) << "y";
+  EXPECT_TRUE(same_bits(a.dx, b.dx)) << "dx";
+  EXPECT_TRUE(same_bits(a.weights, b.weights)) << "router weights";
+  EXPECT_TRUE(same_bits(a.wr_grad, b.wr_grad)) << "router dW";
+  EXPECT_TRUE(same_bits(a.gu_w, b.gu_w)) << "gate_up dW";
+  EXPECT_TRUE(same_bits(a.gu_b, b.gu_b)) << "gate_up db";
+  EXPECT_TRUE(same_bits(a.down_w, b.down_w)) << "down dW";
+  EXPECT_TRUE(same_bits(a.down_b, b.down_b)) << "down db";
+  EXPECT_TRUE(same_bits(a.sgu_w, b.sgu_w)) << "shared gate_up dW";
+  EXPECT_TRUE(same_bits(a.sdown_w, b.sdown_w)) << "shared down dW";
 }
 
 // Rows [first, first + n) of a [*, cols] vector.

@@ -525,7 +525,8 @@ TEST(EpCpu, ValidationMessages) {
   // Every rank sees the same bad argument, so every rank fails before the first exchange.
   expect_dispatch_error(1, EpConfig{4, 1, 8, 2}, {0, 4}, 1, 1,
                         "expert_ids[0, 1]=4 must be in [0, 4)");
-  expect_dispatch_error(1, EpConfig{4, 1, 8, 2}, {0, -1}, 1, 1, "expert_ids[0, 1]=-1");
+  // -1 names no expert (not an error); -2 is out of range
+  expect_dispatch_error(1, EpConfig{4, 1, 8, 2}, {0, -2}, 1, 1, "expert_ids[0, 1]=-2");
   expect_dispatch_error(2, EpConfig{5, 2, 8, 1}, {0}, 1, 1,
                         "cfg.experts=5 must be >= 1 and divisible");
   expect_dispatch_error(2, EpConfig{4, 3, 8, 1}, {0}, 1, 1,

@@ -232,7 +232,7 @@ TEST(EpPlanGpu, BadIdMessage) {
   const std::vector<BadCase> cases = {
       {1, {0, 4}, DType::int32, "ep_dispatch_plan: expert_ids[0, 1]=4 must be in [0, 4)"},
       {1, {0, 1, 2, 9, -3, 1}, DType::int64, "ep_dispatch_plan: expert_ids[1, 1]=9 must be in"},
-      {2, {1, 2, -1, 0}, DType::int32, "ep_dispatch_plan: expert_ids[1, 0]=-1 must be in"},
+      {2, {1, 2, -2, 0}, DType::int32, "ep_dispatch_plan: expert_ids[1, 0]=-2 must be in"},
   };
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.msg);

@@ -344,6 +344,9 @@ void check_moe_options(const BenchMoeOptions& o, const CLI::App& app) {
     throw UsageError("--recipe " + o.recipe +
                      " does not apply to --ep (the EP block runs unpadded "
                      "experts: bf16 only)");
+  if (o.ep.empty() && given("--ep-chunks"))
+    throw UsageError("--ep-chunks " + std::to_string(o.ep_chunks) +
+                     " needs --ep capacity|throughput (it splits the expert-parallel step)");
   if (o.ep == "throughput" && given("--capacity-factor"))
     throw UsageError("--capacity-factor applies to --ep capacity (got --ep throughput)");
   for (const char* name : {"--rank", "--id-file"})
@@ -374,6 +377,12 @@ int run_bench_moe(const BenchMoeCommand& cmd) {
                                    " must divide the experts of "
                                    "every chosen case (case ",
                                    bc.name, " has E=", bc.cfg.experts, ")"));
+    if (!o.ep.empty() && o.ep_chunks > bc.cfg.experts / ranks)  // a chunk holds an expert
+      throw UsageError(detail::cat("bench moe: --ep-chunks ", o.ep_chunks,
+                                   " must be at most the local experts E / R of every chosen "
+                                   "case (case ",
+                                   bc.name, ": E=", bc.cfg.experts, " over ", ranks,
+                                   " ranks = ", bc.cfg.experts / ranks, ")"));
     check_fits_memory("bench moe: case " + std::string(bc.name),
                       ranks_here * moe_block_bytes(bc.cfg), dev, "--tokens");
   }
@@ -416,6 +425,11 @@ void add_bench_moe_options(CLI::App& app, BenchMoeCommand& cmd) {
   add_real(app, "--capacity-factor", o.capacity_factor, 1.0, 64.0,
            "with --ep capacity: the per-peer budgets over the uniform routing's expected rows "
            "and entries (default 2)");
+  add_int(app, "--ep-chunks", o.ep_chunks, 1, 1024,
+          "with --ep: the local experts in N chunks whose exchanges run beside the other chunks' "
+          "expert compute (MoEExpertParallel::chunks; at most E / R; default 1). Capacity mode "
+          "applies the budgets to each chunk. Reports per rank the exchange and expert time and "
+          "the exchange time left exposed");
 }
 
 Register reg_bench_moe(command<BenchMoeCommand>(

@@ -66,6 +66,9 @@ struct BenchMoeOptions {
   int ranks = 0, rank = -1;
   std::string id_file;
   double capacity_factor = 2.0;  // capacity mode's budgets over the uniform routing's expectation
+  // MoEExpertParallel::chunks: the local experts in this many chunks whose exchanges run beside
+  // the other chunks' compute (1: one exchange each way). At most E / R of every chosen case.
+  int64_t ep_chunks = 1;
 };
 // The suite's cases: qwen3, dsv3, mixtral (cpu: shapes small enough for the reference backend),
 // those of o.cases, with o.tokens applied.
@@ -76,7 +79,9 @@ struct MoeBenchCase {
 std::vector<MoeBenchCase> moe_bench_cases(const BenchMoeOptions& o);
 // The block over ranks (o.ep set): per case, this rank's forward and forward + backward time
 // (capacity mode: one CUDA graph each; throughput mode: eager, its plan synchronizes) and whether
-// capacity overflowed; rank 0 prints and writes the JSON. Returns 0 when every case ran.
+// capacity overflowed, then every rank's overlap breakdown (eager steps: the exchange and the
+// experts' time from the stage hook of an unchunked block, and the exchange time left exposed by
+// o.ep_chunks chunks); rank 0 prints and writes the JSON. Returns 0 when every case ran.
 int run_moe_ep(const BenchMoeOptions& o);
 
 }  // namespace groupmm::tool

@@ -173,6 +173,16 @@ class GroupedLinear {
   // Grads (and main grads) start at zero.
   // Throws on bad config (G, K, N, max_tokens >= 1; dtype bf16/fp16; the recipe's constraints).
   GroupedLinear(Context& ctx, const GroupedLinearConfig& cfg);
+  // A part of `whole`: its experts [first, first + count), with views of the whole's parameters
+  // and grads (weight(), bias() and their grads are slices of the whole's; a main grad set on the
+  // whole later is followed, and the whole's weights_changed() reaches its parts) but an executor,
+  // saved state and y / dx buffers (max_tokens rows) of its own. An expert's results through its
+  // part are the whole's, bit for bit, when the part sees that expert's rows: every recipe
+  // computes (and quantizes) each expert from its own rows and weights. nn::MoE's expert-chunked
+  // steps run one part per chunk (the whole only holds the parameters then). The whole must
+  // outlive its parts; set_main_grad and import / export go through the whole.
+  GroupedLinear(Context& ctx, GroupedLinear& whole, int64_t first, int64_t count,
+                int64_t max_tokens);
   ~GroupedLinear();
   GroupedLinear(const GroupedLinear&) = delete;
   GroupedLinear& operator=(const GroupedLinear&) = delete;
@@ -196,8 +206,8 @@ class GroupedLinear {
   bool wgrad_pending() const { return pending_wgrad_; }
 
   // ---- parameters and grads (device views; writable, e.g. by an optimizer) ----
-  const TensorView& weight() const { return w_.view(); }  // [G, N, K] dtype
-  const TensorView& bias() const { return b_.view(); }    // [G, N] dtype, absent without bias
+  const TensorView& weight() const { return w_view_; }  // [G, N, K] dtype
+  const TensorView& bias() const { return b_view_; }    // [G, N] dtype, absent without bias
   // dW: [G, N, K] in dtype, or the fp32 main grad with accumulate_into_main_grad.
   const TensorView& weight_grad() const { return dw_view_; }
   // db: [G, N] in dtype, or the fp32 bias main grad. Absent without bias.
@@ -226,12 +236,16 @@ class GroupedLinear {
   TensorView forward_impl(Context& ctx, const TensorView& x, const TensorView& splits,
                           const char* op, bool run_gemm);
   void run_wgrad(Context& ctx, const TensorView& dy, const TensorView& x);
+  void follow_whole();  // a part: its views of the whole's parameters and grads
 
   GroupedLinearConfig cfg_;
   Device device_;
   std::unique_ptr<LinearExecutor> exec_;
   Tensor w_, b_, dw_, db_, y_, dx_, splits_;
-  TensorView dw_view_, db_view_;
+  TensorView w_view_, b_view_, dw_view_, db_view_;
+  GroupedLinear* whole_ = nullptr;     // a part's whole (null: this layer owns its parameters)
+  int64_t first_ = 0;                  // a part's first expert in the whole
+  std::vector<GroupedLinear*> parts_;  // a whole's parts (they unregister when destroyed)
   TensorView saved_x_, saved_splits_, pending_dy_;
   int64_t saved_m_ = -1;
   bool pending_wgrad_ = false;

@@ -58,11 +58,35 @@
 // throughput mode synchronizes with the host in every forward (its count exchange) and is not.
 // The local experts are initialized from the seed as a GroupedLinear of E_l groups (not as the
 // slice of a one-rank block's): import the weights to compare with a one-rank block.
+//
+// Overlap (ep.chunks = n > 1): the local experts run in n consecutive chunks (ep.hpp,
+// EpChunkedPlan), each with its own exchanges, so that the dispatch of chunk c + 1 and the combine
+// of chunk c - 1 run while the experts of chunk c compute (forward), and the combine backward of
+// chunk c + 1 and the dispatch backward of chunk c - 1 under chunk c's backward. Every result (y,
+// dx, d_weights, every expert's weight and bias grads) is the unchunked block's, bit for bit: a
+// chunk's experts see exactly their unchunked rows in the unchunked order (so per-expert
+// quantization scales and wgrad sums are unchanged), and each token's k outputs (and gradients)
+// are summed once, after the last chunk, in slot order. On CUDA with a transport whose
+// concurrent_streams() is true (NcclTransport) the exchanges run on a second stream the layer
+// owns, ordered against the Context's stream with events (fork and join inside each forward and
+// backward: graph capturable, nothing allocated in capacity mode); otherwise (the CPU backend,
+// the in-process device group, a torch process group) the chunks run in order on the Context's
+// stream, with the same results. The shared expert computes while the first chunk's rows move.
+// Costs: gate_up() and down() then hold the parameters and grads, and the chunks run through
+// parts of them (GroupedLinear's part constructor), each with its own y / dx buffers (and a
+// quantized recipe's copies) for a chunk's most rows: about n times the expert layers' activation
+// buffers. Throughput mode builds n plans a forward (n count exchanges and host waits); capacity
+// mode applies ep.capacity to each chunk (n fixed blocks per exchange; the grouped buffers hold
+// n R C_e rows: divide C by n to keep the unchunked bytes) and decides overflow per chunk, so it
+// equals the unchunked block whenever no chunk overflows. The stage hook reports gate_up,
+// activation and down once per chunk; an exchange's exposed time shows in the stage that waits
+// for it (gate_up for a dispatch, unpermute for the last combine; backward: down, permute).
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "groupmm/ep.hpp"
 #include "groupmm/moe.hpp"
@@ -85,6 +109,9 @@ struct MoEExpertParallel {
   // it); 0 = R * max_tokens * topk (every token of every rank on this rank's experts). A forward
   // that receives more throws (on that rank, after the exchange: size it for the worst case).
   int64_t max_rows = 0;
+  // Overlap: the local experts in this many chunks whose exchanges run beside the other chunks'
+  // compute (see the header). 1 = one exchange each way; at most E / R (a chunk holds an expert).
+  int64_t chunks = 1;
   bool enabled() const { return transport != nullptr; }
   std::string to_string() const;
 };
@@ -190,6 +217,9 @@ class MoE {
   int64_t local_experts() const { return cfg_.experts / ranks(); }
   int64_t first_expert() const { return int64_t(rank()) * local_experts(); }
   const ep::EpPlan* ep_plan() const { return plan_.get(); }
+  // With ep.chunks > 1: the chunked plan of the last forward (null otherwise; ep_plan() is then
+  // null).
+  const ep::EpChunkedPlan* ep_chunked_plan() const { return cplan_.get(); }
   TensorView aux_loss() const;  // [1] fp32 (0 when the coefficient is 0)
   TensorView z_loss() const;    // [1] fp32
 
@@ -205,6 +235,15 @@ class MoE {
   PermuteMap map_for(int64_t T) const;
   int64_t expert_rows_bound() const;  // rows of the expert buffers
   void ep_plan_for(Context& ctx, int64_t T);
+  bool chunked() const { return cfg_.ep.enabled() && cfg_.ep.chunks > 1; }
+  int64_t chunk_rows_bound() const;  // rows of one chunk's part buffers
+  TensorView forward_chunked(Context& ctx, const TensorView& x, const TensorView& weights);
+  void backward_chunked(Context& ctx, const TensorView& dy, const TensorView& dx,
+                        const TensorView& dweights);
+  TensorView shared_forward(Context& ctx, const TensorView& x, int64_t T);
+  TensorView shared_backward(Context& ctx, const TensorView& dy, int64_t T);
+  // A [rows, cols] (cols 0: [rows]) view of t starting at row `first`.
+  TensorView region(const Tensor& t, int64_t first, int64_t rows, int64_t cols, DType dt) const;
   ep::Transport& transport() const { return *cfg_.ep.transport; }
   TensorView rows_view(const Tensor& t, int64_t rows, int64_t cols, DType dt) const;
 
@@ -222,8 +261,16 @@ class MoE {
   TensorView saved_x_, gu_, sh_gu_;
   int64_t saved_t_ = -1;
   std::unique_ptr<ep::EpPlan> plan_;  // expert parallelism
-  int64_t rows_ = 0;                  // grouped rows of the last forward
-  TensorView splits_;                 // their splits (map_.splits, or plan_->entry_splits())
+  // Overlap (ep.chunks > 1): the chunked plan, the experts' parts (one per chunk; declared after
+  // gate_up_ / down_ so that they are destroyed first), each chunk's gate_up output, and the
+  // exchanges' stream with its events (moe.cpp).
+  std::unique_ptr<ep::EpChunkedPlan> cplan_;
+  std::vector<std::unique_ptr<GroupedLinear>> gate_up_parts_, down_parts_;
+  std::vector<TensorView> chunk_gu_;
+  struct Streams;
+  std::unique_ptr<Streams> streams_;
+  int64_t rows_ = 0;   // grouped rows of the last forward
+  TensorView splits_;  // their splits (map_.splits, or plan_->entry_splits())
   bool pending_dw_ = false;
   MoEStageHook hook_;
 };

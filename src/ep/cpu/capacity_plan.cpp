@@ -21,8 +21,8 @@ void ep_capacity_plan_send(Context& ctx, const TensorView& expert_ids, EpPlan& p
   std::vector<int64_t> rows(size_t(R), 0), entries(size_t(R), 0);  // kept so far
   std::vector<int64_t> need_rows(size_t(R), 0), need_entries(size_t(R), 0);
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t j = 0; j < k; ++j)
-      if (ids[t * k + j] < 0 || ids[t * k + j] >= E)
+    for (int64_t j = 0; j < k; ++j)  // -1: the slot names no expert (no fault)
+      if (ids[t * k + j] < -1 || ids[t * k + j] >= E)
         report_fault_host(ctx.status(), kFaultBadIndex, OpId::ep_dispatch, int32_t(t),
                           ids[t * k + j]);
     for (int64_t q = 0; q < R; ++q) {

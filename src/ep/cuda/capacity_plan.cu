@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(PlanConfig::kSendThreads) capacity_send_kernel
         const bool valid = e >= 0 && e < p.E;
         if (!valid && q == 0) {  // one CTA owns the bad ids: skipped (no row) and reported
           p.slot_entry[t * p.k + j] = -1;
-          report_fault(p.status, kFaultBadIndex, OpId::ep_dispatch, int32_t(t), e);
+          if (e != -1)  // -1 names no expert (groupmm/ep.hpp): no fault
+            report_fault(p.status, kFaultBadIndex, OpId::ep_dispatch, int32_t(t), e);
         }
         n += valid && e / p.El == q;
       }

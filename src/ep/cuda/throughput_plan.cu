@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(TpConfig::kThreads) tp_entries_kernel(EntryPar
     const bool in = i < p.n;
     const int64_t e = in ? int64_t(p.ids[i]) : -1;
     const bool valid = in && e >= 0 && e < p.E;
-    if (in && !valid) atomicMax(p.bad, (unsigned long long)(p.n - i));
+    if (in && !valid && e != -1)  // -1 names no expert (groupmm/ep.hpp): not a bad id
+      atomicMax(p.bad, (unsigned long long)(p.n - i));
     const int64_t q = valid ? e / p.El : p.R;
     bool first = valid;  // no earlier slot of the token names an expert on q
     for (int64_t f = i - i % p.k; first && f < i; ++f) {
@@ -125,7 +126,9 @@ struct PackParams {
 template <class Id>
 __global__ void __launch_bounds__(TpConfig::kThreads) tp_pack_kernel(PackParams<Id> p) {
   for (int64_t i = grid_stride_start(); i < p.n; i += grid_stride()) {
-    p.slot_entry[i] = p.dest[i];  // rank among the entries on its peer, after the earlier peers'
+    // Rank among the entries on its peer, after the earlier peers'; -1 for a slot that names no
+    // expert (ranked in the spare group R, past every peer's entries).
+    p.slot_entry[i] = p.list[i] < p.R ? p.dest[i] : -1;
     const int64_t g = p.list[p.n + i];
     if (g > 2 * p.R) continue;  // not the token's first slot on its peer
     const int64_t q = g - (p.R + 1), row = p.dest[p.n + i] - p.n, t = i / p.k;
