@@ -296,17 +296,28 @@ def ep_plan(dd):
 def ep_exchange(dd):
     d = load("ep_exchange_h200x2", dd)
     return caption(d) + "\n" + table(
-        ["case", "mode", "plan us", "dispatch us", "GB/s", "combine us", "GB/s"],
-        [[r["case"], r["mode"], r["plan_us"], r["dispatch_us"], r["dispatch_gbs"], r["combine_us"],
-          r["combine_gbs"]] for r in rows_of(d)]) + f"\n{d['notes']}\n"
+        ["run", "case", "mode", "plan us", "dispatch us", "GB/s", "combine us", "GB/s"],
+        [[r["run"], r["case"], r["mode"], r["plan_us"], r["dispatch_us"], r["dispatch_gbs"],
+          r["combine_us"], r["combine_gbs"]] for r in rows_of(d)]) + f"\n{d['notes']}\n"
 
 
 def ep_scaling(dd):
     d = load("ep_scaling_h200x2", dd)
     return caption(d) + "\n" + table(
-        ["case", "1 GPU fwd / f+b us", "capacity 2.0", "capacity 1.25", "capacity 1.1", "throughput"],
-        [[r["case"], r["one_gpu"], f2(r["cap2"]), f2(r["cap125"]), f2(r["cap11"]), f2(r["throughput"])]
+        ["run", "case", "1 GPU fwd / f+b us", "capacity 2.0", "capacity 1.25", "capacity 1.1",
+         "throughput"],
+        [[r["run"], r["case"], r["one_gpu"]] +
+         [f2(r[k]) if r[k] is not None else "" for k in ("cap2", "cap125", "cap11", "throughput")]
          for r in rows_of(d)])
+
+
+def ep_overlap(dd):
+    d = load("ep_overlap_h200x2", dd)
+    return caption(d) + "\n" + table(
+        ["case", "R", "exchange us", "experts us", "step, 1 chunk", "step, 2 chunks", "exposed us",
+         "exposed / exchange"],
+        [[r["case"], r["R"], r["exchange_us"], r["experts_us"], r["step1_us"], r["stepn_us"],
+          r["exposed_us"], f2(r["exposed_us"] / r["exchange_us"])] for r in rows_of(d)])
 
 
 def python_overhead(dd):
@@ -318,7 +329,7 @@ def python_overhead(dd):
 TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
     peers_deepgemm, gemm_w4, peers_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
-    moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, moe_memory, ep_plan, ep_exchange, ep_scaling,
+    moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
     python_overhead)}
 
 MARK = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- end -->)", re.S)

@@ -23,7 +23,7 @@ stages_help() {
   cat <<'EOF'
 stages (knobs are environment variables):
   build           configure $BUILD_DIR (build-dev) for sm_90a and build it all (JOBS, TARGETS)
-  test            the GPU tests: ctest -L gpu, or groupmm_tests_gpu --gtest_filter=$FILTER
+  test            the GPU tests, one process per GPU (gtest shards; FILTER), CTEST=1: ctest -L gpu
   sanitize        compute-sanitizer memcheck on SANITIZE_FILTER; racecheck on RACECHECK_FILTER
   cli             every command's GPU path once on a small case (exit status, last lines)
   bench-gemm      bench gemm per recipe of RECIPES (bf16) --json, bench/peers_torch.py (BENCH_GEMM_ARGS)
@@ -74,15 +74,28 @@ stage_build() {
     { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -40; log "BUILD FAILED: nothing else runs"; exit 1; }
   "$BIN" info | tee -a "$OUT/summary.txt"
 }
-stage_test() {
-  if [ -n "${FILTER:-}" ]; then
-    run test 400 "$OUT/gpu_tests.log" "./$B/groupmm_tests_gpu" --gtest_brief=1 --gtest_filter="$FILTER"
-    log "  $(gtest_counts "$OUT/gpu_tests.log")"
-  else
+stage_test() {  # one process per GPU, the tests sharded over them (ctest's process per test is slow)
+  local n s
+  if [ -n "${CTEST:-}" ]; then
     run test 400 "$OUT/gpu_tests.log" ctest --test-dir "$B" -L gpu --output-on-failure --timeout 150
     grep -E "tests passed|tests failed|\(Failed\)" "$OUT/gpu_tests.log" | tail -15 | tee -a "$OUT/summary.txt"
     log "  gpu tests skipped: $(grep -c '\*\*\*Skipped' "$OUT/gpu_tests.log") (strict mode: expect 0)"
+    return
   fi
+  # The multi-GPU tests first, with every GPU visible; then the rest sharded, one GPU a shard.
+  n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$n" -ge 1 ] || n=1
+  local multi='*MultiGpu*'
+  if [ "$n" -gt 1 ] && [ -z "${FILTER:-}" ]; then
+    run test-multi-gpu 120 "$OUT/gpu_tests_multi.log" "./$B/groupmm_tests_gpu" --gtest_filter="$multi"
+    log "  multi-GPU: $(gtest_counts "$OUT/gpu_tests_multi.log")"
+  fi
+  local filter=${FILTER:-"-$multi"}
+  for ((s = 0; s < n; s++)); do
+    CUDA_VISIBLE_DEVICES=$s GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$s \
+      run "test shard $s" 420 "$OUT/gpu_tests_$s.log" "./$B/groupmm_tests_gpu" --gtest_filter="$filter" &
+  done
+  wait
+  for ((s = 0; s < n; s++)); do log "  shard $s: $(gtest_counts "$OUT/gpu_tests_$s.log")"; done
 }
 stage_sanitize() {
   local mem=${SANITIZE_FILTER:-"*Offsets*:*ConvertGpu*:*GemmGpuGraph*:*GemmGpuFaults*:*forward_bf16_G128*:*wgrad_bf16_G128*:*dgrad_bf16_G4_*:*QuantizeGpu*:*Swizzle*:*SwiGLU*:*Swiglu*:*Dbias*:*GroupedLinear*:*MoE*:*Router*:*Permute*:*WeightedSwiglu*:*QuantizedGemm*decode*:*QuantizedGemmGpuGraph*:*QuantizedGemmGpuFaults*:*W4GemmGpuFaults*:*Mxfp4QuantizeGpuWeights*:*GateUpGpuFaults*:*GateUpGpuGraph*:*GateUpGpu.*t1_k1_e1*:*GateUpGpu.*padded_16*"}

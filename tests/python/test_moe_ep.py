@@ -364,6 +364,21 @@ def test_capacity_mode_leaves_the_padding_rows_out(world1, monkeypatch, recipe, 
         "with exact splits the poisoned tail should have reached a gradient"
 
 
+def test_group_arguments(world1):
+    # A CPU group borrows gloo and takes no NCCL id; the id op gives NCCL's 128 bytes, or says
+    # the build has no NCCL (CPU-only builds).
+    with pytest.raises(ValueError, match="nccl_id is for a CUDA group"):
+        torch.classes.groupmm.EpGroup(world1.group_name, "cpu", torch.zeros(128, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="must be cpu or cuda"):
+        torch.classes.groupmm.EpGroup(world1.group_name, "meta", None)
+    try:
+        uid = ops.ep_nccl_unique_id()
+    except NotImplementedError as e:
+        assert "built without NCCL" in str(e)
+    else:
+        assert uid.dtype == torch.uint8 and uid.shape == (128,) and uid.device.type == "cpu"
+
+
 def test_plan_splits_at_most(world1):
     g = groupmm.nn.moe_ep.ep_group(world1, "cpu")
     T, H = 7, 16

@@ -146,7 +146,8 @@ def test_every_op_is_covered():
     # scripts' tests); recipe_traits takes and returns no tensor (test_recipes.py).
     host = {"check_status", "_core_call_us", "_core_layer_step_us", "recipe_traits"}
     # The expert-parallel ops are collectives over a process group that take custom classes
-    # (EpGroup, EpPlan): eager only, no fake kernels; test_moe_ep.py tests them.
-    host |= {"ep_dispatch_plan", "ep_capacity_plan_create", "ep_capacity_plan", "ep_dispatch",
+    # (EpGroup, EpPlan): eager only, no fake kernels; test_moe_ep.py tests them, and
+    # ep_nccl_unique_id (host bytes for a CUDA EpGroup).
+    host |= {"ep_nccl_unique_id", "ep_dispatch_plan", "ep_capacity_plan_create", "ep_capacity_plan", "ep_dispatch",
              "ep_dispatch_backward", "ep_combine", "ep_combine_backward"}
     assert defined - host == set(NAMES)
