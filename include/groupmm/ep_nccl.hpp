@@ -49,8 +49,9 @@ class NcclTransport final : public Transport {
   Device device() const override { return Device::CUDA; }
   // Through a small device buffer on the transport's own stream; synchronizes (throughput plan).
   void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) override;
-  // One NCCL group of a send and a receive per peer with bytes (peers with 0 bytes skipped), on
-  // `stream`; returns once enqueued.
+  // One NCCL group of a send and a receive per other peer with bytes (peers with 0 bytes
+  // skipped), and this rank's own block as a device-to-device copy, all on `stream`; returns once
+  // enqueued.
   void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
                     void* recv, const int64_t* recv_counts, const int64_t* recv_offsets,
                     cudaStream_t stream) override;

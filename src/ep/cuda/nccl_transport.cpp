@@ -112,8 +112,18 @@ void NcclTransport::all_to_all_v(const void* send, const int64_t* send_counts,
                                  cudaStream_t stream) {
   const char* s = static_cast<const char*>(send);
   char* r = static_cast<char*>(recv);
+  // The block a rank sends itself is a device copy on the same stream, not an NCCL send and
+  // receive to itself: NCCL moves it through its few channels' kernels, a copy at full device
+  // bandwidth (at R = 1 it is the whole exchange). Both sides of that block have the same size.
+  const int64_t self = send_counts[rank_];
+  GROUPMM_CHECK(self == recv_counts[rank_], "NcclTransport::all_to_all_v: rank ", rank_,
+                " sends itself ", self, " bytes but expects ", recv_counts[rank_]);
+  if (self > 0)
+    GROUPMM_CHECK_CUDA(cudaMemcpyAsync(r + recv_offsets[rank_], s + send_offsets[rank_],
+                                       size_t(self), cudaMemcpyDeviceToDevice, stream));
   nccl_group("NcclTransport::all_to_all_v", [&](auto issue) {
     for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
       if (send_counts[p] > 0)
         issue(ncclSend(s + send_offsets[p], size_t(send_counts[p]), ncclUint8, p, comm_, stream));
       if (recv_counts[p] > 0)
