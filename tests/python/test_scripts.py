@@ -34,6 +34,17 @@ def test_torch_moe_step(tmp_path):
         assert c["torch_compiled_us"] > 0 and c["torch_compiled_rel_err"] < 1e-3, c
 
 
+def test_torch_moe_ep_step(tmp_path):
+    # One rank made by the script itself (gloo): the EP module in both modes and the reference.
+    data = run_bench("torch_moe_ep_step.py", tmp_path)
+    assert data["ranks"] == 1 and [c["case"] for c in data["cases"]] == ["qwen3", "dsv3", "mixtral"]
+    for c in data["cases"]:
+        assert "error" not in c, c
+        for k in ("one_gpu_us", "capacity_us", "throughput_us"):
+            assert c[k] > 0, c
+        assert "capacity_overflow" not in c, c  # factor 2 at one rank holds every entry
+
+
 def test_torch_overhead(tmp_path):
     data = run_bench("torch_overhead.py", tmp_path)
     names = [o["op"] for o in data["ops"]]
