@@ -140,7 +140,47 @@ def case_rank_fails(rank, world, **_):
     raise AssertionError("rank 0's step completed without its peer")
 
 
-CASES = {f.__name__: f for f in (case_matches_one_rank, case_overflow, case_rank_fails)}
+def case_capacity_graph_replays(rank, world, *, tokens, seed=0, device="cuda"):
+    """Every rank captures its capacity step (forward + backward, exchanges included) once and
+    replays it with new tokens (new routing on every rank) against eager steps of a twin with the
+    same weights: the replays' collectives pair up across the ranks as the eager ones do."""
+    torch.manual_seed(seed)
+    H, F = 128, 64
+    kw = dict(shared_ffn_hidden=64, device=device, ep_group=dist.group.WORLD,
+              ep_mode="capacity", capacity_factor=float(world))
+    moe = groupmm.nn.MoE(H, F, E, K, **kw)
+    twin = groupmm.nn.MoE(H, F, E, K, **kw)
+    twin.load_state_dict(moe.state_dict())
+    x = torch.randn(tokens[rank], H, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens[rank], H, device=device, dtype=torch.bfloat16)
+
+    def step(m, x):
+        y, _ = m(x)
+        return (y, *torch.autograd.grad(y, (x, m.gate_up.weight, m.router.weight), dy))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # the plans, the Contexts and the connections are made here
+            step(moe, x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        static = step(moe, x)
+    for i in range(3):
+        torch.manual_seed(seed + 100 * (i + 1) + rank)
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step(twin, x.detach().requires_grad_())
+        for what, got, want in zip(("y", "dx", "gate_up dW", "router dW"), static, eager):
+            assert torch.equal(got, want), f"replay {i}: {what} (rel {_rel(got, want):.3g})"
+    groupmm.check(device)
+
+
+CASES = {f.__name__: f for f in (case_matches_one_rank, case_overflow, case_rank_fails,
+                                  case_capacity_graph_replays)}
 
 
 def _worker(rank, world, init, cases, out, pg_timeout, gpus):
@@ -498,7 +538,11 @@ def gpu_cases(world):
         ("fp8_block capacity", "case_matches_one_rank",
          dict(tokens=even, recipe="fp8_block", mode="capacity", capacity=(64, 0), seed=4,
               **dict(gpu, hidden=256, ffn=128, shared=0))),
+        ("mxfp8 capacity", "case_matches_one_rank",
+         dict(tokens=even, recipe="mxfp8", mode="capacity", capacity=(64, 0), seed=5, **gpu)),
         ("overflow", "case_overflow", dict(tokens=even)),
+        ("capacity step replayed in a CUDA graph", "case_capacity_graph_replays",
+         dict(tokens=even, seed=6)),
     ]
 
 
