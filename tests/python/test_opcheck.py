@@ -93,9 +93,10 @@ def samples(device):
                               torch.randn(R, device=device)), {}),
         ("unpermute", (grad(torch.randn(R, H, **bf)), *plan, 4, 0, grad(xt)), {}),
         ("unpermute_backward", (xt, *plan, 4, 0), {}),
-        # forward only (its Autograd kernel refuses inputs that require grad)
-        ("gate_up_swiglu", (xt, *plan, 4, 0, weights, torch.randn(E, 128, H, **bf)),
+        ("gate_up_swiglu", (grad(xt), *plan, 4, 0, grad(weights),
+                            grad(torch.randn(E, 128, H, **bf) * H ** -0.5)),
          {"pre_activation": True}),
+        ("gate_up_swiglu", (xt, *plan, 4, 0, weights, torch.randn(E, 128, H, **bf)), {}),
         ("group_quantize", (x, splits, "fp8_current"), {}),
         ("group_quantize", (x, splits, "mxfp8"), {"scale_layout": "swizzled"}),
         ("group_quantize", (x128, splits, "fp8_block"), {"direction": "rowwise",
