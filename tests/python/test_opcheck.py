@@ -150,4 +150,6 @@ def test_every_op_is_covered():
     # (EpGroup, EpPlan): eager only, no fake kernels; test_moe_ep.py tests them.
     host |= {"ep_dispatch_plan", "ep_capacity_plan_create", "ep_capacity_plan", "ep_dispatch",
              "ep_dispatch_backward", "ep_combine", "ep_combine_backward"}
+    # The NCCL communicator's unique id (bytes made on the host; test_moe_ep.py).
+    host.add("ep_nccl_unique_id")
     assert defined - host == set(NAMES)
