@@ -1,7 +1,7 @@
 // ops_autograd.cpp: the autograd formulas of the differentiable ops (grouped_mm, swiglu,
-// weighted_swiglu (and _ex), router_logits, router, permute, unpermute), registered in C++ for the
-// Autograd key, and the Autograd kernels of the non-differentiable ones (quantize, dequantize,
-// plans, offsets).
+// weighted_swiglu (and _ex), router_logits, router, permute, unpermute, gate_up_swiglu), registered
+// in C++ for the Autograd key, and the Autograd kernels of the non-differentiable ones (quantize,
+// dequantize, plans, offsets).
 //
 // Each kernel takes the fast path when no graph is recorded (grad mode off, or no input that
 // requires grad): one redispatch below autograd to the CPU / CUDA kernel (or to the fake kernel
@@ -26,6 +26,10 @@ using torch::autograd::variable_list;
 using Tensor = at::Tensor;
 using OptTensor = std::optional<at::Tensor>;
 using OptDtype = std::optional<at::ScalarType>;
+using Tensors2 = std::tuple<Tensor, Tensor>;
+using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
+using Tensors4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
+using Tensors5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 using MmSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, OptDtype,
                      c10::string_view);
@@ -361,6 +365,100 @@ Tensor unpermute_autograd(c10::DispatchKeySet ks, const Tensor& y_perm, const Te
   return Unpermute::apply(y_perm, dest_row, row_start, kept, splits, align, capacity, add);
 }
 
+// ---- gate_up_swiglu -----------------------------------------------------------------------------
+
+// The fused gate_up projection (permute -> grouped_mm -> weighted_swiglu as one kernel-layer op).
+// Its backward is the composition's, op for op, so the gradients are bit for bit those of the
+// separate ops: weighted_swiglu_backward from the pre-activation and probs (both kept from
+// forward), the gate_up dgrad into the permuted rows and permute's backward (the k-way sum into x's
+// rows, d probs gathered into d weights), and the wgrad over the permuted rows of x, gathered here
+// with permute: forward made no permuted copy, and keeping one would undo what the fusion saves.
+// The pre-activation is what backward reads, so a call that records a graph must ask forward to
+// write it (pre_activation=True); recomputing it in backward would cost a second gate_up GEMM.
+using GateUpSwigluSig = Tensors3(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, int64_t, int64_t, const Tensor&, const Tensor&,
+                                 bool, c10::string_view);
+
+struct GateUpSwiglu : torch::autograd::Function<GateUpSwiglu> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& dest_row,
+                               const Tensor& row_start, const Tensor& kept, const Tensor& splits,
+                               int64_t align, int64_t capacity, const Tensor& weights,
+                               const Tensor& w, bool pre_activation, c10::string_view config) {
+    Tensors3 out;
+    {
+      const at::AutoDispatchBelowADInplaceOrView guard;
+      out = GROUPMM_OP("gate_up_swiglu", GateUpSwigluSig)
+                .call(x, dest_row, row_start, kept, splits, align, capacity, weights, w,
+                      pre_activation, config);
+    }
+    auto& [h, gu, probs] = out;
+    ctx->save_for_backward({x, w, gu, probs, dest_row, row_start, kept, splits});
+    ctx->saved_data["align"] = align;
+    ctx->saved_data["capacity"] = capacity;
+    // An output without a gradient stays undefined (no zeros added to the others' sums).
+    ctx->set_materialize_grads(false);
+    return {h, gu, probs};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(11);
+    const auto s = ctx->get_saved_variables();
+    const Tensor &x = s[0], &w = s[1], &gu = s[2], &probs = s[3];
+    const Tensor &dest_row = s[4], &row_start = s[5], &kept = s[6], &splits = s[7];
+    const int64_t align = ctx->saved_data["align"].toInt();
+    const int64_t capacity = ctx->saved_data["capacity"].toInt();
+    Tensor dgu, dprobs;
+    if (grads[0].defined())
+      std::tie(dgu, dprobs) = GROUPMM_OP("weighted_swiglu_backward", WSwigluBwdSig)
+                                  .call(grads[0], gu, probs, std::nullopt);
+    // gate_up and probs used past the activation too: their gradients add, as autograd would add
+    // them at the composition's intermediate tensors.
+    if (grads[1].defined()) dgu = dgu.defined() ? dgu.add(grads[1]) : grads[1];
+    if (grads[2].defined()) dprobs = dprobs.defined() ? dprobs.add(grads[2]) : grads[2];
+    // needs_input_grad counts the tensor arguments only (weights is the 6th, w the 7th); the
+    // returned list has a slot for every argument.
+    const bool need_x = ctx->needs_input_grad(0), need_weights = ctx->needs_input_grad(5);
+    const bool need_w = ctx->needs_input_grad(6);
+    if (need_x || (need_weights && dprobs.defined())) {
+      // permute's backward takes the permuted rows' gradient with d probs; with x not needing one
+      // (d weights only) zeros stand in for it, cheaper than the dgrad GEMM they replace.
+      Tensor dxp = need_x && dgu.defined() ? GROUPMM_OP("grouped_mm_dgrad", MmGradSig)
+                                                 .call(dgu, w, splits, std::nullopt, "exact")
+                                           : at::zeros({gu.size(0), x.size(1)}, x.options());
+      auto [dx, dweights] =
+          GROUPMM_OP("permute_backward", PermuteSig)
+              .call(dxp, dest_row, row_start, kept, splits, align, capacity,
+                    need_weights && dprobs.defined() ? OptTensor(dprobs) : std::nullopt);
+      if (need_x) out[0] = dx;
+      if (need_weights && dprobs.defined()) out[7] = dweights;
+    }
+    if (need_w && dgu.defined()) {
+      const Tensor xp = std::get<0>(
+          GROUPMM_OP("permute", PermuteSig)
+              .call(x, dest_row, row_start, kept, splits, align, capacity, std::nullopt));
+      out[8] =
+          GROUPMM_OP("grouped_mm_wgrad", MmGradSig).call(dgu, xp, splits, std::nullopt, "exact");
+    }
+    return out;
+  }
+};
+
+Tensors3 gate_up_swiglu_autograd(c10::DispatchKeySet ks, const Tensor& x, const Tensor& dest_row,
+                                 const Tensor& row_start, const Tensor& kept, const Tensor& splits,
+                                 int64_t align, int64_t capacity, const Tensor& weights,
+                                 const Tensor& w, bool pre_activation, c10::string_view config) {
+  if (!records({&x, &weights, &w}))
+    return below_autograd(GROUPMM_OP("gate_up_swiglu", GateUpSwigluSig), ks, x, dest_row, row_start,
+                          kept, splits, align, capacity, weights, w, pre_activation, config);
+  TORCH_CHECK(pre_activation,
+              "groupmm.gate_up_swiglu: pre_activation=False, but x, weights or w requires grad: "
+              "the backward reads the pre-activation (the gate_up output), so pass "
+              "pre_activation=True to train through the op (or run it under torch.no_grad() / "
+              "torch.inference_mode() for inference)");
+  auto o = GateUpSwiglu::apply(x, dest_row, row_start, kept, splits, align, capacity, weights, w,
+                               pre_activation, config);
+  return {o[0], o[1], o[2]};
+}
+
 // ---- the non-differentiable ops --------------------------------------------------------------
 
 // Quantized tensors, plans and offsets carry no gradient. Their Autograd kernel only steps below
@@ -378,10 +476,6 @@ struct NonDifferentiable<kName, R(A...)> {
   }
 };
 
-using Tensors2 = std::tuple<Tensor, Tensor>;
-using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
-using Tensors4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
-using Tensors5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 using QuantizeSig = Tensors5(const Tensor&, const OptTensor&, c10::string_view, OptDtype,
                              c10::string_view, c10::string_view, bool, bool, c10::string_view);
 using DequantizeSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -399,23 +493,6 @@ constexpr char kImportMxfp4[] = "groupmm::import_mxfp4_weights";
 constexpr char kExportMxfp4[] = "groupmm::export_mxfp4_weights";
 constexpr char kGroupOffsets[] = "groupmm::group_offsets";
 constexpr char kPermutePlan[] = "groupmm::permute_plan";
-
-// gate_up_swiglu is forward only (inference): with an input that requires grad it refuses, rather
-// than return outputs without a gradient.
-using GateUpSwigluSig = Tensors3(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                 const Tensor&, int64_t, int64_t, const Tensor&, const Tensor&,
-                                 bool, c10::string_view);
-Tensors3 gate_up_swiglu_autograd(c10::DispatchKeySet ks, const Tensor& x, const Tensor& dest_row,
-                                 const Tensor& row_start, const Tensor& kept, const Tensor& splits,
-                                 int64_t align, int64_t capacity, const Tensor& weights,
-                                 const Tensor& w, bool pre_activation, c10::string_view config) {
-  TORCH_CHECK(!records({&x, &weights, &w}),
-              "groupmm.gate_up_swiglu: forward only (inference): x, weights or w requires grad; "
-              "run it under torch.no_grad() / torch.inference_mode(), or train with permute, "
-              "grouped_mm and weighted_swiglu (bit for bit the same forward)");
-  return below_autograd(GROUPMM_OP("gate_up_swiglu", GateUpSwigluSig), ks, x, dest_row, row_start,
-                        kept, splits, align, capacity, weights, w, pre_activation, config);
-}
 
 }  // namespace
 

@@ -109,8 +109,9 @@ TORCH_LIBRARY(groupmm, m) {
       "unpermute(Tensor y_perm, Tensor dest_row, Tensor row_start, Tensor kept, Tensor splits, "
       "int align, int capacity, Tensor? add=None) -> Tensor");
   // permute + grouped_mm with w [E, 2F, H] + weighted_swiglu as one kernel-layer op (x gathered
-  // inside the GEMM, the activation in its epilogue; moe_gate_up_swiglu), forward only:
-  // -> h [R, F], the pre-activation [R, 2F] (empty unless pre_activation), probs [R] fp32
+  // inside the GEMM, the activation in its epilogue; moe_gate_up_swiglu):
+  // -> h [R, F], the pre-activation [R, 2F] (empty unless pre_activation), probs [R] fp32.
+  // Differentiable in x, weights and w (ops_autograd.cpp); training needs pre_activation=True.
   m.def(
       "gate_up_swiglu(Tensor x, Tensor dest_row, Tensor row_start, Tensor kept, Tensor splits, "
       "int align, int capacity, Tensor weights, Tensor w, bool pre_activation=False, "

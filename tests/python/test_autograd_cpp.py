@@ -11,14 +11,12 @@ from conftest import make_splits
 
 ops = torch.ops.groupmm
 DIFFERENTIABLE = ["grouped_mm", "swiglu", "weighted_swiglu", "weighted_swiglu_ex", "router_logits",
-                  "router", "permute", "unpermute"]
+                  "router", "permute", "unpermute", "gate_up_swiglu"]
 # No gradient by nature; their Autograd kernel only steps below autograd (without one, the
 # dispatcher's boxed fallback ran on every call).
 NON_DIFFERENTIABLE = ["group_quantize", "group_dequantize", "group_quantize_w4",
                       "import_mxfp4_weights", "export_mxfp4_weights", "group_offsets",
                       "permute_plan"]
-# Forward only (inference): its Autograd kernel refuses inputs that require grad.
-FORWARD_ONLY = ["gate_up_swiglu"]
 # The expert-parallel movers (differentiable) and plans, registered beside the custom classes
 # their schemas name (ops_ep.cpp).
 EP = ["ep_dispatch", "ep_combine", "ep_dispatch_plan", "ep_capacity_plan_create",
@@ -30,7 +28,7 @@ def autograd_kernel_line(op):
     return next((line for line in lines if line.startswith("Autograd")), "")
 
 
-@pytest.mark.parametrize("op", DIFFERENTIABLE + NON_DIFFERENTIABLE + FORWARD_ONLY + EP)
+@pytest.mark.parametrize("op", DIFFERENTIABLE + NON_DIFFERENTIABLE + EP)
 def test_autograd_kernel_is_registered_in_cpp(op):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(f"groupmm::{op}", "Autograd")
     line = autograd_kernel_line(op)
@@ -46,7 +44,7 @@ def test_which_ops_have_an_autograd_kernel():
     names = [n.split("::")[1] for n in torch._C._dispatch_get_all_op_names()
              if n.startswith("groupmm::")]
     with_kernel = sorted(n for n in names if autograd_kernel_line(n))
-    assert with_kernel == sorted(DIFFERENTIABLE + NON_DIFFERENTIABLE + FORWARD_ONLY + EP)
+    assert with_kernel == sorted(DIFFERENTIABLE + NON_DIFFERENTIABLE + EP)
 
 
 def test_non_differentiable_outputs_do_not_require_grad(device):

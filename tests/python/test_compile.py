@@ -1,6 +1,7 @@
 """torch.compile(fullgraph=True): GroupedLinear + SwiGLU forward and backward trace without graph
 breaks (fake kernels, autograd formulas) and give the eager values, with dynamic row counts; the
-layer's quantized recipes and main grads too; delay_wgrad is eager-only."""
+layer's quantized recipes and main grads too, and the MoE block (fused_gate_up too); delay_wgrad
+is eager-only."""
 
 import pytest
 import torch
@@ -169,3 +170,54 @@ def test_fullgraph_moe_matches_eager(device, recipe, balancing):
         assert torch.equal(c, e)
     if balancing:
         assert results[0][-1].sum() == 16 * 2  # every (token, slot), counted once per step
+
+
+@pytest.mark.parametrize("mode", ["plain", "balancing", "main_grad"])
+def test_fullgraph_moe_fused_gate_up_matches_eager(device, mode):
+    # fused_gate_up: gate_up_swiglu's C++ formula under AOTAutograd's tracing (its fake kernel and
+    # the backward ops' ones); main_grad: the block's Python Function handing the wgrad to the
+    # layer. The compiled fused block gives the eager unfused block's loss and gradients bit for
+    # bit, over two steps (main grads accumulate).
+    extra = dict(expert_bias=True, capacity_factor=0.75, align=4) if mode == "balancing" else {}
+    x = None
+    results = []
+    for fused, compiled in ((False, False), (True, False), (True, True)):
+        torch._dynamo.reset()
+        torch.manual_seed(3)
+        moe = groupmm.nn.MoE(64, 64, 4, 2, shared_ffn_hidden=32, aux_loss_coeff=0.01,
+                             z_loss_coeff=0.001, device=device, fused_gate_up=fused, **extra)
+        if mode == "balancing":
+            moe.expert_bias.copy_(torch.tensor([0.0, 0.1, -0.05, 0.02]))
+        if mode == "main_grad":
+            w = moe.gate_up.weight
+            moe.gate_up.accumulate_into_main_grad = True
+            w.main_grad = torch.zeros_like(w, dtype=torch.float32)
+        if x is None:
+            x = torch.randn(16, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+
+        def step(x):
+            y, aux = moe(x)
+            return y.float().square().mean() + aux
+
+        fn = torch.compile(step, fullgraph=True, backend="aot_eager") if compiled else step
+        x.grad = None
+        for _ in range(2):
+            loss = fn(x)
+            loss.backward()
+        grads = [p.grad for p in moe.parameters()]
+        if mode == "main_grad":
+            grads.append(moe.gate_up.weight.main_grad)
+        results.append([loss.detach(), x.grad.clone()] + [g if g is None else g.clone()
+                                                          for g in grads])
+    for got in results[1:]:
+        for c, e in zip(got, results[0]):
+            assert (c is None) == (e is None)
+            assert c is None or torch.equal(c, e)
+
+
+def test_moe_fused_gate_up_delay_wgrad_is_eager_only(device):
+    torch._dynamo.reset()
+    moe = groupmm.nn.MoE(64, 64, 4, 2, device=device, fused_gate_up=True, delay_wgrad=True)
+    x = torch.randn(16, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(Exception, match=r"fused_gate_up=True, delay_wgrad=True\) is eager-only"):
+        torch.compile(lambda x: moe(x)[0], fullgraph=True, backend="aot_eager")(x)

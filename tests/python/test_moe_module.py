@@ -1,7 +1,7 @@
 """groupmm.nn.MoE against a pure-PyTorch MoE with the same weights: values and gradients (router
 weight included), with a shared expert, padded experts, the selection-only expert bias and its
-update, and a capacity that drops tokens; and against the C++ nn::MoE (the _core_moe hook), which
-it composes like."""
+update, and a capacity that drops tokens; against the C++ nn::MoE (the _core_moe hook), which it
+composes like; and fused_gate_up=True against the separate ops, bit for bit."""
 
 import pytest
 import torch
@@ -257,3 +257,126 @@ def test_recompute_keeps_neither_permuted_rows_nor_activations(recipe):
     dropped = rows * h * elem + rows * f * elem
     with_, without = kept(True), kept(False)
     assert with_ <= without - 0.9 * dropped, (with_, without, dropped)
+
+
+# ---- fused_gate_up: gate_up_swiglu in place of permute -> gate_up -> weighted_swiglu ----------
+
+def _fused_pair_step(fused, device, T, *, dtype=torch.bfloat16, main_grad=False, x_grad=True,
+                     skew=False, **kw):
+    """y, dx, aux and every parameter's gradient (main_grad: gate_up's fp32 main grad) of one
+    training step, with the weight gradients delay_wgrad queued run by backward_dw()."""
+    torch.manual_seed(3)
+    h, f, e, k = 64, 64, 8, 2  # the CUDA kernel's sizes (hidden % 8, ffn_hidden % 64)
+    moe = groupmm.nn.MoE(h, f, e, k, aux_loss_coeff=0.01, z_loss_coeff=0.001, dtype=dtype,
+                         device=device, fused_gate_up=fused, expert_bias=skew, **kw)
+    if skew:  # the selection bias sends every token to experts 2 and 5: six experts without rows
+        moe.expert_bias.copy_(torch.tensor([0, 0, 3.0, 0, 0, 3.0, 0, 0], device=device))
+    if main_grad:
+        moe.gate_up.accumulate_into_main_grad = True
+        moe.gate_up.weight.main_grad = torch.zeros_like(moe.gate_up.weight, dtype=torch.float32)
+    x = torch.randn(T, h, dtype=dtype, device=device, requires_grad=x_grad)
+    y, aux = moe(x)
+    (y.float().square().sum() + aux).backward()
+    moe.backward_dw()
+    out = [y.detach(), aux.detach(), x.grad] + [p.grad for p in moe.parameters()]
+    return out + ([moe.gate_up.weight.main_grad] if main_grad else [])
+
+
+def _assert_same(fused, unfused):
+    assert len(fused) == len(unfused)
+    for i, (a, b) in enumerate(zip(fused, unfused)):
+        assert (a is None) == (b is None), f"output {i}: {a is None} vs {b is None}"
+        if a is not None:
+            assert torch.equal(a, b), f"output {i} differs"
+
+
+FUSED_CASES = {
+    "plain": dict(T=37),
+    "T1": dict(T=1),
+    "shared_align8": dict(T=40, shared_ffn_hidden=64, align=8),
+    "capacity": dict(T=48, capacity_factor=0.5, align=4),
+    "zero_row_experts": dict(T=24, skew=True),
+    "x_no_grad": dict(T=16, x_grad=False),
+    "delay": dict(T=37, shared_ffn_hidden=64, delay_wgrad=True),
+    "delay_keep": dict(T=37, delay_wgrad=True, recompute=False),
+    "keep": dict(T=37, recompute=False, capacity_factor=0.75),
+    "main_grad": dict(T=37, main_grad=True),
+    "main_grad_delay": dict(T=37, main_grad=True, delay_wgrad=True, recompute=False),
+    "fp16": dict(T=37, dtype=torch.float16, shared_ffn_hidden=64),
+    "fp32": dict(T=37, dtype=torch.float32),
+}
+
+
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_fused_gate_up_equals_the_separate_ops(device, case):
+    """fused_gate_up=True against the same block with the separate ops: y, aux, dx and every
+    parameter gradient bit for bit, padded experts, a capacity, experts without rows, T=1,
+    delayed wgrad and main grads included (on CUDA the fused kernel's sums are the grouped GEMM's,
+    moe.hpp)."""
+    kw = dict(FUSED_CASES[case])
+    if device.type == "cuda" and kw.get("dtype") == torch.float32:
+        pytest.skip("the CUDA kernel takes bf16 / fp16")
+    _assert_same(_fused_pair_step(True, device, **kw), _fused_pair_step(False, device, **kw))
+
+
+def test_fused_gate_up_inference(device):
+    torch.manual_seed(0)
+    x = torch.randn(37, 64, dtype=torch.bfloat16, device=device)
+    outs = []
+    for fused in (True, False):
+        torch.manual_seed(3)
+        moe = groupmm.nn.MoE(64, 64, 8, 2, shared_ffn_hidden=64, device=device,
+                             fused_gate_up=fused)
+        with torch.no_grad():
+            outs.append(moe(x)[0])
+    assert torch.equal(*outs)
+
+
+def _graph_nodes(t):
+    """The names of the autograd nodes behind t."""
+    seen, todo, names = set(), [t.grad_fn], []
+    while todo:
+        n = todo.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        names.append(n.name())
+        todo.extend(f for f, _ in n.next_functions)
+    return names
+
+
+def test_fused_gate_up_backward_gathers_the_rows_once(device):
+    """What backward runs: one gather of the permuted rows (gate_up's wgrad), one weighted SwiGLU
+    (recompute: the down layer's input), the op's own formula (no Python Function) without
+    delay_wgrad."""
+    torch.manual_seed(3)
+    moe = groupmm.nn.MoE(64, 64, 8, 2, device=device, fused_gate_up=True)
+    x = torch.randn(32, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+    y, aux = moe(x)
+    assert any("GateUpSwiglu" in n for n in _graph_nodes(y))
+    assert not any("_FusedGateUpFn" in n for n in _graph_nodes(y))
+    counter = _OpCounter()
+    with counter:
+        (y.float().square().sum() + aux).backward()
+    calls = counter.calls
+    assert calls.get("groupmm::permute") == 1
+    assert calls.get("groupmm::weighted_swiglu") == 1
+    assert calls.get("groupmm::gate_up_swiglu", 0) == 0
+    assert calls.get("groupmm::grouped_mm_wgrad") == 2  # gate_up, down
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(recipe="fp8_current"), r"recipe='fp8_current' must be 'bf16'"),
+    (dict(recipe="mxfp8"), r"recipe='mxfp8' must be 'bf16'"),
+    (dict(recipe="nvfp4_weight"), r"recipe='nvfp4_weight' must be 'bf16'"),
+    (dict(ep_group=object()), r"ep_group must be None"),
+    (dict(dtype=torch.float64), r"dtype=torch.float64 must be torch.bfloat16"),
+    (dict(device="cuda", dtype=torch.float32), r"float32 runs on the CPU only"),
+    (dict(device="cuda", ffn=48), r"ffn_hidden=48.*ffn_hidden % 64 == 0"),
+    (dict(device="cuda", hidden=60), r"hidden=60.*hidden % 8 == 0"),
+])
+def test_fused_gate_up_refuses_other_settings(kw, match):
+    # Said at construction (before any parameter is made: the CUDA cases run without a GPU).
+    hidden, ffn = kw.pop("hidden", 64), kw.pop("ffn", 64)
+    with pytest.raises(ValueError, match=r"groupmm.nn.MoE\(fused_gate_up=True\): .*" + match):
+        groupmm.nn.MoE(hidden, ffn, 4, 2, fused_gate_up=True, **kw)

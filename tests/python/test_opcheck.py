@@ -93,9 +93,10 @@ def samples(device):
                               torch.randn(R, device=device)), {}),
         ("unpermute", (grad(torch.randn(R, H, **bf)), *plan, 4, 0, grad(xt)), {}),
         ("unpermute_backward", (xt, *plan, 4, 0), {}),
-        # forward only (its Autograd kernel refuses inputs that require grad)
-        ("gate_up_swiglu", (xt, *plan, 4, 0, weights, torch.randn(E, 128, H, **bf)),
+        ("gate_up_swiglu", (grad(xt), *plan, 4, 0, grad(weights),
+                            grad(torch.randn(E, 128, H, **bf) * H ** -0.5)),
          {"pre_activation": True}),
+        ("gate_up_swiglu", (xt, *plan, 4, 0, weights, torch.randn(E, 128, H, **bf)), {}),
         ("group_quantize", (x, splits, "fp8_current"), {}),
         ("group_quantize", (x, splits, "mxfp8"), {"scale_layout": "swizzled"}),
         ("group_quantize", (x128, splits, "fp8_block"), {"direction": "rowwise",
@@ -148,6 +149,7 @@ def test_every_op_is_covered():
     # The expert-parallel ops are collectives over a process group that take custom classes
     # (EpGroup, EpPlan): eager only, no fake kernels; test_moe_ep.py tests them, and
     # ep_nccl_unique_id (host bytes for a CUDA EpGroup).
-    host |= {"ep_nccl_unique_id", "ep_dispatch_plan", "ep_capacity_plan_create", "ep_capacity_plan", "ep_dispatch",
-             "ep_dispatch_backward", "ep_combine", "ep_combine_backward"}
+    host |= {"ep_nccl_unique_id", "ep_dispatch_plan", "ep_capacity_plan_create",
+             "ep_capacity_plan", "ep_dispatch", "ep_dispatch_backward", "ep_combine",
+             "ep_combine_backward"}
     assert defined - host == set(NAMES)
