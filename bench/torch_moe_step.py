@@ -7,6 +7,8 @@ inputs, in the same process.
     PYTHONPATH=python python3 bench/torch_moe_step.py [--case qwen3] [--json out/torch_moe_step.json]
     PYTHONPATH=python python3 bench/torch_moe_step.py --cpu --quick     (a smoke run, seconds)
 
+With --fused-gate-up the groupmm block is timed a second time with fused_gate_up=True (the
+gathered gate_up projection with the weighted SwiGLU in its epilogue; same weights): groupmm_fused_us.
 On the GPU each block's activation memory is reported too: the bytes a forward leaves allocated
 for backward (its output excluded), in units of T*H 16-bit rows (x itself is one), for groupmm with
 recompute (the default) and without, and the torch block; and the step time without recompute.
@@ -32,13 +34,17 @@ def quick(c):
                 shared_F=32 if c["shared_F"] else 0)
 
 
-def make_pair(c, device):
-    """groupmm.nn.MoE and the torch block with the same weights."""
+def groupmm_block(c, device, **kw):
     sigmoid = c["score"] == "sigmoid"
-    ours = groupmm.nn.MoE(c["H"], c["F"], c["E"], c["k"], shared_ffn_hidden=c["shared_F"],
+    return groupmm.nn.MoE(c["H"], c["F"], c["E"], c["k"], shared_ffn_hidden=c["shared_F"],
                           score=c["score"], renormalize=True, n_group=8 if sigmoid else 1,
                           topk_group=4 if sigmoid else 1, scaling_factor=2.5 if sigmoid else 1.0,
-                          device=device)
+                          device=device, **kw)
+
+
+def make_pair(c, device):
+    """groupmm.nn.MoE and the torch block with the same weights."""
+    ours = groupmm_block(c, device)
     theirs = TorchMoE(c, device=str(device))
     with torch.no_grad():
         theirs.router.copy_(ours.router.weight)
@@ -62,7 +68,23 @@ def kept_rows(block, x):
     return round(kept / (x.numel() * 2), 2)
 
 
-def time_case(c, device, iters, warmup):
+def time_fused(c, ours, x, dy, device, iters, warmup):
+    """The same step with fused_gate_up=True on ours' weights; its output against ours'."""
+    fused = groupmm_block(c, device, fused_gate_up=True)
+    fused.load_state_dict(ours.state_dict())
+
+    def step():
+        y, _aux = fused(x)
+        y.backward(dy)
+        for p in (x, *fused.parameters()):
+            p.grad = None
+
+    with torch.no_grad():
+        same = torch.equal(fused(x)[0], ours(x)[0])
+    return common.median_us(step, device, warmup, iters), same
+
+
+def time_case(c, device, iters, warmup, fused_gate_up=False):
     torch.manual_seed(0)
     ours, theirs = make_pair(c, device)
     x = (torch.rand(c["T"], c["H"], device=device, dtype=torch.bfloat16) * 2 - 1)
@@ -89,6 +111,9 @@ def time_case(c, device, iters, warmup):
     row = dict(case=c["case"], T=c["T"], H=c["H"], F=c["F"], E=c["E"], k=c["k"],
                shared_F=c["shared_F"], rel_err=round(rel, 5))
     row["groupmm_us"] = common.median_us(step_ours, device, warmup, iters)
+    if fused_gate_up:
+        row["groupmm_fused_us"], row["fused_same_y"] = time_fused(c, ours, x, dy, device, iters,
+                                                                  warmup)
     if device.type == "cuda":
         row["kept_rows"] = kept_rows(ours, x)
         ours.recompute = False
@@ -126,6 +151,8 @@ def time_case(c, device, iters, warmup):
 def main():
     p = common.parser(__doc__.splitlines()[0], "out/torch_moe_step.json")
     p.add_argument("--case", default="", help="only the cases whose name contains this")
+    p.add_argument("--fused-gate-up", action="store_true",
+                   help="also time groupmm.nn.MoE(fused_gate_up=True) (groupmm_fused_us)")
     args = p.parse_args()
     device = common.device_of(args)
     cases = [c for c in DEFAULT if args.case in c["case"]]
@@ -134,13 +161,15 @@ def main():
     iters, warmup = args.iters or (1 if args.quick else 20), 1 if args.quick else 3
     result = dict(common.header(device), bench="torch_moe_step", iters=iters, cases=[])
     for c in cases:
-        result["cases"].append(time_case(c, device, iters, warmup))
+        result["cases"].append(time_case(c, device, iters, warmup, args.fused_gate_up))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print(f"MoE training step (fwd + bwd), groupmm.nn.MoE vs plain PyTorch, "
           f"{result['device']}, torch {result['torch']}, median of {iters}")
     cols = ["case", "T", "H", "F", "E", "k", "groupmm_us", "torch_us", "speedup", "rel_err",
             "torch_compiled_us", "speedup_vs_compiled"]
+    if args.fused_gate_up:
+        cols += ["groupmm_fused_us", "fused_same_y"]
     if device.type == "cuda":
         cols += ["groupmm_no_recompute_us", "kept_rows", "kept_rows_no_recompute", "torch_kept_rows"]
     print(common.table(cols, result["cases"]))

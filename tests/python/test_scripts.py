@@ -25,10 +25,12 @@ def run_bench(script, tmp_path, *extra):
 
 
 def test_torch_moe_step(tmp_path):
-    data = run_bench("torch_moe_step.py", tmp_path)
+    data = run_bench("torch_moe_step.py", tmp_path, "--fused-gate-up")
     assert [c["case"] for c in data["cases"]] == ["qwen3", "dsv3", "mixtral"]
     for c in data["cases"]:
         assert c["groupmm_us"] > 0 and c["torch_us"] > 0, c
+        # the fused gate_up block: the same weights, the same output bits
+        assert c["groupmm_fused_us"] > 0 and c["fused_same_y"], c
         assert c["rel_err"] < 0.05, c  # both blocks compute the same function
         # the torch.compile peer ran, and computes what the eager block does
         assert c["torch_compiled_us"] > 0 and c["torch_compiled_rel_err"] < 1e-3, c
