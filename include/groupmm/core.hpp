@@ -256,6 +256,16 @@ class Context {
   Device device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   int sm_count() const { return sm_count_; }
+  // The SMs the persistent GEMMs (the grouped GEMMs, 16-bit and quantized, and the kernel layer's
+  // gathered GEMM) size their grids by: sm_count(), or fewer while a limit is set, so that kernels
+  // on other streams (an exchange's NCCL kernels) find SMs free while a GEMM runs. A limit changes
+  // which CTA computes a tile, never a result: every tile is computed whole by one CTA and no
+  // configuration choice reads it. 0 = no limit; a limit of at least sm_count() is no limit.
+  int gemm_sm_count() const {
+    return gemm_sm_limit_ > 0 && gemm_sm_limit_ < sm_count_ ? gemm_sm_limit_ : sm_count_;
+  }
+  void set_gemm_sm_limit(int sms);  // sms >= 0
+  int gemm_sm_limit() const { return gemm_sm_limit_; }
   int smem_per_sm() const { return smem_per_sm_; }  // bytes of shared memory per SM
   int64_t l2_bytes() const { return l2_bytes_; }    // L2 cache size (0 on Device::CPU)
   int device_index() const { return device_index_; }
@@ -296,6 +306,7 @@ class Context {
   cudaStream_t stream_ = nullptr;
   int device_index_ = -1;
   int sm_count_ = 0;
+  int gemm_sm_limit_ = 0;
   int smem_per_sm_ = 0;
   int64_t l2_bytes_ = 0;
   int cc_ = 0;

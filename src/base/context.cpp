@@ -76,6 +76,11 @@ Context::~Context() {
   if (status_) cudaFree(status_);
 }
 
+void Context::set_gemm_sm_limit(int sms) {
+  GROUPMM_CHECK(sms >= 0, "Context::set_gemm_sm_limit: sms=", sms, " must be >= 0 (0: no limit)");
+  gemm_sm_limit_ = sms;
+}
+
 bool Context::capturing() const {
   if (device_ != Device::CUDA) return false;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

@@ -182,7 +182,7 @@ static bool use_cutlass(const Context& ctx, GemmEngine e) {
 size_t grouped_gemm_workspace_size(const Context& ctx, const GroupedGemmArgs& args) {
   const GemmDims d = validate_gemm_args(ctx, args);
   return use_cutlass(ctx, args.engine)
-             ? cuda::cutlass_gemm_workspace_size(make_launch(args, d), ctx.sm_count())
+             ? cuda::cutlass_gemm_workspace_size(make_launch(args, d), ctx.gemm_sm_count())
              : 0;
 }
 

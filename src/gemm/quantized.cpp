@@ -253,7 +253,7 @@ DequantPlan dequant_plan(const QuantizedGemmArgs& q, const Resolved& r, void* ba
 // Sizes only (the plan's views may still be null): the bf16 GEMM's own need from its dims.
 size_t dequant_workspace(const Context& ctx, const DequantPlan& p, const GemmDims& d) {
   return p.a_bytes + p.b_bytes +
-         std::max({cuda::cutlass_gemm_workspace_size(make_launch(p.gemm, d), ctx.sm_count()),
+         std::max({cuda::cutlass_gemm_workspace_size(make_launch(p.gemm, d), ctx.gemm_sm_count()),
                    group_dequantize_workspace_size(ctx, p.a),
                    group_dequantize_workspace_size(ctx, p.b)});
 }
@@ -285,7 +285,7 @@ size_t grouped_gemm_workspace_size(const Context& ctx, const QuantizedGemmArgs& 
   const Resolved r = resolve(ctx, args);
   if (ctx.device() == Device::CPU) return 0;
   if (use_fp8_kernels(ctx, args))
-    return cuda::cutlass_gemm_workspace_size(fp8_launch(args, r), ctx.sm_count());
+    return cuda::cutlass_gemm_workspace_size(fp8_launch(args, r), ctx.gemm_sm_count());
   return dequant_workspace(ctx, dequant_plan(args, r, nullptr, DType::bf16), r.d);
 }
 

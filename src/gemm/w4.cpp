@@ -173,7 +173,8 @@ Prefill prefill_plan(const W4GemmArgs& a, const GemmDims& d, void* ws) {
 }
 
 size_t prefill_workspace(const Context& ctx, const Prefill& p) {
-  return p.wide_bytes + p.factor_bytes + cuda::cutlass_gemm_workspace_size(p.gemm, ctx.sm_count());
+  return p.wide_bytes + p.factor_bytes +
+         cuda::cutlass_gemm_workspace_size(p.gemm, ctx.gemm_sm_count());
 }
 
 }  // namespace

@@ -383,8 +383,26 @@ TensorView MoE::shared_forward(Context& ctx, const TensorView& x, int64_t T) {
 // the combine's way back, then one sum. Issue order on the exchanges' stream: dispatch 0,
 // dispatch 1, combine 0, dispatch 2, combine 1, ..., so that chunk c's experts run while
 // dispatch c + 1 and combine c - 1 move. Every rank issues the same exchanges in the same order.
+// While a chunked step runs on CUDA, its GEMMs leave ep.exchange_sms SMs to the exchanges'
+// stream; the caller's limit comes back after it (also when the step throws).
+class MoE::GemmSms {
+ public:
+  GemmSms(Context& ctx, int exchange_sms) : ctx_(ctx), saved_(ctx.gemm_sm_limit()) {
+    if (exchange_sms > 0 && ctx.device() == Device::CUDA)
+      ctx.set_gemm_sm_limit(ctx.sm_count() - exchange_sms);
+  }
+  ~GemmSms() { ctx_.set_gemm_sm_limit(saved_); }
+  GemmSms(const GemmSms&) = delete;
+  GemmSms& operator=(const GemmSms&) = delete;
+
+ private:
+  Context& ctx_;
+  int saved_;
+};
+
 TensorView MoE::forward_chunked(Context& ctx, const TensorView& x, const TensorView& weights) {
   const char* op = "MoE.forward";
+  const GemmSms sms(ctx, cfg_.ep.exchange_sms);
   const int64_t T = x.dim(0), H = cfg_.hidden, F = cfg_.ffn_hidden, n = cfg_.ep.chunks;
   const DType t = cfg_.dtype;
   ep::Transport& tr = transport();
@@ -453,6 +471,7 @@ TensorView MoE::shared_backward(Context& ctx, const TensorView& dy, int64_t T) {
 // home, then one sum into dx and d_weights.
 void MoE::backward_chunked(Context& ctx, const TensorView& dy, const TensorView& dx,
                            const TensorView& dweights) {
+  const GemmSms sms(ctx, cfg_.ep.exchange_sms);
   const int64_t T = saved_t_, H = cfg_.hidden, F = cfg_.ffn_hidden, n = cfg_.ep.chunks;
   const DType t = cfg_.dtype;
   ep::Transport& tr = transport();

@@ -40,11 +40,12 @@ RouterConfig MoEConfig::router_config() const {
 
 std::string MoEExpertParallel::to_string() const {
   if (!enabled()) return "off";
-  return detail::cat("rank ", transport->rank(), " of ", transport->size(), ", ",
-                     ep::ep_mode_name(mode),
-                     mode == ep::EpMode::capacity ? ", " + capacity.to_string() : std::string(),
-                     max_rows > 0 ? detail::cat(", max_rows=", max_rows) : std::string(),
-                     chunks != 1 ? detail::cat(", chunks=", chunks) : std::string());
+  return detail::cat(
+      "rank ", transport->rank(), " of ", transport->size(), ", ", ep::ep_mode_name(mode),
+      mode == ep::EpMode::capacity ? ", " + capacity.to_string() : std::string(),
+      max_rows > 0 ? detail::cat(", max_rows=", max_rows) : std::string(),
+      chunks != 1 ? detail::cat(", chunks=", chunks) : std::string(),
+      exchange_sms != 0 ? detail::cat(", exchange_sms=", exchange_sms) : std::string());
 }
 
 std::string MoEConfig::to_string() const {
@@ -75,6 +76,13 @@ void check_moe_config(const Context& ctx, const MoEConfig& c) {
   GROUPMM_CHECK(c.pad_align >= 1, op, ": pad_align=", c.pad_align, " must be >= 1");
   GROUPMM_CHECK(c.ep.chunks == 1 || c.ep.enabled(), op, ": ep.chunks=", c.ep.chunks,
                 " needs expert parallelism (ep.transport); without it, 1");
+  GROUPMM_CHECK(c.ep.exchange_sms == 0 || c.ep.chunks > 1, op,
+                ": ep.exchange_sms=", c.ep.exchange_sms,
+                " needs ep.chunks > 1 (the exchanges beside the experts)");
+  GROUPMM_CHECK(
+      c.ep.exchange_sms >= 0 && (ctx.device() == Device::CPU || c.ep.exchange_sms < ctx.sm_count()),
+      op, ": ep.exchange_sms=", c.ep.exchange_sms, " must be in [0, ", ctx.sm_count(),
+      ") (the device's SMs)");
   if (c.ep.enabled()) {
     const ep::Transport& tr = *c.ep.transport;
     const int64_t R = tr.size();

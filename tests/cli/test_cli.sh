@@ -208,6 +208,8 @@ PY
 expect 2 "--ep-chunks 3 must be at most the local experts E / R of every chosen case \(case mixtral: E=4 over 2 ranks = 2\)" -- bench moe --cpu --ep throughput --ep-chunks 3
 expect 2 "--ep-chunks: 0 is out of range" -- bench moe --cpu --ep capacity --ep-chunks 0
 expect 2 "--ep-chunks 2 needs --ep capacity\|throughput" -- bench moe --cpu --ep-chunks 2
+expect 2 "--ep-exchange-sms 8 needs --ep-chunks > 1" -- bench moe --cpu --ep capacity --ep-exchange-sms 8
+expect 0 "overlap, 2 chunk\(s\), 16 SM\(s\) left to the exchanges" -- bench moe --cpu --ep capacity --ep-chunks 2 --ep-exchange-sms 16 --case qwen3
 
 echo "cli: $pass checks passed, $failed failed"
 [ "$failed" = 0 ]

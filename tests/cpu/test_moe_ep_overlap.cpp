@@ -142,18 +142,27 @@ TEST(MoeEpOverlapCpu, ChunkCountChecks) {
     EXPECT_THROW_MSG(MoE(ctx, bad), "MoE: ep.chunks=3 must be in [1, E / R=2]");
     bad.ep.chunks = 0;
     EXPECT_THROW_MSG(MoE(ctx, bad), "MoE: ep.chunks=0 must be in [1, E / R=2]");
+    bad = c;
+    bad.ep.exchange_sms = 8;  // one chunk: nothing runs beside the GEMMs
+    EXPECT_THROW_MSG(MoE(ctx, bad), "MoE: ep.exchange_sms=8 needs ep.chunks > 1");
+    bad.ep.chunks = 2;
+    bad.ep.exchange_sms = -1;
+    EXPECT_THROW_MSG(MoE(ctx, bad), "MoE: ep.exchange_sms=-1 must be in [0, ");
     MoE m(ctx, [&] {
       MoEConfig ok = c;
       ok.ep.chunks = 2;
+      ok.ep.exchange_sms = 16;  // the CPU backend ignores it
       return ok;
     }());
     EXPECT_EQ(m.gate_up().weight().dim(0), 2);
+    EXPECT_NE(m.config().ep.to_string().find("exchange_sms=16"), std::string::npos);
   });
   Context ctx(Device::CPU);
   MoEConfig c = block(DType::fp32);
   c.max_tokens = 4;
   c.ep.chunks = 2;
   EXPECT_THROW_MSG(MoE(ctx, c), "MoE: ep.chunks=2 needs expert parallelism");
+  EXPECT_THROW_MSG(ctx.set_gemm_sm_limit(-3), "Context::set_gemm_sm_limit: sms=-3 must be >= 0");
 }
 
 // ---- the EP ops' chunked step, weights in the combine (not nn::MoE's convention) --------------

@@ -306,6 +306,34 @@ TEST(GemmGpuConfig, TileOrderIsBitIdentical) {
   }
 }
 
+// A GEMM SM limit (Context::set_gemm_sm_limit, what a chunked expert-parallel step sets) sizes the
+// persistent grid only: the same bytes on every SM count, the caller's limit kept.
+TEST(GemmGpuConfig, SmLimitChangesNoBit) {
+  GROUPMM_REQUIRE_GPU();
+  Context ctx(Device::CUDA);
+  for (GemmPass pass : {GemmPass::forward, GemmPass::dgrad, GemmPass::wgrad}) {
+    SCOPED_TRACE(gemm_pass_name(pass));
+    const int64_t G = 5;
+    GemmProblem p =
+        GemmProblem::make(pass, DType::bf16, G, make_splits(Pattern::zero_middle, G, G * 700), 384,
+                          512, pass == GemmPass::forward, 0.0f, DType::bf16);
+    DeviceProblem d(p);
+    const GroupedGemmArgs a = d.args(p);
+    std::vector<std::vector<uint8_t>> got;
+    for (int limit : {0, ctx.sm_count() - 20, 7, 1}) {
+      ctx.set_gemm_sm_limit(limit);
+      EXPECT_EQ(ctx.gemm_sm_count(), limit == 0 ? ctx.sm_count() : limit);
+      d.reset_out(p);
+      grouped_gemm(ctx, a);
+      ctx.check();
+      got.push_back(d.out_bytes());
+    }
+    ctx.set_gemm_sm_limit(0);
+    for (size_t i = 1; i < got.size(); ++i) EXPECT_TRUE(got[i] == got[0]) << "limit #" << i;
+    expect_matches_reference(p, got[0]);
+  }
+}
+
 // ---- launch parameters kept between calls -------------------------------------------------------
 // The engine keeps each configuration's last CUTLASS parameters per thread and rebuilds them when
 // the workspace, the shape, alpha, beta, the bias or the tile order change; operands and splits

@@ -3,7 +3,8 @@
 // second stream beside the experts' compute. Bit for bit against the unchunked block (eager, both
 // modes, 2 and 3 chunks), and the capacity mode's chunked step captured in one CUDA graph (fork
 // and join of the two streams, NCCL under capture) replays with new routing equal to an eager
-// unchunked step. Built only with NCCL (CMakeLists.txt leaves out *nccl* sources).
+// unchunked step; the GEMMs on fewer SMs (ep.exchange_sms) change no bit. Built only with NCCL
+// (CMakeLists.txt leaves out *nccl* sources).
 #include "common/moe_ep_harness.hpp"
 #include "groupmm/ep_nccl.hpp"
 
@@ -64,12 +65,18 @@ TEST(MoeEpOverlapNcclGpu, OneRankChunksMatchUnchunked) {
     Context ctx(Device::CUDA, gs.s);
     MoE base(ctx, nccl_block(*tr, mode, 1, true));
     const StepOut want = step(ctx, base, x, dy, T);
-    for (int64_t n : {2, 3}) {
-      SCOPED_TRACE(std::string(ep::ep_mode_name(mode)) + " chunks=" + std::to_string(n));
-      MoE m(ctx, nccl_block(*tr, mode, n, true));
+    // exchange_sms: the chunked step's GEMMs on fewer SMs compute the same tiles.
+    for (auto [n, sms] :
+         {std::pair<int64_t, int>{2, 0}, {3, 0}, {2, 20}, {3, ctx.sm_count() - 1}}) {
+      SCOPED_TRACE(std::string(ep::ep_mode_name(mode)) + " chunks=" + std::to_string(n) +
+                   " exchange_sms=" + std::to_string(sms));
+      MoEConfig cfg = nccl_block(*tr, mode, n, true);
+      cfg.ep.exchange_sms = sms;
+      MoE m(ctx, cfg);
       copy_params(ctx, m, base);
       const StepOut got = step(ctx, m, x, dy, T);
       EXPECT_EQ(got.status, 0u);
+      EXPECT_EQ(ctx.gemm_sm_limit(), 0);  // the step gave the caller's limit back
       expect_same_step(got, want);
     }
   }

@@ -347,6 +347,9 @@ void check_moe_options(const BenchMoeOptions& o, const CLI::App& app) {
   if (o.ep.empty() && given("--ep-chunks"))
     throw UsageError("--ep-chunks " + std::to_string(o.ep_chunks) +
                      " needs --ep capacity|throughput (it splits the expert-parallel step)");
+  if (o.ep_chunks == 1 && given("--ep-exchange-sms"))
+    throw UsageError("--ep-exchange-sms " + std::to_string(o.ep_exchange_sms) +
+                     " needs --ep-chunks > 1 (the SMs left to the exchanges of the next chunk)");
   if (o.ep == "throughput" && given("--capacity-factor"))
     throw UsageError("--capacity-factor applies to --ep capacity (got --ep throughput)");
   for (const char* name : {"--rank", "--id-file"})
@@ -430,6 +433,9 @@ void add_bench_moe_options(CLI::App& app, BenchMoeCommand& cmd) {
           "expert compute (MoEExpertParallel::chunks; at most E / R; default 1). Capacity mode "
           "applies the budgets to each chunk. Reports per rank the exchange and expert time and "
           "the exchange time left exposed");
+  add_int(app, "--ep-exchange-sms", o.ep_exchange_sms, 0, 1024,
+          "with --ep-chunks > 1: the SMs the chunked step's grouped GEMMs leave to the "
+          "exchanges (MoEExpertParallel::exchange_sms; below the GPU's SMs; default 0)");
 }
 
 Register reg_bench_moe(command<BenchMoeCommand>(

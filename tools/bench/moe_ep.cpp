@@ -101,6 +101,7 @@ void time_moe_ep_case(Context& ctx, ep::Transport& tr, const BenchMoeOptions& o,
     (void)ctx.take_status();  // its overflow is not the chunked block's
   }
   c.ep.chunks = o.ep_chunks;
+  c.ep.exchange_sms = int(o.ep_exchange_sms);
   if (c.ep.mode == ep::EpMode::capacity) {
     // Each chunk of a peer holds E / (R n) experts: its budgets are those of R n ranks.
     c.ep.capacity = uniform_ep_capacity(T, c.topk, R * int(o.ep_chunks), o.capacity_factor);
@@ -139,7 +140,10 @@ void time_moe_ep_case(Context& ctx, ep::Transport& tr, const BenchMoeOptions& o,
 std::vector<EpCaseResult> run_moe_rank(Context& ctx, ep::Transport& tr, const BenchMoeOptions& o) {
   std::vector<EpCaseResult> out;
   for (const MoeBenchCase& bc : moe_bench_cases(o)) {
-    out.push_back({bc.name, bc.cfg});
+    EpCaseResult r;
+    r.name = bc.name;
+    r.cfg = bc.cfg;
+    out.push_back(std::move(r));
     time_moe_ep_case(ctx, tr, o, out.back());
   }
   return out;
@@ -177,6 +181,7 @@ void report_moe_ep(const std::vector<EpCaseResult>& rs, int R, const BenchMoeOpt
                  .add("C_e", r.Ce)
                  .add("overflow", r.overflow)
                  .add("chunks", o.ep_chunks)
+                 .add("exchange_sms", o.ep_exchange_sms)
                  .add("exchange_us", r.per_rank.empty() ? 0.0 : r.per_rank[0].exchange_us)
                  .add("experts_us", r.per_rank.empty() ? 0.0 : r.per_rank[0].experts_us)
                  .add("exposed_us", r.per_rank.empty() ? 0.0 : r.per_rank[0].exposed_us())
@@ -186,7 +191,10 @@ void report_moe_ep(const std::vector<EpCaseResult>& rs, int R, const BenchMoeOpt
       "(rank 0's times; every step is a collective, so they include waiting for the slowest "
       "rank. tokens/s = R T / (fwd+bwd). Weak scaling: `bench moe` on one GPU with the same T, "
       "all experts, over this step time.)\n");
-  std::printf("overlap, %lld chunk(s), every rank (eager steps, us):\n", (long long)o.ep_chunks);
+  std::printf(
+      "overlap, %lld chunk(s), %lld SM(s) left to the exchanges, every rank (eager steps, "
+      "us):\n",
+      (long long)o.ep_chunks, (long long)o.ep_exchange_sms);
   const Table ov({text_col("case", 8), int_col("rank", 4), num_col("exchange", 10, 1),
                   num_col("experts", 10, 1), num_col("step 1", 10, 1), num_col("step n", 10, 1),
                   num_col("exposed", 10, 1), num_col("exp/step", 9, 3), num_col("exp/xchg", 9, 3)});

@@ -69,6 +69,9 @@ struct BenchMoeOptions {
   // MoEExpertParallel::chunks: the local experts in this many chunks whose exchanges run beside
   // the other chunks' compute (1: one exchange each way). At most E / R of every chosen case.
   int64_t ep_chunks = 1;
+  // MoEExpertParallel::exchange_sms: with ep_chunks > 1, the SMs the chunked step's GEMMs leave to
+  // the exchanges (0: none).
+  int64_t ep_exchange_sms = 0;
 };
 // The suite's cases: qwen3, dsv3, mixtral (cpu: shapes small enough for the reference backend),
 // those of o.cases, with o.tokens applied.

@@ -112,6 +112,11 @@ struct MoEExpertParallel {
   // Overlap: the local experts in this many chunks whose exchanges run beside the other chunks'
   // compute (see the header). 1 = one exchange each way; at most E / R (a chunk holds an expert).
   int64_t chunks = 1;
+  // With chunks > 1 on CUDA: the SMs the chunked step leaves to the exchanges, its grouped GEMMs
+  // running on the others (Context::gemm_sm_count): a persistent GEMM on every SM leaves an
+  // exchange's NCCL kernels no SM until it ends. 0 = the GEMMs take every SM. Results do not
+  // depend on it; the CPU backend ignores it. Below the device's SM count.
+  int exchange_sms = 0;
   bool enabled() const { return transport != nullptr; }
   std::string to_string() const;
 };
@@ -269,6 +274,7 @@ class MoE {
   std::vector<TensorView> chunk_gu_;
   struct Streams;
   std::unique_ptr<Streams> streams_;
+  class GemmSms;       // the GEMMs' SM limit of a chunked step (ep.exchange_sms)
   int64_t rows_ = 0;   // grouped rows of the last forward
   TensorView splits_;  // their splits (map_.splits, or plan_->entry_splits())
   bool pending_dw_ = false;

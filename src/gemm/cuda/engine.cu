@@ -113,7 +113,7 @@ void cutlass_grouped_gemm(Context& ctx, const GemmLaunch& l, void* workspace,
   // One pick per call (a repeated call's host time is the budget: the kernel parameters are
   // cached per configuration, sm90_grouped.cuh).
   const Plan p = pick(l);
-  const PlanWorkspace need = workspace_of(p, l.dims, ctx.sm_count());
+  const PlanWorkspace need = workspace_of(p, l.dims, ctx.gemm_sm_count());
   if (workspace == nullptr) {
     workspace = ctx.workspace(need.total);
     workspace_bytes = ctx.workspace_size();

@@ -180,9 +180,17 @@ void run(Context& ctx, const GemmLaunch& a, void* ws, size_t ws_bytes, const Lau
   // descriptors are per-expert device arrays that the setup kernel writes and the kernel reads.
   // Building them (TMA descriptor encoding, the shared-memory attribute) costs microseconds of
   // host time per launch, so each thread keeps the last ones per configuration.
-  const ParamsKey key{
-      arr.problems,       arr.cutlass_ws, d.G,         d.N, d.K, a.alpha, a.beta, a.bias != nullptr,
-      ctx.device_index(), ctx.sm_count(), part.along_n};
+  const ParamsKey key{arr.problems,
+                      arr.cutlass_ws,
+                      d.G,
+                      d.N,
+                      d.K,
+                      a.alpha,
+                      a.beta,
+                      a.bias != nullptr,
+                      ctx.device_index(),
+                      ctx.gemm_sm_count(),
+                      part.along_n};
   thread_local ParamsCache<Cfg> cache;
   if (!cache.valid || !(cache.key == key)) {
     cache.valid = false;

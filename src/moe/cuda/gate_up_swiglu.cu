@@ -189,6 +189,8 @@ void launch_gate_up(Context& ctx, const MoeGateUpArgs& a) {
     }
     resident = clusters.load();
   }
+  // A GEMM SM limit (Context::gemm_sm_count) leaves SMs to other streams' kernels.
+  resident = std::min<int64_t>(resident, std::max(ctx.gemm_sm_count() / C, 1));
   const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(tiles, resident));
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * C));
   // The raster band: the units in flight (one per cluster) cover clusters / band unit rows of A
