@@ -56,7 +56,7 @@ run() {
   log "[$name] exit $rc in $(($(date +%s) - s))s: $* (log: $out)"
   return $rc
 }
-gtest_counts() { grep -E '^\[  (PASSED|FAILED|SKIPPED) \]' "$1" | tail -3 | tr '\n' ' '; }
+gtest_counts() { grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' "$1" | tail -3 | tr '\n' ' '; }
 torch_peers() {  # JSON: torch._grouped_mm's ratio, in the same process (--ours) when it builds
   local ours=""
   GROUPMM_BUILD_DIR=$B timeout 300 bash scripts/build_python.sh >"$OUT/build_python.log" 2>&1 && ours=--ours
