@@ -8,17 +8,11 @@
 
 #include "groupmm/random.hpp"
 #include "nn/moe_config.hpp"
+#include "nn/moe_internal.hpp"
 
 namespace groupmm::nn {
 
 namespace {
-
-// Capacity mode's expert buffer is sized for the budget (R * C_e rows); the experts own only the
-// rows received, so the expert MLP runs with SplitsTotal::at_most over the plan's
-// splits_at_most and neither reads nor writes the tail.
-bool capacity_ep(const MoEConfig& c) {
-  return c.ep.enabled() && c.ep.mode == ep::EpMode::capacity;
-}
 
 GroupedLinearConfig linear(const MoEConfig& c, int64_t G, int64_t K, int64_t N, int64_t rows,
                            uint64_t which, bool experts) {
@@ -37,48 +31,6 @@ GroupedLinearConfig linear(const MoEConfig& c, int64_t G, int64_t K, int64_t N, 
 }
 
 }  // namespace
-
-// The exchanges' stream of a chunked step (CUDA, over a transport with concurrent_streams()):
-// a Context on a stream of the layer's own, and the events that order it against the caller's
-// stream. Every forward and backward forks onto it after the plan and joins back before its last
-// op, so a captured step stays one graph and nothing is left on it between calls. Without it
-// (x() is the caller's Context) the chunks run in order on one stream.
-struct MoE::Streams {
-  cudaStream_t stream = nullptr;
-  std::unique_ptr<Context> xctx;
-  cudaEvent_t to_x = nullptr, to_main = nullptr;  // re-recorded before each wait
-  std::vector<cudaEvent_t> dispatched;            // [chunks]: chunk c's rows have arrived
-
-  Streams(const Context& ctx, int64_t chunks) {
-    GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    try {
-      xctx = std::make_unique<Context>(ctx.device(), stream);
-      for (cudaEvent_t* e : {&to_x, &to_main})
-        GROUPMM_CHECK_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-      dispatched.assign(size_t(chunks), nullptr);
-      for (cudaEvent_t& e : dispatched)
-        GROUPMM_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    } catch (...) {
-      release();
-      throw;
-    }
-  }
-  ~Streams() { release(); }
-  void release() noexcept {
-    for (cudaEvent_t e : dispatched)
-      if (e != nullptr) cudaEventDestroy(e);
-    for (cudaEvent_t e : {to_x, to_main})
-      if (e != nullptr) cudaEventDestroy(e);
-    xctx.reset();
-    if (stream != nullptr) cudaStreamDestroy(stream);
-    stream = nullptr;
-  }
-  // `to` waits for what `from` has enqueued so far.
-  static void order(cudaEvent_t e, cudaStream_t from, cudaStream_t to) {
-    GROUPMM_CHECK_CUDA(cudaEventRecord(e, from));
-    GROUPMM_CHECK_CUDA(cudaStreamWaitEvent(to, e, 0));
-  }
-};
 
 MoE::MoE(Context& ctx, const MoEConfig& cfg) : cfg_(cfg), device_(ctx.device()) {
   check_moe_config(ctx, cfg);
@@ -174,13 +126,6 @@ PermuteMap MoE::map_for(int64_t T) const {
   m.splits = TensorView(b + 2 * E, DType::int32, device_, {E});
   return m;
 }
-
-namespace {
-// The expert-parallel layout of the block: all E experts over R ranks, hidden H, top-k.
-ep::EpConfig ep_config_of(const MoEConfig& c, int64_t ranks) {
-  return {c.experts, ranks, c.hidden, c.topk};
-}
-}  // namespace
 
 int MoE::rank() const {
   return cfg_.ep.enabled() ? cfg_.ep.transport->rank() : 0;
@@ -378,81 +323,6 @@ TensorView MoE::shared_forward(Context& ctx, const TensorView& x, int64_t T) {
   return y;
 }
 
-// The chunked step's forward after the router (see the header): the plan, then per chunk the
-// dispatch (on the exchanges' stream, one chunk ahead), the experts (on the caller's stream) and
-// the combine's way back, then one sum. Issue order on the exchanges' stream: dispatch 0,
-// dispatch 1, combine 0, dispatch 2, combine 1, ..., so that chunk c's experts run while
-// dispatch c + 1 and combine c - 1 move. Every rank issues the same exchanges in the same order.
-// While a chunked step runs on CUDA, its GEMMs leave ep.exchange_sms SMs to the exchanges'
-// stream; the caller's limit comes back after it (also when the step throws).
-class MoE::GemmSms {
- public:
-  GemmSms(Context& ctx, int exchange_sms) : ctx_(ctx), saved_(ctx.gemm_sm_limit()) {
-    if (exchange_sms > 0 && ctx.device() == Device::CUDA)
-      ctx.set_gemm_sm_limit(ctx.sm_count() - exchange_sms);
-  }
-  ~GemmSms() { ctx_.set_gemm_sm_limit(saved_); }
-  GemmSms(const GemmSms&) = delete;
-  GemmSms& operator=(const GemmSms&) = delete;
-
- private:
-  Context& ctx_;
-  int saved_;
-};
-
-TensorView MoE::forward_chunked(Context& ctx, const TensorView& x, const TensorView& weights) {
-  const char* op = "MoE.forward";
-  const GemmSms sms(ctx, cfg_.ep.exchange_sms);
-  const int64_t T = x.dim(0), H = cfg_.hidden, F = cfg_.ffn_hidden, n = cfg_.ep.chunks;
-  const DType t = cfg_.dtype;
-  ep::Transport& tr = transport();
-  if (cfg_.ep.mode == ep::EpMode::throughput) {
-    cplan_ = std::make_unique<ep::EpChunkedPlan>(
-        ep::ep_dispatch_plan_chunked(ctx, tr, ep_config_of(cfg_, ranks()), expert_ids(), n, t));
-  } else {
-    ep_plan_for(ctx, T);
-    ep::ep_capacity_plan_chunked(ctx, tr, expert_ids(), *cplan_);
-  }
-  ep::EpChunkedPlan& cp = *cplan_;
-  rows_ = cp.rows();
-  GROUPMM_CHECK(rows_ <= expert_rows_bound(), op, ": this rank received ", rows_,
-                " expert rows, more than ep.max_rows=", expert_rows_bound(),
-                " (raise ep.max_rows)");
-  stage(MoEStage::permute, false);  // the plan; the rows move beside the experts below
-  Context& xc = streams_ ? *streams_->xctx : ctx;
-  const auto dispatch = [&](int64_t c) {
-    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
-    ep::ep_dispatch(xc, tr, cp.plans[size_t(c)], x, region(xp_, b, m, H, t), weights,
-                    region(probs_, b, m, 0, DType::fp32));
-    if (streams_) GROUPMM_CHECK_CUDA(cudaEventRecord(streams_->dispatched[size_t(c)], xc.stream()));
-  };
-  if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // the plan's ids, x
-  dispatch(0);
-  const TensorView shared_y = shared_forward(ctx, x, T);  // while chunk 0's rows move
-  for (int64_t c = 0; c < n; ++c) {
-    if (c + 1 < n) dispatch(c + 1);
-    if (streams_)
-      GROUPMM_CHECK_CUDA(cudaStreamWaitEvent(ctx.stream(), streams_->dispatched[size_t(c)], 0));
-    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
-    const TensorView splits = cp.entry_splits(c);
-    const TensorView probs = region(probs_, b, m, 0, DType::fp32), h = region(h_, b, m, F, t);
-    chunk_gu_[size_t(c)] = gate_up_parts_[size_t(c)]->forward(ctx, region(xp_, b, m, H, t), splits);
-    stage(MoEStage::gate_up, false);
-    weighted_swiglu_forward(ctx, chunk_gu_[size_t(c)], probs, h, SwigluForm{},
-                            capacity_ep(cfg_) ? splits : TensorView());
-    stage(MoEStage::activation, false);
-    const TensorView yp = down_parts_[size_t(c)]->forward(ctx, h, splits);
-    stage(MoEStage::down, false);
-    if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // yp written
-    ep::ep_combine_chunk(xc, tr, cp, c, yp);
-  }
-  if (streams_) Streams::order(streams_->to_main, xc.stream(), ctx.stream());  // join
-  const TensorView y = rows_view(y_, T, H, t);
-  ep::ep_combine_finish(ctx, cp, TensorView(), y, shared_y);
-  stage(MoEStage::unpermute, false);
-  return y;
-}
-
 // ---- backward -----------------------------------------------------------------------------------
 
 // The shared expert's dx for dy [T, H] (absent without one).
@@ -464,50 +334,6 @@ TensorView MoE::shared_backward(Context& ctx, const TensorView& dy, int64_t T) {
   const TensorView dx = shared_up_->backward(ctx, sdgu);
   stage(MoEStage::shared_expert, true);
   return dx;
-}
-
-// The chunked step's backward up to the router (see forward_chunked): per chunk the combine
-// backward (dy to the experts, one chunk ahead), the experts' backward and the gradients' way
-// home, then one sum into dx and d_weights.
-void MoE::backward_chunked(Context& ctx, const TensorView& dy, const TensorView& dx,
-                           const TensorView& dweights) {
-  const GemmSms sms(ctx, cfg_.ep.exchange_sms);
-  const int64_t T = saved_t_, H = cfg_.hidden, F = cfg_.ffn_hidden, n = cfg_.ep.chunks;
-  const DType t = cfg_.dtype;
-  ep::Transport& tr = transport();
-  ep::EpChunkedPlan& cp = *cplan_;
-  Context& xc = streams_ ? *streams_->xctx : ctx;
-  const auto send = [&](int64_t c) {  // unweighted: the weights entered the activation
-    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
-    ep::ep_combine_backward(xc, tr, cp.plans[size_t(c)], dy, TensorView(), TensorView(),
-                            region(dyp_, b, m, H, t), TensorView());
-    if (streams_) GROUPMM_CHECK_CUDA(cudaEventRecord(streams_->dispatched[size_t(c)], xc.stream()));
-  };
-  if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // dy
-  send(0);
-  stage(MoEStage::unpermute, true);
-  const TensorView shared_dx = shared_backward(ctx, dy, T);  // while chunk 0's dy moves
-  for (int64_t c = 0; c < n; ++c) {
-    if (c + 1 < n) send(c + 1);
-    if (streams_)
-      GROUPMM_CHECK_CUDA(cudaStreamWaitEvent(ctx.stream(), streams_->dispatched[size_t(c)], 0));
-    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
-    const TensorView splits = cp.entry_splits(c);
-    const TensorView dh = down_parts_[size_t(c)]->backward(ctx, region(dyp_, b, m, H, t));
-    stage(MoEStage::down, true);
-    const TensorView dgu = region(dgu_, b, m, 2 * F, t);
-    const TensorView dprobs = region(dprobs_, b, m, 0, DType::fp32);
-    weighted_swiglu_backward(ctx, dh, chunk_gu_[size_t(c)], region(probs_, b, m, 0, DType::fp32),
-                             dgu, dprobs, SwigluForm{}, capacity_ep(cfg_) ? splits : TensorView());
-    stage(MoEStage::activation, true);
-    const TensorView dxp = gate_up_parts_[size_t(c)]->backward(ctx, dgu);
-    stage(MoEStage::gate_up, true);
-    if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // dxp, dprobs
-    ep::ep_dispatch_backward_chunk(xc, tr, cp, c, dxp, dprobs);
-  }
-  if (streams_) Streams::order(streams_->to_main, xc.stream(), ctx.stream());  // join
-  ep::ep_dispatch_backward_finish(ctx, cp, dx, dweights, shared_dx);
-  stage(MoEStage::permute, true);
 }
 
 TensorView MoE::backward(Context& ctx, const TensorView& dy) {

@@ -268,7 +268,7 @@ class MoE {
   std::unique_ptr<ep::EpPlan> plan_;  // expert parallelism
   // Overlap (ep.chunks > 1): the chunked plan, the experts' parts (one per chunk; declared after
   // gate_up_ / down_ so that they are destroyed first), each chunk's gate_up output, and the
-  // exchanges' stream with its events (moe.cpp).
+  // exchanges' stream with its events (moe_internal.hpp, moe_chunked.cpp).
   std::unique_ptr<ep::EpChunkedPlan> cplan_;
   std::vector<std::unique_ptr<GroupedLinear>> gate_up_parts_, down_parts_;
   std::vector<TensorView> chunk_gu_;
