@@ -29,13 +29,8 @@ import torch.distributed as dist
 
 import groupmm
 from peers_torch_moe import DEFAULT
-
-
-def quick(c):
-    """The CPU smoke shape of a case: every dimension scaled down, the routing kept."""
-    E = 16 if c["score"] == "sigmoid" else 8
-    return dict(c, T=64, H=64, F=32, E=E, k=min(c["k"], 4 if E == 8 else 8),
-                shared_F=32 if c["shared_F"] else 0)
+from torch_moe_step import groupmm_block as block
+from torch_moe_step import quick
 
 
 def init_group(device):
@@ -53,14 +48,6 @@ def init_group(device):
     dist.init_process_group(backend, init_method=f"file://{os.path.join(folder, 'rendezvous')}",
                             rank=0, world_size=1)
     return folder
-
-
-def block(c, device, **ep):
-    sigmoid = c["score"] == "sigmoid"
-    return groupmm.nn.MoE(c["H"], c["F"], c["E"], c["k"], shared_ffn_hidden=c["shared_F"],
-                          score=c["score"], renormalize=True, n_group=8 if sigmoid else 1,
-                          topk_group=4 if sigmoid else 1, scaling_factor=2.5 if sigmoid else 1.0,
-                          device=device, **ep)
 
 
 def step_us(moe, x, dy, device, warmup, iters):

@@ -140,20 +140,23 @@ def case_rank_fails(rank, world, **_):
     raise AssertionError("rank 0's step completed without its peer")
 
 
-def case_capacity_graph_replays(rank, world, *, tokens, seed=0, device="cuda"):
-    """Every rank captures its capacity step (forward + backward, exchanges included) once and
-    replays it with new tokens (new routing on every rank) against eager steps of a twin with the
-    same weights: the replays' collectives pair up across the ranks as the eager ones do."""
+def _capacity_twins(factor, tokens, seed, device):
+    """A capacity-mode block, a twin with its weights, and its input and output gradient."""
     torch.manual_seed(seed)
     H, F = 128, 64
     kw = dict(shared_ffn_hidden=64, device=device, ep_group=dist.group.WORLD,
-              ep_mode="capacity", capacity_factor=float(world))
+              ep_mode="capacity", capacity_factor=factor)
     moe = groupmm.nn.MoE(H, F, E, K, **kw)
     twin = groupmm.nn.MoE(H, F, E, K, **kw)
     twin.load_state_dict(moe.state_dict())
-    x = torch.randn(tokens[rank], H, device=device, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(tokens[rank], H, device=device, dtype=torch.bfloat16)
+    x = torch.randn(tokens, H, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, H, device=device, dtype=torch.bfloat16)
+    return moe, twin, x, dy
 
+
+def _replays_equal_eager(moe, twin, x, dy, reseed):
+    """Captures moe's forward + backward once (plan fill, exchanges, experts) and replays it with
+    new tokens (new routing; reseed(i) before replay i's tokens) against eager steps of twin."""
     def step(m, x):
         y, _ = m(x)
         return (y, *torch.autograd.grad(y, (x, m.gate_up.weight, m.router.weight), dy))
@@ -168,7 +171,7 @@ def case_capacity_graph_replays(rank, world, *, tokens, seed=0, device="cuda"):
     with torch.cuda.graph(graph, stream=stream):
         static = step(moe, x)
     for i in range(3):
-        torch.manual_seed(seed + 100 * (i + 1) + rank)
+        reseed(i)
         with torch.no_grad():
             x.copy_(torch.randn_like(x))
         graph.replay()
@@ -176,6 +179,14 @@ def case_capacity_graph_replays(rank, world, *, tokens, seed=0, device="cuda"):
         eager = step(twin, x.detach().requires_grad_())
         for what, got, want in zip(("y", "dx", "gate_up dW", "router dW"), static, eager):
             assert torch.equal(got, want), f"replay {i}: {what} (rel {_rel(got, want):.3g})"
+
+
+def case_capacity_graph_replays(rank, world, *, tokens, seed=0, device="cuda"):
+    """Every rank captures its capacity step once and replays it with new tokens (new routing on
+    every rank): the replays' collectives pair up across the ranks as the eager ones do."""
+    moe, twin, x, dy = _capacity_twins(float(world), tokens[rank], seed, device)
+    _replays_equal_eager(moe, twin, x, dy,
+                         lambda i: torch.manual_seed(seed + 100 * (i + 1) + rank))
     groupmm.check(device)
 
 
@@ -487,37 +498,8 @@ def test_nccl_one_rank_equals_the_block(world1, recipe, mode):
 def test_nccl_capacity_step_replays_in_a_cuda_graph(world1):
     # The capacity block's forward and backward captured once (plan fill, exchanges, experts),
     # replayed with new tokens (new routing) against eager steps of a twin with the same weights.
-    torch.manual_seed(0)
-    H, F, T = 128, 64, 256
-    kw = dict(shared_ffn_hidden=64, device="cuda", ep_group=world1, ep_mode="capacity",
-              capacity_factor=2.0)
-    moe = groupmm.nn.MoE(H, F, E, K, **kw)
-    twin = groupmm.nn.MoE(H, F, E, K, **kw)
-    twin.load_state_dict(moe.state_dict())
-    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-
-    def step(m, x):
-        y, _ = m(x)
-        return (y, *torch.autograd.grad(y, (x, m.gate_up.weight, m.router.weight), dy))
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # the plan, the Contexts and the NCCL connections are made here
-            step(moe, x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        static = step(moe, x)
-    for _ in range(3):
-        with torch.no_grad():
-            x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        eager = step(twin, x.detach().requires_grad_())
-        for got, want in zip(static, eager):
-            assert torch.equal(got, want)
+    moe, twin, x, dy = _capacity_twins(2.0, 256, 0, "cuda")
+    _replays_equal_eager(moe, twin, x, dy, lambda i: None)
     groupmm.check()
 
 
