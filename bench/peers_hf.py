@@ -1,6 +1,11 @@
 """transformers MoE families, 2-layer causal LMs at real layer sizes: train step, prefill and decode
 latency per experts backend ("eager", "grouped_mm", "groupmm" in bf16 and FP8), in one run, with
-each backend's loss and logits against eager's (calc_diff).
+each backend's loss, logits and gradients against the first backend's (eager: calc_diff).
+
+Decode: one token per sequence over a static KV cache of a --prompt-token prompt, at each batch of
+--decode-batches; on CUDA the step is captured in a CUDA graph and replayed (launch cost hidden, as
+served); a backend whose step cannot be captured (eager's experts read the routing on the host) is
+timed eagerly and marked so. Each figure averages --iters calls after one warm-up call.
 
     python bench/peers_hf.py [--families qwen3_moe,mixtral] [--json out.json]    (GPU)
     python bench/peers_hf.py --tiny --device cpu                                 (smoke test)
@@ -12,7 +17,7 @@ import time
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, StaticCache
 
 import groupmm.integrations.transformers  # noqa: F401  (registers the groupmm keys)
 
@@ -74,10 +79,65 @@ def calc_diff(a, b):
     return (1 - 2 * (a * b).sum() / (a * a + b * b).sum()).item()
 
 
+def grads_of(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def grads_calc_diff(got, ref):
+    """calc_diff of every gradient together (the parameters both backends gave one)."""
+    ab = aa = 0.0
+    for n, g in got.items():
+        if n in ref:
+            a, b = g.double(), ref[n].double()
+            ab += (a * b).sum().item()
+            aa += (a * a + b * b).sum().item()
+    return 1 - 2 * ab / aa if aa > 0 else float("nan")
+
+
+def decode_ms(model, ids, batch, args, device):
+    """One decode step of `batch` sequences over a static cache holding a prompt: (ms, graphed).
+    A family whose attention does not take transformers' static cache (DeepSeek-V3's MLA in some
+    versions) decodes over its dynamic cache, eagerly."""
+    prompt = ids[:batch, : args.prompt]
+    steps = args.iters + 9  # every call (warm-ups, capture, replays) writes one cache position
+    try:
+        cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + steps)
+        model(prompt, past_key_values=cache, use_cache=True)
+        model(prompt[:, -1:], past_key_values=cache, use_cache=True)
+    except RuntimeError:
+        dyn = model(prompt, use_cache=True).past_key_values
+        tok = prompt[:, -1:].contiguous()
+        return timed(lambda: model(tok, past_key_values=dyn, use_cache=False), device,
+                     args.iters)[0], False
+    tok = prompt[:, -1:].contiguous()
+    # cache_position given: transformers would otherwise read the cache length on the host
+    pos = torch.tensor([prompt.shape[1]], device=device)
+
+    def step():
+        return model(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+
+    if device.type != "cuda":
+        return timed(step, device, args.iters)[0], False
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            step()
+    except Exception:  # not capturable (host reads of the routing): timed eagerly
+        torch.cuda.synchronize()
+        return timed(step, device, args.iters)[0], False
+    return timed(graph.replay, device, args.iters)[0], True
+
+
 def run_family(family, args, device):
     model = build(family, args.tiny, device)
     batch, seq = (2, 16) if args.tiny else (args.batch, args.seq)
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device=device)
+    ids = torch.randint(0, model.config.vocab_size, (max(batch, *args.decode_batches), seq),
+                        device=device)
     records, ref = [], None
     for backend in args.backends.split(","):
         try:
@@ -85,32 +145,45 @@ def run_family(family, args, device):
 
             def train():
                 model.zero_grad(set_to_none=True)
-                out = model(ids, labels=ids)
+                out = model(ids[:batch], labels=ids[:batch])
                 out.loss.backward()
                 return out
 
             train_ms, out = timed(train, device, args.iters)
+            grads = grads_of(model)
+            model.zero_grad(set_to_none=True)
             with torch.no_grad():
                 prefill_ms, _ = timed(lambda: model(ids[:1]), device, args.iters)
-                # decode: one token per sequence of the batch over a cached prompt (the cache
-                # grows by a token per timed call: a few positions over seq)
-                cache = model(ids[:, :-1], use_cache=True).past_key_values
-                step = ids[:, -1:]
-                decode_ms, _ = timed(lambda: model(step, past_key_values=cache,
-                                                   use_cache=False), device, args.iters)
+                decode = {b: decode_ms(model, ids, b, args, device) for b in args.decode_batches}
         except Exception as e:  # a backend a family cannot run (e.g. FP8 sizes): say so
             records.append(dict(family=family, backend=backend, error=f"{type(e).__name__}: {e}"))
             print(f"{family:12s} {backend:20s} error: {records[-1]['error'][:100]}")
             continue
         logits, loss = out.logits.detach().float(), out.loss.item()
         if ref is None:
-            ref = (logits, loss)
+            ref = (logits, loss, grads)
         r = dict(family=family, backend=backend, train_ms=train_ms, prefill_ms=prefill_ms,
-                 decode_ms=decode_ms, loss=loss, logits_calc_diff=calc_diff(logits, ref[0]))
+                 decode_ms={str(b): v[0] for b, v in decode.items()},
+                 decode_graphed={str(b): v[1] for b, v in decode.items()}, loss=loss,
+                 logits_calc_diff=calc_diff(logits, ref[0]),
+                 grads_calc_diff=grads_calc_diff(grads, ref[2]))
+        del grads
         records.append(r)
+        dec = "  ".join(f"b{b} {v[0]:6.2f}{'' if v[1] else '*'}" for b, v in decode.items())
         print(f"{family:12s} {backend:20s} train {train_ms:8.2f} ms  prefill {prefill_ms:7.2f} ms"
-              f"  decode {decode_ms:6.2f} ms  loss {loss:.4f}  logits calc_diff "
-              f"{r['logits_calc_diff']:.1e}")
+              f"  decode ms {dec}  loss {loss:.4f}  calc_diff logits "
+              f"{r['logits_calc_diff']:.1e} grads {r['grads_calc_diff']:.1e}")
+    by = {r["backend"]: r for r in records if "error" not in r}
+    for ours in [b for b in by if b.startswith("groupmm")]:
+        if "grouped_mm" in by:  # the speed-ups over transformers' own torch._grouped_mm backend
+            p, o = by["grouped_mm"], by[ours]
+            dec = "  ".join(f"b{b} {p['decode_ms'][b] / o['decode_ms'][b]:.2f}x"
+                            for b in o["decode_ms"])
+            print(f"{family:12s} {ours} / grouped_mm: train {p['train_ms'] / o['train_ms']:.2f}x  "
+                  f"prefill {p['prefill_ms'] / o['prefill_ms']:.2f}x  decode {dec}")
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return records
 
 
@@ -122,13 +195,17 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--prompt", type=int, default=256, help="decode: prompt tokens in the cache")
+    p.add_argument("--decode-batches", default="1,8,64", help="decode: sequences per step")
     p.add_argument("--tiny", action="store_true", help="tiny sizes (a smoke test)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--json")
     args = p.parse_args(argv)
     device = torch.device(args.device)
+    args.decode_batches = [int(b) for b in args.decode_batches.split(",")]
     if args.tiny:
-        args.iters = min(args.iters, 2)
+        args.iters, args.prompt = min(args.iters, 2), 8
+        args.decode_batches = [1, 2]
     records = [r for f in args.families.split(",") for r in run_family(f, args, device)]
     if args.json:
         with open(args.json, "w") as f:

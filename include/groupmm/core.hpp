@@ -260,7 +260,8 @@ class Context {
   // gathered GEMM) size their grids by: sm_count(), or fewer while a limit is set, so that kernels
   // on other streams (an exchange's NCCL kernels) find SMs free while a GEMM runs. A limit changes
   // which CTA computes a tile, never a result: every tile is computed whole by one CTA and no
-  // configuration choice reads it. 0 = no limit; a limit of at least sm_count() is no limit.
+  // configuration choice reads it. 0 = no limit; a limit of at least sm_count() is no limit. A
+  // kernel launched in clusters rounds the limit down to whole clusters (one cluster at least).
   int gemm_sm_count() const {
     return gemm_sm_limit_ > 0 && gemm_sm_limit_ < sm_count_ ? gemm_sm_limit_ : sm_count_;
   }

@@ -252,6 +252,10 @@ struct EpPlan {
   Tensor meta_send, meta_recv, scratch;
   Tensor stage_send, stage_recv, stage_aux_send, stage_aux_recv;
   int64_t stage_row_bytes = 0;
+  // Throughput mode: the host time ep_dispatch_plan took to build this plan, in microseconds,
+  // outside its one wait for the device (the count read): launches, the exchanges' enqueueing,
+  // allocation and the host loops over peers and experts. What a step pays on the host per plan.
+  double host_us = 0;
   std::string to_string() const;
 };
 

@@ -8,6 +8,7 @@
 //   device to device), which size the buffers and the all-to-alls. The host work is a few launches
 //   and loops over R and E / R, never over the tokens.
 #include <algorithm>
+#include <chrono>
 
 #include "ep/check.hpp"
 
@@ -238,6 +239,8 @@ EpPlan device_plan(Context& ctx, Transport& tr, const EpConfig& cfg, const Tenso
   const char* op = "ep_dispatch_plan";
   const int64_t R = cfg.ranks, k = cfg.topk, El = cfg.experts / cfg.ranks, W = 1 + El;
   const int64_t T = expert_ids.dim(0);
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
   EpPlan p = empty_plan(cfg, tr.rank(), T);
   const auto ints = [&](std::initializer_list<int64_t> dims) {
     return Tensor::empty(dims, DType::int32, ctx.device(), ctx.stream());
@@ -252,8 +255,10 @@ EpPlan device_plan(Context& ctx, Transport& tr, const EpConfig& cfg, const Tenso
   cuda::ep_throughput_plan_count(ctx, expert_ids, p, send_scratch.data(), c);
   exchange_blocks(ctx, tr, c, c + R * W, W * int64_t(sizeof(int64_t)));
   std::vector<int64_t> h(size_t(2 * R * W + 2));
+  const Clock::time_point t1 = Clock::now();
   copy(TensorView(h.data(), DType::int64, Device::CPU, {int64_t(h.size())}), counts.view(),
        ctx.stream());  // synchronizes: the plan's one wait for the device
+  const Clock::time_point t2 = Clock::now();
   if (h[size_t(2 * R * W)] >= 0) bad_id(op, cfg, h[size_t(2 * R * W)], h[size_t(2 * R * W + 1)]);
   const int64_t* mine = h.data();
   const int64_t* theirs = h.data() + R * W;
@@ -300,6 +305,7 @@ EpPlan device_plan(Context& ctx, Transport& tr, const EpConfig& cfg, const Tenso
   Tensor recv_scratch =
       detail::byte_buffer(ctx, cuda::ep_throughput_scratch_bytes(p.recv_total, k, El + 3));
   cuda::ep_throughput_plan_recv(ctx, p, meta_recv.ptr<int32_t>(), recv_scratch.data());
+  p.host_us = std::chrono::duration<double, std::micro>((t1 - t0) + (Clock::now() - t2)).count();
   return p;
 }
 
@@ -308,8 +314,15 @@ EpPlan device_plan(Context& ctx, Transport& tr, const EpConfig& cfg, const Tenso
 EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
                         const TensorView& expert_ids) {
   check_args("ep_dispatch_plan", ctx, tr, cfg, expert_ids);
-  EpPlan p = device_built(ctx, cfg, expert_ids.dim(0)) ? device_plan(ctx, tr, cfg, expert_ids)
-                                                       : host_plan(ctx, tr, cfg, expert_ids);
+  if (device_built(ctx, cfg, expert_ids.dim(0))) {
+    EpPlan p = device_plan(ctx, tr, cfg, expert_ids);
+    ctx.after_op();
+    return p;
+  }
+  const auto t0 = std::chrono::steady_clock::now();  // host code throughout: all of it counts
+  EpPlan p = host_plan(ctx, tr, cfg, expert_ids);
+  p.host_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   ctx.after_op();
   return p;
 }

@@ -107,7 +107,10 @@ std::vector<std::pair<PlanDump, PlanDump>> both_plans(const EpConfig& cfg,
         Context ctx(Device::CUDA, gs.s);
         const RankData& rd = d[size_t(r)];
         const Tensor ids = device_ids(rd.ids, rd.T, cfg.topk, id_dtype, gs.s);
-        PlanDump dev = dump(ep::ep_dispatch_plan(ctx, tr, cfg, ids));
+        const ep::EpPlan plan = ep::ep_dispatch_plan(ctx, tr, cfg, ids);
+        // The host time outside the wait is measured (a plan always launches and enqueues).
+        EXPECT_GT(plan.host_us, 0.0);
+        PlanDump dev = dump(plan);
         dev.status = ctx.take_status().bits;
         PlanDump host = dump(ep::detail::ep_dispatch_plan_host(ctx, tr, cfg, ids));
         host.status = ctx.take_status().bits;

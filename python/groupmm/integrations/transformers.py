@@ -121,6 +121,7 @@ class _Layer:
     accumulate_into_main_grad = False
     delay_wgrad = False
     bias = None
+    splits_total = "exact"
 
     def __init__(self, recipe):
         self._exec = _W4(recipe) if recipe in INFERENCE_RECIPES else _Quantized(

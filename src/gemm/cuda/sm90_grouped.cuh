@@ -18,7 +18,10 @@ typename Cfg::Gemm::Arguments make_arguments(const DeviceArrays<Cfg>& arr, int G
   constexpr bool kPerExpert = Cfg::kScaling == Scaling::per_expert;
   cutlass::KernelHardwareInfo hw;
   hw.device_id = device;
-  hw.sm_count = sms;
+  // The persistent grid is sized from sm_count and must be whole clusters: a GEMM SM limit
+  // (Context::gemm_sm_count) is rounded down to a multiple of the cluster size, one cluster least.
+  constexpr int kClusterSize = int(cute::size(typename Cfg::Cluster{}));
+  hw.sm_count = std::max(kClusterSize, sms / kClusterSize * kClusterSize);
   typename Cfg::Gemm::Arguments args;
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {G, arr.problems, nullptr};
