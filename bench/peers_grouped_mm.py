@@ -43,7 +43,9 @@ def make(form, G, M, N, K, device, skew=True):
     if extent:
         w = 1.0 / torch.arange(1, G + 1, dtype=torch.float64) ** (1.1 if skew else 0)
         w = w[torch.randperm(G)]
-        counts = (w / w.sum() * extent).floor().long()
+        # 3D x 2D groups output columns: torch needs each group's width in 16-byte multiples
+        q = 8 if form == "3d2d" else 1
+        counts = (w / w.sum() * extent / q).floor().long() * q
         counts[0] += extent - counts.sum()
         offs = torch.cumsum(counts, 0).to(device=device, dtype=torch.int32)
     if form == "2d3d":

@@ -55,6 +55,16 @@ def _outer(p, q, splits, out_dtype=None):
     return _gemm(p, q.contiguous(), splits, "wgrad", out_dtype)
 
 
+def _outer_like(p, q, splits, like):
+    """_outer(p, q) in the memory layout of `like` ([G, P, Q]): a `like` that is the transposed
+    view of a [G, Q, P] tensor (a weight passed as w.transpose(-2, -1), torch's MoE convention)
+    gets the transpose of q_g^T @ p_g, so that its gradient reaches the weight contiguous, with no
+    transposing copy (autograd's layout rule) and no strided accumulation."""
+    if like.dim() == 3 and not like.is_contiguous() and like.transpose(-2, -1).is_contiguous():
+        return _outer(q, p, splits).transpose(-2, -1)
+    return _outer(p, q, splits)
+
+
 def _forward(kind, a, b, splits, out_dtype):
     if kind == "2d3d":  # a [R, K], b [G, K, N] -> [R, N]
         return _rows_mm(a, b, splits, out_dtype)
@@ -72,7 +82,7 @@ def _backward(kind, a, b, splits, dout, need_a, need_b):
         if need_a:
             da = _rows_mm(dout, b.transpose(-2, -1), splits)
         if need_b:
-            db = _outer(a, dout, splits)
+            db = _outer_like(a, dout, splits, b)
     elif kind == "2d2d":
         if need_a:
             da = _rows_mm(b, dout.transpose(-2, -1), splits).t()
@@ -91,7 +101,7 @@ def _backward(kind, a, b, splits, dout, need_a, need_b):
         if need_a:
             da = _rows_mm(dflat, b.transpose(-2, -1), splits).view(G, M, K)
         if need_b:
-            db = _outer(a.reshape(G * M, K), dflat, splits)
+            db = _outer_like(a.reshape(G * M, K), dflat, splits, b)
     return da, db
 
 
@@ -117,6 +127,11 @@ def _pad_dim(t, dim, to):
         return t
     pads = [0, 0] * (t.dim() - 1 - dim % t.dim()) + [0, extra]
     return F.pad(t, pads)
+
+
+def _narrow(t, n, dim=-1):
+    """t's first n along dim; t itself where that is all of it (no slice node in autograd)."""
+    return t if t.shape[dim] == n else t.narrow(dim, 0, n)
 
 
 def _up(n):
@@ -229,22 +244,22 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
         K, N = mat_a.shape[1], mat_b.shape[2]
         a = _pad_dim(mat_a, 1, _up(K))
         b = _pad_dim(_pad_dim(mat_b, 1, _up(K)), 2, _up(N))
-        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)[:, :N]
+        out = _narrow(_GroupedMM.apply(a, b, splits, kind, out_dtype), N)
     elif kind == "2d2d":  # M, N
         M, N = mat_a.shape[0], mat_b.shape[1]
         a = _pad_dim(mat_a, 0, _up(M))
         b = _pad_dim(mat_b, 1, _up(N))
-        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)[:, :M, :N]
+        out = _narrow(_narrow(_GroupedMM.apply(a, b, splits, kind, out_dtype), N), M, -2)
     elif kind == "3d2d":  # M, K
         M, K = mat_a.shape[1], mat_a.shape[2]
         a = _pad_dim(_pad_dim(mat_a, 1, _up(M)), 2, _up(K))
         b = _pad_dim(mat_b, 0, _up(K))
-        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)[:M]
+        out = _narrow(_GroupedMM.apply(a, b, splits, kind, out_dtype), M, 0)
     else:  # 3d3d: K, N
         K, N = mat_a.shape[2], mat_b.shape[2]
         a = _pad_dim(mat_a, 2, _up(K))
         b = _pad_dim(_pad_dim(mat_b, 1, _up(K)), 2, _up(N))
-        out = _GroupedMM.apply(a, b, splits, kind, out_dtype)[..., :N]
+        out = _narrow(_GroupedMM.apply(a, b, splits, kind, out_dtype), N)
     return _torch_layout(out)
 
 

@@ -392,6 +392,36 @@ def test_offs_short_of_the_extent(device, form):
         assert (B.grad[:, used:] == 0).all()
 
 
+@pytest.mark.parametrize("form", ["2d3d", "3d3d"])
+def test_weight_gradient_in_the_weights_layout(device, form):
+    """A weight w [G, N, K] passed as w.transpose(-2, -1) (torch's MoE convention): the op returns
+    the gradient of that view in the view's own strides, so it reaches w contiguous without a
+    transposing copy; equal to the loop of matmuls. A contiguous [G, K, N] weight likewise."""
+    G, M, N, K = 3, 24, 16, 32
+    offs = torch.tensor([5, 5, 24], device=device, dtype=torch.int32) if form == "2d3d" else None
+    for transposed in (True, False):
+        a = torch.randn(M if form == "2d3d" else G * 8, K, device=device, dtype=torch.bfloat16)
+        if form == "3d3d":
+            a = a.view(G, 8, K)
+        a.requires_grad_()
+        w = torch.randn(*((G, N, K) if transposed else (G, K, N)), device=device,
+                        dtype=torch.bfloat16, requires_grad=True)
+        b = w.transpose(-2, -1) if transposed else w
+        seen = []
+        b.register_hook(lambda g: seen.append(g.stride()))  # the gradient as the op returns it
+        dout = torch.randn(*(a.shape[:-1] + (N,)), device=device, dtype=torch.bfloat16)
+        groupmm.grouped_mm(a, b, offs=offs).backward(dout)
+        assert seen == [b.stride()]
+        assert w.grad.is_contiguous()
+        ends = offs.tolist() if offs is not None else None
+        for g in range(G):
+            ag, dg = ((a[(ends[g - 1] if g else 0):ends[g]], dout[(ends[g - 1] if g else 0):ends[g]])
+                      if ends else (a[g], dout[g]))
+            want = (ag.detach().float().t() @ dg.float())  # [K, N]
+            got = w.grad[g].float().t() if transposed else w.grad[g].float()
+            torch.testing.assert_close(got, want, atol=0.1, rtol=2e-2)
+
+
 def test_errors_follow_torch(device):
     a = torch.randn(8, 16, device=device, dtype=torch.bfloat16)
     b = torch.randn(2, 16, 8, device=device, dtype=torch.bfloat16)
