@@ -21,9 +21,10 @@ weights quantized once and cached, forward only).
 What an experts class needs (checked on its first call; NotImplementedError otherwise): a gate
 (has_gate), an activation that is SwiGLU in one of the forms weighted_swiglu_ex computes (checked
 numerically against the class's own `_apply_gate` once per class), expert ids in [0, E) (no
-expert-parallel sentinels). Transposed weights (gpt-oss: [E, in, out]) are copied to [E, out, in]
-on each call that records a graph; without grad the copy is made once per weight version and kept
-(it doubles those weights' memory while the model is used for inference).
+expert-parallel sentinels). Transposed weights (gpt-oss: [E, in, out]) are read as they are in
+bf16 (the grouped GEMM's passes that take that layout: _InOutLinear); the quantized recipes
+quantize from a [E, out, in] copy, made on each call that records a graph and, without grad, once
+per weight version and kept.
 """
 
 import torch
@@ -131,7 +132,37 @@ class _Layer:
         return None
 
 
+class _InOutLinear(torch.autograd.Function):
+    """y [R, out] = x_e w_e (+ b_e) per expert over rows grouped by splits, for a weight stored
+    [E, in, out] (transposed: gpt-oss). Each pass runs the grouped GEMM kernel that reads that
+    layout as it is, so the weight is never copied: forward is the core's dgrad pass (dy W with
+    W [G, N, K] row-major), dx its forward pass (dy W^T), dW [E, in, out] its wgrad pass; the bias
+    is added after the GEMM (the core's GEMM bias is a forward-pass feature) and its gradient is
+    group_dbias (a fixed-order sum, no atomics)."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, splits):
+        y = ops.grouped_gemm(x, w, splits, "dgrad", None, None, "exact", False)
+        if bias is not None:
+            y = y + bias.repeat_interleave(splits, dim=0, output_size=x.shape[0])
+        ctx.save_for_backward(x, w, splits)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, splits = ctx.saved_tensors
+        dy = dy.contiguous()
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = ops.grouped_gemm(dy, w, splits, "forward", None, None, "exact", False) if need_x else None
+        dw = ops.grouped_gemm(x, dy, splits, "wgrad", None, None, "exact", False) if need_w else None
+        db = ops.group_dbias(dy, splits) if ctx.has_bias and need_b else None
+        return dx, dw, db, None
+
+
 def _linear(module, recipe, x, name, bias, splits):
+    if recipe == "bf16" and getattr(module, "is_transposed", False):
+        return _InOutLinear.apply(x, getattr(module, name), bias, splits)
     w = _weight(module, name)
     if recipe == "bf16":
         return ops.grouped_mm(x, w, splits, bias)
