@@ -171,9 +171,11 @@ def run_family(family, args, device):
         if backend == FREE:  # a bound, not a backend: no agreement to check
             records.append(dict(family=family, backend=backend, train_ms=train_ms,
                                 prefill_ms=prefill_ms,
-                                decode_ms={str(b): v[0] for b, v in decode.items()}))
+                                decode_ms={str(b): v[0] for b, v in decode.items()},
+                                decode_graphed={str(b): v[1] for b, v in decode.items()}))
             print(f"{family:12s} {backend:20s} train {train_ms:8.2f} ms  prefill {prefill_ms:7.2f}"
-                  f" ms  decode ms " + "  ".join(f"b{b} {v[0]:6.2f}" for b, v in decode.items()))
+                  f" ms  decode ms " + "  ".join(f"b{b} {v[0]:6.2f}{'' if v[1] else '*'}"
+                                                 for b, v in decode.items()))
             continue
         logits, loss = out.logits.detach().float(), out.loss.item()
         if ref is None:

@@ -289,8 +289,9 @@ def moe_memory(dd):
 def ep_plan(dd):
     d = load("ep_plan_h200", dd)
     return caption(d) + "\n" + table(
-        ["mode", "plan us", "dispatch us", "combine us"],
-        [[r["mode"], r["plan_us"], r["dispatch_us"], r["combine_us"]] for r in rows_of(d)])
+        ["mode", "plan us", "host us", "dispatch us", "combine us"],
+        [[r["mode"], r["plan_us"], r.get("host_us"), r["dispatch_us"], r["combine_us"]]
+         for r in rows_of(d)])
 
 
 def ep_exchange(dd):
@@ -314,10 +315,48 @@ def ep_scaling(dd):
 def ep_overlap(dd):
     d = load("ep_overlap_h200x2", dd)
     return caption(d) + "\n" + table(
-        ["case", "R", "exchange us", "experts us", "step, 1 chunk", "step, 2 chunks", "exposed us",
-         "exposed / exchange"],
-        [[r["case"], r["R"], r["exchange_us"], r["experts_us"], r["step1_us"], r["stepn_us"],
-          r["exposed_us"], f2(r["exposed_us"] / r["exchange_us"])] for r in rows_of(d)])
+        ["run", "case", "R", "exchange us", "experts us", "step, 1 chunk", "step, 2 chunks",
+         "exposed us", "exposed / exchange"],
+        [[r["run"], r["case"], r["R"], r["exchange_us"], r["experts_us"], r["step1_us"],
+          r["stepn_us"], r["exposed_us"], f2(r["exposed_us"] / r["exchange_us"])]
+         for r in rows_of(d)])
+
+
+def hf_backends(dd):
+    d = load("hf_backends_h200", dd)
+    rows = rows_of(d)
+    peer = {r["family"]: r for r in rows if r["backend"] == "grouped_mm"}
+    out = []
+    for r in rows:
+        if "error" in r:
+            out.append([r["family"], r["backend"], "refused: " + r["error"].split(": ", 1)[-1]]
+                       + [""] * 5)
+            continue
+        bs = list(r["decode_ms"])
+        dec = " / ".join(f"{r['decode_ms'][b]:.2f}" + ("" if r["decode_graphed"][b] else "*")
+                         for b in bs)
+        p = peer.get(r["family"])
+        vs = ""
+        if p and r["backend"] not in ("eager", "grouped_mm"):
+            vs = (f"{p['train_ms'] / r['train_ms']:.2f}x / {p['prefill_ms'] / r['prefill_ms']:.2f}x"
+                  " / " + " / ".join(f"{p['decode_ms'][b] / r['decode_ms'][b]:.2f}x" for b in bs))
+        agree = ("" if "logits_calc_diff" not in r or r["backend"] == "eager" else
+                 f"{r['logits_calc_diff']:.1e} / {r['grads_calc_diff']:.1e}")
+        out.append([r["family"], r["backend"], f"{r['train_ms']:.1f}", f"{r['prefill_ms']:.2f}",
+                    dec, vs, agree])
+    return caption(d) + "\n" + table(
+        ["family", "experts backend", "train step ms", "prefill ms", "decode ms, batch 1 / 8 / 64",
+         "vs grouped_mm: train / prefill / decode 1 / 8 / 64", "calc_diff vs eager: logits / grads"],
+        out)
+
+
+def grouped_mm_dropin(dd):
+    d = load("grouped_mm_dropin_h200", dd)
+    return caption(d) + "\n" + table(
+        ["case", "form", "G, M, N, K", "pass", "torch ms", "groupmm ms", "torch / groupmm"],
+        [[r["case"], r["form"], f"{r['G']}, {r['M']}, {r['N']}, {r['K']}", r["pass_"],
+          r["torch_ms"], r["groupmm_ms"], f2(r["torch_ms"] / r["groupmm_ms"])]
+         for r in rows_of(d)])
 
 
 def python_overhead(dd):
@@ -330,7 +369,7 @@ TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
     peers_deepgemm, gemm_w4, peers_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
     moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
-    python_overhead)}
+    python_overhead, hf_backends, grouped_mm_dropin)}
 
 MARK = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- end -->)", re.S)
 
