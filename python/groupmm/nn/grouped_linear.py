@@ -285,6 +285,11 @@ class GroupedLinear(torch.nn.Module):
 
     A state dict of per-expert nn.Linear layers ("{prefix}{g}.weight", "{prefix}{g}.bias", as a
     ModuleList of them writes) loads directly; from_linears() builds one from the layers.
+
+    Serving from quantized checkpoints: import_fp8_block() (DeepSeek-V3's FP8 weights and their
+    128x128 block scale_inv) and import_mxfp4() (gpt-oss's MXFP4 blocks and scales) replace the
+    16-bit weight by the checkpoint's bytes (kept as buffers: .to(), state_dict); the layer then
+    runs forward only (no_grad), on the recipe's GEMM, with no 16-bit copy of the weights.
     """
 
     def __init__(self, experts, in_features, out_features, bias=True, dtype=torch.bfloat16,
@@ -336,10 +341,89 @@ class GroupedLinear(torch.nn.Module):
     def reset_parameters(self):
         # nn.Linear's init per expert: kaiming_uniform(a=sqrt(5)) is U(-1/sqrt(K), 1/sqrt(K)).
         bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
+        if self.weight is None:
+            raise RuntimeError(f"groupmm.nn.GroupedLinear(recipe='{self.recipe}'): reset_parameters: "
+                               "the weights were imported from a quantized checkpoint")
         with torch.no_grad():
             self.weight.uniform_(-bound, bound)
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
+
+    # ---- quantized weights imported from a checkpoint (inference) --------------------------------
+
+    def _weight_shape(self, what, t, rows, tail):
+        """t as [G, rows, *tail] (a one-group layer, whose weight is [N, K] like nn.Linear's,
+        takes [rows, *tail] too), or raises naming the argument and both shapes."""
+        if self.weight is None:
+            raise RuntimeError(f"groupmm.nn.GroupedLinear.{what.split(':')[0]}: the layer's "
+                               "weights were already imported")
+        G = self.experts
+        if self.weight.dim() == 2 and t.dim() == 1 + len(tail):
+            t = t.unsqueeze(0)
+        if tuple(t.shape) != (G, rows, *tail):
+            raise ValueError(f"groupmm.nn.GroupedLinear.{what} must be {[G, rows, *tail]} "
+                             f"(experts, ...); got {list(t.shape)}")
+        return t
+
+    def _set_imported(self, parts):
+        self.weight = None  # the 16-bit weight is gone: forward reads the imported parts
+        self._exec.weights.clear()
+        for i, t in enumerate(parts):
+            self.register_buffer(f"qweight_{i}", t)
+        self._n_parts = len(parts)
+
+    def _imported(self):
+        return [getattr(self, f"qweight_{i}") for i in range(self._n_parts)]
+
+    @torch.no_grad()
+    def import_fp8_block(self, weight, weight_scale_inv):
+        """DeepSeek-V3-style FP8 expert weights as checkpoints store them: weight [G, N, K]
+        float8_e4m3fn (out, in), weight_scale_inv [G, ceil(N / 128), K / 128] float32, the
+        dequantization multiplier of each 128x128 block (w = fp8 * scale_inv; fp8_block's own
+        convention, so the bytes are used as they are). Layer recipe 'fp8_block'; forward then
+        quantizes x in 1x128 blocks and runs the blockwise FP8 GEMM on these weights."""
+        _check(self.recipe == "fp8_block", self.recipe,
+               "import_fp8_block needs recipe='fp8_block' (the 128x128 block-scaled weights)")
+        _check(weight.dtype == torch.float8_e4m3fn, self.recipe,
+               f"import_fp8_block: weight must be torch.float8_e4m3fn; got {weight.dtype}")
+        _check(weight_scale_inv.dtype == torch.float32, self.recipe, "import_fp8_block: "
+               f"weight_scale_inv must be torch.float32; got {weight_scale_inv.dtype}")
+        G, N, K = self.experts, self.out_features, self.in_features
+        nb = (N + 127) // 128
+        weight = self._weight_shape("import_fp8_block: weight", weight, N, (K,))
+        scale = self._weight_shape("import_fp8_block: weight_scale_inv", weight_scale_inv, nb,
+                                   (K // 128,))
+        device = self.bias.device if self.bias is not None else weight.device
+        # The GEMM's scale buffer is group_quantize's: the experts' blocks in order, then zero rows
+        # up to the bound its shape is sized by (taken from the op's fake kernel).
+        meta = torch.empty(G, N, K, dtype=torch.bfloat16, device="meta")
+        shape = ops.group_quantize(meta, None, "fp8_block", block_2d=True)[1].shape
+        scales = torch.zeros(shape, dtype=torch.float32, device=device)
+        scales[: G * nb] = scale.reshape(G * nb, K // 128)
+        none = torch.empty(0, dtype=torch.float32, device=device)
+        self._set_imported([weight.reshape(G * N, K).to(device).contiguous(), scales,
+                            none.to(torch.float8_e4m3fn), none, none])
+
+    @torch.no_grad()
+    def import_mxfp4(self, blocks, scales):
+        """gpt-oss's MXFP4 expert weights as its checkpoint stores them: blocks [G, N, K / 32, 16]
+        uint8 (two e2m1 codes a byte, element 2j in the low nibble), scales [G, N, K / 32] uint8
+        (E8M0 exponents). Layer recipe 'mxfp4_weight'; forward runs the 4-bit weight GEMM on them
+        (groupmm.ops.import_mxfp4_weights' relayout, bit for bit the same numbers)."""
+        _check(self.recipe == "mxfp4_weight", self.recipe,
+               "import_mxfp4 needs recipe='mxfp4_weight'")
+        K = self.in_features
+        N = self.out_features
+        blocks = self._weight_shape("import_mxfp4: blocks", blocks, N, (K // 32, 16))
+        scales = self._weight_shape("import_mxfp4: scales", scales, N, (K // 32,))
+        device = self.bias.device if self.bias is not None else blocks.device
+        data, scale_inv = ops.import_mxfp4_weights(blocks.to(device), scales.to(device))
+        self._set_imported([data, scale_inv, torch.empty(0, dtype=torch.float32, device=device)])
+
+    @property
+    def imported(self):
+        """True when the weights are a checkpoint's quantized bytes (import_*): forward only."""
+        return self.weight is None
 
     def forward(self, x, splits, is_first_microbatch=None, recompute_input=None):
         """x [M, K], splits [G] -> y [M, N]. is_first_microbatch (quantized recipes; ignored by
@@ -353,6 +437,8 @@ class GroupedLinear(torch.nn.Module):
         nothing of x (nor its quantized copy) for backward, and its wgrad reads what the callable
         gives. The caller keeps what the callable needs (MoE: the block input and the routing, to
         gather the permuted rows again)."""
+        if self.weight is None:
+            return self._forward_imported(x, splits)
         w = self.weight
         if x.dim() != 2 or x.shape[1] != self.in_features or x.dtype != w.dtype:
             # Said here, from x's side: the ops would name the weight, or (quantized recipes)
@@ -376,6 +462,19 @@ class GroupedLinear(torch.nn.Module):
                 "the wgrad operands for backward_dw() (a side effect that a compiled backward "
                 "cannot make); compile the layer with delay_wgrad=False, or run it eagerly")
         return _GroupedLinearFn.apply(x, weight, self.bias, splits, self, w_op, recompute_input)
+
+    def _forward_imported(self, x, splits):
+        if x.dim() != 2 or x.shape[1] != self.in_features or x.dtype != torch.bfloat16:
+            raise ValueError(f"groupmm.nn.GroupedLinear.forward: x must be [M, "
+                             f"{self.in_features}] torch.bfloat16 (the layer's in_features; "
+                             f"quantized recipes take bf16); got {list(x.shape)} {x.dtype}")
+        if torch.is_grad_enabled() and (x.requires_grad or (
+                self.bias is not None and self.bias.requires_grad)):
+            raise RuntimeError(
+                f"groupmm.nn.GroupedLinear(recipe='{self.recipe}'): the weights were imported "
+                "from a quantized checkpoint (import_fp8_block / import_mxfp4): forward only; run "
+                "it under torch.no_grad() (and set requires_grad=False on the bias)")
+        return self._exec.forward(x, self._imported(), self.bias, splits)[0]
 
     @staticmethod
     def _grouped(t):
