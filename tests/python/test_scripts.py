@@ -47,6 +47,39 @@ def test_torch_moe_ep_step(tmp_path):
         assert "capacity_overflow" not in c, c  # factor 2 at one rank holds every entry
 
 
+def test_peers_hf(tmp_path):
+    """The transformers benchmark's tiny run: every backend of two families (gpt-oss: biases,
+    transposed weights, its clamped SwiGLU) runs; groupmm agrees with eager; the free-experts bound
+    is timed; the JSON holds every record."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "hf.json"
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "peers_hf.py"), "--tiny",
+                           "--device", "cpu", "--families", "qwen3_moe,gpt_oss", "--json", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json.loads(out.read_text())["records"]
+    got = {(r["family"], r["backend"]): r for r in records}
+    for family in ("qwen3_moe", "gpt_oss"):
+        for backend in ("eager", "grouped_mm", "groupmm", "groupmm_fp8_block", "free_experts"):
+            r = got[(family, backend)]
+            assert "error" not in r and r["train_ms"] > 0, r
+            assert set(r["decode_ms"]) == {"1", "2"}, r
+        for backend in ("groupmm", "groupmm_fp8_block"):
+            r = got[(family, backend)]
+            assert r["logits_calc_diff"] < 1e-2 and r["grads_calc_diff"] < 1e-2, r
+    assert "bound (experts free) / grouped_mm" in proc.stdout
+
+
+def test_peers_grouped_mm_smoke():
+    """Without CUDA the drop-in benchmark runs every form once on the CPU against a matmul loop."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "peers_grouped_mm.py")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("cpu smoke") == 9
+
+
 def test_torch_overhead(tmp_path):
     data = run_bench("torch_overhead.py", tmp_path)
     names = [o["op"] for o in data["ops"]]
