@@ -57,15 +57,54 @@ void exchange(Context& ctx, Transport& tr, const void* send, const std::vector<i
                   ctx.stream());
 }
 
-void exchange_forward(Context& ctx, Transport& tr, const EpPlan& p, const void* send, void* recv,
-                      int64_t unit) {
-  exchange(ctx, tr, send, p.send_rows, p.send_offsets, recv, p.recv_rows, p.recv_offsets, unit);
-}
-
 void exchange_back(Context& ctx, Transport& tr, const EpPlan& p, const void* send, void* recv,
                    int64_t unit) {
   exchange(ctx, tr, send, p.back_send, p.back_send_offsets, recv, p.back_recv, p.back_recv_offsets,
            unit);
+}
+
+// One direction of a plan: per-peer counts and offsets (rows or entries) on each side.
+struct Route {
+  const std::vector<int64_t>& send_count;
+  const std::vector<int64_t>& send_offset;
+  const std::vector<int64_t>& recv_count;
+  const std::vector<int64_t>& recv_offset;
+};
+Route forward_route(const EpPlan& p) {
+  return {p.send_rows, p.send_offsets, p.recv_rows, p.recv_offsets};
+}
+Route back_route(const EpPlan& p) {
+  return {p.back_send, p.back_send_offsets, p.back_recv, p.back_recv_offsets};
+}
+
+// Packs the rows a route sends and exchanges them: pack(dst, first, n) writes send rows
+// [first, first + n) at dst, rows of `unit` bytes. The rank's own block is packed straight into
+// the receive buffer, where the exchange would have put it, and left out of the exchange: it is
+// written once instead of packed and then copied (at R = 1 that copy was the whole exchange).
+// Every byte the receiver reads is the same as through the transport.
+template <class Pack>
+void pack_and_exchange(Context& ctx, Transport& tr, const Route& r, void* send, void* recv,
+                       int64_t unit, const Pack& pack) {
+  const size_t me = size_t(tr.rank()), R = r.send_count.size();
+  const int64_t at = r.send_offset[me], mine = r.send_count[me];
+  const int64_t total = r.send_offset[R - 1] + r.send_count[R - 1];
+  GROUPMM_CHECK(mine == r.recv_count[me], "ep: rank ", me, " sends itself ", mine,
+                " rows but expects ", r.recv_count[me], " (an inconsistent plan)");
+  char* s = static_cast<char*>(send);
+  pack(s, int64_t(0), at);
+  pack(static_cast<char*>(recv) + r.recv_offset[me] * unit, at, mine);
+  pack(s + (at + mine) * unit, at + mine, total - at - mine);
+  std::vector<int64_t> sc = r.send_count, rc = r.recv_count;
+  sc[me] = rc[me] = 0;
+  exchange(ctx, tr, send, sc, r.send_offset, recv, rc, r.recv_offset, unit);
+}
+
+// pack_and_exchange with the plain gather: send row i is src row idx[i] (`unit` bytes).
+void gather_and_exchange(Context& ctx, Transport& tr, const Route& r, const void* src,
+                         const int32_t* idx, void* send, void* recv, int64_t unit) {
+  pack_and_exchange(ctx, tr, r, send, recv, unit, [&](void* dst, int64_t first, int64_t n) {
+    GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, dst, src, idx + first, n, 1, unit, false);
+  });
 }
 
 // The checks every mover starts with; returns the dtype of `first` (the rows all operands share).
@@ -121,15 +160,20 @@ Stage aux_stage(Context& ctx, const EpPlan& p) {
 void weights_forward(Context& ctx, Transport& tr, const EpPlan& p, const TensorView& weights,
                      const Stage& aux) {
   const int64_t wb = p.cfg.topk * int64_t(sizeof(float));
-  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, aux.send, weights.data, p.send_token.ptr<int32_t>(),
-                  p.send_total, 1, wb, false);
-  exchange_forward(ctx, tr, p, aux.send, aux.recv, wb);
+  gather_and_exchange(ctx, tr, forward_route(p), weights.data, p.send_token.ptr<int32_t>(),
+                      aux.send, aux.recv, wb);
 }
 
-// One value per back entry (in aux.send) home -> d_weights [T, k] (0 where no entry came back).
+// One value per back entry home -> d_weights [T, k] (0 where no entry came back): the values
+// of d_probs [rows] (one per grouped row) gathered along the way back, or, with d_probs null, the
+// values already in aux.send.
 void values_home(Context& ctx, Transport& tr, const EpPlan& p, const Stage& aux,
-                 const TensorView& d_weights) {
-  exchange_back(ctx, tr, p, aux.send, aux.recv, int64_t(sizeof(float)));
+                 const TensorView& d_weights, const void* d_probs) {
+  if (d_probs != nullptr)
+    gather_and_exchange(ctx, tr, back_route(p), d_probs, p.back_grouped.ptr<int32_t>(), aux.send,
+                        aux.recv, int64_t(sizeof(float)));
+  else
+    exchange_back(ctx, tr, p, aux.send, aux.recv, int64_t(sizeof(float)));
   GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, d_weights.data, aux.recv, p.slot_entry.ptr<int32_t>(),
                   p.tokens * p.cfg.topk, 1, int64_t(sizeof(float)), true);
 }
@@ -140,9 +184,8 @@ void back_and_sum(Context& ctx, Transport& tr, const EpPlan& p, const TensorView
                   const float* w, const TensorView& out, const TensorView& add) {
   const int64_t rb = dtype_storage_bytes(rows.dtype, p.cfg.hidden);
   Stage st = row_stage(ctx, p, p.back_send_total, p.back_recv_total, rb);
-  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, st.send, rows.data, p.back_grouped.ptr<int32_t>(),
-                  p.back_send_total, 1, rb, false);
-  exchange_back(ctx, tr, p, st.send, st.recv, rb);
+  gather_and_exchange(ctx, tr, back_route(p), rows.data, p.back_grouped.ptr<int32_t>(), st.send,
+                      st.recv, rb);
   GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, out, st.recv, p.slot_entry.ptr<int32_t>(), w,
                   p.cfg.topk, add.present() ? add.data : nullptr);
 }
@@ -161,9 +204,8 @@ void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& p, const TensorView&
   check_no_alias(op, "probs", probs, {{"x", &x}, {"weights", &weights}, {"x_grouped", &x_grouped}});
   const int64_t rb = dtype_storage_bytes(t, p.cfg.hidden);
   Stage st = row_stage(ctx, p, p.send_total, p.recv_total, rb);
-  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, st.send, x.data, p.send_token.ptr<int32_t>(),
-                  p.send_total, 1, rb, false);
-  exchange_forward(ctx, tr, p, st.send, st.recv, rb);
+  gather_and_exchange(ctx, tr, forward_route(p), x.data, p.send_token.ptr<int32_t>(), st.send,
+                      st.recv, rb);
   // A row two local experts need was received once; it is copied into both groups here.
   const int32_t* entry = p.grouped_entry.ptr<int32_t>();
   GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, x_grouped.data, st.recv, entry, p.rows, p.cfg.topk, rb,
@@ -206,12 +248,8 @@ void ep_dispatch_backward(Context& ctx, Transport& tr, const EpPlan& p,
   check_no_alias(op, "d_weights", d_weights,
                  {{"d_x_grouped", &d_x_grouped}, {"d_probs", &d_probs}, {"dx", &dx}});
   back_and_sum(ctx, tr, p, d_x_grouped, nullptr, dx, add);
-  if (with_probs) {  // each entry's d_prob goes home like its gradient row
-    Stage aux = aux_stage(ctx, p);
-    GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, aux.send, d_probs.data, p.back_grouped.ptr<int32_t>(),
-                    p.back_send_total, 1, int64_t(sizeof(float)), false);
-    values_home(ctx, tr, p, aux, d_weights);
-  }
+  if (with_probs)  // each entry's d_prob goes home like its gradient row
+    values_home(ctx, tr, p, aux_stage(ctx, p), d_weights, d_probs.data);
   ctx.after_op();
 }
 
@@ -236,9 +274,8 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
   // dy (and the k weights) of each token go to its expert ranks along the dispatch's route.
   const int64_t rb = dtype_storage_bytes(t, H);
   Stage st = row_stage(ctx, p, p.send_total, p.recv_total, rb);
-  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, st.send, dy.data, p.send_token.ptr<int32_t>(),
-                  p.send_total, 1, rb, false);
-  exchange_forward(ctx, tr, p, st.send, st.recv, rb);
+  gather_and_exchange(ctx, tr, forward_route(p), dy.data, p.send_token.ptr<int32_t>(), st.send,
+                      st.recv, rb);
   Stage aux;
   if (weighted) {
     aux = aux_stage(ctx, p);
@@ -248,7 +285,7 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
   float* dw_send = weighted ? static_cast<float*>(aux.send) : nullptr;
   GROUPMM_EP_CALL(ctx, ep_combine_backward_expert, ctx, p, st.recv,
                   static_cast<const float*>(aux.recv), y_grouped, d_y_grouped, dw_send);
-  if (weighted) values_home(ctx, tr, p, aux, d_weights);  // dropped slots get 0
+  if (weighted) values_home(ctx, tr, p, aux, d_weights, nullptr);  // dropped slots get 0
   ctx.after_op();
 }
 
@@ -281,10 +318,9 @@ void chunk_rows_home(Context& ctx, Transport& tr, const EpChunkedPlan& cp, int64
   const EpPlan& p = cp.plans[size_t(c)];
   const int64_t rb = dtype_storage_bytes(t, p.cfg.hidden);
   Stage st = row_stage(ctx, p, p.back_send_total, 0, rb);
-  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, st.send, rows.data, p.back_grouped.ptr<int32_t>(),
-                  p.back_send_total, 1, rb, false);
   char* recv = static_cast<char*>(cp.back_rows.data()) + cp.back_base[size_t(c)] * rb;
-  exchange_back(ctx, tr, p, st.send, recv, rb);
+  gather_and_exchange(ctx, tr, back_route(p), rows.data, p.back_grouped.ptr<int32_t>(), st.send,
+                      recv, rb);
 }
 
 // The checks of a finish op (no exchange: the plan's device is the Context's).
@@ -335,10 +371,9 @@ void ep_dispatch_backward_chunk(Context& ctx, Transport& tr, EpChunkedPlan& cp, 
   chunk_rows_home(ctx, tr, cp, c, d_x_grouped, t);
   if (d_probs.present()) {  // each entry's d_prob goes home like its gradient row
     Stage aux = aux_stage(ctx, p);
-    GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, aux.send, d_probs.data, p.back_grouped.ptr<int32_t>(),
-                    p.back_send_total, 1, int64_t(sizeof(float)), false);
     float* recv = static_cast<float*>(cp.back_values.data()) + cp.back_base[size_t(c)];
-    exchange_back(ctx, tr, p, aux.send, recv, int64_t(sizeof(float)));
+    gather_and_exchange(ctx, tr, back_route(p), d_probs.data, p.back_grouped.ptr<int32_t>(),
+                        aux.send, recv, int64_t(sizeof(float)));
   }
   ctx.after_op();
 }
@@ -440,14 +475,16 @@ GroupedTensor ep_dispatch_fp8(Context& ctx, Transport& tr, const EpPlan& p,
   // Pack: one wire row per sent token, the H fp8 bytes then its H / 128 fp32 scales (padded to 16
   // bytes), so data and scales travel in one exchange.
   Stage st = row_stage(ctx, p, p.send_total, p.recv_total, wire);
-  char* send = static_cast<char*>(st.send);
   const char* recv = static_cast<const char*>(st.recv);
   const int32_t* tok = p.send_token.ptr<int32_t>();
-  GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, send, wire, x_q.data.data, H, tok, p.send_total,
-                  1, H, false);
-  GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, send + H, wire, x_q.scale_inv.data, sb, tok,
-                  p.send_total, 1, sb, false);
-  exchange_forward(ctx, tr, p, st.send, st.recv, wire);
+  pack_and_exchange(ctx, tr, forward_route(p), st.send, st.recv, wire,
+                    [&](void* dst, int64_t first, int64_t n) {
+                      char* d = static_cast<char*>(dst);
+                      GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, d, wire, x_q.data.data, H,
+                                      tok + first, n, 1, H, false);
+                      GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, d + H, wire,
+                                      x_q.scale_inv.data, sb, tok + first, n, 1, sb, false);
+                    });
   // Unpack straight into the GEMM's operand: rows and scales grouped by local expert.
   const int32_t* entry = p.grouped_entry.ptr<int32_t>();
   GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, x_grouped.data.data, H, recv, wire, entry,
