@@ -7,6 +7,10 @@ Decode: one token per sequence over a static KV cache of a --prompt-token prompt
 served); a backend whose step cannot be captured (eager's experts read the routing on the host) is
 timed eagerly and marked so. Each figure averages --iters calls after one warm-up call.
 
+With --fp32-ref each backend is also compared with one training step of an fp32 copy of the
+model on eager experts: how far each bf16 backend (eager's included) rounds from the same step
+computed in fp32.
+
     python bench/peers_hf.py [--families qwen3_moe,mixtral] [--json out.json]    (GPU)
     python bench/peers_hf.py --tiny --device cpu                                 (smoke test)
 """
@@ -142,12 +146,28 @@ def decode_ms(model, ids, batch, args, device):
     return timed(graph.replay, device, args.iters)[0], True
 
 
+def fp32_reference(model, ids):
+    """Logits and gradients of one training step of an fp32 copy of the model with transformers'
+    eager experts (the copy is dropped before returning)."""
+    import copy
+    ref = copy.deepcopy(model).float()
+    ref.set_experts_implementation("eager")
+    out = ref(ids, labels=ids)
+    out.loss.backward()
+    result = out.logits.detach(), grads_of(ref)
+    del ref, out
+    if ids.is_cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
 def run_family(family, args, device):
     model = build(family, args.tiny, device)
     batch, seq = (2, 16) if args.tiny else (args.batch, args.seq)
     ids = torch.randint(0, model.config.vocab_size, (max(batch, *args.decode_batches), seq),
                         device=device)
     records, ref = [], None
+    fp32 = fp32_reference(model, ids[:batch]) if args.fp32_ref else None
     for backend in args.backends.split(","):
         try:
             model.set_experts_implementation(backend)
@@ -180,11 +200,16 @@ def run_family(family, args, device):
         logits, loss = out.logits.detach().float(), out.loss.item()
         if ref is None:
             ref = (logits, loss, grads)
+        if fp32 is not None:  # the same step in fp32 (eager experts): how far each rounds from it
+            extra = dict(logits_calc_diff_fp32=calc_diff(logits, fp32[0]),
+                         grads_calc_diff_fp32=grads_calc_diff(grads, fp32[1]))
+        else:
+            extra = {}
         r = dict(family=family, backend=backend, train_ms=train_ms, prefill_ms=prefill_ms,
                  decode_ms={str(b): v[0] for b, v in decode.items()},
                  decode_graphed={str(b): v[1] for b, v in decode.items()}, loss=loss,
                  logits_calc_diff=calc_diff(logits, ref[0]),
-                 grads_calc_diff=grads_calc_diff(grads, ref[2]))
+                 grads_calc_diff=grads_calc_diff(grads, ref[2]), **extra)
         del grads, out
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -192,7 +217,9 @@ def run_family(family, args, device):
         dec = "  ".join(f"b{b} {v[0]:6.2f}{'' if v[1] else '*'}" for b, v in decode.items())
         print(f"{family:12s} {backend:20s} train {train_ms:8.2f} ms  prefill {prefill_ms:7.2f} ms"
               f"  decode ms {dec}  loss {loss:.4f}  calc_diff logits "
-              f"{r['logits_calc_diff']:.1e} grads {r['grads_calc_diff']:.1e}")
+              f"{r['logits_calc_diff']:.1e} grads {r['grads_calc_diff']:.1e}" +
+              (f"  vs fp32: logits {extra['logits_calc_diff_fp32']:.1e} grads "
+               f"{extra['grads_calc_diff_fp32']:.1e}" if extra else ""))
     by = {r["backend"]: r for r in records if "error" not in r}
     if FREE in by and "grouped_mm" in by:  # what any experts backend could gain at most
         p, f = by["grouped_mm"], by[FREE]
@@ -229,6 +256,9 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--prompt", type=int, default=256, help="decode: prompt tokens in the cache")
     p.add_argument("--decode-batches", default="1,8,64", help="decode: sequences per step")
+    p.add_argument("--fp32-ref", action="store_true",
+                   help="also compare every backend's logits and gradients with one step of an "
+                        "fp32 copy of the model on eager experts (*_calc_diff_fp32)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes (a smoke test)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--json")

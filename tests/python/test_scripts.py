@@ -55,7 +55,8 @@ def test_peers_hf(tmp_path):
     out = tmp_path / "hf.json"
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "peers_hf.py"), "--tiny",
-                           "--device", "cpu", "--families", "qwen3_moe,gpt_oss", "--json", str(out)],
+                           "--device", "cpu", "--families", "qwen3_moe,gpt_oss", "--fp32-ref", "--json",
+                           str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = json.loads(out.read_text())["records"]
@@ -68,6 +69,7 @@ def test_peers_hf(tmp_path):
         for backend in ("groupmm", "groupmm_fp8_block"):
             r = got[(family, backend)]
             assert r["logits_calc_diff"] < 1e-2 and r["grads_calc_diff"] < 1e-2, r
+            assert r["logits_calc_diff_fp32"] < 1e-2 and r["grads_calc_diff_fp32"] < 1e-2, r
     assert "bound (experts free) / grouped_mm" in proc.stdout
 
 
