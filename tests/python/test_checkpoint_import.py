@@ -83,7 +83,9 @@ def test_moe_serves_imported_experts(device, recipe):
         parts = checkpoint(w if w.dim() == 3 else w.unsqueeze(0))
         if w.dim() == 2:  # the shared expert's [N, K] layout, as its checkpoint stores it
             parts = [p[0] for p in parts]
-        getattr(getattr(imp, name), load)(*parts)
+        # read to the host, as a checkpoint loader does: the layer keeps them on its own device
+        getattr(getattr(imp, name), load)(*[p.cpu() for p in parts])
+        assert all(b.device.type == device.type for b in getattr(imp, name).buffers())
     x = torch.randn(48, H, dtype=torch.bfloat16, device=device)
     with torch.no_grad():
         assert torch.equal(imp(x)[0], own(x)[0])

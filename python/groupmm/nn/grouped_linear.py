@@ -393,7 +393,7 @@ class GroupedLinear(torch.nn.Module):
         weight = self._weight_shape("import_fp8_block: weight", weight, N, (K,))
         scale = self._weight_shape("import_fp8_block: weight_scale_inv", weight_scale_inv, nb,
                                    (K // 128,))
-        device = self.bias.device if self.bias is not None else weight.device
+        device = self.weight.device  # the layer's device: a checkpoint may be read to the host
         # The GEMM's scale buffer is group_quantize's: the experts' blocks in order, then zero rows
         # up to the bound its shape is sized by (taken from the op's fake kernel).
         meta = torch.empty(G, N, K, dtype=torch.bfloat16, device="meta")
@@ -416,7 +416,7 @@ class GroupedLinear(torch.nn.Module):
         N = self.out_features
         blocks = self._weight_shape("import_mxfp4: blocks", blocks, N, (K // 32, 16))
         scales = self._weight_shape("import_mxfp4: scales", scales, N, (K // 32,))
-        device = self.bias.device if self.bias is not None else blocks.device
+        device = self.weight.device
         data, scale_inv = ops.import_mxfp4_weights(blocks.to(device), scales.to(device))
         self._set_imported([data, scale_inv, torch.empty(0, dtype=torch.float32, device=device)])
 
