@@ -7,6 +7,7 @@ import math
 import torch
 
 from .._meta import recipe_traits
+from . import _checkpoint
 
 ops = torch.ops.groupmm
 
@@ -351,20 +352,6 @@ class GroupedLinear(torch.nn.Module):
 
     # ---- quantized weights imported from a checkpoint (inference) --------------------------------
 
-    def _weight_shape(self, what, t, rows, tail):
-        """t as [G, rows, *tail] (a one-group layer, whose weight is [N, K] like nn.Linear's,
-        takes [rows, *tail] too), or raises naming the argument and both shapes."""
-        if self.weight is None:
-            raise RuntimeError(f"groupmm.nn.GroupedLinear.{what.split(':')[0]}: the layer's "
-                               "weights were already imported")
-        G = self.experts
-        if self.weight.dim() == 2 and t.dim() == 1 + len(tail):
-            t = t.unsqueeze(0)
-        if tuple(t.shape) != (G, rows, *tail):
-            raise ValueError(f"groupmm.nn.GroupedLinear.{what} must be {[G, rows, *tail]} "
-                             f"(experts, ...); got {list(t.shape)}")
-        return t
-
     def _set_imported(self, parts):
         self.weight = None  # the 16-bit weight is gone: forward reads the imported parts
         self._exec.weights.clear()
@@ -382,27 +369,7 @@ class GroupedLinear(torch.nn.Module):
         dequantization multiplier of each 128x128 block (w = fp8 * scale_inv; fp8_block's own
         convention, so the bytes are used as they are). Layer recipe 'fp8_block'; forward then
         quantizes x in 1x128 blocks and runs the blockwise FP8 GEMM on these weights."""
-        _check(self.recipe == "fp8_block", self.recipe,
-               "import_fp8_block needs recipe='fp8_block' (the 128x128 block-scaled weights)")
-        _check(weight.dtype == torch.float8_e4m3fn, self.recipe,
-               f"import_fp8_block: weight must be torch.float8_e4m3fn; got {weight.dtype}")
-        _check(weight_scale_inv.dtype == torch.float32, self.recipe, "import_fp8_block: "
-               f"weight_scale_inv must be torch.float32; got {weight_scale_inv.dtype}")
-        G, N, K = self.experts, self.out_features, self.in_features
-        nb = (N + 127) // 128
-        weight = self._weight_shape("import_fp8_block: weight", weight, N, (K,))
-        scale = self._weight_shape("import_fp8_block: weight_scale_inv", weight_scale_inv, nb,
-                                   (K // 128,))
-        device = self.weight.device  # the layer's device: a checkpoint may be read to the host
-        # The GEMM's scale buffer is group_quantize's: the experts' blocks in order, then zero rows
-        # up to the bound its shape is sized by (taken from the op's fake kernel).
-        meta = torch.empty(G, N, K, dtype=torch.bfloat16, device="meta")
-        shape = ops.group_quantize(meta, None, "fp8_block", block_2d=True)[1].shape
-        scales = torch.zeros(shape, dtype=torch.float32, device=device)
-        scales[: G * nb] = scale.reshape(G * nb, K // 128)
-        none = torch.empty(0, dtype=torch.float32, device=device)
-        self._set_imported([weight.reshape(G * N, K).to(device).contiguous(), scales,
-                            none.to(torch.float8_e4m3fn), none, none])
+        self._set_imported(_checkpoint.fp8_block_parts(self, weight, weight_scale_inv))
 
     @torch.no_grad()
     def import_mxfp4(self, blocks, scales):
@@ -410,15 +377,7 @@ class GroupedLinear(torch.nn.Module):
         uint8 (two e2m1 codes a byte, element 2j in the low nibble), scales [G, N, K / 32] uint8
         (E8M0 exponents). Layer recipe 'mxfp4_weight'; forward runs the 4-bit weight GEMM on them
         (groupmm.ops.import_mxfp4_weights' relayout, bit for bit the same numbers)."""
-        _check(self.recipe == "mxfp4_weight", self.recipe,
-               "import_mxfp4 needs recipe='mxfp4_weight'")
-        K = self.in_features
-        N = self.out_features
-        blocks = self._weight_shape("import_mxfp4: blocks", blocks, N, (K // 32, 16))
-        scales = self._weight_shape("import_mxfp4: scales", scales, N, (K // 32,))
-        device = self.weight.device
-        data, scale_inv = ops.import_mxfp4_weights(blocks.to(device), scales.to(device))
-        self._set_imported([data, scale_inv, torch.empty(0, dtype=torch.float32, device=device)])
+        self._set_imported(_checkpoint.mxfp4_parts(self, blocks, scales))
 
     @property
     def imported(self):
