@@ -5,22 +5,16 @@
 // allocated here, stream-ordered).
 #include <algorithm>
 
-#include "ep/check.hpp"
+#include "ep/movers.hpp"
 
 namespace groupmm::ep {
 
+using namespace movers;
+
 namespace {
 
-#define GROUPMM_EP_CALL(ctx, fn, ...) \
-  ((ctx).device() == Device::CPU ? cpu::fn(__VA_ARGS__) : cuda::fn(__VA_ARGS__))
-
-// The send and receive buffers of one mover: the capacity plan's, or fresh ones.
-struct Stage {
-  Tensor own_send, own_recv;
-  void* send = nullptr;
-  void* recv = nullptr;
-};
-
+// The send and receive buffers of one mover: the plan's (capacity mode: sized for the largest
+// use at creation) or fresh ones.
 Stage stage(Context& ctx, const Tensor& plan_send, const Tensor& plan_recv, int64_t send_bytes,
             int64_t recv_bytes) {
   Stage s;
@@ -36,12 +30,15 @@ Stage stage(Context& ctx, const Tensor& plan_send, const Tensor& plan_recv, int6
   return s;
 }
 
+}  // namespace
+
+namespace movers {
+
 Stage row_stage(Context& ctx, const EpPlan& p, int64_t send_rows, int64_t recv_rows,
                 int64_t row_bytes) {
   return stage(ctx, p.stage_send, p.stage_recv, send_rows * row_bytes, recv_rows * row_bytes);
 }
 
-// One all-to-all along a route: per-peer counts and offsets in units of `unit` bytes.
 void exchange(Context& ctx, Transport& tr, const void* send, const std::vector<int64_t>& sc,
               const std::vector<int64_t>& so, void* recv, const std::vector<int64_t>& rc,
               const std::vector<int64_t>& ro, int64_t unit) {
@@ -57,19 +54,6 @@ void exchange(Context& ctx, Transport& tr, const void* send, const std::vector<i
                   ctx.stream());
 }
 
-void exchange_back(Context& ctx, Transport& tr, const EpPlan& p, const void* send, void* recv,
-                   int64_t unit) {
-  exchange(ctx, tr, send, p.back_send, p.back_send_offsets, recv, p.back_recv, p.back_recv_offsets,
-           unit);
-}
-
-// One direction of a plan: per-peer counts and offsets (rows or entries) on each side.
-struct Route {
-  const std::vector<int64_t>& send_count;
-  const std::vector<int64_t>& send_offset;
-  const std::vector<int64_t>& recv_count;
-  const std::vector<int64_t>& recv_offset;
-};
 Route forward_route(const EpPlan& p) {
   return {p.send_rows, p.send_offsets, p.recv_rows, p.recv_offsets};
 }
@@ -77,29 +61,6 @@ Route back_route(const EpPlan& p) {
   return {p.back_send, p.back_send_offsets, p.back_recv, p.back_recv_offsets};
 }
 
-// Packs the rows a route sends and exchanges them: pack(dst, first, n) writes send rows
-// [first, first + n) at dst, rows of `unit` bytes. The rank's own block is packed straight into
-// the receive buffer, where the exchange would have put it, and left out of the exchange: it is
-// written once instead of packed and then copied (at R = 1 that copy was the whole exchange).
-// Every byte the receiver reads is the same as through the transport.
-template <class Pack>
-void pack_and_exchange(Context& ctx, Transport& tr, const Route& r, void* send, void* recv,
-                       int64_t unit, const Pack& pack) {
-  const size_t me = size_t(tr.rank()), R = r.send_count.size();
-  const int64_t at = r.send_offset[me], mine = r.send_count[me];
-  const int64_t total = r.send_offset[R - 1] + r.send_count[R - 1];
-  GROUPMM_CHECK(mine == r.recv_count[me], "ep: rank ", me, " sends itself ", mine,
-                " rows but expects ", r.recv_count[me], " (an inconsistent plan)");
-  char* s = static_cast<char*>(send);
-  pack(s, int64_t(0), at);
-  pack(static_cast<char*>(recv) + r.recv_offset[me] * unit, at, mine);
-  pack(s + (at + mine) * unit, at + mine, total - at - mine);
-  std::vector<int64_t> sc = r.send_count, rc = r.recv_count;
-  sc[me] = rc[me] = 0;
-  exchange(ctx, tr, send, sc, r.send_offset, recv, rc, r.recv_offset, unit);
-}
-
-// pack_and_exchange with the plain gather: send row i is src row idx[i] (`unit` bytes).
 void gather_and_exchange(Context& ctx, Transport& tr, const Route& r, const void* src,
                          const int32_t* idx, void* send, void* recv, int64_t unit) {
   pack_and_exchange(ctx, tr, r, send, recv, unit, [&](void* dst, int64_t first, int64_t n) {
@@ -107,7 +68,6 @@ void gather_and_exchange(Context& ctx, Transport& tr, const Route& r, const void
   });
 }
 
-// The checks every mover starts with; returns the dtype of `first` (the rows all operands share).
 DType check_mover(const char* op, const Context& ctx, const EpPlan& p, const Transport& tr,
                   const char* arg, const TensorView& first) {
   check::plan(op, ctx, p, tr);
@@ -116,12 +76,35 @@ DType check_mover(const char* op, const Context& ctx, const EpPlan& p, const Tra
   return t;
 }
 
-// fp32 [n] (cols 0) or [n, cols].
 void check_floats(const Context& ctx, const char* op, const char* arg, const TensorView& v,
                   int64_t n, int64_t cols) {
   check_view(op, arg, v, DType::fp32, cols > 0 ? 2 : 1, ctx.device());
   check_dim(op, arg, v, 0, n);
   if (cols > 0) check_dim(op, arg, v, 1, cols);
+}
+
+void check_no_alias(const char* op, const char* out, const TensorView& o,
+                    std::initializer_list<std::pair<const char*, const TensorView*>> ins) {
+  for (const auto& [name, v] : ins)
+    GROUPMM_CHECK(!v->present() || !o.present() || !views_overlap(o, *v), op, ": ", out,
+                  " may not alias ", name);
+}
+
+Stage aux_stage(Context& ctx, const EpPlan& p) {
+  const int64_t k = p.cfg.topk;
+  return stage(ctx, p.stage_aux_send, p.stage_aux_recv,
+               std::max(p.send_total * k, p.back_send_total) * 4,
+               std::max(p.recv_total * k, p.back_recv_total) * 4);
+}
+
+}  // namespace movers
+
+namespace {
+
+void exchange_back(Context& ctx, Transport& tr, const EpPlan& p, const void* send, void* recv,
+                   int64_t unit) {
+  exchange(ctx, tr, send, p.back_send, p.back_send_offsets, recv, p.back_recv, p.back_recv_offsets,
+           unit);
 }
 
 // An optional pair of fp32 tensors, given together or not at all, shaped [rows] (cols 0) or
@@ -138,22 +121,6 @@ bool check_float_pair(const Context& ctx, const char* op, const FloatArg& a, con
   if (!a.v.present()) return false;
   for (const FloatArg* f : {&a, &b}) check_floats(ctx, op, f->name, f->v, f->rows, f->cols);
   return true;
-}
-
-void check_no_alias(const char* op, const char* out, const TensorView& o,
-                    std::initializer_list<std::pair<const char*, const TensorView*>> ins) {
-  for (const auto& [name, v] : ins)
-    GROUPMM_CHECK(!v->present() || !o.present() || !views_overlap(o, *v), op, ": ", out,
-                  " may not alias ", name);
-}
-
-// The fp32 staging of a mover that also moves values: k weights per forward row, one value per
-// back entry.
-Stage aux_stage(Context& ctx, const EpPlan& p) {
-  const int64_t k = p.cfg.topk;
-  return stage(ctx, p.stage_aux_send, p.stage_aux_recv,
-               std::max(p.send_total * k, p.back_send_total) * 4,
-               std::max(p.recv_total * k, p.back_recv_total) * 4);
 }
 
 // weights [T, k] -> aux.recv: the k weights of every received row, along the dispatch's route.
@@ -286,115 +253,6 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
   GROUPMM_EP_CALL(ctx, ep_combine_backward_expert, ctx, p, st.recv,
                   static_cast<const float*>(aux.recv), y_grouped, d_y_grouped, dw_send);
   if (weighted) values_home(ctx, tr, p, aux, d_weights, nullptr);  // dropped slots get 0
-  ctx.after_op();
-}
-
-// ---- chunked steps: the way back of one chunk, then one sum
-// ---------------------------------------
-
-namespace {
-
-const EpPlan& chunk_plan(const char* op, const EpChunkedPlan& cp, int64_t c) {
-  GROUPMM_CHECK(cp.chunks >= 1 && cp.plans.size() == size_t(cp.chunks) &&
-                    cp.back_base.size() == size_t(cp.chunks + 1),
-                op, ": plan is not a chunked plan (", cp.to_string(),
-                "); build it with ep_dispatch_plan_chunked or ep_capacity_plan_chunked_create");
-  GROUPMM_CHECK(c >= 0 && c < cp.chunks, op, ": chunk=", c, " must be in [0, chunks=", cp.chunks,
-                ")");
-  return cp.plans[size_t(c)];
-}
-
-// The back buffers hold rows of the widest dtype the plan was made for.
-void check_back_fits(const char* op, const EpChunkedPlan& cp, const char* arg, DType t) {
-  const int64_t need = dtype_storage_bytes(t, cp.plans[0].cfg.hidden);
-  GROUPMM_CHECK(need <= cp.back_row_bytes, op, ": ", arg, ".dtype=", dtype_name(t), " needs ", need,
-                " bytes a row but the chunked plan was made for ", cp.back_row_bytes,
-                " (its row_dtype)");
-}
-
-// Chunk c's rows [p.rows, H] home, into its part of cp.back_rows (rows of t's width).
-void chunk_rows_home(Context& ctx, Transport& tr, const EpChunkedPlan& cp, int64_t c,
-                     const TensorView& rows, DType t) {
-  const EpPlan& p = cp.plans[size_t(c)];
-  const int64_t rb = dtype_storage_bytes(t, p.cfg.hidden);
-  Stage st = row_stage(ctx, p, p.back_send_total, 0, rb);
-  char* recv = static_cast<char*>(cp.back_rows.data()) + cp.back_base[size_t(c)] * rb;
-  gather_and_exchange(ctx, tr, back_route(p), rows.data, p.back_grouped.ptr<int32_t>(), st.send,
-                      recv, rb);
-}
-
-// The checks of a finish op (no exchange: the plan's device is the Context's).
-void check_finish(const char* op, const Context& ctx, const EpChunkedPlan& cp) {
-  (void)chunk_plan(op, cp, 0);
-  GROUPMM_CHECK(cp.slot_entry.view().device == ctx.device(), op,
-                ": plan was built for another Context (", cp.to_string(), ")");
-}
-
-}  // namespace
-
-void ep_combine_chunk(Context& ctx, Transport& tr, EpChunkedPlan& cp, int64_t c,
-                      const TensorView& y_grouped) {
-  const char* op = "ep_combine_chunk";
-  const EpPlan& p = chunk_plan(op, cp, c);
-  const DType t = check_mover(op, ctx, p, tr, "y_grouped", y_grouped);
-  check::rows(ctx, op, "y_grouped", y_grouped, p.rows, p.cfg.hidden, t);
-  check_back_fits(op, cp, "y_grouped", t);
-  chunk_rows_home(ctx, tr, cp, c, y_grouped, t);
-  ctx.after_op();
-}
-
-void ep_combine_finish(Context& ctx, const EpChunkedPlan& cp, const TensorView& weights,
-                       const TensorView& out, const TensorView& add) {
-  const char* op = "ep_combine_finish";
-  check_finish(op, ctx, cp);
-  const EpConfig& cfg = cp.plans[0].cfg;
-  const DType t = check::row_dtype(op, "out", out);
-  check::rows(ctx, op, "out", out, cp.tokens(), cfg.hidden, t);
-  check_back_fits(op, cp, "out", t);
-  if (weights.present()) check_floats(ctx, op, "weights", weights, cp.tokens(), cfg.topk);
-  if (add.present()) check::rows(ctx, op, "add", add, cp.tokens(), cfg.hidden, t);
-  check_no_alias(op, "out", out, {{"weights", &weights}, {"add", &add}});
-  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, out, cp.back_rows.data(), cp.slot_entry.ptr<int32_t>(),
-                  weights.present() ? weights.ptr<float>() : nullptr, cfg.topk,
-                  add.present() ? add.data : nullptr);
-  ctx.after_op();
-}
-
-void ep_dispatch_backward_chunk(Context& ctx, Transport& tr, EpChunkedPlan& cp, int64_t c,
-                                const TensorView& d_x_grouped, const TensorView& d_probs) {
-  const char* op = "ep_dispatch_backward_chunk";
-  const EpPlan& p = chunk_plan(op, cp, c);
-  const DType t = check_mover(op, ctx, p, tr, "d_x_grouped", d_x_grouped);
-  check::rows(ctx, op, "d_x_grouped", d_x_grouped, p.rows, p.cfg.hidden, t);
-  check_back_fits(op, cp, "d_x_grouped", t);
-  if (d_probs.present()) check_floats(ctx, op, "d_probs", d_probs, p.rows, 0);
-  chunk_rows_home(ctx, tr, cp, c, d_x_grouped, t);
-  if (d_probs.present()) {  // each entry's d_prob goes home like its gradient row
-    Stage aux = aux_stage(ctx, p);
-    float* recv = static_cast<float*>(cp.back_values.data()) + cp.back_base[size_t(c)];
-    gather_and_exchange(ctx, tr, back_route(p), d_probs.data, p.back_grouped.ptr<int32_t>(),
-                        aux.send, recv, int64_t(sizeof(float)));
-  }
-  ctx.after_op();
-}
-
-void ep_dispatch_backward_finish(Context& ctx, const EpChunkedPlan& cp, const TensorView& dx,
-                                 const TensorView& d_weights, const TensorView& add) {
-  const char* op = "ep_dispatch_backward_finish";
-  check_finish(op, ctx, cp);
-  const EpConfig& cfg = cp.plans[0].cfg;
-  const DType t = check::row_dtype(op, "dx", dx);
-  check::rows(ctx, op, "dx", dx, cp.tokens(), cfg.hidden, t);
-  check_back_fits(op, cp, "dx", t);
-  if (add.present()) check::rows(ctx, op, "add", add, cp.tokens(), cfg.hidden, t);
-  if (d_weights.present()) check_floats(ctx, op, "d_weights", d_weights, cp.tokens(), cfg.topk);
-  check_no_alias(op, "dx", dx, {{"add", &add}, {"d_weights", &d_weights}});
-  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, dx, cp.back_rows.data(), cp.slot_entry.ptr<int32_t>(),
-                  nullptr, cfg.topk, add.present() ? add.data : nullptr);
-  if (d_weights.present())  // dropped or absent slots get 0
-    GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, d_weights.data, cp.back_values.data(),
-                    cp.slot_entry.ptr<int32_t>(), cp.tokens() * cfg.topk, 1, int64_t(sizeof(float)),
-                    true);
   ctx.after_op();
 }
 

@@ -1,0 +1,81 @@
+// The expert-parallel movers' shared parts (src/ep/movers.cpp, movers_chunked.cpp): staging,
+// the exchange along a route with the rank's own block packed in place, and the checks every
+// mover starts with. Internal.
+#pragma once
+
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include "ep/check.hpp"
+
+namespace groupmm::ep::movers {
+
+#define GROUPMM_EP_CALL(ctx, fn, ...) \
+  ((ctx).device() == Device::CPU ? cpu::fn(__VA_ARGS__) : cuda::fn(__VA_ARGS__))
+
+// The send and receive buffers of one mover: the capacity plan's, or fresh ones.
+struct Stage {
+  Tensor own_send, own_recv;
+  void* send = nullptr;
+  void* recv = nullptr;
+};
+
+// The staging of one mover's rows (row_bytes each) and of its fp32 values (k weights per forward
+// row, one value per back entry): the capacity plan's buffers, or fresh ones (stream-ordered).
+Stage row_stage(Context& ctx, const EpPlan& p, int64_t send_rows, int64_t recv_rows,
+                int64_t row_bytes);
+Stage aux_stage(Context& ctx, const EpPlan& p);
+
+// One all-to-all along a route: per-peer counts and offsets in units of `unit` bytes.
+void exchange(Context& ctx, Transport& tr, const void* send, const std::vector<int64_t>& sc,
+              const std::vector<int64_t>& so, void* recv, const std::vector<int64_t>& rc,
+              const std::vector<int64_t>& ro, int64_t unit);
+
+// One direction of a plan: per-peer counts and offsets (rows or entries) on each side.
+struct Route {
+  const std::vector<int64_t>& send_count;
+  const std::vector<int64_t>& send_offset;
+  const std::vector<int64_t>& recv_count;
+  const std::vector<int64_t>& recv_offset;
+};
+Route forward_route(const EpPlan& p);
+Route back_route(const EpPlan& p);
+
+// Packs the rows a route sends and exchanges them: pack(dst, first, n) writes send rows
+// [first, first + n) at dst, rows of `unit` bytes. The rank's own block is packed straight into
+// the receive buffer, where the exchange would have put it, and left out of the exchange: it is
+// written once instead of packed and then copied (at R = 1 that copy was the whole exchange).
+// Every byte the receiver reads is the same as through the transport.
+template <class Pack>
+void pack_and_exchange(Context& ctx, Transport& tr, const Route& r, void* send, void* recv,
+                       int64_t unit, const Pack& pack) {
+  const size_t me = size_t(tr.rank()), R = r.send_count.size();
+  const int64_t at = r.send_offset[me], mine = r.send_count[me];
+  const int64_t total = r.send_offset[R - 1] + r.send_count[R - 1];
+  GROUPMM_CHECK(mine == r.recv_count[me], "ep: rank ", me, " sends itself ", mine,
+                " rows but expects ", r.recv_count[me], " (an inconsistent plan)");
+  char* s = static_cast<char*>(send);
+  pack(s, int64_t(0), at);
+  pack(static_cast<char*>(recv) + r.recv_offset[me] * unit, at, mine);
+  pack(s + (at + mine) * unit, at + mine, total - at - mine);
+  std::vector<int64_t> sc = r.send_count, rc = r.recv_count;
+  sc[me] = rc[me] = 0;
+  exchange(ctx, tr, send, sc, r.send_offset, recv, rc, r.recv_offset, unit);
+}
+
+// pack_and_exchange with the plain gather: send row i is src row idx[i] (`unit` bytes).
+void gather_and_exchange(Context& ctx, Transport& tr, const Route& r, const void* src,
+                         const int32_t* idx, void* send, void* recv, int64_t unit);
+
+// The checks every mover starts with; returns the dtype of `first` (the rows all operands share).
+DType check_mover(const char* op, const Context& ctx, const EpPlan& p, const Transport& tr,
+                  const char* arg, const TensorView& first);
+// fp32 [n] (cols 0) or [n, cols].
+void check_floats(const Context& ctx, const char* op, const char* arg, const TensorView& v,
+                  int64_t n, int64_t cols);
+// `out` overlaps none of the given inputs (absent ones are skipped).
+void check_no_alias(const char* op, const char* out, const TensorView& o,
+                    std::initializer_list<std::pair<const char*, const TensorView*>> ins);
+
+}  // namespace groupmm::ep::movers
