@@ -63,13 +63,13 @@
 //   kFaultEpCapacity in the Context's status block (op ep_dispatch, group = the peer rank,
 //   value = the rows that peer needed, or the entries when the rows fit); Context::check() throws
 //   it. The expert-grouped buffer has plan.rows = R * C_e rows; the rows past the last local
-//   expert's are zero and counted in splits[E_l - 1], so sum(splits) == rows (the grouped GEMM's
-//   contract, as moe_permute's tail). plan.splits_at_most holds the same splits without the tail
-//   (plan.entry_splits()): the splits of the expert MLP's ops in their SplitsTotal::at_most mode
-//   (grouped GEMMs, the quantizers, weighted SwiGLU, dbias), which then neither read nor write
-//   the tail, so the experts compute the rows received only, whatever the capacity (nn::MoE does
-//   this). When nothing overflows, every output equals throughput mode's bit for bit (xg's first
-//   sum(entries) rows and all of y, dx, d_weights).
+//   expert's are zero (unless EpCapacity::zero_tail is false) and counted in splits[E_l - 1], so
+//   sum(splits) == rows (the grouped GEMM's contract, as moe_permute's tail). plan.splits_at_most
+//   holds the same splits without the tail (plan.entry_splits()): the splits of the expert MLP's
+//   ops in their SplitsTotal::at_most mode (grouped GEMMs, the quantizers, weighted SwiGLU, dbias),
+//   which then neither read nor write the tail, so the experts compute the rows received only,
+//   whatever the capacity (nn::MoE does this). When nothing overflows, every output equals
+//   throughput mode's bit for bit (xg's first sum(entries) rows and all of y, dx, d_weights).
 //
 // Backends: the CPU backend (Device::CPU contexts, host memory, a host transport) is the
 // reference; the CUDA backend (sm_90) runs on a CUDA Context with a transport whose buffers live on
@@ -207,6 +207,12 @@ struct EpCapacity {
   int64_t rows_per_peer = 0;     // C >= 1: token rows a rank sends one peer (itself included)
   int64_t entries_per_peer = 0;  // C_e: (token, slot) entries for one peer's experts; 0 means
                                  // C * k, which C rows can never exceed
+  // The expert-grouped buffers' tail (the rows past the entries received): written as zero by
+  // ep_dispatch / ep_dispatch_fp8 (rows, scales, probs) and ep_combine_backward (d_y_grouped), so
+  // that sum(plan.splits) == rows holds for ops with exact splits. false: the tail is left as it
+  // was, for consumers that run over plan.entry_splits() with SplitsTotal::at_most and never read
+  // it (nn::MoE does; it saves writing R * C_e - entries rows twice a step).
+  bool zero_tail = true;
   std::string to_string() const;
 };
 
@@ -291,9 +297,10 @@ void ep_capacity_plan(Context& ctx, Transport& tr, const TensorView& expert_ids,
 // corresponding one-rank op's, bit for bit.
 
 // x [T, H] -> x_grouped [plan.rows, H], x's dtype, ordered as the header says (ready for grouped
-// GEMMs with plan.splits; capacity mode's tail rows are zero). weights [T, k] fp32 and probs
+// GEMMs with plan.splits; capacity mode's tail rows are zero, or left alone without
+// EpCapacity::zero_tail). weights [T, k] fp32 and probs
 // [plan.rows] fp32, optional (both or none): probs[g] = weights[t, j] of the grouped row's entry
-// (0 for tail rows), moe_permute's probs.
+// (0 for tail rows, as the rows), moe_permute's probs.
 void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& x,
                  const TensorView& x_grouped, const TensorView& weights = TensorView(),
                  const TensorView& probs = TensorView());
@@ -309,10 +316,10 @@ void ep_combine(Context& ctx, Transport& tr, const EpPlan& plan, const TensorVie
 
 // Backward of ep_combine: dy [T, H], weights [T, k] fp32, y_grouped [plan.rows, H] (the forward's,
 // saved) -> d_y_grouped [plan.rows, H] (d_y_(t, j) = fp32(weights[t, j] * dy[t]) rounded once;
-// tail rows 0) and d_weights [T, k] fp32 (dot(dy[t], y_(t, j)) in the ep_dot_order; 0 where the
-// slot was dropped). dy, y_grouped and d_y_grouped share one dtype. Unweighted (weights and
-// d_weights absent, y_grouped unused and may be absent): d_y_(t, j) = dy[t],
-// moe_unpermute_backward.
+// tail rows 0, as ep_dispatch's) and d_weights [T, k] fp32 (dot(dy[t], y_(t, j)) in the
+// ep_dot_order; 0 where the slot was dropped). dy, y_grouped and d_y_grouped share one dtype.
+// Unweighted (weights and d_weights absent, y_grouped unused and may be absent): d_y_(t, j) =
+// dy[t], moe_unpermute_backward.
 void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& plan, const TensorView& dy,
                          const TensorView& weights, const TensorView& y_grouped,
                          const TensorView& d_y_grouped, const TensorView& d_weights);
@@ -366,10 +373,10 @@ int64_t ep_fp8_wire_row_bytes(int64_t hidden);
 // fp32 (group_quantize_shapes(plan.rows, H, E_l, config) sizes them); other fields ignored.
 // Returns x_grouped with num_groups E_l, splits plan.splits, recipe fp8_block, plain layout: the
 // `a` operand of the FP8 block GEMM forward. Rows are ordered as ep_dispatch's; capacity mode's
-// tail rows get zero data and zero scales. weights / probs as ep_dispatch. H must be a multiple of
-// 128; on a capacity plan the wire row must fit the staging row (any 16-bit row_dtype does).
-// Graph safe on CUDA with a capacity plan (two strided gathers and one exchange, plus the
-// weights' exchange with probs).
+// tail rows get zero data and zero scales (EpCapacity::zero_tail). weights / probs as ep_dispatch.
+// H must be a multiple of 128; on a capacity plan the wire row must fit the staging row (any 16-bit
+// row_dtype does). Graph safe on CUDA with a capacity plan (two strided gathers and one exchange,
+// plus the weights' exchange with probs).
 GroupedTensor ep_dispatch_fp8(Context& ctx, Transport& tr, const EpPlan& plan,
                               const GroupedTensor& x_q, const GroupedTensor& x_grouped,
                               const TensorView& weights = TensorView(),

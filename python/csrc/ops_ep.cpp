@@ -234,7 +234,8 @@ PlanPtr ep_dispatch_plan(const GroupPtr& group, const at::Tensor& expert_ids, in
 
 PlanPtr ep_capacity_plan_create(const GroupPtr& group, const at::Tensor& expert_ids,
                                 int64_t experts, int64_t hidden, int64_t rows_per_peer,
-                                int64_t entries_per_peer, at::ScalarType row_dtype) {
+                                int64_t entries_per_peer, at::ScalarType row_dtype,
+                                bool zero_tail) {
   const char* op = "ep_capacity_plan_create";
   Call call(op, expert_ids);
   check_group_device(op, *group, expert_ids);
@@ -242,7 +243,7 @@ PlanPtr ep_capacity_plan_create(const GroupPtr& group, const at::Tensor& expert_
                     expert_ids.sizes());
   auto plan = std::make_shared<ep::EpPlan>(ep::ep_capacity_plan_create(
       call.ctx(), group->transport(), ep_config(*group, experts, hidden, expert_ids.size(1)),
-      ep::EpCapacity{rows_per_peer, entries_per_peer}, expert_ids.size(0),
+      ep::EpCapacity{rows_per_peer, entries_per_peer, zero_tail}, expert_ids.size(0),
       to_groupmm(row_dtype, op, "row_dtype")));
   call.finish();
   return c10::make_intrusive<EpPlan>(group, std::move(plan));
@@ -344,7 +345,7 @@ using EpCombineBwdSig = Tensors2(const PlanPtr&, const at::Tensor&, const OptTen
                                  const OptTensor&);
 using EpPlanSig = PlanPtr(const GroupPtr&, const at::Tensor&, int64_t, int64_t);
 using EpCapCreateSig = PlanPtr(const GroupPtr&, const at::Tensor&, int64_t, int64_t, int64_t,
-                               int64_t, at::ScalarType);
+                               int64_t, at::ScalarType, bool);
 using EpCapFillSig = void(const PlanPtr&, const at::Tensor&);
 
 bool present(const OptTensor& t) {
@@ -425,9 +426,10 @@ PlanPtr ep_dispatch_plan_autograd(c10::DispatchKeySet ks, const GroupPtr& g, con
 }
 PlanPtr ep_capacity_plan_create_autograd(c10::DispatchKeySet ks, const GroupPtr& g,
                                          const at::Tensor& ids, int64_t experts, int64_t hidden,
-                                         int64_t rows, int64_t entries, at::ScalarType dtype) {
+                                         int64_t rows, int64_t entries, at::ScalarType dtype,
+                                         bool zero_tail) {
   return below_autograd(GROUPMM_OP("ep_capacity_plan_create", EpCapCreateSig), ks, g, ids, experts,
-                        hidden, rows, entries, dtype);
+                        hidden, rows, entries, dtype, zero_tail);
 }
 void ep_capacity_plan_autograd(c10::DispatchKeySet ks, const PlanPtr& plan, const at::Tensor& ids) {
   below_autograd(GROUPMM_OP("ep_capacity_plan", EpCapFillSig), ks, plan, ids);
@@ -475,7 +477,7 @@ TORCH_LIBRARY_FRAGMENT(groupmm, m) {
         " group, Tensor expert_ids, int experts, int hidden) -> " GROUPMM_EP_PLAN);
   m.def("ep_capacity_plan_create(" GROUPMM_EP_GROUP
         " group, Tensor expert_ids, int experts, int hidden, int rows_per_peer, "
-        "int entries_per_peer, ScalarType row_dtype) -> " GROUPMM_EP_PLAN);
+        "int entries_per_peer, ScalarType row_dtype, bool zero_tail=True) -> " GROUPMM_EP_PLAN);
   m.def("ep_capacity_plan(" GROUPMM_EP_PLAN " plan, Tensor expert_ids) -> ()");
   // movers (collectives) and their backwards
   m.def("ep_dispatch(" GROUPMM_EP_PLAN

@@ -29,44 +29,69 @@ GROUPMM_HD float dot_lane_partial(int lane, int64_t n, A a, B b) {
 
 namespace groupmm::ep {
 
+// The rows a mover's receive side reads. Receive row r lies at staged + r * stride, except in the
+// rank's own block [own_lo, own_lo + own_n): those rows were neither packed nor exchanged
+// (movers.hpp, pack_others_and_exchange), and receive row own_lo + i is read in place as row
+// own_idx[i] of own_src (own_stride bytes a row; own_idx[i] < 0: no row). own_n = 0: all staged.
+struct RecvRows {
+  const void* staged = nullptr;
+  int64_t stride = 0;
+  const void* own_src = nullptr;
+  int64_t own_stride = 0;
+  const int32_t* own_idx = nullptr;
+  int64_t own_lo = 0, own_n = 0;
+
+  static RecvRows plain(const void* rows, int64_t stride) { return {rows, stride}; }
+  // Receive row r (null: an own-block row with no source row).
+  GROUPMM_HD const char* row(int64_t r) const {
+    const int64_t i = r - own_lo;
+    if (i >= 0 && i < own_n) {
+      const int64_t s = own_idx[i];
+      return s >= 0 ? static_cast<const char*>(own_src) + s * own_stride : nullptr;
+    }
+    return static_cast<const char*>(staged) + r * stride;
+  }
+};
+
 // Primitives of one backend (declared in namespaces cpu and cuda below). Views carry the device.
-#define GROUPMM_EP_PRIMITIVES(ENTRY)                                                              \
-  /* dst row i (row_bytes) = src row idx[i] / div for idx[i] >= 0; rows with idx[i] < 0 are       \
-     zeroed when zero_missing, else left alone. n rows; dst and src are raw bytes. */             \
-  ENTRY void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx,         \
-                            int64_t n, int64_t div, int64_t row_bytes, bool zero_missing);        \
-  /* The same with row strides (bytes) of their own: dst + i * dst_stride gets row_bytes from     \
-     src + (idx[i] / div) * src_stride (FP8 dispatch packs data and scales into one wire row). */ \
-  ENTRY void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const void* src, \
-                                    int64_t src_stride, const int32_t* idx, int64_t n,            \
-                                    int64_t div, int64_t row_bytes, bool zero_missing);           \
-  /* out[t] = sum_j w[t, j] * rows[slot_entry[t, j]] (w absent: unweighted) in fp32, j order,     \
-     then + add[t] when add is given (out's dtype, [T, H]), rounded once to out's dtype; rows is  \
-     [*, H] of out's dtype. */                                                                    \
-  ENTRY void ep_weighted_sum(Context& ctx, const TensorView& out, const void* rows,               \
-                             const int32_t* slot_entry, const float* w, int64_t k,                \
-                             const void* add);                                                    \
-  /* Expert side of ep_combine_backward: for every grouped row g with entry e = grouped_entry[g]: \
-     d_yg[g] = w_recv[e] * dy_recv[e / k] (0 when e < 0; w_recv null: dy_recv[e / k]); for        \
-     every back entry i with g = back_grouped[i] >= 0: dw_send[i] = dot(dy_recv[e / k], yg[g])    \
-     in the fixed order (dw_send null: none). */                                                  \
-  ENTRY void ep_combine_backward_expert(Context& ctx, const EpPlan& plan, const void* dy_recv,    \
-                                        const float* w_recv, const TensorView& y_grouped,         \
-                                        const TensorView& d_y_grouped, float* dw_send);           \
-  /* Capacity mode: the sender side before the metadata exchange (send_token, meta_send,          \
-     slot_entry, overflow reports) and the receiver side after it (grouped_entry, splits,         \
-     back_grouped). */                                                                            \
-  ENTRY void ep_capacity_plan_send(Context& ctx, const TensorView& expert_ids, EpPlan& plan);     \
-  ENTRY void ep_capacity_plan_recv(Context& ctx, EpPlan& plan);                                   \
-  /* A chunk's ids (EpChunkedPlan): for each of the T k ids e = q E_l + le in [0, E), out =       \
-     q E_l + le - lo when lo <= le < hi, else -1 (another chunk's expert); -1 stays -1; any other \
-     id stays out of range (its value, or INT32_MAX past int32) for the plan to report. ids int32 \
-     or int64 [T, k]; out int32. */                                                               \
-  ENTRY void ep_chunk_ids(Context& ctx, int32_t* out, const TensorView& ids, int64_t E,           \
-                          int64_t El, int64_t lo, int64_t hi);                                    \
-  /* merged[i] = base + part[i] where part[i] >= 0, for i < n; elsewhere -1 when first, else      \
-     left alone (the slots of one chunk's plan into the chunks' concatenated way back). */        \
-  ENTRY void ep_merge_slots(Context& ctx, int32_t* merged, const int32_t* part, int64_t n,        \
+#define GROUPMM_EP_PRIMITIVES(ENTRY)                                                               \
+  /* dst row i (row_bytes) = src row idx[i] / div for idx[i] >= 0; rows with idx[i] < 0 are        \
+     zeroed when zero_missing, else left alone. n rows; dst and src are raw bytes. */              \
+  ENTRY void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx,          \
+                            int64_t n, int64_t div, int64_t row_bytes, bool zero_missing);         \
+  /* The same from receive rows, with a dst row stride (bytes) of its own: dst + i * dst_stride    \
+     gets row_bytes of src.row(idx[i] / div) (FP8 dispatch packs data and scales into one wire     \
+     row; an own-block row without a source row counts as missing). */                             \
+  ENTRY void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride,                   \
+                                    const RecvRows& src, const int32_t* idx, int64_t n,            \
+                                    int64_t div, int64_t row_bytes, bool zero_missing);            \
+  /* out[t] = sum_j w[t, j] * rows.row(slot_entry[t, j]) (w absent: unweighted) in fp32, j order,  \
+     then + add[t] when add is given (out's dtype, [T, H]), rounded once to out's dtype; rows are  \
+     H of out's dtype. */                                                                          \
+  ENTRY void ep_weighted_sum(Context& ctx, const TensorView& out, const RecvRows& rows,            \
+                             const int32_t* slot_entry, const float* w, int64_t k,                 \
+                             const void* add);                                                     \
+  /* Expert side of ep_combine_backward: for every grouped row g with entry e = grouped_entry[g]:  \
+     d_yg[g] = w_recv[e] * dy.row(e / k) (0 when e < 0, or left alone when not zero_tail;          \
+     w_recv null: dy.row(e / k)); for every back entry i with g = back_grouped[i] >= 0:            \
+     dw_send[i] = dot(dy.row(e / k), yg[g]) in the fixed order (dw_send null: none). */            \
+  ENTRY void ep_combine_backward_expert(                                                           \
+      Context& ctx, const EpPlan& plan, const RecvRows& dy, const float* w_recv,                   \
+      const TensorView& y_grouped, const TensorView& d_y_grouped, float* dw_send, bool zero_tail); \
+  /* Capacity mode: the sender side before the metadata exchange (send_token, meta_send,           \
+     slot_entry, overflow reports) and the receiver side after it (grouped_entry, splits,          \
+     back_grouped). */                                                                             \
+  ENTRY void ep_capacity_plan_send(Context& ctx, const TensorView& expert_ids, EpPlan& plan);      \
+  ENTRY void ep_capacity_plan_recv(Context& ctx, EpPlan& plan);                                    \
+  /* A chunk's ids (EpChunkedPlan): for each of the T k ids e = q E_l + le in [0, E), out =        \
+     q E_l + le - lo when lo <= le < hi, else -1 (another chunk's expert); -1 stays -1; any other  \
+     id stays out of range (its value, or INT32_MAX past int32) for the plan to report. ids int32  \
+     or int64 [T, k]; out int32. */                                                                \
+  ENTRY void ep_chunk_ids(Context& ctx, int32_t* out, const TensorView& ids, int64_t E,            \
+                          int64_t El, int64_t lo, int64_t hi);                                     \
+  /* merged[i] = base + part[i] where part[i] >= 0, for i < n; elsewhere -1 when first, else       \
+     left alone (the slots of one chunk's plan into the chunks' concatenated way back). */         \
+  ENTRY void ep_merge_slots(Context& ctx, int32_t* merged, const int32_t* part, int64_t n,         \
                             int64_t base, bool first);
 
 namespace cpu {

@@ -13,7 +13,8 @@ std::string EpConfig::to_string() const {
 
 std::string EpCapacity::to_string() const {
   return groupmm::detail::cat("EpCapacity(rows_per_peer=", rows_per_peer,
-                              ", entries_per_peer=", entries_per_peer, ")");
+                              ", entries_per_peer=", entries_per_peer,
+                              zero_tail ? "" : ", zero_tail=false", ")");
 }
 
 const char* ep_mode_name(EpMode m) {
@@ -154,7 +155,7 @@ EpPlan ep_capacity_plan_create(Context& ctx, const Transport& tr, const EpConfig
   EpPlan p;
   p.cfg = cfg;
   p.mode = EpMode::capacity;
-  p.cap = EpCapacity{C, Ce};
+  p.cap = EpCapacity{C, Ce, cap.zero_tail};
   p.rank = tr.rank();
   p.tokens = tokens;
   p.local_experts = El;

@@ -61,11 +61,30 @@ Route back_route(const EpPlan& p) {
   return {p.back_send, p.back_send_offsets, p.back_recv, p.back_recv_offsets};
 }
 
+RecvRows own_rows(const Route& r, int me, const void* recv, int64_t unit, const void* src,
+                  int64_t src_stride, const int32_t* idx) {
+  RecvRows rows = RecvRows::plain(recv, unit);
+  rows.own_src = src;
+  rows.own_stride = src_stride;
+  rows.own_idx = idx + r.send_offset[size_t(me)];
+  rows.own_lo = r.recv_offset[size_t(me)];
+  rows.own_n = r.send_count[size_t(me)];
+  return rows;
+}
+
 void gather_and_exchange(Context& ctx, Transport& tr, const Route& r, const void* src,
                          const int32_t* idx, void* send, void* recv, int64_t unit) {
   pack_and_exchange(ctx, tr, r, send, recv, unit, [&](void* dst, int64_t first, int64_t n) {
     GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, dst, src, idx + first, n, 1, unit, false);
   });
+}
+
+RecvRows gather_others_and_exchange(Context& ctx, Transport& tr, const Route& r, const void* src,
+                                    const int32_t* idx, void* send, void* recv, int64_t unit) {
+  pack_others_and_exchange(ctx, tr, r, send, recv, unit, [&](void* dst, int64_t first, int64_t n) {
+    GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, dst, src, idx + first, n, 1, unit, false);
+  });
+  return own_rows(r, tr.rank(), recv, unit, src, unit, idx);
 }
 
 DType check_mover(const char* op, const Context& ctx, const EpPlan& p, const Transport& tr,
@@ -151,10 +170,10 @@ void back_and_sum(Context& ctx, Transport& tr, const EpPlan& p, const TensorView
                   const float* w, const TensorView& out, const TensorView& add) {
   const int64_t rb = dtype_storage_bytes(rows.dtype, p.cfg.hidden);
   Stage st = row_stage(ctx, p, p.back_send_total, p.back_recv_total, rb);
-  gather_and_exchange(ctx, tr, back_route(p), rows.data, p.back_grouped.ptr<int32_t>(), st.send,
-                      st.recv, rb);
-  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, out, st.recv, p.slot_entry.ptr<int32_t>(), w,
-                  p.cfg.topk, add.present() ? add.data : nullptr);
+  const RecvRows back = gather_others_and_exchange(
+      ctx, tr, back_route(p), rows.data, p.back_grouped.ptr<int32_t>(), st.send, st.recv, rb);
+  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, out, back, p.slot_entry.ptr<int32_t>(), w, p.cfg.topk,
+                  add.present() ? add.data : nullptr);
 }
 
 }  // namespace
@@ -171,17 +190,17 @@ void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& p, const TensorView&
   check_no_alias(op, "probs", probs, {{"x", &x}, {"weights", &weights}, {"x_grouped", &x_grouped}});
   const int64_t rb = dtype_storage_bytes(t, p.cfg.hidden);
   Stage st = row_stage(ctx, p, p.send_total, p.recv_total, rb);
-  gather_and_exchange(ctx, tr, forward_route(p), x.data, p.send_token.ptr<int32_t>(), st.send,
-                      st.recv, rb);
+  const RecvRows recv = gather_others_and_exchange(
+      ctx, tr, forward_route(p), x.data, p.send_token.ptr<int32_t>(), st.send, st.recv, rb);
   // A row two local experts need was received once; it is copied into both groups here.
   const int32_t* entry = p.grouped_entry.ptr<int32_t>();
-  GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, x_grouped.data, st.recv, entry, p.rows, p.cfg.topk, rb,
-                  true);
+  GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, x_grouped.data, rb, recv, entry, p.rows,
+                  p.cfg.topk, rb, p.cap.zero_tail);
   if (with_probs) {  // each grouped row's weight: its entry (row * k + slot) in the received k-rows
     Stage aux = aux_stage(ctx, p);
     weights_forward(ctx, tr, p, weights, aux);
     GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, probs.data, aux.recv, entry, p.rows, 1,
-                    int64_t(sizeof(float)), true);
+                    int64_t(sizeof(float)), p.cap.zero_tail);
   }
   ctx.after_op();
 }
@@ -241,8 +260,8 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
   // dy (and the k weights) of each token go to its expert ranks along the dispatch's route.
   const int64_t rb = dtype_storage_bytes(t, H);
   Stage st = row_stage(ctx, p, p.send_total, p.recv_total, rb);
-  gather_and_exchange(ctx, tr, forward_route(p), dy.data, p.send_token.ptr<int32_t>(), st.send,
-                      st.recv, rb);
+  const RecvRows recv = gather_others_and_exchange(
+      ctx, tr, forward_route(p), dy.data, p.send_token.ptr<int32_t>(), st.send, st.recv, rb);
   Stage aux;
   if (weighted) {
     aux = aux_stage(ctx, p);
@@ -250,8 +269,9 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
   }
   // Expert side: d_y_grouped, and one d_weight per entry (written over the sent weights).
   float* dw_send = weighted ? static_cast<float*>(aux.send) : nullptr;
-  GROUPMM_EP_CALL(ctx, ep_combine_backward_expert, ctx, p, st.recv,
-                  static_cast<const float*>(aux.recv), y_grouped, d_y_grouped, dw_send);
+  GROUPMM_EP_CALL(ctx, ep_combine_backward_expert, ctx, p, recv,
+                  static_cast<const float*>(aux.recv), y_grouped, d_y_grouped, dw_send,
+                  p.cap.zero_tail);
   if (weighted) values_home(ctx, tr, p, aux, d_weights, nullptr);  // dropped slots get 0
   ctx.after_op();
 }
@@ -335,25 +355,31 @@ GroupedTensor ep_dispatch_fp8(Context& ctx, Transport& tr, const EpPlan& p,
   Stage st = row_stage(ctx, p, p.send_total, p.recv_total, wire);
   const char* recv = static_cast<const char*>(st.recv);
   const int32_t* tok = p.send_token.ptr<int32_t>();
-  pack_and_exchange(ctx, tr, forward_route(p), st.send, st.recv, wire,
-                    [&](void* dst, int64_t first, int64_t n) {
-                      char* d = static_cast<char*>(dst);
-                      GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, d, wire, x_q.data.data, H,
-                                      tok + first, n, 1, H, false);
-                      GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, d + H, wire,
-                                      x_q.scale_inv.data, sb, tok + first, n, 1, sb, false);
-                    });
-  // Unpack straight into the GEMM's operand: rows and scales grouped by local expert.
+  const Route fwd = forward_route(p);
+  pack_others_and_exchange(
+      ctx, tr, fwd, st.send, st.recv, wire, [&](void* dst, int64_t first, int64_t n) {
+        char* d = static_cast<char*>(dst);
+        const int32_t* t = tok + first;
+        GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, d, wire,
+                        RecvRows::plain(x_q.data.data, H), t, n, 1, H, false);
+        GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, d + H, wire,
+                        RecvRows::plain(x_q.scale_inv.data, sb), t, n, 1, sb, false);
+      });
+  // Unpack straight into the GEMM's operand: rows and scales grouped by local expert (the own
+  // block's read in place from x_q).
   const int32_t* entry = p.grouped_entry.ptr<int32_t>();
-  GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, x_grouped.data.data, H, recv, wire, entry,
-                  p.rows, k, H, true);
-  GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, x_grouped.scale_inv.data, sb, recv + H, wire,
-                  entry, p.rows, k, sb, true);
+  const int me = tr.rank();
+  GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, x_grouped.data.data, H,
+                  own_rows(fwd, me, recv, wire, x_q.data.data, H, tok), entry, p.rows, k, H,
+                  p.cap.zero_tail);
+  GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, x_grouped.scale_inv.data, sb,
+                  own_rows(fwd, me, recv + H, wire, x_q.scale_inv.data, sb, tok), entry, p.rows, k,
+                  sb, p.cap.zero_tail);
   if (with_probs) {
     Stage aux = aux_stage(ctx, p);
     weights_forward(ctx, tr, p, weights, aux);
     GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, probs.data, aux.recv, entry, p.rows, 1,
-                    int64_t(sizeof(float)), true);
+                    int64_t(sizeof(float)), p.cap.zero_tail);
   }
   ctx.after_op();
   GroupedTensor out = x_grouped;

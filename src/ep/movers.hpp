@@ -42,14 +42,14 @@ struct Route {
 Route forward_route(const EpPlan& p);
 Route back_route(const EpPlan& p);
 
-// Packs the rows a route sends and exchanges them: pack(dst, first, n) writes send rows
-// [first, first + n) at dst, rows of `unit` bytes. The rank's own block is packed straight into
-// the receive buffer, where the exchange would have put it, and left out of the exchange: it is
-// written once instead of packed and then copied (at R = 1 that copy was the whole exchange).
-// Every byte the receiver reads is the same as through the transport.
+// Packs every row a route sends but the rank's own block, and exchanges them: pack(dst, first, n)
+// writes send rows [first, first + n) at dst, rows of `unit` bytes. The own block (send rows
+// [send_offset[me], + mine), which are receive rows [recv_offset[me], + mine)) is neither packed
+// nor exchanged: the receive side reads it in place (own_rows), one pass over those rows where
+// packing them was two (at R = 1 they are every row). Returns the own block's first send row.
 template <class Pack>
-void pack_and_exchange(Context& ctx, Transport& tr, const Route& r, void* send, void* recv,
-                       int64_t unit, const Pack& pack) {
+int64_t pack_others_and_exchange(Context& ctx, Transport& tr, const Route& r, void* send,
+                                 void* recv, int64_t unit, const Pack& pack) {
   const size_t me = size_t(tr.rank()), R = r.send_count.size();
   const int64_t at = r.send_offset[me], mine = r.send_count[me];
   const int64_t total = r.send_offset[R - 1] + r.send_count[R - 1];
@@ -57,16 +57,37 @@ void pack_and_exchange(Context& ctx, Transport& tr, const Route& r, void* send, 
                 " rows but expects ", r.recv_count[me], " (an inconsistent plan)");
   char* s = static_cast<char*>(send);
   pack(s, int64_t(0), at);
-  pack(static_cast<char*>(recv) + r.recv_offset[me] * unit, at, mine);
   pack(s + (at + mine) * unit, at + mine, total - at - mine);
   std::vector<int64_t> sc = r.send_count, rc = r.recv_count;
   sc[me] = rc[me] = 0;
   exchange(ctx, tr, send, sc, r.send_offset, recv, rc, r.recv_offset, unit);
+  return at;
+}
+
+// The receive rows of a route after pack_others_and_exchange (`unit` bytes a staged row): the
+// own block's receive row recv_offset[me] + i is row idx[send_offset[me] + i] of src
+// (src_stride bytes a row), where idx is the route's send index (send row -> source row).
+RecvRows own_rows(const Route& r, int me, const void* recv, int64_t unit, const void* src,
+                  int64_t src_stride, const int32_t* idx);
+
+// Packs and exchanges every row of a route, the rank's own block packed straight into the
+// receive buffer, where the exchange would have put it (for receive sides that read the buffer
+// later, when the own block's source may be gone: the chunked movers, the fp32 values).
+template <class Pack>
+void pack_and_exchange(Context& ctx, Transport& tr, const Route& r, void* send, void* recv,
+                       int64_t unit, const Pack& pack) {
+  const int64_t at = pack_others_and_exchange(ctx, tr, r, send, recv, unit, pack);
+  const size_t me = size_t(tr.rank());
+  pack(static_cast<char*>(recv) + r.recv_offset[me] * unit, at, r.send_count[me]);
 }
 
 // pack_and_exchange with the plain gather: send row i is src row idx[i] (`unit` bytes).
 void gather_and_exchange(Context& ctx, Transport& tr, const Route& r, const void* src,
                          const int32_t* idx, void* send, void* recv, int64_t unit);
+// pack_others_and_exchange with the plain gather; returns the receive rows, the own block's read
+// in place from src.
+RecvRows gather_others_and_exchange(Context& ctx, Transport& tr, const Route& r, const void* src,
+                                    const int32_t* idx, void* send, void* recv, int64_t unit);
 
 // The checks every mover starts with; returns the dtype of `first` (the rows all operands share).
 DType check_mover(const char* op, const Context& ctx, const EpPlan& p, const Transport& tr,

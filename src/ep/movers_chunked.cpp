@@ -69,9 +69,10 @@ void ep_combine_finish(Context& ctx, const EpChunkedPlan& cp, const TensorView& 
   if (weights.present()) check_floats(ctx, op, "weights", weights, cp.tokens(), cfg.topk);
   if (add.present()) check::rows(ctx, op, "add", add, cp.tokens(), cfg.hidden, t);
   check_no_alias(op, "out", out, {{"weights", &weights}, {"add", &add}});
-  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, out, cp.back_rows.data(), cp.slot_entry.ptr<int32_t>(),
-                  weights.present() ? weights.ptr<float>() : nullptr, cfg.topk,
-                  add.present() ? add.data : nullptr);
+  const int64_t rb = dtype_storage_bytes(t, cfg.hidden);
+  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, out, RecvRows::plain(cp.back_rows.data(), rb),
+                  cp.slot_entry.ptr<int32_t>(), weights.present() ? weights.ptr<float>() : nullptr,
+                  cfg.topk, add.present() ? add.data : nullptr);
   ctx.after_op();
 }
 
@@ -104,8 +105,10 @@ void ep_dispatch_backward_finish(Context& ctx, const EpChunkedPlan& cp, const Te
   if (add.present()) check::rows(ctx, op, "add", add, cp.tokens(), cfg.hidden, t);
   if (d_weights.present()) check_floats(ctx, op, "d_weights", d_weights, cp.tokens(), cfg.topk);
   check_no_alias(op, "dx", dx, {{"add", &add}, {"d_weights", &d_weights}});
-  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, dx, cp.back_rows.data(), cp.slot_entry.ptr<int32_t>(),
-                  nullptr, cfg.topk, add.present() ? add.data : nullptr);
+  const int64_t rb = dtype_storage_bytes(t, cfg.hidden);
+  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, dx, RecvRows::plain(cp.back_rows.data(), rb),
+                  cp.slot_entry.ptr<int32_t>(), nullptr, cfg.topk,
+                  add.present() ? add.data : nullptr);
   if (d_weights.present())  // dropped or absent slots get 0
     GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, d_weights.data, cp.back_values.data(),
                     cp.slot_entry.ptr<int32_t>(), cp.tokens() * cfg.topk, 1, int64_t(sizeof(float)),

@@ -155,15 +155,18 @@ int64_t MoE::chunk_rows_bound() const {
 // Capacity mode: the plan for T tokens (allocated once per T; a captured step keeps its T).
 void MoE::ep_plan_for(Context& ctx, int64_t T) {
   const ep::EpConfig ec = ep_config_of(cfg_, ranks());
+  // The expert MLP runs over the at-most splits and never reads the grouped buffers' tail.
+  ep::EpCapacity cap = cfg_.ep.capacity;
+  cap.zero_tail = false;
   if (chunked()) {
     if (cplan_ && cplan_->tokens() == T) return;
     cplan_ = std::make_unique<ep::EpChunkedPlan>(ep::ep_capacity_plan_chunked_create(
-        ctx, transport(), ec, cfg_.ep.capacity, cfg_.ep.chunks, T, cfg_.dtype));
+        ctx, transport(), ec, cap, cfg_.ep.chunks, T, cfg_.dtype));
     return;
   }
   if (plan_ && plan_->tokens == T) return;
   plan_ = std::make_unique<ep::EpPlan>(
-      ep::ep_capacity_plan_create(ctx, transport(), ec, cfg_.ep.capacity, T, cfg_.dtype));
+      ep::ep_capacity_plan_create(ctx, transport(), ec, cap, T, cfg_.dtype));
 }
 
 TensorView MoE::rows_view(const Tensor& t, int64_t rows, int64_t cols, DType dt) const {

@@ -93,6 +93,7 @@ struct RankOut {
   std::vector<int32_t> splits;
   std::vector<int64_t> sent_bytes;  // of the dispatch's exchange
   int64_t rows = 0;
+  int64_t entries = 0;  // the grouped rows holding entries (sum of plan.entry_splits())
   uint32_t status = 0;
 };
 
@@ -203,6 +204,7 @@ inline RankOut run_rank(Context& ctx, ep::Transport& tr, const EpConfig& cfg, co
   if (auto* in = dynamic_cast<ep::InProcessTransport*>(&tr)) out.sent_bytes = in->last_sent_bytes();
   out.rows = plan.rows;
   out.splits = ints_of(plan.splits);
+  for (int32_t v : ints_of(plan.entry_splits())) out.entries += v;
   out.x_grouped = floats_of(xg);
   if (o.probs) out.probs = floats_of(probs);
   const std::vector<float>* p = o.probs ? &out.probs : nullptr;

@@ -346,6 +346,45 @@ TEST(EpCpu, CapacityProbsFlowEqualsThroughput) {
   }
 }
 
+// EpCapacity::zero_tail = false: the grouped buffers' tail (poisoned by run_rank) is left as it
+// was (x_grouped, probs, d_y_grouped), the rows holding entries and every result home are the
+// zeroing run's bit for bit.
+TEST(EpCpu, CapacityTailLeftAloneWithoutZeroTail) {
+  for (int R : {1, 2, 4})
+    for (bool probs : {false, true}) {
+      const EpConfig cfg{16, R, 24, 3};
+      SCOPED_TRACE("R=" + std::to_string(R) + (probs ? " probs" : " weights"));
+      std::mt19937_64 g(seed_for("ep_cap_tail") + uint64_t(R));
+      const std::vector<RankData> d = make_case(cfg, DType::bf16, Routing::mixed, g);
+      const EpCapacity zero{9 + 3 * R, 0}, keep{9 + 3 * R, 0, false};
+      const auto a = run_layer(cfg, d, RunOpts{DType::bf16, EpMode::capacity, zero, false, probs});
+      const auto b = run_layer(cfg, d, RunOpts{DType::bf16, EpMode::capacity, keep, false, probs});
+      for (int r = 0; r < R; ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        const RankOut &z = a[size_t(r)], &k = b[size_t(r)];
+        ASSERT_EQ(z.entries, k.entries);
+        ASSERT_LT(z.entries, z.rows) << "the case needs a tail";
+        EXPECT_TRUE(same_bits(k.out, z.out));
+        EXPECT_TRUE(same_bits(k.dx, z.dx));
+        EXPECT_TRUE(same_bits(k.d_weights, z.d_weights));
+        const int64_t H = cfg.hidden, n = z.entries * H;
+        for (auto f : {&RankOut::x_grouped, &RankOut::d_y_grouped}) {
+          const std::vector<float>&zv = z.*f, &kv = k.*f;
+          EXPECT_TRUE(same_bits({zv.begin(), zv.begin() + n}, {kv.begin(), kv.begin() + n}));
+          for (int64_t i = n; i < z.rows * H; ++i) {
+            ASSERT_EQ(zv[size_t(i)], 0.0f) << "zeroed tail, value " << i;
+            ASSERT_TRUE(std::isnan(kv[size_t(i)])) << "kept (poisoned) tail, value " << i;
+          }
+        }
+        if (!probs) continue;
+        for (int64_t i = z.entries; i < z.rows; ++i) {
+          ASSERT_EQ(z.probs[size_t(i)], 0.0f) << "zeroed tail prob " << i;
+          ASSERT_TRUE(std::isnan(k.probs[size_t(i)])) << "kept tail prob " << i;
+        }
+      }
+    }
+}
+
 TEST(EpCpu, CapacityOverflowDropsDeterministicallyAndReports) {
   for (int R : {1, 2, 4})
     for (EpCapacity cap : {EpCapacity{2, 0}, EpCapacity{6, 5}, EpCapacity{1, 1}}) {

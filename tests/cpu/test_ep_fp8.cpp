@@ -105,11 +105,13 @@ void check_fp8(const EpConfig& cfg, const RunOpts& o, uint64_t seed, int64_t N) 
     EXPECT_EQ(got[size_t(r)].splits, want) << "rank " << r;
     EXPECT_EQ(got[size_t(r)].status, 0u) << "rank " << r;
     const Fp8RankOut& gr = got[size_t(r)];
-    // Capacity mode's tail: zero data, zero scales, zero probs.
+    // Capacity mode's tail: zero data and scales, or left as poisoned (0xFF) without zero_tail.
+    const bool zero = o.cap.zero_tail;
     for (int64_t i = used[size_t(r)] * H; i < gr.rows * H; ++i)
-      ASSERT_EQ(gr.data[size_t(i)], 0) << "rank " << r << " tail byte " << i;
+      ASSERT_EQ(gr.data[size_t(i)], zero ? 0 : 0xFF) << "rank " << r << " tail byte " << i;
     for (int64_t i = used[size_t(r)] * (H / 128); i < gr.rows * (H / 128); ++i)
-      ASSERT_EQ(gr.scales[size_t(i)], 0.0f) << "rank " << r << " tail scale " << i;
+      ASSERT_TRUE(zero ? gr.scales[size_t(i)] == 0.0f : std::isnan(gr.scales[size_t(i)]))
+          << "rank " << r << " tail scale " << i;
     if (o.mode != EpMode::throughput) continue;
     for (int64_t q = 0; q < R; ++q) {  // one wire row per (token, other expert rank)
       int64_t rows = 0;
@@ -147,6 +149,14 @@ TEST(EpFp8Cpu, CapacityWithoutOverflowEqualsReference) {
   for (int R : {1, 2, 4}) {
     const EpConfig cfg{8, R, 128, 3};
     check_fp8(cfg, RunOpts{DType::bf16, EpMode::capacity, EpCapacity{9 + 3 * R, 0}},
+              seed_for("ep_fp8_cap") + uint64_t(R), 128);
+  }
+}
+
+TEST(EpFp8Cpu, CapacityTailLeftAloneWithoutZeroTail) {
+  for (int R : {1, 2, 4}) {
+    const EpConfig cfg{8, R, 128, 3};
+    check_fp8(cfg, RunOpts{DType::bf16, EpMode::capacity, EpCapacity{9 + 3 * R, 0, false}},
               seed_for("ep_fp8_cap") + uint64_t(R), 128);
   }
 }

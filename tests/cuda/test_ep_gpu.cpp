@@ -33,6 +33,10 @@ TEST(EpGpu, MatchesCpuBitForBit) {
     // the router weights through the dispatch (probs), unweighted combine
     cases.push_back({EpConfig{16, R, 64, 4}, RunOpts{DType::bf16, tp, {}, false, true}});
     cases.push_back({EpConfig{8, R, 40, 3}, RunOpts{DType::fp32, cap, {3, 0}, false, true}});
+    // the tail left alone (EpCapacity::zero_tail), both weight conventions
+    cases.push_back({EpConfig{16, R, 64, 4}, RunOpts{DType::bf16, cap, {9 + 3 * R, 0, false}}});
+    cases.push_back(
+        {EpConfig{8, R, 40, 3}, RunOpts{DType::fp32, cap, {9 + 3 * R, 0, false}, false, true}});
   }
   // Many tokens: several chunks of the send scan (256 tokens) and of the permute-plan ranking.
   cases.push_back({EpConfig{64, 4, 256, 8}, RunOpts{DType::bf16, tp, {}}, Routing::mixed, 600});

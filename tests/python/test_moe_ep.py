@@ -335,6 +335,17 @@ def test_ops_one_rank(world1):
     assert cap.in_use()  # the autograd node's lease
     del out, probs
     assert not cap.in_use()
+    # A budget with a tail (2 T K entries for T K): zeroed by default, left unwritten without
+    # zero_tail; the entries' rows and the combine are the same either way.
+    for zero_tail in (True, False):
+        tail = ops.ep_capacity_plan_create(g, ids, E, H, T, 2 * T * K, torch.float32, zero_tail)
+        ops.ep_capacity_plan(tail, ids)
+        assert tail.rows() == 2 * T * K and int(tail.splits_at_most().sum()) == T * K
+        xg, probs = ops.ep_dispatch(tail, x, w)
+        assert torch.equal(xg[:T * K], xp) and torch.equal(probs[:T * K], pp)
+        if zero_tail:
+            assert not xg[T * K:].any() and not probs[T * K:].any()
+        assert torch.equal(ops.ep_combine(tail, xg), ops.unpermute(xp, *pmap, 1, 0))
 
 
 def test_configuration_checks(world1):

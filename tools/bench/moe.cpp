@@ -198,29 +198,6 @@ std::pair<double, double> dense_bound_us(Context& ctx, const MoEConfig& c, int i
   return {1e3 * fwd, 1e3 * (fwd + bwd)};
 }
 
-// The per-stage table of one case (eager, from time_stages): each stage's share and the non-GEMM
-// share of the step, which it returns.
-double print_moe_stages(const StageTimes& st, bool gpu, int iters) {
-  std::printf("  stages (eager, %s, median of %d):\n", gpu ? "CUDA events" : "wall clock", iters);
-  std::printf("    %-14s %10s %10s %7s\n", "stage", "fwd us", "bwd us", "share");
-  double gemm = 0;
-  for (int s = 0; s < kMoeStages; ++s) {
-    const double tot = st.fwd[s] + st.bwd[s];
-    if (tot == 0) continue;
-    const MoEStage ms = MoEStage(s);
-    if (ms == MoEStage::gate_up || ms == MoEStage::down || ms == MoEStage::shared_expert)
-      gemm += tot;
-    std::printf("    %-14s %10.1f %10.1f %6.1f%%\n", nn::moe_stage_name(ms), st.fwd[s], st.bwd[s],
-                100 * tot / st.total_us);
-  }
-  const double non_gemm = 100 * (st.total_us - gemm) / st.total_us;
-  std::printf(
-      "    %-14s %21.1f  non-GEMM share %.1f%% (router, permute, activation, "
-      "unpermute; target <= 15%% on qwen3)\n",
-      "eager step", st.total_us, non_gemm);
-  return non_gemm;
-}
-
 // One case: validated first (sampled tokens against the CPU reference), then the whole block as
 // CUDA graphs (GPU), the stages, the row movers. Returns false when the check failed.
 bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& json) {

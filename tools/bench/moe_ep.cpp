@@ -57,9 +57,11 @@ std::vector<EpBreakdown> gather_breakdowns(ep::Transport& tr, const EpBreakdown&
   return out;
 }
 
-// Eager steps of `moe`: the median step (us), and with `stages` its exchange and experts' time.
+// Eager steps of `moe`: the median step (us), and with `stages` its exchange and experts' time
+// (and the stage table, printed when print_rank: rank 0's, the permute and unpermute stages hold
+// the plan and the movers).
 void eager_times(Context& ctx, nn::MoE& moe, const TensorView& x, const TensorView& dy, int iters,
-                 bool stages, double& step_us, EpBreakdown* b) {
+                 bool stages, double& step_us, EpBreakdown* b, bool print_rank = false) {
   const bool gpu = ctx.device() == Device::CUDA;
   if (!stages) {
     step_us = time_us(ctx, gpu ? 2 : 0, iters, [&](int) {
@@ -69,6 +71,7 @@ void eager_times(Context& ctx, nn::MoE& moe, const TensorView& x, const TensorVi
     return;
   }
   const StageTimes st = time_stages(ctx, moe, x, dy, gpu ? 2 : 0, iters);
+  if (print_rank) (void)print_moe_stages(st, gpu, iters);
   step_us = st.total_us;
   for (nn::MoEStage s : {nn::MoEStage::permute, nn::MoEStage::unpermute})
     b->exchange_us += st.fwd[int(s)] + st.bwd[int(s)];
@@ -128,7 +131,8 @@ void time_moe_ep_case(Context& ctx, ep::Transport& tr, const BenchMoeOptions& o,
   if (o.ep_chunks > 1) {
     eager_times(ctx, moe, x, dy, o.iters, false, b.stepn_us, nullptr);
   } else {
-    eager_times(ctx, moe, x, dy, o.iters, true, b.step1_us, &b);
+    if (tr.rank() == 0) std::printf("\n== %s, rank 0 of %d:\n", r.name.c_str(), R);
+    eager_times(ctx, moe, x, dy, o.iters, true, b.step1_us, &b, tr.rank() == 0);
     b.stepn_us = b.step1_us;
   }
   // Overflow is a reported fault, not an error here: the bench says so and goes on.

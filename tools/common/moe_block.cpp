@@ -161,6 +161,27 @@ StageTimes time_stages(Context& ctx, MoE& moe, const TensorView& x, const Tensor
   return st;
 }
 
+double print_moe_stages(const StageTimes& st, bool gpu, int iters) {
+  std::printf("  stages (eager, %s, median of %d):\n", gpu ? "CUDA events" : "wall clock", iters);
+  std::printf("    %-14s %10s %10s %7s\n", "stage", "fwd us", "bwd us", "share");
+  double gemm = 0;
+  for (int s = 0; s < kMoeStages; ++s) {
+    const double tot = st.fwd[s] + st.bwd[s];
+    if (tot == 0) continue;
+    const MoEStage ms = MoEStage(s);
+    if (ms == MoEStage::gate_up || ms == MoEStage::down || ms == MoEStage::shared_expert)
+      gemm += tot;
+    std::printf("    %-14s %10.1f %10.1f %6.1f%%\n", nn::moe_stage_name(ms), st.fwd[s], st.bwd[s],
+                100 * tot / st.total_us);
+  }
+  const double non_gemm = 100 * (st.total_us - gemm) / st.total_us;
+  std::printf(
+      "    %-14s %21.1f  non-GEMM share %.1f%% (router, permute, activation, "
+      "unpermute; target <= 15%% on qwen3)\n",
+      "eager step", st.total_us, non_gemm);
+  return non_gemm;
+}
+
 namespace {
 
 // Token `tok`'s routing from the router on the CPU (the layer's router weight and bias), compared

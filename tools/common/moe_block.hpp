@@ -19,6 +19,9 @@ struct StageTimes {
 };
 StageTimes time_stages(Context& ctx, nn::MoE& moe, const TensorView& x, const TensorView& dy,
                        int warmup, int iters);
+// Prints the per-stage table of one case (each stage's share of the eager step) and returns the
+// non-GEMM share of the step (%).
+double print_moe_stages(const StageTimes& st, bool gpu, int iters);
 
 // The block's inputs: x [T, H] ~ U(-1, 1) and dy [T, H] ~ U(-0.01, 0.01), bf16, on ctx's device.
 struct BlockInputs {

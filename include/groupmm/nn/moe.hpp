@@ -49,8 +49,8 @@
 // Capacity mode computes the rows received only: the local experts' GroupedLinear layers are
 // built with SplitsTotal::at_most and run, like weighted_swiglu, over the plan's splits_at_most,
 // so the tail of the R * C_e grouped rows is neither read nor written by the expert MLP (its
-// cost is that of the exchanged rows, whatever the capacity; the dispatch still writes the tail
-// as zero rows and the combine backward writes it as zero gradients, their contracts).
+// cost is that of the exchanged rows, whatever the capacity; the plan is made with
+// EpCapacity::zero_tail false, so the movers leave the tail unwritten too).
 // Restrictions: capacity_factor 0 and pad_align 1 (EP's capacity is ep.capacity, and the grouped
 // rows come unpadded: recipes whose wgrad needs aligned splits are not served yet), E divisible by
 // R. Capacity mode is graph safe (the plan is allocated at construction for max_tokens tokens and

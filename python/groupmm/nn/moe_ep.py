@@ -129,17 +129,20 @@ class ExpertParallel:
             return self.capacity
         return capacity_from_factor(tokens, topk, self.ranks, self.capacity_factor)
 
-    def plan(self, ids, experts, hidden, dtype):
-        """This step's plan for expert_ids [T, k] (a collective)."""
+    def plan(self, ids, experts, hidden, dtype, zero_tail=True):
+        """This step's plan for expert_ids [T, k] (a collective). zero_tail=False: capacity mode's
+        movers leave the grouped rows past the entries unwritten (for consumers that never read
+        them)."""
         group = self.group(ids.device)
         if self.mode == "throughput":
             return ops.ep_dispatch_plan(group, ids, experts, hidden)
-        key = (str(ids.device), ids.shape[0], dtype)
+        key = (str(ids.device), ids.shape[0], dtype, zero_tail)
         pool = self._plans.setdefault(key, [])
         plan = next((p for p in pool if not p.in_use()), None)
         if plan is None:  # allocates: make it in an eager step before capturing one
             rows, entries = self.budget(ids.shape[0], ids.shape[1])
-            plan = ops.ep_capacity_plan_create(group, ids, experts, hidden, rows, entries, dtype)
+            plan = ops.ep_capacity_plan_create(group, ids, experts, hidden, rows, entries, dtype,
+                                               zero_tail)
             pool.append(plan)
         ops.ep_capacity_plan(plan, ids)
         if ids.device.type == "cpu":
@@ -166,9 +169,11 @@ def forward(moe, x, is_first_microbatch, again):
     if moe.tokens_per_expert is not None and moe.training and torch.is_grad_enabled():
         with torch.no_grad():
             moe.tokens_per_expert.add_(counts)
-    plan = ep.plan(ids, moe.experts, x.shape[1], x.dtype)
-    # Capacity mode: the splits without the budget's zero tail, which the experts leave out.
+    # Capacity mode: the splits without the budget's tail, which the experts leave out. Unpadded
+    # (align 1), nothing reads the tail, so the movers leave it unwritten; the local permute of
+    # align > 1 copies it as a group of its own, so there it stays zero.
     at_most = moe.gate_up.splits_total == "at_most"
+    plan = ep.plan(ids, moe.experts, x.shape[1], x.dtype, zero_tail=not at_most or moe.align > 1)
     splits = plan.splits_at_most() if at_most else plan.splits()
     # The dispatched rows are kept for gate_up's wgrad (recomputing them would repeat the
     # exchange); the SwiGLU outputs and the shared expert recompute as without EP.

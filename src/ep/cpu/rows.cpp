@@ -11,14 +11,14 @@ namespace groupmm::ep::cpu {
 using groupmm::cpu::load_f;
 using groupmm::cpu::store_f;
 
-void ep_gather_rows_strided(Context&, void* dst, int64_t dst_stride, const void* src,
-                            int64_t src_stride, const int32_t* idx, int64_t n, int64_t div,
-                            int64_t row_bytes, bool zero_missing) {
+void ep_gather_rows_strided(Context&, void* dst, int64_t dst_stride, const RecvRows& src,
+                            const int32_t* idx, int64_t n, int64_t div, int64_t row_bytes,
+                            bool zero_missing) {
   char* d = static_cast<char*>(dst);
-  const char* s = static_cast<const char*>(src);
   for (int64_t i = 0; i < n; ++i) {
-    if (idx[i] >= 0)
-      std::memcpy(d + i * dst_stride, s + idx[i] / div * src_stride, size_t(row_bytes));
+    const char* s = idx[i] >= 0 ? src.row(idx[i] / div) : nullptr;
+    if (s != nullptr)
+      std::memcpy(d + i * dst_stride, s, size_t(row_bytes));
     else if (zero_missing)
       std::memset(d + i * dst_stride, 0, size_t(row_bytes));
   }
@@ -26,14 +26,13 @@ void ep_gather_rows_strided(Context&, void* dst, int64_t dst_stride, const void*
 
 void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx, int64_t n,
                     int64_t div, int64_t row_bytes, bool zero_missing) {
-  ep_gather_rows_strided(ctx, dst, row_bytes, src, row_bytes, idx, n, div, row_bytes, zero_missing);
+  ep_gather_rows_strided(ctx, dst, row_bytes, RecvRows::plain(src, row_bytes), idx, n, div,
+                         row_bytes, zero_missing);
 }
 
-void ep_weighted_sum(Context&, const TensorView& out, const void* rows, const int32_t* slot_entry,
-                     const float* w, int64_t k, const void* add) {
+void ep_weighted_sum(Context&, const TensorView& out, const RecvRows& rows,
+                     const int32_t* slot_entry, const float* w, int64_t k, const void* add) {
   const int64_t T = out.dim(0), H = out.dim(1);
-  // rows is [*, H] of out's dtype; its row count does not matter to load_f.
-  const TensorView src(const_cast<void*>(rows), out.dtype, Device::CPU, {1, H});
   const TensorView addv =
       add ? TensorView(const_cast<void*>(add), out.dtype, Device::CPU, {T, H}) : TensorView();
   std::vector<float> acc(static_cast<size_t>(H));
@@ -41,9 +40,11 @@ void ep_weighted_sum(Context&, const TensorView& out, const void* rows, const in
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t r = slot_entry[t * k + j];
-      if (r < 0) continue;
+      const char* row = r >= 0 ? rows.row(r) : nullptr;
+      if (row == nullptr) continue;
+      const TensorView src(const_cast<char*>(row), out.dtype, Device::CPU, {1, H});
       for (int64_t h = 0; h < H; ++h) {
-        const float y = load_f(src, r * H + h);
+        const float y = load_f(src, h);
         acc[size_t(h)] = router::add(acc[size_t(h)], w ? router::mul(w[t * k + j], y) : y);
       }
     }

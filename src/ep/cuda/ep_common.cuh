@@ -82,6 +82,12 @@ __device__ inline int64_t grid_stride() {
 inline bool aligned_to(const void* p, size_t n) {
   return reinterpret_cast<uintptr_t>(p) % n == 0;
 }
+// The receive rows can be read as vectors of v bytes: both places and both strides aligned to v.
+inline bool recv_rows_aligned(const RecvRows& src, size_t v) {
+  const auto vv = int64_t(v);
+  return src.stride % vv == 0 && aligned_to(src.staged, v) &&
+         (src.own_n == 0 || (src.own_stride % vv == 0 && aligned_to(src.own_src, v)));
+}
 
 // Elements of type E per 16-byte vector.
 template <class E>

@@ -1,7 +1,7 @@
 // The expert-parallel row movers on CUDA (the CPU reference: src/ep/cpu/rows.cpp):
-//   gather: dst row i = src row idx[i] / div, as bytes in the widest vector the row length, the
-//     strides and the pointers allow (every pack and unpack of ep_dispatch / ep_combine / the
-//     backwards);
+//   gather: dst row i = src row idx[i] / div (a receive row: staged, or the rank's own block read
+//     in place), as bytes in the widest vector the row length, the strides and the pointers allow
+//     (every pack and unpack of ep_dispatch / ep_combine / the backwards);
 //   weighted sum: the home rank's out[t] = sum_j w[t, j] * rows[slot_entry[t, j]] (+ add[t]) in
 //     fp32, slot order, rounded once (__fmul_rn / __fadd_rn: never an fma, like the CPU's two
 //     roundings).
@@ -13,23 +13,22 @@ namespace {
 
 struct GatherParams {
   void* dst;
-  const void* src;
+  RecvRows src;
   const int32_t* idx;
   int64_t div;
   bool zero_missing;
-  int64_t dst_stride, src_stride;  // row strides in vectors (launch_gather sets them)
+  int64_t dst_stride;  // in vectors (launch_gather sets it)
   RowGeometry geo;
 };
 
 template <class V>
 __global__ void __launch_bounds__(MoverConfig::kThreads) gather_rows_kernel(GatherParams p) {
   V* __restrict__ dst = static_cast<V*>(p.dst);
-  const V* __restrict__ src = static_cast<const V*>(p.src);
   const int64_t nv = p.geo.vecs, step = p.geo.threads_per_row;
   p.geo.for_each_row([&](int64_t i, int lane) {
     const int64_t s = p.idx[i];
-    if (s >= 0) {
-      const V* row = src + s / p.div * p.src_stride;
+    const V* row = reinterpret_cast<const V*>(s >= 0 ? p.src.row(s / p.div) : nullptr);
+    if (row != nullptr) {
       for (int64_t v = lane; v < nv; v += step) dst[i * p.dst_stride + v] = row[v];
     } else if (p.zero_missing) {
       for (int64_t v = lane; v < nv; v += step) dst[i * p.dst_stride + v] = V{};
@@ -38,11 +37,9 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_rows_kernel(Gath
 }
 
 template <class V>
-void launch_gather(Context& ctx, GatherParams p, int64_t n, int64_t row_bytes, int64_t dst_stride,
-                   int64_t src_stride) {
+void launch_gather(Context& ctx, GatherParams p, int64_t n, int64_t row_bytes, int64_t dst_stride) {
   p.geo = RowGeometry(ctx, n, row_bytes / int64_t(sizeof(V)));
   p.dst_stride = dst_stride / int64_t(sizeof(V));
-  p.src_stride = src_stride / int64_t(sizeof(V));
   if (p.geo.grid == 0) return;
   p.geo.fit(ctx, gather_rows_kernel<V>);
   gather_rows_kernel<V><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
@@ -51,7 +48,7 @@ void launch_gather(Context& ctx, GatherParams p, int64_t n, int64_t row_bytes, i
 
 struct SumParams {
   void* out;
-  const void* rows;
+  RecvRows rows;
   const int32_t* slot_entry;  // [T, k]
   const float* w;             // [T, k] or null (unweighted)
   const void* add;            // [T, H] of out's dtype, or null
@@ -63,7 +60,6 @@ template <class E, int N>
 __global__ void __launch_bounds__(MoverConfig::kThreads) weighted_sum_kernel(SumParams p) {
   using P = ElementVec<E, N>;
   P* __restrict__ out = static_cast<P*>(p.out);
-  const P* __restrict__ rows = static_cast<const P*>(p.rows);
   const int64_t nv = p.geo.vecs;
   p.geo.for_each_row([&](int64_t t, int lane) {
     const int32_t* se = p.slot_entry + t * p.k;
@@ -73,8 +69,9 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) weighted_sum_kernel(Sum
       for (int n = 0; n < N; ++n) acc[n] = 0.0f;
       for (int64_t j = 0; j < p.k; ++j) {
         const int64_t r = se[j];
-        if (r < 0) continue;
-        const P y = rows[r * nv + v];
+        const P* row = reinterpret_cast<const P*>(r >= 0 ? p.rows.row(r) : nullptr);
+        if (row == nullptr) continue;
+        const P y = row[v];
         const float wj = p.w != nullptr ? p.w[t * p.k + j] : 1.0f;
 #pragma unroll
         for (int n = 0; n < N; ++n) {
@@ -97,36 +94,36 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) weighted_sum_kernel(Sum
 
 }  // namespace
 
-void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const void* src,
-                            int64_t src_stride, const int32_t* idx, int64_t n, int64_t div,
-                            int64_t row_bytes, bool zero_missing) {
-  GatherParams p{dst, src, idx, div, zero_missing, 0, 0, RowGeometry(ctx, 0, 0)};
+void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const RecvRows& src,
+                            const int32_t* idx, int64_t n, int64_t div, int64_t row_bytes,
+                            bool zero_missing) {
+  GatherParams p{dst, src, idx, div, zero_missing, 0, RowGeometry(ctx, 0, 0)};
   const auto fits = [&](size_t v) {
-    const auto vv = int64_t(v);
-    return row_bytes % vv == 0 && dst_stride % vv == 0 && src_stride % vv == 0 &&
-           aligned_to(dst, v) && aligned_to(src, v);
+    return row_bytes % int64_t(v) == 0 && dst_stride % int64_t(v) == 0 && aligned_to(dst, v) &&
+           recv_rows_aligned(src, v);
   };
   if (fits(16))
-    launch_gather<uint4>(ctx, p, n, row_bytes, dst_stride, src_stride);
+    launch_gather<uint4>(ctx, p, n, row_bytes, dst_stride);
   else if (fits(4))
-    launch_gather<uint32_t>(ctx, p, n, row_bytes, dst_stride, src_stride);
+    launch_gather<uint32_t>(ctx, p, n, row_bytes, dst_stride);
   else
-    launch_gather<uint8_t>(ctx, p, n, row_bytes, dst_stride, src_stride);
+    launch_gather<uint8_t>(ctx, p, n, row_bytes, dst_stride);
 }
 
 void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx, int64_t n,
                     int64_t div, int64_t row_bytes, bool zero_missing) {
-  ep_gather_rows_strided(ctx, dst, row_bytes, src, row_bytes, idx, n, div, row_bytes, zero_missing);
+  ep_gather_rows_strided(ctx, dst, row_bytes, RecvRows::plain(src, row_bytes), idx, n, div,
+                         row_bytes, zero_missing);
 }
 
-void ep_weighted_sum(Context& ctx, const TensorView& out, const void* rows,
+void ep_weighted_sum(Context& ctx, const TensorView& out, const RecvRows& rows,
                      const int32_t* slot_entry, const float* w, int64_t k, const void* add) {
   const int64_t T = out.dim(0), H = out.dim(1);
   dispatch_element(out.dtype, "ep_combine dtype", [&](auto e) {
     using E = decltype(e);
     constexpr int kVec = kVec16<E>;
-    const bool vec =
-        H % kVec == 0 && aligned_to(out.data, 16) && aligned_to(rows, 16) && aligned_to(add, 16);
+    const bool vec = H % kVec == 0 && aligned_to(out.data, 16) && recv_rows_aligned(rows, 16) &&
+                     aligned_to(add, 16);
     SumParams p{out.data, rows, slot_entry, w, add, k, RowGeometry(ctx, T, vec ? H / kVec : H)};
     if (p.geo.grid == 0) return;
     if (vec) {
