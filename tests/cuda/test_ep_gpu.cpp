@@ -44,6 +44,12 @@ TEST(EpGpu, MatchesCpuBitForBit) {
       {EpConfig{64, 4, 256, 8}, RunOpts{DType::bf16, cap, {700, 0}}, Routing::mixed, 600});
   cases.push_back(
       {EpConfig{64, 4, 128, 8}, RunOpts{DType::fp32, cap, {300, 900}}, Routing::mixed, 600});
+  // Capacity plans over many send chunks (256 tokens), overflowing in a later chunk: by rows, and
+  // by entries.
+  cases.push_back(
+      {EpConfig{16, 2, 64, 4}, RunOpts{DType::bf16, cap, {700, 0}}, Routing::mixed, 2000});
+  cases.push_back(
+      {EpConfig{16, 2, 64, 4}, RunOpts{DType::bf16, cap, {2100, 1500}}, Routing::mixed, 2000});
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(c.cfg.to_string() + " " + dtype_name(c.o.dt) + " " + ep::ep_mode_name(c.o.mode) +
                  " " + c.o.cap.to_string());

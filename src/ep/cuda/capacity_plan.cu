@@ -1,11 +1,13 @@
 // The capacity-mode plan on CUDA (the CPU reference: src/ep/cpu/capacity_plan.cpp), graph safe:
 // every buffer comes with the plan, nothing is read on the host.
-//   send: one CTA per peer q walks the tokens in order; a block scan of (needs q, entries on q)
-//     gives each token its running totals, which decide the prefix rule (kept while both fit),
-//     its send slot and where its entries come back; overflow is reported once per peer.
+//   send: per chunk of tokens and peer q, a block scan of (needs q, entries on q) after the sums
+//     of the earlier chunks gives each token its running totals, which decide the prefix rule
+//     (kept while both fit), its send slot and where its entries come back; overflow is reported
+//     once per peer.
 //   recv: the received slots become two id lists (their local expert, and their peer; a spare
 //     group collects the empty and foreign slots), ranked stably with moe_permute_plan's kernels:
 //     by local expert they give the grouped rows, by peer the order of the way back.
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "moe/backends.hpp"
@@ -21,10 +23,13 @@ struct PlanConfig {
 };
 
 // ---- scratch: [S] ids by expert, ids by peer, their dest rows; two maps' row_start / kept /
-// splits; the permute plan's workspace (S = R C k received slots) -------------------------------
+// splits; the permute plan's workspace (S = R C k received slots); the send side's per (peer,
+// chunk) sums and kept counts ---------------------------------------------------------------------
 struct Scratch {
   int64_t S = 0, G1 = 0, G2 = 0;  // slots, groups by expert (E_l + 1), groups by peer (R + 1)
   int64_t ids1 = 0, ids2 = 0, dest1 = 0, dest2 = 0, meta1 = 0, meta2 = 0, ws = 0;  // int32 offsets
+  int64_t chunks = 0;          // send chunks of kSendThreads tokens
+  int64_t sums = 0, kept = 0;  // byte offsets: [R, chunks] int64, [R, chunks] int32
   int64_t ws_bytes = 0, bytes = 0;
   explicit Scratch(const EpPlan& p) {
     S = p.cfg.ranks * p.cap.rows_per_peer * p.cfg.topk;
@@ -40,7 +45,10 @@ struct Scratch {
     meta1 = dest2 + S;
     meta2 = meta1 + 3 * G1;
     ws = qnum::round_up(meta2 + 3 * G2, int64_t(64));  // 256-byte aligned
-    bytes = ws * 4 + ws_bytes;
+    chunks = std::max<int64_t>(qnum::ceil_div(p.tokens, int64_t(PlanConfig::kSendThreads)), 1);
+    sums = qnum::round_up(ws * 4 + ws_bytes, int64_t(256));
+    kept = sums + p.cfg.ranks * chunks * 8;
+    bytes = kept + p.cfg.ranks * chunks * 4;
   }
 };
 
@@ -60,54 +68,80 @@ PermuteMap scratch_map(int32_t* base, const Scratch& s, const EpPlan& p, int64_t
 }
 
 // ---- send side ----------------------------------------------------------------------------------
+// Three steps over chunks of kSendThreads tokens, each a grid of (chunk, peer q) CTAs but the last:
+//   sums: the chunk's (rows << 32) + entries for q (one scan value carries both: entries < 2^31);
+//   apply: the running totals at the chunk (its earlier chunks' sums) and a block scan decide the
+//     prefix rule (a token is kept while both budgets hold), its send slot, its metadata row and
+//     where its entries come back; the chunk's kept tokens are counted;
+//   finish (one CTA per peer): the kept rows (meta[0]), the unused send slots, overflow (once).
 struct SendParams {
   const int32_t* ids;   // [T, k]
   int32_t* send_token;  // [R, C]
   int32_t* meta;        // [R, 1 + C k]
   int32_t* slot_entry;  // [T, k]
+  long long* sums;      // [R, chunks]
+  int32_t* kept;        // [R, chunks]
   StatusBlock* status;
-  int64_t T, k, E, El, C, Ce;
+  int64_t T, k, E, El, C, Ce, chunks;
 };
 
-__global__ void __launch_bounds__(PlanConfig::kSendThreads) capacity_send_kernel(SendParams p) {
-  // Running totals packed as (rows << 32) + entries: one scan carries both (entries < 2^31).
-  using Scan = cub::BlockScan<long long, PlanConfig::kSendThreads>;
-  __shared__ typename Scan::TempStorage tmp;
-  __shared__ int kept_rows;
-  const int64_t q = blockIdx.x;
-  int32_t* meta = p.meta + q * (1 + p.C * p.k);
-  if (threadIdx.x == 0) kept_rows = 0;
+using SendScan = cub::BlockScan<long long, PlanConfig::kSendThreads>;
+using SendSum = cub::BlockReduce<long long, PlanConfig::kSendThreads>;
+
+// Token t's entries on peer q, packed as a scan value.
+__device__ long long send_value(const SendParams& p, int64_t t, int64_t q) {
+  if (t >= p.T) return 0;
+  int64_t n = 0;
+  for (int64_t j = 0; j < p.k; ++j) {
+    const int32_t e = p.ids[t * p.k + j];
+    n += e >= 0 && e < p.E && e / p.El == q;
+  }
+  return n > 0 ? (1ll << 32) + n : 0;
+}
+
+__global__ void __launch_bounds__(PlanConfig::kSendThreads) capacity_sums_kernel(SendParams p) {
+  __shared__ typename SendSum::TempStorage tmp;
+  const int64_t c = blockIdx.x, q = blockIdx.y;
+  const long long v = send_value(p, c * PlanConfig::kSendThreads + threadIdx.x, q);
+  const long long sum = SendSum(tmp).Sum(v);
+  if (threadIdx.x == 0) p.sums[q * p.chunks + c] = sum;
+}
+
+__global__ void __launch_bounds__(PlanConfig::kSendThreads) capacity_apply_kernel(SendParams p) {
+  union Tmp {
+    typename SendScan::TempStorage scan;
+    typename SendSum::TempStorage sum;
+  };
+  __shared__ Tmp tmp;
+  __shared__ long long carry;
+  const int64_t c = blockIdx.x, q = blockIdx.y;
+  const int64_t t = c * PlanConfig::kSendThreads + threadIdx.x;
+  // the earlier chunks' totals for q
+  long long before = 0;
+  for (int64_t i = threadIdx.x; i < c; i += PlanConfig::kSendThreads)
+    before += p.sums[q * p.chunks + i];
+  before = SendSum(tmp.sum).Sum(before);
+  if (threadIdx.x == 0) carry = before;
   __syncthreads();
-  long long carry = 0;
-  for (int64_t base = 0; base < p.T; base += PlanConfig::kSendThreads) {
-    const int64_t t = base + threadIdx.x;
-    int64_t n = 0;
-    if (t < p.T)
-      for (int64_t j = 0; j < p.k; ++j) {
-        const int32_t e = p.ids[t * p.k + j];
-        const bool valid = e >= 0 && e < p.E;
-        if (!valid && q == 0) {  // one CTA owns the bad ids: skipped (no row) and reported
-          p.slot_entry[t * p.k + j] = -1;
-          if (e != -1)  // -1 names no expert (groupmm/ep.hpp): no fault
-            report_fault(p.status, kFaultBadIndex, OpId::ep_dispatch, int32_t(t), e);
-        }
-        n += valid && e / p.El == q;
-      }
-    const long long v = n > 0 ? (1ll << 32) + n : 0;
-    long long excl, agg;
-    Scan(tmp).ExclusiveSum(v, excl, agg);
-    __syncthreads();  // tmp is reused by the next chunk
-    const long long incl = carry + excl + v;
-    carry += agg;
-    if (n == 0) continue;
-    const int64_t rows_incl = incl >> 32, ent_incl = incl & 0xFFFFFFFFll;
-    const bool kept = rows_incl <= p.C && ent_incl <= p.Ce;
-    int64_t next = q * p.Ce + ent_incl - n;  // this token's first entry on the way back
-    int32_t* m = kept ? meta + 1 + (rows_incl - 1) * p.k : nullptr;  // its metadata row
-    if (kept) {
-      p.send_token[q * p.C + rows_incl - 1] = int32_t(t);
-      atomicMax(&kept_rows, int(rows_incl));
+  if (q == 0 && t < p.T)  // one peer's CTAs own the bad ids: skipped (no row) and reported
+    for (int64_t j = 0; j < p.k; ++j) {
+      const int32_t e = p.ids[t * p.k + j];
+      if (e >= 0 && e < p.E) continue;
+      p.slot_entry[t * p.k + j] = -1;
+      if (e != -1)  // -1 names no expert (groupmm/ep.hpp): no fault
+        report_fault(p.status, kFaultBadIndex, OpId::ep_dispatch, int32_t(t), e);
     }
+  const long long v = send_value(p, t, q);
+  long long excl;
+  SendScan(tmp.scan).ExclusiveSum(v, excl);
+  const long long incl = carry + excl + v;
+  const int64_t n = v & 0xFFFFFFFFll;
+  const int64_t rows_incl = incl >> 32, ent_incl = incl & 0xFFFFFFFFll;
+  const bool kept = n > 0 && rows_incl <= p.C && ent_incl <= p.Ce;
+  if (n > 0) {
+    int64_t next = q * p.Ce + ent_incl - n;  // this token's first entry on the way back
+    int32_t* m = kept ? p.meta + q * (1 + p.C * p.k) + 1 + (rows_incl - 1) * p.k : nullptr;
+    if (kept) p.send_token[q * p.C + rows_incl - 1] = int32_t(t);
     for (int64_t j = 0; j < p.k; ++j) {
       const int32_t e = p.ids[t * p.k + j];
       const bool here = e >= 0 && e < p.E && e / p.El == q;
@@ -115,16 +149,35 @@ __global__ void __launch_bounds__(PlanConfig::kSendThreads) capacity_send_kernel
       if (here) p.slot_entry[t * p.k + j] = kept ? int32_t(next++) : -1;
     }
   }
-  __syncthreads();
-  for (int64_t i = kept_rows + threadIdx.x; i < p.C; i += PlanConfig::kSendThreads)
-    p.send_token[q * p.C + i] = -1;
+  __syncthreads();  // tmp is reused
+  const long long kept_here = SendSum(tmp.sum).Sum(kept ? 1 : 0);
+  if (threadIdx.x == 0) p.kept[q * p.chunks + c] = int32_t(kept_here);
+}
+
+__global__ void __launch_bounds__(PlanConfig::kSendThreads) capacity_finish_kernel(SendParams p) {
+  using IntSum = cub::BlockReduce<long long, PlanConfig::kSendThreads>;
+  __shared__ typename IntSum::TempStorage tmp;
+  __shared__ long long kept_rows;
+  const int64_t q = blockIdx.x;
+  long long total = 0, kept = 0;
+  for (int64_t i = threadIdx.x; i < p.chunks; i += PlanConfig::kSendThreads) {
+    total += p.sums[q * p.chunks + i];
+    kept += p.kept[q * p.chunks + i];
+  }
+  total = IntSum(tmp).Sum(total);
+  __syncthreads();  // tmp is reused
+  kept = IntSum(tmp).Sum(kept);
   if (threadIdx.x == 0) {
-    meta[0] = kept_rows;
-    const int64_t rows = carry >> 32, entries = carry & 0xFFFFFFFFll;
+    kept_rows = kept;
+    p.meta[q * (1 + p.C * p.k)] = int32_t(kept);
+    const int64_t rows = total >> 32, entries = total & 0xFFFFFFFFll;
     if (rows > p.C || entries > p.Ce)
       report_fault(p.status, kFaultEpCapacity, OpId::ep_dispatch, int32_t(q),
                    rows > p.C ? rows : entries);
   }
+  __syncthreads();
+  for (int64_t i = kept_rows + threadIdx.x; i < p.C; i += PlanConfig::kSendThreads)
+    p.send_token[q * p.C + i] = -1;
 }
 
 // ---- receive side -------------------------------------------------------------------------------
@@ -196,18 +249,29 @@ int64_t ep_capacity_scratch_bytes(const EpPlan& plan) {
 }
 
 void ep_capacity_plan_send(Context& ctx, const TensorView& expert_ids, EpPlan& p) {
+  const Scratch sc(p);
+  char* base = static_cast<char*>(p.scratch.data());
   const SendParams s{expert_ids.ptr<int32_t>(),
                      p.send_token.ptr<int32_t>(),
                      p.meta_send.ptr<int32_t>(),
                      p.slot_entry.ptr<int32_t>(),
+                     reinterpret_cast<long long*>(base + sc.sums),
+                     reinterpret_cast<int32_t*>(base + sc.kept),
                      ctx.status(),
                      p.tokens,
                      p.cfg.topk,
                      p.cfg.experts,
                      p.local_experts,
                      p.cap.rows_per_peer,
-                     p.cap.entries_per_peer};
-  capacity_send_kernel<<<unsigned(p.cfg.ranks), PlanConfig::kSendThreads, 0, ctx.stream()>>>(s);
+                     p.cap.entries_per_peer,
+                     sc.chunks};
+  const unsigned R = unsigned(p.cfg.ranks);
+  const dim3 grid(unsigned(sc.chunks), R);
+  capacity_sums_kernel<<<grid, PlanConfig::kSendThreads, 0, ctx.stream()>>>(s);
+  GROUPMM_CHECK_LAUNCH();
+  capacity_apply_kernel<<<grid, PlanConfig::kSendThreads, 0, ctx.stream()>>>(s);
+  GROUPMM_CHECK_LAUNCH();
+  capacity_finish_kernel<<<R, PlanConfig::kSendThreads, 0, ctx.stream()>>>(s);
   GROUPMM_CHECK_LAUNCH();
 }
 
