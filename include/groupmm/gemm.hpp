@@ -78,6 +78,11 @@ struct GroupedGemmArgs {
   // the sum are written with zeros; needs at_most). See "Splits short of M_total" above.
   SplitsTotal splits_total = SplitsTotal::exact;
   bool zero_tail = false;
+  // at_most only: the rows sum(splits) is expected to reach, host-known (e.g. T k routed rows in
+  // an expert-parallel capacity buffer of R C_e rows), in [0, M_total]; the heuristic chooses
+  // the kernel configuration for it instead of M_total (0: M_total). Which rows are read and
+  // written is the splits' business alone, as with config.
+  int64_t expected_rows = 0;
   // cutlass_sm90 only: run this kernel configuration instead of the heuristic's choice (names as
   // printed by gemm_config_names(); tuning and tests). Empty = heuristic. A configuration for
   // another pass or dtype is an error. A name (or an empty one) may end in "@along_m" or

@@ -43,7 +43,9 @@ std::string GroupedGemmArgs::to_string() const {
      << ", bias=" << bias.to_string() << ", alpha=" << alpha << ", beta=" << beta
      << ", engine=" << gemm_engine_name(engine)
      << (splits_total == SplitsTotal::exact ? "" : ", splits_total=at_most")
-     << (zero_tail ? ", zero_tail" : "") << (config.empty() ? "" : ", config=" + config) << ")";
+     << (zero_tail ? ", zero_tail" : "")
+     << (expected_rows > 0 ? ", expected_rows=" + std::to_string(expected_rows) : "")
+     << (config.empty() ? "" : ", config=" + config) << ")";
   return os.str();
 }
 
@@ -128,6 +130,10 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
   GROUPMM_CHECK(!a.zero_tail || a.pass != GemmPass::wgrad, op,
                 ": zero_tail is for forward and dgrad (wgrad's out [G, N, K] has no row tail)");
   GROUPMM_CHECK(d.M <= INT32_MAX, op, ": M_total=", d.M, " must fit int32");
+  GROUPMM_CHECK(a.expected_rows == 0 || (a.splits_total == SplitsTotal::at_most &&
+                                         a.expected_rows > 0 && a.expected_rows <= d.M),
+                op, ": expected_rows=", a.expected_rows,
+                " must be 0, or with splits_total=at_most in [1, M_total=", d.M, "]");
 
   GemmEngine e = a.engine;
   GROUPMM_CHECK(a.config.empty() || (dev == Device::CUDA && e != GemmEngine::cublas_loop), op,
@@ -153,7 +159,9 @@ std::string GemmLaunch::to_string() const {
       "GemmLaunch(", gemm_pass_name(pass), " M=", dims.M, " N=", dims.N, " K=", dims.K,
       " G=", dims.G, " ", dtype_name(a_dtype), " x ", dtype_name(b_dtype), " -> ",
       dtype_name(out_dtype), ", ", recipe_name(recipe), fast_accum ? ", fast accumulation" : "",
-      splits_at_most ? ", splits at most M" : "", config.empty() ? "" : ", config=" + config, ")");
+      splits_at_most ? ", splits at most M" : "",
+      expected_rows > 0 ? detail::cat(", expected rows ", expected_rows) : std::string(),
+      config.empty() ? "" : ", config=" + config, ")");
 }
 
 GemmLaunch make_launch(const GroupedGemmArgs& a, const GemmDims& d) {
@@ -171,6 +179,7 @@ GemmLaunch make_launch(const GroupedGemmArgs& a, const GemmDims& d) {
   l.beta = a.beta;
   l.config = a.config;
   l.splits_at_most = a.splits_total == SplitsTotal::at_most;
+  l.expected_rows = a.expected_rows;
   return l;
 }
 

@@ -19,6 +19,7 @@ std::string GroupedLinearConfig::to_string() const {
      << ", main_grad=" << (accumulate_into_main_grad ? "true" : "false")
      << ", max_tokens=" << max_tokens << ", seed=" << seed
      << (splits_total == SplitsTotal::at_most ? ", splits_total=at_most" : "")
+     << (expected_rows > 0 ? ", expected_rows=" + std::to_string(expected_rows) : "")
      << ", recipe=" << (recipe ? recipe->name() : std::string("default")) << ")";
   return os.str();
 }
@@ -30,7 +31,8 @@ namespace {
 
 class HighPrecisionExecutor final : public LinearExecutor {
  public:
-  HighPrecisionExecutor(GemmEngine e, SplitsTotal total) : engine_(e), total_(total) {}
+  HighPrecisionExecutor(GemmEngine e, SplitsTotal total, int64_t expected_rows)
+      : engine_(e), total_(total), expected_(expected_rows) {}
 
   size_t workspace_bytes(const Context& ctx, const LinearPassViews& v) const override {
     size_t need = 0;
@@ -79,10 +81,12 @@ class HighPrecisionExecutor final : public LinearExecutor {
     g.bias = bias;
     g.engine = engine_;
     g.splits_total = total_;
+    g.expected_rows = std::min(expected_, a.dim(0));  // a: x or dy, the call's rows
     return g;
   }
   GemmEngine engine_;
   SplitsTotal total_;
+  int64_t expected_;
 };
 
 class HighPrecisionRecipe final : public LinearRecipe {
@@ -106,7 +110,7 @@ class HighPrecisionRecipe final : public LinearRecipe {
                   ": the cublas_loop engine does not apply bias");
     GROUPMM_CHECK(engine_ != GemmEngine::cublas_loop || cfg.splits_total == SplitsTotal::exact,
                   name(), ": splits_total=at_most needs the cutlass_sm90 or reference engine");
-    return std::make_unique<HighPrecisionExecutor>(engine_, cfg.splits_total);
+    return std::make_unique<HighPrecisionExecutor>(engine_, cfg.splits_total, cfg.expected_rows);
   }
 
  private:
@@ -139,6 +143,9 @@ GroupedLinear::GroupedLinear(Context& ctx, const GroupedLinearConfig& cfg)
   GROUPMM_CHECK(cfg.in_features >= 1, op, ": in_features=", cfg.in_features, " must be >= 1");
   GROUPMM_CHECK(cfg.out_features >= 1, op, ": out_features=", cfg.out_features, " must be >= 1");
   GROUPMM_CHECK(cfg.max_tokens >= 1, op, ": max_tokens=", cfg.max_tokens, " must be >= 1");
+  GROUPMM_CHECK(
+      cfg.expected_rows == 0 || (cfg.expected_rows > 0 && cfg.splits_total == SplitsTotal::at_most),
+      op, ": expected_rows=", cfg.expected_rows, " must be 0, or > 0 with splits_total=at_most");
   GROUPMM_CHECK(cfg.dtype == DType::bf16 || cfg.dtype == DType::fp16 ||
                     (cfg.dtype == DType::fp32 && ctx.device() == Device::CPU),
                 op, ": dtype=", dtype_name(cfg.dtype),
@@ -193,6 +200,7 @@ GroupedLinear::GroupedLinear(Context& ctx, GroupedLinear& whole, int64_t first, 
   GROUPMM_CHECK(max_tokens >= 1, op, ": max_tokens=", max_tokens, " must be >= 1");
   cfg_.experts = count;
   cfg_.max_tokens = max_tokens;
+  cfg_.expected_rows = whole.cfg_.expected_rows * count / whole.cfg_.experts;
   exec_ = cfg_.recipe->make_executor(ctx, cfg_);
   cudaStream_t s = ctx.stream();
   y_ = Tensor::empty({max_tokens, cfg_.out_features}, cfg_.dtype, device_, s);

@@ -16,7 +16,8 @@ namespace {
 
 GroupedLinearConfig linear(const MoEConfig& c, int64_t G, int64_t K, int64_t N, int64_t rows,
                            uint64_t which, bool experts) {
-  const SplitsTotal total = experts && capacity_ep(c) ? SplitsTotal::at_most : SplitsTotal::exact;
+  const bool at_most = experts && capacity_ep(c);
+  const SplitsTotal total = at_most ? SplitsTotal::at_most : SplitsTotal::exact;
   return GroupedLinearConfig{.experts = G,
                              .in_features = K,
                              .out_features = N,
@@ -27,7 +28,10 @@ GroupedLinearConfig linear(const MoEConfig& c, int64_t G, int64_t K, int64_t N, 
                              .max_tokens = rows,
                              .seed = c.seed * 8 + which,
                              .recipe = c.recipe,
-                             .splits_total = total};
+                             .splits_total = total,
+                             // a rank receives its own share of T k routed rows on average,
+                             // whatever the capacity buffer holds: the GEMMs' kernel choice
+                             .expected_rows = at_most ? c.max_tokens * c.topk : 0};
 }
 
 }  // namespace

@@ -185,7 +185,7 @@ PY
 expect 2 "bench ep: --ranks 3 must divide the experts of every chosen case \(case dsv3 has E=32\)" -- bench ep --cpu --ranks 3 --case dsv3
 # bench moe --ep: the block over ranks as threads (the block's EP numerics are the unit tests'
 # MoeEp suites; this checks the command runs every case in both modes and reports them)
-expect 0 "qwen3 +96 +16 +8 +4 .* C=180 C_e=384$" -- bench moe --cpu --ep capacity --json "$tmp/moe_ep.json"
+expect 0 "qwen3 +96 +16 +8 +4 .* C=96 C_e=384$" -- bench moe --cpu --ep capacity --json "$tmp/moe_ep.json"
 if python3 - "$tmp/moe_ep.json" <<'PY'; then pass=$((pass + 1)); else failed=$((failed + 1)); echo "FAIL: bench moe --ep --json"; fi
 import json, sys
 d = json.load(open(sys.argv[1]))

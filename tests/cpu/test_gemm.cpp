@@ -379,6 +379,20 @@ TEST(GemmCpuTail, FaultsAndArguments) {
     a.zero_tail = true;
     EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: zero_tail needs splits_total=at_most");
     EXPECT_NE(a.to_string().find("zero_tail"), std::string::npos);
+    a.zero_tail = false;
+    a.expected_rows = 8;  // the heuristic's rows: at_most only, within the buffer
+    EXPECT_THROW_MSG(grouped_gemm(ctx, a),
+                     "grouped_gemm: expected_rows=8 must be 0, or with splits_total=at_most in [1, "
+                     "M_total=12]");
+    a.splits_total = SplitsTotal::at_most;
+    a.expected_rows = 13;
+    EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: expected_rows=13 must be 0");
+    a.expected_rows = -1;
+    EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: expected_rows=-1 must be 0");
+    a.expected_rows = 8;
+    grouped_gemm(ctx, a);
+    EXPECT_NO_THROW(ctx.check());
+    EXPECT_NE(a.to_string().find("expected_rows=8"), std::string::npos);
   }
   {
     GemmProblem w =

@@ -408,6 +408,15 @@ TEST(GroupedLinearCpuOps, BadInputGivesClearErrors) {
                    "GroupedLinear: dtype=fp8e4m3 must be bf16 or fp16");
   EXPECT_THROW_MSG(GroupedLinear l(ctx, cfg_of(G, K, N, false, DType::bf16, 0)),
                    "GroupedLinear: max_tokens=0 must be >= 1");
+  auto c1 = cfg_of(G, K, N, false, DType::bf16, M);
+  c1.expected_rows = 8;  // the GEMMs' kernel choice for at_most splits only
+  EXPECT_THROW_MSG(GroupedLinear l(ctx, c1),
+                   "GroupedLinear: expected_rows=8 must be 0, or > 0 with splits_total=at_most");
+  c1.splits_total = SplitsTotal::at_most;
+  c1.expected_rows = -2;
+  EXPECT_THROW_MSG(GroupedLinear l(ctx, c1), "GroupedLinear: expected_rows=-2 must be 0");
+  c1.expected_rows = 8;
+  EXPECT_NE(GroupedLinear(ctx, c1).config().to_string().find("expected_rows=8"), std::string::npos);
   auto c2 = cfg_of(G, K, N, false, DType::bf16, M);
   c2.recipe = nn::high_precision_recipe(GemmEngine::cublas_loop);
   EXPECT_THROW_MSG(GroupedLinear l(ctx, c2),

@@ -528,6 +528,38 @@ TEST(GemmGpuTail, RowsPastTheSumAreNeitherReadNorWritten) {
       }
 }
 
+// expected_rows: the heuristic sizes its choice by the rows the splits are expected to reach, not
+// by the buffer. A wgrad of 6 experts x 300 rows in a buffer of 4x those rows: by the buffer (1200
+// rows an expert) the cooperative 128x256 tile; by the 1800 expected rows the split (129-1024
+// rows an expert), as the same wgrad over an exact 1800-row buffer. Both agree with the CPU
+// reference and read no tail row (NaN there).
+TEST(GemmGpuTail, ExpectedRowsChoosesTheKernel) {
+  GROUPMM_REQUIRE_GPU();
+  GemmProblem exact =
+      GemmProblem::make(GemmPass::wgrad, DType::bf16, 6, make_splits(Pattern::zero_middle, 6, 1800),
+                        256, 512, false, 0, DType::bf16);
+  TailProblem t = TailProblem::make(exact, 3 * 1800);
+  DeviceTail d(t);
+  Context ctx(Device::CUDA);
+  GroupedGemmArgs a = d.args(t, false);
+  const std::string by_buffer = gemm_config_name(ctx, a);
+  a.expected_rows = 1800;
+  const std::string by_expected = gemm_config_name(ctx, a);
+  DeviceProblem dp(exact);
+  EXPECT_EQ(by_expected, gemm_config_name(ctx, dp.args(exact)));
+  EXPECT_EQ(by_buffer.substr(0, by_buffer.find('@')), "wgrad_bf16_bf16_128x256_coop_c21");
+  EXPECT_EQ(by_expected.substr(0, by_expected.find('@')),
+            "wgrad_bf16_bf16_split_pp128x128_coop128x256");
+  for (int64_t expected : {int64_t(0), int64_t(1800)}) {
+    SCOPED_TRACE("expected_rows " + std::to_string(expected));
+    a.expected_rows = expected;
+    fill_bytes(d.out, 0xFF);
+    grouped_gemm(ctx, a);
+    ASSERT_NO_THROW(ctx.check());
+    expect_matches_reference(exact, d.out_bytes());
+  }
+}
+
 // A sum past the buffer is still reported (overflow and total bits), never written past it.
 TEST(GemmGpuTail, SumPastTheRowsIsAFault) {
   GROUPMM_REQUIRE_GPU();

@@ -24,7 +24,8 @@ int env_int(const char* name, int fallback) {
 
 ep::EpCapacity uniform_ep_capacity(int64_t T, int64_t k, int R, double factor) {
   const double rows = double(T) * (1.0 - std::pow(1.0 - 1.0 / double(R), double(k)));
-  return {std::max<int64_t>(1, int64_t(std::ceil(factor * rows))),
+  // A rank sends each peer at most its T rows: a larger C only sizes unused metadata and staging.
+  return {std::max<int64_t>(1, std::min(T, int64_t(std::ceil(factor * rows)))),
           std::max<int64_t>(1, int64_t(std::ceil(factor * double(T * k) / double(R))))};
 }
 

@@ -53,8 +53,9 @@ auto run_gpu_rank(const char* cmd, int ranks, int rank, const std::string& id_fi
   return std::make_pair(g, fn(ctx, *tr));
 }
 
-// Capacity budgets over the uniform routing's expectation, times `factor`: a token goes to a peer
-// holding any of its k experts, T (1 - (1 - 1/R)^k) rows; T k / R (token, slot) entries.
+// Capacity budgets over the uniform routing's expectation, times `factor` (rows at most T): a token
+// goes to a peer holding any of its k experts, T (1 - (1 - 1/R)^k) rows; T k / R (token, slot)
+// entries.
 ep::EpCapacity uniform_ep_capacity(int64_t T, int64_t k, int R, double factor);
 
 // The CPU smoke runs: `ranks` ranks as threads of this process (ep::run_in_process_group), each

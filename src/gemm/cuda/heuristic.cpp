@@ -72,8 +72,10 @@ GemmConfig heuristic_16bit(const GemmLaunch& l) {
   const bool bf = l.a_dtype == DType::bf16;
   const bool f32 = l.out_dtype == DType::fp32;
   const GemmDims& d = l.dims;
-  // Average rows per expert: host-known (M and G are shapes), unlike the split values.
-  const int64_t rows = d.G > 0 ? d.M / d.G : 0;
+  // Average rows per expert: host-known (M, or the rows the splits are expected to reach, and G),
+  // unlike the split values.
+  const int64_t M = l.expected_rows > 0 ? l.expected_rows : d.M;
+  const int64_t rows = d.G > 0 ? M / d.G : 0;
   switch (l.pass) {
     case GemmPass::forward:
       // Into fp32: the cooperative kernel at every size (the swapped kernel writes 16-bit only).

@@ -1,6 +1,6 @@
 // The cutlass_sm90 engine's heuristic: which configuration of configs.def a launch runs, and in
-// which tile order. Host-known inputs only (pass, dtypes, recipe, M, N, K, G; never the split
-// values), so the choice is the same for every routing a captured graph replays.
+// which tile order. Host-known inputs only (pass, dtypes, recipe, M or expected_rows, N, K, G;
+// never the split values), so the choice is the same for every routing a captured graph replays.
 #pragma once
 
 #include <cstdint>
