@@ -47,33 +47,29 @@ TensorView MoE::forward_chunked(Context& ctx, const TensorView& x, const TensorV
                 " (raise ep.max_rows)");
   stage(MoEStage::permute, false);  // the plan; the rows move beside the experts below
   Context& xc = streams_ ? *streams_->xctx : ctx;
-  const auto dispatch = [&](int64_t c) {
-    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
-    ep::ep_dispatch(xc, tr, cp.plans[size_t(c)], x, region(xp_, b, m, H, t), weights,
-                    region(probs_, b, m, 0, DType::fp32));
-    if (streams_) GROUPMM_CHECK_CUDA(cudaEventRecord(streams_->dispatched[size_t(c)], xc.stream()));
-  };
-  if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // the plan's ids, x
-  dispatch(0);
-  const TensorView shared_y = shared_forward(ctx, x, T);  // while chunk 0's rows move
-  for (int64_t c = 0; c < n; ++c) {
-    if (c + 1 < n) dispatch(c + 1);
-    if (streams_)
-      GROUPMM_CHECK_CUDA(cudaStreamWaitEvent(ctx.stream(), streams_->dispatched[size_t(c)], 0));
-    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
-    const TensorView splits = cp.entry_splits(c);
-    const TensorView probs = region(probs_, b, m, 0, DType::fp32), h = region(h_, b, m, F, t);
-    chunk_gu_[size_t(c)] = gate_up_parts_[size_t(c)]->forward(ctx, region(xp_, b, m, H, t), splits);
-    stage(MoEStage::gate_up, false);
-    weighted_swiglu_forward(ctx, chunk_gu_[size_t(c)], probs, h, SwigluForm{},
-                            capacity_ep(cfg_) ? splits : TensorView());
-    stage(MoEStage::activation, false);
-    const TensorView yp = down_parts_[size_t(c)]->forward(ctx, h, splits);
-    stage(MoEStage::down, false);
-    if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // yp written
-    ep::ep_combine_chunk(xc, tr, cp, c, yp);
-  }
-  if (streams_) Streams::order(streams_->to_main, xc.stream(), ctx.stream());  // join
+  TensorView shared_y, yp;
+  Streams::pipeline(
+      streams_.get(), ctx, xc, n,
+      [&](int64_t c) {  // dispatch
+        const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
+        ep::ep_dispatch(xc, tr, cp.plans[size_t(c)], x, region(xp_, b, m, H, t), weights,
+                        region(probs_, b, m, 0, DType::fp32));
+      },
+      [&] { shared_y = shared_forward(ctx, x, T); },
+      [&](int64_t c) {  // the experts
+        const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
+        const TensorView splits = cp.entry_splits(c);
+        const TensorView probs = region(probs_, b, m, 0, DType::fp32), h = region(h_, b, m, F, t);
+        chunk_gu_[size_t(c)] =
+            gate_up_parts_[size_t(c)]->forward(ctx, region(xp_, b, m, H, t), splits);
+        stage(MoEStage::gate_up, false);
+        weighted_swiglu_forward(ctx, chunk_gu_[size_t(c)], probs, h, SwigluForm{},
+                                capacity_ep(cfg_) ? splits : TensorView());
+        stage(MoEStage::activation, false);
+        yp = down_parts_[size_t(c)]->forward(ctx, h, splits);
+        stage(MoEStage::down, false);
+      },
+      [&](int64_t c) { ep::ep_combine_chunk(xc, tr, cp, c, yp); });
   const TensorView y = rows_view(y_, T, H, t);
   ep::ep_combine_finish(ctx, cp, TensorView(), y, shared_y);
   stage(MoEStage::unpermute, false);
@@ -91,35 +87,33 @@ void MoE::backward_chunked(Context& ctx, const TensorView& dy, const TensorView&
   ep::Transport& tr = transport();
   ep::EpChunkedPlan& cp = *cplan_;
   Context& xc = streams_ ? *streams_->xctx : ctx;
-  const auto send = [&](int64_t c) {  // unweighted: the weights entered the activation
-    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
-    ep::ep_combine_backward(xc, tr, cp.plans[size_t(c)], dy, TensorView(), TensorView(),
-                            region(dyp_, b, m, H, t), TensorView());
-    if (streams_) GROUPMM_CHECK_CUDA(cudaEventRecord(streams_->dispatched[size_t(c)], xc.stream()));
-  };
-  if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // dy
-  send(0);
-  stage(MoEStage::unpermute, true);
-  const TensorView shared_dx = shared_backward(ctx, dy, T);  // while chunk 0's dy moves
-  for (int64_t c = 0; c < n; ++c) {
-    if (c + 1 < n) send(c + 1);
-    if (streams_)
-      GROUPMM_CHECK_CUDA(cudaStreamWaitEvent(ctx.stream(), streams_->dispatched[size_t(c)], 0));
-    const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
-    const TensorView splits = cp.entry_splits(c);
-    const TensorView dh = down_parts_[size_t(c)]->backward(ctx, region(dyp_, b, m, H, t));
-    stage(MoEStage::down, true);
-    const TensorView dgu = region(dgu_, b, m, 2 * F, t);
-    const TensorView dprobs = region(dprobs_, b, m, 0, DType::fp32);
-    weighted_swiglu_backward(ctx, dh, chunk_gu_[size_t(c)], region(probs_, b, m, 0, DType::fp32),
-                             dgu, dprobs, SwigluForm{}, capacity_ep(cfg_) ? splits : TensorView());
-    stage(MoEStage::activation, true);
-    const TensorView dxp = gate_up_parts_[size_t(c)]->backward(ctx, dgu);
-    stage(MoEStage::gate_up, true);
-    if (streams_) Streams::order(streams_->to_x, ctx.stream(), xc.stream());  // dxp, dprobs
-    ep::ep_dispatch_backward_chunk(xc, tr, cp, c, dxp, dprobs);
-  }
-  if (streams_) Streams::order(streams_->to_main, xc.stream(), ctx.stream());  // join
+  TensorView shared_dx, dxp, dprobs;
+  Streams::pipeline(
+      streams_.get(), ctx, xc, n,
+      [&](int64_t c) {  // dy to the experts, unweighted: the weights entered the activation
+        const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
+        ep::ep_combine_backward(xc, tr, cp.plans[size_t(c)], dy, TensorView(), TensorView(),
+                                region(dyp_, b, m, H, t), TensorView());
+      },
+      [&] {
+        stage(MoEStage::unpermute, true);
+        shared_dx = shared_backward(ctx, dy, T);
+      },
+      [&](int64_t c) {  // the experts' backward
+        const int64_t b = cp.row_base[size_t(c)], m = cp.rows_of(c);
+        const TensorView splits = cp.entry_splits(c);
+        const TensorView dh = down_parts_[size_t(c)]->backward(ctx, region(dyp_, b, m, H, t));
+        stage(MoEStage::down, true);
+        const TensorView dgu = region(dgu_, b, m, 2 * F, t);
+        dprobs = region(dprobs_, b, m, 0, DType::fp32);
+        weighted_swiglu_backward(ctx, dh, chunk_gu_[size_t(c)],
+                                 region(probs_, b, m, 0, DType::fp32), dgu, dprobs, SwigluForm{},
+                                 capacity_ep(cfg_) ? splits : TensorView());
+        stage(MoEStage::activation, true);
+        dxp = gate_up_parts_[size_t(c)]->backward(ctx, dgu);
+        stage(MoEStage::gate_up, true);
+      },
+      [&](int64_t c) { ep::ep_dispatch_backward_chunk(xc, tr, cp, c, dxp, dprobs); });
   ep::ep_dispatch_backward_finish(ctx, cp, dx, dweights, shared_dx);
   stage(MoEStage::permute, true);
 }

@@ -61,6 +61,31 @@ struct MoE::Streams {
     GROUPMM_CHECK_CUDA(cudaEventRecord(e, from));
     GROUPMM_CHECK_CUDA(cudaStreamWaitEvent(to, e, 0));
   }
+
+  // The chunk pipeline of both directions (moe_chunked.cpp), s null: everything in order on ctx
+  // (xc is ctx). move(c) sends chunk c's rows to the experts on xc, one chunk ahead; beside() runs
+  // on ctx while chunk 0's rows move; compute(c) runs chunk c's experts on ctx once its rows
+  // arrived; home(c) sends its results home on xc after them. xc waits for what ctx enqueued
+  // before (the inputs), and ctx for every exchange at the end.
+  template <class Move, class Beside, class Compute, class Home>
+  static void pipeline(Streams* s, Context& ctx, Context& xc, int64_t n, Move&& move,
+                       Beside&& beside, Compute&& compute, Home&& home) {
+    const auto send = [&](int64_t c) {
+      move(c);
+      if (s) GROUPMM_CHECK_CUDA(cudaEventRecord(s->dispatched[size_t(c)], xc.stream()));
+    };
+    if (s) order(s->to_x, ctx.stream(), xc.stream());
+    send(0);
+    beside();
+    for (int64_t c = 0; c < n; ++c) {
+      if (c + 1 < n) send(c + 1);
+      if (s) GROUPMM_CHECK_CUDA(cudaStreamWaitEvent(ctx.stream(), s->dispatched[size_t(c)], 0));
+      compute(c);
+      if (s) order(s->to_x, ctx.stream(), xc.stream());  // its results written
+      home(c);
+    }
+    if (s) order(s->to_main, xc.stream(), ctx.stream());  // join
+  }
 };
 
 }  // namespace groupmm::nn
