@@ -1,4 +1,4 @@
-// autograd.hpp: what the Autograd kernels of the ops share (ops_autograd.cpp, ops_ep.cpp): the
+// autograd.hpp: what the Autograd kernels of the ops share (ops_autograd*.cpp, ops_ep.cpp): the
 // typed dispatcher handle of an op, whether a call records a graph node, and the fast path below
 // autograd.
 #pragma once

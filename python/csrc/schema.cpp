@@ -1,5 +1,5 @@
 // schema.cpp: every op of the torch.ops.groupmm namespace, in one place. CPU and CUDA kernels are
-// in ops_*.cpp, the autograd formulas in ops_autograd.cpp; fake (meta) kernels in
+// in ops_*.cpp, the autograd formulas in ops_autograd*.cpp; fake (meta) kernels in
 // python/groupmm/_meta.py. Splits are [G] int32/int64 on the op's device; sizes never depend on
 // their values.
 #include <torch/library.h>
@@ -111,7 +111,7 @@ TORCH_LIBRARY(groupmm, m) {
   // permute + grouped_mm with w [E, 2F, H] + weighted_swiglu as one kernel-layer op (x gathered
   // inside the GEMM, the activation in its epilogue; moe_gate_up_swiglu):
   // -> h [R, F], the pre-activation [R, 2F] (empty unless pre_activation), probs [R] fp32.
-  // Differentiable in x, weights and w (ops_autograd.cpp); training needs pre_activation=True.
+  // Differentiable in x, weights and w (ops_autograd_moe.cpp); training needs pre_activation=True.
   m.def(
       "gate_up_swiglu(Tensor x, Tensor dest_row, Tensor row_start, Tensor kept, Tensor splits, "
       "int align, int capacity, Tensor weights, Tensor w, bool pre_activation=False, "

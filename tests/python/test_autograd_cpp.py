@@ -1,7 +1,7 @@
-"""The autograd formulas live in C++ (python/csrc/ops_autograd.cpp, the Autograd dispatch key):
-no Python runs per call, with or without a graph. These checks keep a Python registration
-(torch.library.register_autograd, which costs ~10-30 us per call even under no_grad) from
-silently coming back. The formulas' values are checked by test_gemm.py / test_moe_ops.py."""
+"""The autograd formulas live in C++ (python/csrc/ops_autograd.cpp and ops_autograd_moe.cpp, the
+Autograd dispatch key): no Python runs per call, with or without a graph. These checks keep a
+Python registration (torch.library.register_autograd, which costs ~10-30 us per call even under
+no_grad) from silently coming back. The formulas' values are checked by test_gemm.py / test_moe_ops.py."""
 
 import pytest
 import torch
@@ -12,6 +12,8 @@ from conftest import make_splits
 ops = torch.ops.groupmm
 DIFFERENTIABLE = ["grouped_mm", "swiglu", "weighted_swiglu", "weighted_swiglu_ex", "router_logits",
                   "router", "permute", "unpermute", "gate_up_swiglu"]
+# The MoE block's formulas (ops_autograd_moe.cpp).
+MOE = ["router_logits", "router", "permute", "unpermute", "gate_up_swiglu"]
 # No gradient by nature; their Autograd kernel only steps below autograd (without one, the
 # dispatcher's boxed fallback ran on every call).
 NON_DIFFERENTIABLE = ["group_quantize", "group_dequantize", "group_quantize_w4",
@@ -34,8 +36,9 @@ def test_autograd_kernel_is_registered_in_cpp(op):
     line = autograd_kernel_line(op)
     # A C++ kernel is registered from its source file and has an unboxed entry; a Python one is
     # registered from torch/library.py and is boxed only.
-    source = "ops_ep.cpp" if op in EP else "ops_autograd.cpp"
-    assert source in line and "unboxed" in line, line
+    source = ("ops_ep.cpp" if op in EP else
+              "ops_autograd_moe.cpp" if op in MOE else "ops_autograd.cpp")
+    assert f"/{source}:" in line and "unboxed" in line, line
 
 
 def test_which_ops_have_an_autograd_kernel():

@@ -80,7 +80,7 @@ def _check_fused(*, recipe="bf16", ep_group=None, dtype, device, hidden, ffn_hid
 class _FusedGateUpFn(torch.autograd.Function):
     """gate_up_swiglu for a gate_up layer that takes its weight gradient itself (delay_wgrad:
     queued for backward_dw(); accumulate_into_main_grad: added into main_grad). Backward is the op's
-    C++ formula (ops_autograd.cpp) op for op, with the wgrad run by the layer's executor on the
+    C++ formula (ops_autograd_moe.cpp) op for op, with the wgrad run by the layer's executor on the
     permuted rows of x, gathered when it runs: in backward_dw() with recompute (nothing kept but
     the block input and the routing), else in backward (kept until backward_dw())."""
 
