@@ -25,7 +25,13 @@ constexpr unsigned kFullMask = 0xFFFFFFFFu;
 struct MoverConfig {
   static constexpr int kThreads = 256;
   static constexpr int kCtasPerSm = 8;  // grid cap (and residency); the kernels loop over the rest
+  // Rows a CTA moves at once, at least: a row's copy waits on its dependent index loads (the
+  // grouped row's entry, then its source row), so the rows in flight per SM bound the bandwidth;
+  // long rows are moved by threads_per_row = kThreads / kMinRowsPerCta threads looping over them.
+  static constexpr int kMinRowsPerCta = 4;
   static_assert(kThreads % 32 == 0, "whole warps");
+  static_assert(kThreads % kMinRowsPerCta == 0 && kThreads / kMinRowsPerCta >= 32,
+                "whole warps a row");
 };
 
 // n rows of `vecs` vectors: rows_per_cta rows of threads_per_row threads per CTA, a grid-stride
@@ -36,7 +42,8 @@ struct RowGeometry {
   unsigned grid = 0;  // 0: nothing to launch
 
   RowGeometry(const Context& ctx, int64_t n, int64_t v) : rows(n), vecs(v) {
-    rows_per_cta = int(std::max<int64_t>(1, MoverConfig::kThreads / std::max<int64_t>(v, 1)));
+    rows_per_cta = int(std::max<int64_t>(MoverConfig::kMinRowsPerCta,
+                                         MoverConfig::kThreads / std::max<int64_t>(v, 1)));
     threads_per_row = MoverConfig::kThreads / rows_per_cta;
     const int64_t cap = int64_t(std::max(ctx.sm_count(), 1)) * MoverConfig::kCtasPerSm;
     grid = n > 0 ? unsigned(std::min(qnum::ceil_div(n, int64_t(rows_per_cta)), cap)) : 0u;
