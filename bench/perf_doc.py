@@ -289,8 +289,8 @@ def moe_memory(dd):
 def ep_plan(dd):
     d = load("ep_plan_h200", dd)
     return caption(d) + "\n" + table(
-        ["mode", "plan us", "host us", "dispatch us", "combine us"],
-        [[r["mode"], r["plan_us"], r.get("host_us"), r["dispatch_us"], r["combine_us"]]
+        ["run", "mode", "plan us", "host us", "dispatch us", "combine us"],
+        [[r["run"], r["mode"], r["plan_us"], r.get("host_us"), r["dispatch_us"], r["combine_us"]]
          for r in rows_of(d)])
 
 
