@@ -1,16 +1,29 @@
 // autograd.hpp: what the Autograd kernels of the ops share (ops_autograd*.cpp, ops_ep.cpp): the
-// typed dispatcher handle of an op, whether a call records a graph node, and the fast path below
-// autograd.
+// type names, the typed dispatcher handle of an op, whether a call records a graph node, and the
+// fast path below autograd.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
 
 #include <initializer_list>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 namespace groupmm_torch {
+
+// The names the formulas share.
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Tensor = at::Tensor;
+using OptTensor = std::optional<at::Tensor>;
+using OptDtype = std::optional<at::ScalarType>;
+using Tensors2 = std::tuple<Tensor, Tensor>;
+using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
+using Tensors4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
+using Tensors5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 // The typed handle of groupmm::<name> (looked up once per call site).
 #define GROUPMM_OP(name, ...)                                                                      \

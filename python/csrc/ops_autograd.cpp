@@ -21,16 +21,6 @@
 namespace groupmm_torch {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using Tensor = at::Tensor;
-using OptTensor = std::optional<at::Tensor>;
-using OptDtype = std::optional<at::ScalarType>;
-using Tensors2 = std::tuple<Tensor, Tensor>;
-using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
-using Tensors4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
-using Tensors5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
-
 using MmSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, OptDtype,
                      c10::string_view);
 using MmGradSig = Tensor(const Tensor&, const Tensor&, const Tensor&, OptDtype, c10::string_view);

@@ -14,13 +14,6 @@
 namespace groupmm_torch {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using Tensor = at::Tensor;
-using OptTensor = std::optional<at::Tensor>;
-using OptDtype = std::optional<at::ScalarType>;
-using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
-
 using MmGradSig = Tensor(const Tensor&, const Tensor&, const Tensor&, OptDtype, c10::string_view);
 using WSwigluBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                  const OptTensor&);

@@ -333,10 +333,6 @@ std::tuple<at::Tensor, at::Tensor> ep_combine_backward(const PlanPtr& plan, cons
 // Autograd
 // ================================================================================================
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using OptTensor = std::optional<at::Tensor>;
-using Tensors2 = std::tuple<at::Tensor, at::Tensor>;
 using EpDispatchSig = Tensors2(const PlanPtr&, const at::Tensor&, const OptTensor&);
 using EpDispatchBwdSig = Tensors2(const PlanPtr&, const at::Tensor&, const OptTensor&);
 using EpCombineSig = at::Tensor(const PlanPtr&, const at::Tensor&, const OptTensor&,
