@@ -38,11 +38,27 @@ void chunk_rows_home(Context& ctx, Transport& tr, const EpChunkedPlan& cp, int64
                       recv, rb);
 }
 
-// The checks of a finish op (no exchange: the plan's device is the Context's).
-void check_finish(const char* op, const Context& ctx, const EpChunkedPlan& cp) {
+// The checks of a finish op (no exchange: the plan's device is the Context's) and of its output
+// `out` [T, H]; returns out's dtype.
+DType check_finish(const char* op, const Context& ctx, const EpChunkedPlan& cp, const char* arg,
+                   const TensorView& out) {
   (void)chunk_plan(op, cp, 0);
   GROUPMM_CHECK(cp.slot_entry.view().device == ctx.device(), op,
                 ": plan was built for another Context (", cp.to_string(), ")");
+  const DType t = check::row_dtype(op, arg, out);
+  check::rows(ctx, op, arg, out, cp.tokens(), cp.plans[0].cfg.hidden, t);
+  check_back_fits(op, cp, arg, t);
+  return t;
+}
+
+// The finish ops' sum: out[t] = every chunk's rows of token t from the way back, in slot order
+// (weighted by w when given), + add[t].
+void sum_home(Context& ctx, const EpChunkedPlan& cp, const TensorView& out, const float* w,
+              const TensorView& add) {
+  const EpConfig& cfg = cp.plans[0].cfg;
+  const int64_t rb = dtype_storage_bytes(out.dtype, cfg.hidden);
+  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, out, RecvRows::plain(cp.back_rows.data(), rb),
+                  cp.slot_entry.ptr<int32_t>(), w, cfg.topk, add.present() ? add.data : nullptr);
 }
 
 }  // namespace
@@ -61,18 +77,12 @@ void ep_combine_chunk(Context& ctx, Transport& tr, EpChunkedPlan& cp, int64_t c,
 void ep_combine_finish(Context& ctx, const EpChunkedPlan& cp, const TensorView& weights,
                        const TensorView& out, const TensorView& add) {
   const char* op = "ep_combine_finish";
-  check_finish(op, ctx, cp);
+  const DType t = check_finish(op, ctx, cp, "out", out);
   const EpConfig& cfg = cp.plans[0].cfg;
-  const DType t = check::row_dtype(op, "out", out);
-  check::rows(ctx, op, "out", out, cp.tokens(), cfg.hidden, t);
-  check_back_fits(op, cp, "out", t);
   if (weights.present()) check_floats(ctx, op, "weights", weights, cp.tokens(), cfg.topk);
   if (add.present()) check::rows(ctx, op, "add", add, cp.tokens(), cfg.hidden, t);
   check_no_alias(op, "out", out, {{"weights", &weights}, {"add", &add}});
-  const int64_t rb = dtype_storage_bytes(t, cfg.hidden);
-  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, out, RecvRows::plain(cp.back_rows.data(), rb),
-                  cp.slot_entry.ptr<int32_t>(), weights.present() ? weights.ptr<float>() : nullptr,
-                  cfg.topk, add.present() ? add.data : nullptr);
+  sum_home(ctx, cp, out, weights.present() ? weights.ptr<float>() : nullptr, add);
   ctx.after_op();
 }
 
@@ -97,18 +107,12 @@ void ep_dispatch_backward_chunk(Context& ctx, Transport& tr, EpChunkedPlan& cp, 
 void ep_dispatch_backward_finish(Context& ctx, const EpChunkedPlan& cp, const TensorView& dx,
                                  const TensorView& d_weights, const TensorView& add) {
   const char* op = "ep_dispatch_backward_finish";
-  check_finish(op, ctx, cp);
+  const DType t = check_finish(op, ctx, cp, "dx", dx);
   const EpConfig& cfg = cp.plans[0].cfg;
-  const DType t = check::row_dtype(op, "dx", dx);
-  check::rows(ctx, op, "dx", dx, cp.tokens(), cfg.hidden, t);
-  check_back_fits(op, cp, "dx", t);
   if (add.present()) check::rows(ctx, op, "add", add, cp.tokens(), cfg.hidden, t);
   if (d_weights.present()) check_floats(ctx, op, "d_weights", d_weights, cp.tokens(), cfg.topk);
   check_no_alias(op, "dx", dx, {{"add", &add}, {"d_weights", &d_weights}});
-  const int64_t rb = dtype_storage_bytes(t, cfg.hidden);
-  GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, dx, RecvRows::plain(cp.back_rows.data(), rb),
-                  cp.slot_entry.ptr<int32_t>(), nullptr, cfg.topk,
-                  add.present() ? add.data : nullptr);
+  sum_home(ctx, cp, dx, nullptr, add);
   if (d_weights.present())  // dropped or absent slots get 0
     GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, d_weights.data, cp.back_values.data(),
                     cp.slot_entry.ptr<int32_t>(), cp.tokens() * cfg.topk, 1, int64_t(sizeof(float)),
