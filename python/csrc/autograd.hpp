@@ -1,6 +1,6 @@
-// autograd.hpp: what the Autograd kernels of the ops share (ops_autograd*.cpp, ops_ep.cpp): the
-// type names, the typed dispatcher handle of an op, whether a call records a graph node, and the
-// fast path below autograd.
+// autograd.hpp: what the Autograd kernels of the ops share (ops_autograd*.cpp,
+// ops_ep_autograd.cpp): the type names, the typed dispatcher handle of an op, whether a call
+// records a graph node, and the fast path below autograd.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -19,8 +19,8 @@ MOE = ["router_logits", "router", "permute", "unpermute", "gate_up_swiglu"]
 NON_DIFFERENTIABLE = ["group_quantize", "group_dequantize", "group_quantize_w4",
                       "import_mxfp4_weights", "export_mxfp4_weights", "group_offsets",
                       "permute_plan"]
-# The expert-parallel movers (differentiable) and plans, registered beside the custom classes
-# their schemas name (ops_ep.cpp).
+# The expert-parallel movers (differentiable) and plans: formulas in ops_ep_autograd.cpp,
+# registered from ops_ep.cpp after the custom classes their schemas name.
 EP = ["ep_dispatch", "ep_combine", "ep_dispatch_plan", "ep_capacity_plan_create",
       "ep_capacity_plan"]
 
