@@ -72,18 +72,23 @@ RecvRows own_rows(const Route& r, int me, const void* recv, int64_t unit, const 
   return rows;
 }
 
+namespace {
+// The plain gather as a pack: send rows [first, first + n) are src rows idx[first ..].
+auto gather_pack(Context& ctx, const void* src, const int32_t* idx, int64_t unit) {
+  return [&ctx, src, idx, unit](void* dst, int64_t first, int64_t n) {
+    GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, dst, src, idx + first, n, 1, unit, false);
+  };
+}
+}  // namespace
+
 void gather_and_exchange(Context& ctx, Transport& tr, const Route& r, const void* src,
                          const int32_t* idx, void* send, void* recv, int64_t unit) {
-  pack_and_exchange(ctx, tr, r, send, recv, unit, [&](void* dst, int64_t first, int64_t n) {
-    GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, dst, src, idx + first, n, 1, unit, false);
-  });
+  pack_and_exchange(ctx, tr, r, send, recv, unit, gather_pack(ctx, src, idx, unit));
 }
 
 RecvRows gather_others_and_exchange(Context& ctx, Transport& tr, const Route& r, const void* src,
                                     const int32_t* idx, void* send, void* recv, int64_t unit) {
-  pack_others_and_exchange(ctx, tr, r, send, recv, unit, [&](void* dst, int64_t first, int64_t n) {
-    GROUPMM_EP_CALL(ctx, ep_gather_rows, ctx, dst, src, idx + first, n, 1, unit, false);
-  });
+  pack_others_and_exchange(ctx, tr, r, send, recv, unit, gather_pack(ctx, src, idx, unit));
   return own_rows(r, tr.rank(), recv, unit, src, unit, idx);
 }
 
