@@ -222,8 +222,9 @@ enum class OpId : uint32_t {
   layer,
   moe_router,
   weighted_swiglu,
-  ep_dispatch,  // the expert-parallel plans (ep.hpp)
-  moe_gate_up,  // moe_gate_up_swiglu and the gathered ops (moe.hpp)
+  ep_dispatch,     // the expert-parallel plans (ep.hpp)
+  moe_gate_up,     // moe_gate_up_swiglu and the gathered ops (moe.hpp)
+  moe_down_dgrad,  // moe_down_dgrad_swiglu (moe.hpp)
   count_
 };
 const char* op_name(OpId op);

@@ -314,6 +314,47 @@ void moe_gate_up_swiglu(Context& ctx, const MoeGateUpArgs& args);
 bool moe_gate_up_swiglu_supported(const Context& ctx, DType dtype, int64_t hidden, int64_t ffn,
                                   int64_t experts);
 
+// ================================================================================================
+// The fused down-projection backward: gathered dy, the weighted SwiGLU's backward in the dgrad
+// ================================================================================================
+//
+// One launch of the kernel layer's gathered GEMM (B read N-major) in place of
+// moe_unpermute_backward + the down projection's grouped dgrad + weighted_swiglu_backward, for the
+// block whose router weight is applied inside the activation (its combine is a plain sum, so the
+// down output's gradient is dy gathered). For every row r of expert g:
+//   da[r, i]  = round(sum_h dy[src_row[r], h] * w[g, h, i])   fp32 accumulation, rounded to dy's
+//               dtype (the dgrad's output); src_row[r] = -1: a zero row
+//   dgate_up[r, i], dgate_up[r, F + i], dprob[r] = weighted_swiglu_backward(da[r], gate_up[r],
+//               prob[r])   (moe.hpp's backward formula)
+// Numerics: da and dgate_up exactly the unfused composition's (the same rounding points and, on
+// CUDA, the same fast sigmoid; the dgrad's K blocks of 64 added in the same wgmma order: tested
+// bit for bit). dprob is each row's fp32 sum of da * swiglu in a fixed order, deterministic run to
+// run but not the unfused kernel's order (CUDA: each of a quad's lanes adds its 8-column groups,
+// column tiles of 256 in order, then a butterfly over the quad; CPU: the composition's).
+//
+// Arguments (dy's dtype: bf16 or fp16; all row-major, contiguous):
+//   dy        [T, H]            gradient of the block's output (never permuted)
+//   src_row   [R] int32         row of dy behind permuted row r, or -1 (moe_permute_sources)
+//   splits    [E] int32 | int64 rows per expert, sum == R (the PermuteMap's splits)
+//   w         [E, H, F]         the down projection's weight (GroupedLinear's [G, N, K])
+//   gate_up   [R, 2F]           the pre-activation forward kept (moe_gate_up_swiglu's gate_up)
+//   prob      [R] fp32          each row's router weight (moe_permute_sources)
+//   dgate_up  [R, 2F]           out: the gradient of the pre-activation
+//   dprob     [R] fp32          out: the gradient of each row's router weight
+// dy may be fp32 on a CPU context (gradient checks). Requirements (CUDA): H % 8 == 0, F % 8 == 0,
+// E <= 1024, 16-byte aligned dy, w, gate_up and dgate_up; R, T < 2^31.
+// Graph safe (one launch, no workspace, no host read of the splits). Device faults: as
+// moe_gate_up_swiglu's (splits rule, src_row outside [-1, T) read as a zero row); nothing is
+// written out of bounds. Minimum SM: sm_90a (CUDA); the CPU reference composes the unfused ops.
+struct MoeDownDgradArgs {
+  TensorView dy, src_row, splits, w, gate_up, prob, dgate_up, dprob;
+};
+void moe_down_dgrad_swiglu(Context& ctx, const MoeDownDgradArgs& args);
+// Whether moe_down_dgrad_swiglu takes these sizes on ctx's device (CPU: always; CUDA: an sm_90
+// device and the requirements above).
+bool moe_down_dgrad_swiglu_supported(const Context& ctx, DType dtype, int64_t hidden, int64_t ffn,
+                                     int64_t experts);
+
 // The row map of the gathered ops: src_row[dest_row[t, j]] = t and probs[dest_row[t, j]] =
 // weights[t, j]; padding and tail rows get src_row -1 and prob 0 (what moe_permute writes as a
 // zero row). src_row [R] int32, weights [T, k] fp32 and probs [R] fp32 (both or neither).

@@ -59,6 +59,8 @@ const char* op_name(OpId op) {
       return "ep_dispatch";
     case OpId::moe_gate_up:
       return "moe_gate_up_swiglu";
+    case OpId::moe_down_dgrad:
+      return "moe_down_dgrad_swiglu";
     case OpId::count_:
       break;
   }

@@ -37,8 +37,9 @@ void check_permute_map(const Context& ctx, const char* op, const PermuteMap& m);
 //     d_probs[dest]) (moe_unpermute, moe_permute_backward);
 //   weighted_swiglu_forward / _backward (any SwigluForm; the plain one on its own path; splits
 //     absent: every row, else the rows [0, sum) only, moe.hpp);
-//   moe_gate_up_swiglu (the fused projection: CPU composes the unfused ops, CUDA runs the kernel
-//     layer's gathered GEMM) and moe_permute_sources (dest_row's inverse and the row probs).
+//   moe_gate_up_swiglu and moe_down_dgrad_swiglu (the fused projections: CPU composes the unfused
+//     ops, CUDA runs the kernel layer's gathered GEMM) and moe_permute_sources (dest_row's inverse
+//     and the row probs).
 #define GROUPMM_MOE_ROW_OPS(ENTRY)                                                               \
   ENTRY void moe_scatter_rows(Context& ctx, const TensorView& src, const PermuteMap& map,        \
                               const TensorView& dst, const TensorView& weights,                  \
@@ -50,6 +51,7 @@ void check_permute_map(const Context& ctx, const char* op, const PermuteMap& m);
                                      const TensorView& prob, const TensorView& out,              \
                                      const SwigluForm& form, const TensorView& splits);          \
   ENTRY void moe_gate_up_swiglu(Context& ctx, const MoeGateUpArgs& args);                        \
+  ENTRY void moe_down_dgrad_swiglu(Context& ctx, const MoeDownDgradArgs& args);                  \
   ENTRY void moe_permute_sources(Context& ctx, const PermuteMap& map, const TensorView& src_row, \
                                  const TensorView& weights, const TensorView& probs);            \
   ENTRY void weighted_swiglu_backward(Context& ctx, const TensorView& dout,                      \

@@ -179,6 +179,64 @@ GateUpTimes time_gate_up(Context& ctx, MoE& moe, const TensorView& x, int iters)
   return r;
 }
 
+// The down projection's backward two ways on the layer's current map, each alone, against the
+// dense cuBLAS dgrad of its shape (T k rows): the fused op (gathered dy, N-major weight, weighted
+// SwiGLU backward in the epilogue, on the kernel layer) and the unfused chain (unpermute's
+// backward, grouped dgrad, weighted SwiGLU backward), and the chain's grouped dgrad alone. Zeros
+// when the fused op does not take the case.
+struct DownDgradTimes {
+  double fused = 0, unfused = 0, gemm = 0, dense = 0;
+};
+DownDgradTimes time_down_dgrad(Context& ctx, MoE& moe, const TensorView& x, const TensorView& dy,
+                               int iters) {
+  const MoEConfig& c = moe.config();
+  const PermuteMap& m = moe.permute_map();
+  DownDgradTimes r;
+  if (c.recipe || c.bias ||
+      !moe_down_dgrad_swiglu_supported(ctx, c.dtype, c.hidden, c.ffn_hidden, c.experts) ||
+      !moe_gate_up_swiglu_supported(ctx, c.dtype, c.hidden, c.ffn_hidden, c.experts))
+    return r;
+  const int64_t R = m.rows, H = c.hidden, F = c.ffn_hidden;
+  const Device d = ctx.device();
+  cudaStream_t s = ctx.stream();
+  auto t = [&](std::initializer_list<int64_t> dims, DType dt) {
+    return Tensor::empty(dims, dt, d, s);
+  };
+  Tensor src = t({R}, DType::int32), pr = t({R}, DType::fp32), gu = t({R, 2 * F}, c.dtype),
+         h = t({R, F}, c.dtype), dgu = t({R, 2 * F}, c.dtype), dp = t({R}, DType::fp32),
+         dyp = t({R, H}, c.dtype), da = t({R, F}, c.dtype);
+  const TensorView wt = moe.router_weights(), w2 = moe.down().weight();
+  moe_permute_sources(ctx, m, src, wt, pr);
+  // the pre-activation of this routing, as forward keeps it
+  moe_gate_up_swiglu(ctx, MoeGateUpArgs{.x = x,
+                                        .src_row = src,
+                                        .splits = m.splits,
+                                        .w = moe.gate_up().weight(),
+                                        .prob = pr,
+                                        .out = h,
+                                        .gate_up = gu,
+                                        .config = {}});
+  const MoeDownDgradArgs a{.dy = dy,
+                           .src_row = src,
+                           .splits = m.splits,
+                           .w = w2,
+                           .gate_up = gu,
+                           .prob = pr,
+                           .dgate_up = dgu,
+                           .dprob = dp};
+  r.fused = time_us(ctx, 2, iters, [&](int) { moe_down_dgrad_swiglu(ctx, a); });
+  r.unfused = time_us(ctx, 2, iters, [&](int) {
+    moe_unpermute_backward(ctx, dy, m, dyp);
+    gemm_dgrad(ctx, dyp, w2, m.splits, da);
+    weighted_swiglu_backward(ctx, da, gu, pr, dgu, dp);
+  });
+  r.gemm = time_us(ctx, 2, iters, [&](int) { gemm_dgrad(ctx, dyp, w2, m.splits, da); });
+  if (d == Device::CUDA)
+    r.dense = 1e3 * dense_gemm_ms(ctx, GemmPass::dgrad, dy.dim(0) * c.topk, H, F, iters);
+  ctx.check();
+  return r;
+}
+
 // The dense-GEMM bound of a case: its expert GEMMs (and the shared expert's) as dense cuBLAS bf16
 // GEMMs over all T k routed rows, the time a pipeline with free routing, no padding and no data
 // movement between its stages would take. {forward, forward + backward} in us.
@@ -264,6 +322,20 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
         flops / (gt.gemm * 1e6), gt.dense, gt.dense > 0 ? flops / (gt.dense * 1e6) : 0.0,
         gt.dense > 0 ? 100 * gt.dense / gt.fused : 0.0);
   }
+  const DownDgradTimes dt = time_down_dgrad(ctx, moe, x, dy, iters);
+  if (dt.fused > 0) {
+    const double flops = 2.0 * double(T * c.topk) * double(c.ffn_hidden) * double(H);
+    std::printf(
+        "  down projection's backward alone (median of %d):\n"
+        "    fused (gathered dy + SwiGLU backward epilogue) %8.1f us %6.0f TFLOP/s\n"
+        "    unfused (gather dy, grouped dgrad, SwiGLU bwd) %8.1f us   fused speedup %.2fx\n"
+        "    its grouped dgrad alone                        %8.1f us %6.0f TFLOP/s\n"
+        "    dense cuBLAS dgrad of T k rows                 %8.1f us %6.0f TFLOP/s: fused at "
+        "%.0f%%\n",
+        iters, dt.fused, flops / (dt.fused * 1e6), dt.unfused, dt.unfused / dt.fused, dt.gemm,
+        flops / (dt.gemm * 1e6), dt.dense, dt.dense > 0 ? flops / (dt.dense * 1e6) : 0.0,
+        dt.dense > 0 ? 100 * dt.dense / dt.fused : 0.0);
+  }
   double copy_gbs = 0;
   const auto movers = time_moe_movers(ctx, moe, x, iters, &copy_gbs);
   std::printf(
@@ -304,7 +376,12 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
                                    .add("coop_c2_us", gt.coop_c2)
                                    .add("unfused_us", gt.unfused)
                                    .add("gemm_us", gt.gemm)
-                                   .add("dense_us", gt.dense)));
+                                   .add("dense_us", gt.dense))
+               .add("down_dgrad", JsonRecord()
+                                      .add("fused_us", dt.fused)
+                                      .add("unfused_us", dt.unfused)
+                                      .add("gemm_us", dt.gemm)
+                                      .add("dense_us", dt.dense)));
   ctx.check();
   return ok;
 }

@@ -24,6 +24,14 @@ CUtensorMap make_tensor_map_2d(const char* op, const void* base, int elem_bytes,
                                int64_t rows, int64_t row_bytes, int box_cols, int box_rows,
                                bool swizzle128 = false);
 
+// A row-major 3-D tensor [d2, d1, d0] (d0 contiguous; d1 rows `stride1_bytes` apart, d2 planes
+// `stride2_bytes` apart), read in boxes of box0 x box1 x 1 elements; reads past any dimension fill
+// zeros, so a box never reads a neighbouring plane. Same requirements as the 2-D map (strides
+// multiples of 16, box0 * elem_bytes a multiple of 16, 128 with swizzle128).
+CUtensorMap make_tensor_map_3d(const char* op, const void* base, int elem_bytes, int64_t d0,
+                               int64_t d1, int64_t d2, int64_t stride1_bytes, int64_t stride2_bytes,
+                               int box0, int box1, bool swizzle128 = false);
+
 // ---- device: barriers -------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -65,6 +73,15 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar))
+      : "memory");
+}
+// The 3-D box at (c0, c1, c2) of `map` into dst, as tma_load_2d.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
 }
 // Fetches a tensor map into the descriptor cache ahead of its first copy.

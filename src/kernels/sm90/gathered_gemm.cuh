@@ -5,12 +5,16 @@
 //
 //   C[r, :] = A[src_row[r], :] B_g^T      for every row r of expert g (rows from the splits)
 //
-// A is row-major [A_rows, K] (x, never permuted); src_row [R] int32 names the row of A behind
-// each of the R rows (-1: a zero row, the padding of a permuted buffer). B is the experts'
-// weights [G * B_rows, K] row-major (K-major), read by TMA with a 128-byte swizzle. The epilogue
-// functor receives the fp32 accumulator tile in registers with its coordinates; it owns the
-// output (the kernel writes nothing itself), so an epilogue may round, activate, weight, quantize
-// or scatter.
+// A is row-major [A_rows, K] (x or dy, never permuted); src_row [R] int32 names the row of A
+// behind each of the R rows (-1: a zero row, the padding of a permuted buffer). B holds the
+// experts' weights, read by TMA with a 128-byte swizzle: K-major [G * N, K] row-major (a forward
+// projection's [G, N, K] weight), or with kBMajorMN N-major [G, K, N] (the same weight read by a
+// dgrad, whose N is the forward's K), through a 3-D tensor map that zero-fills past an expert's K
+// and N. The epilogue functor receives the fp32 accumulator tile in registers with its
+// coordinates; it owns the output (the kernel writes nothing itself), so an epilogue may round,
+// activate, weight, quantize or scatter. An epilogue keeps per-thread state across tiles
+// (Epilogue::State); with kRowOwner a CTA takes all column tiles of a row tile in order, so that
+// state can carry a row reduction across the columns without atomics.
 //
 // Warp roles (3 warpgroups, one CTA per SM):
 //   producer   warpgroup 0: 128 threads gather A rows with 16-byte cp.async into the stage's
@@ -37,7 +41,8 @@
 // keeping the stage protocol).
 //
 // Invariants (checked by the host wrapper): K % 8 == 0 (16-byte rows), A and B 16-byte aligned,
-// B_rows % kTileN == 0 (a column tile never straddles two experts), G <= kMaxGroups.
+// G <= kMaxGroups; K-major B: N % kTileN == 0 (a column tile never straddles two experts);
+// N-major B: N % 8 == 0 (the tensor map's row stride), the epilogue skipping columns past N.
 #pragma once
 
 #include <cstdint>
@@ -64,12 +69,17 @@ namespace groupmm::cuda::sm90 {
 // kCluster: CTAs of a cluster (1 or 2). With 2, the pair works on two row tiles of the same
 // expert and column tile: each CTA loads one half of the B tile and multicasts it to both, so
 // every CTA reads half the weight bytes from L2 (the A rows are gathered per CTA).
+// kBMajorMN: B is N-major [G, K, N] (see above), loaded as kTileN / 64 boxes of 64 columns by
+// kTileK rows. kRowOwner: a CTA runs the column tiles of a row tile one after another (cooperative
+// only: each consumer then sees every column of its 64 rows).
 template <class Element_, int kTileN_, int kStages_, int kBHalves_, bool kCooperative_,
-          int kCluster_ = 1>
+          int kCluster_ = 1, bool kBMajorMN_ = false, bool kRowOwner_ = false>
 struct GatheredGemmConfig {
   using Element = Element_;
   static constexpr bool kCooperative = kCooperative_;
   static constexpr int kCluster = kCluster_;
+  static constexpr bool kBMajorMN = kBMajorMN_;
+  static constexpr bool kRowOwner = kRowOwner_;
   static constexpr int kTileM = 128;
   static constexpr int kWarpgroupM = kCooperative ? 64 : 128;  // rows of a consumer's MMAs
   static constexpr int kTileN = kTileN_;
@@ -79,7 +89,7 @@ struct GatheredGemmConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kMaxGroups = 1024;
-  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128*56 + 256*224 <= 64K
+  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
   static constexpr int kStageBytesA = kTileM * kTileK * 2;
   static constexpr int kStageBytesB = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kStageBytesA + kStageBytesB;
@@ -96,6 +106,10 @@ struct GatheredGemmConfig {
   static_assert(kCluster == 1 || (kCluster == 2 && kBHalves % 2 == 0),
                 "a pair of CTAs splits the B tile's halves between them");
   static_assert(kStages >= 2 && kStages <= 8, "at least double buffering");
+  static_assert(!kBMajorMN || (kBHalves == 1 && kCluster == 1 && kTileN % 64 == 0),
+                "an N-major B tile: whole 64-column boxes, no halves, no cluster");
+  static_assert(!kRowOwner || (kCooperative && kCluster == 1),
+                "a row owner is one CTA whose two consumers see all columns of their rows");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one sm_90 CTA");
   static_assert(kStageBytesA % 1024 == 0 && kStageBytesB % 1024 == 0,
                 "every stage buffer starts 1024-byte aligned (the swizzle's period)");
@@ -111,7 +125,7 @@ struct GatheredGemmParams {
   bool splits64;
   int64_t G;
   int64_t K;
-  int64_t b_rows;  // rows of one expert's B (N of the GEMM)
+  int64_t b_rows;  // N of the GEMM: rows of one expert's K-major B, columns of an N-major one
   int32_t band_n;  // column tiles per raster band (>= 1)
   StatusBlock* status;
   OpId op;
@@ -213,12 +227,18 @@ struct GatheredGemmSmem {
   }
 };
 
-// The kernel. Epilogue: a functor with
+// The kernel. Epilogue: a functor with a default-constructible State and
 //   template <class Accum, class Coords>
 //   __device__ void operator()(const Accum& acc, const Coords& coords, const TileCoord& t,
-//                              int row_off) const;
+//                              int row_off, State& state) const;
 // called by all 128 threads of a consumer warpgroup after the tile's last MMA; row_off +
-// get<0>(coords(i)) and get<1>(coords(i)) are the row and column within the tile of acc(i).
+// get<0>(coords(i)) and get<1>(coords(i)) are the row and column within the tile of acc(i);
+// `state` is the thread's, kept from its previous tile (a cluster's spare row tiles skip the
+// call). And
+//   __device__ void prefetch(const TileCoord& t, int tid) const;
+// called by the 128 producer threads (tid 0..127) before they load the tile's first stage: an
+// epilogue that reads global memory (not just the accumulators) prefetches it into L2 there, so
+// that its loads do not wait on HBM after the mainloop.
 template <class Config, class Epilogue>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     gathered_gemm_kernel(const GatheredGemmParams p, const __grid_constant__ CUtensorMap tma_b,
@@ -230,7 +250,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   GatheredGemmSmem<Config> sm(smem_raw);
   const int G = static_cast<int>(p.G);
-  const int tiles_n = static_cast<int>(p.b_rows / BN);
+  const int tiles_n = static_cast<int>((p.b_rows + BN - 1) / BN);
 
   // ---- prologue: the tile tables from the device splits (faults reported by CTA 0 only) ------
   SplitsScanArgs sa;
@@ -270,7 +290,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int32_t first_unit = static_cast<int32_t>(blockIdx.x / Config::kCluster);
   const int32_t unit_step = static_cast<int32_t>(gridDim.x / Config::kCluster);
 
-  const int band_n = max(1, min(static_cast<int>(p.band_n), tiles_n));
+  // A row owner's units run column tile fastest (a band as wide as the expert).
+  const int band_n = Config::kRowOwner ? tiles_n : max(1, min(static_cast<int>(p.band_n), tiles_n));
+  // The CTA's tile sequence: unit first_unit, then every unit_step-th; a row owner takes runs of
+  // tiles_n consecutive tiles (a whole row of column tiles), every expert's tile count being a
+  // multiple of tiles_n.
+  const int32_t run = Config::kRowOwner ? tiles_n : 1;
+  const int32_t first_tile = first_unit * run;
+  auto next_tile = [&](int32_t t) {
+    return (t + 1) % run != 0 ? t + 1 : t + 1 + (unit_step - 1) * run;
+  };
   auto tile_at = [&](int32_t t) {
     const int g = detail::find_tile_group(sm.tile_prefix, G, t);
     const int32_t local = t - sm.tile_prefix[g];
@@ -302,21 +331,33 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     const Element* a = static_cast<const Element*>(p.a);
     if (tid == 0) tma_prefetch_map(&tma_b);
     int cnt = 0;
-    for (int32_t t = first_unit; t < total_tiles; t += unit_step) {
+    // The last K block is partial when K % kTileK != 0: its chunks past K are zero-filled.
+    const bool k_tail = p.K % BK != 0;
+    for (int32_t t = first_tile; t < total_tiles; t = next_tile(t)) {
       const TileCoord c = tile_at(t);
-      const Element* src[BM / 16];
+      // What the tile's epilogue will read besides the accumulators, into L2 under its mainloop.
+      epi.prefetch(c, tid);
+      // Each copied row's source, advanced in place by one K block per stage, so that every
+      // cp.async reads its own address registers: a temporary reused across the copies would
+      // make each one wait for the previous copy to read it. Rows that are zero-filled (-1,
+      // past the expert's end, a faulty index) read nothing: they walk A's first row, an address
+      // in bounds in every full K block.
+      const char* src[BM / 16];
+      uint32_t live = 0;  // bit i: row row_in + 16 i is copied
 #pragma unroll
       for (int i = 0; i < BM / 16; ++i) {
         const int r = row_in + 16 * i;
-        src[i] = nullptr;
+        int64_t row_off = 0;
         if (r < c.rows) {
           const int32_t s = p.src_row[c.row0 + r];
           if (s >= 0 && s < p.a_rows) {
-            src[i] = a + int64_t(s) * p.lda;
+            row_off = int64_t(s) * p.lda;
+            live |= 1u << i;
           } else if (s != -1 && chunk == 0) {
             report_fault(p.status, kFaultBadIndex, p.op, c.g, s);
           }
         }
+        src[i] = reinterpret_cast<const char*>(a + chunk * 8 + row_off);
       }
       const int64_t b_row0 = int64_t(c.g) * p.b_rows + int64_t(c.ct) * (BN / Config::kBHalves);
       for (int kb = 0; kb < kb_count; ++kb, ++cnt) {
@@ -324,8 +365,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         mbar_wait(&sm.empty[s], ((cnt / S) & 1) ^ 1);
         if (tid == 0) {
           mbar_arrive_expect_tx(&sm.full[s], Config::kStageBytesB);  // from every CTA's loads
+          if constexpr (Config::kBMajorMN) {
+            // box j: columns [64 j, 64 j + 64) of the tile, K rows [kb BK, + BK) of expert g
 #pragma unroll
-          for (int h = 0; h < Config::kBHalves; ++h) {
+            for (int j = 0; j < BN / 64; ++j)
+              tma_load_3d(sm.b(s) + j * (64 * BK * 2), &tma_b, c.ct * BN + 64 * j, kb * BK, c.g,
+                          &sm.full[s]);
+          }
+#pragma unroll
+          for (int h = 0; h < (Config::kBMajorMN ? 0 : Config::kBHalves); ++h) {
             uint8_t* dst = sm.b(s) + h * (Config::kStageBytesB / Config::kBHalves);
             const int row = static_cast<int>(b_row0 + h * (p.b_rows / Config::kBHalves));
             if constexpr (Config::kCluster == 1)
@@ -335,15 +383,25 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                                             uint16_t((1u << Config::kCluster) - 1));
           }
         }
-        const int64_t k = int64_t(kb) * BK + chunk * 8;
-        const uint32_t a_base = smem_addr(sm.a(s));
+        // the 128-byte swizzle: 16-byte chunk c of row r lands at chunk c ^ (r % 8); r % 8 is
+        // the same for every row of this thread (rows 16 apart)
+        const uint32_t dst0 = smem_addr(sm.a(s)) + row_in * 128 + ((chunk ^ (row_in % 8)) * 16);
+        if (k_tail && kb == kb_count - 1) {
+          const bool in_k = int64_t(kb) * BK + chunk * 8 < p.K;
 #pragma unroll
-        for (int i = 0; i < BM / 16; ++i) {
-          const int r = row_in + 16 * i;
-          // the 128-byte swizzle: 16-byte chunk c of row r lands at chunk c ^ (r % 8)
-          const uint32_t dst = a_base + r * 128 + ((chunk ^ (r % 8)) * 16);
-          const bool valid = src[i] != nullptr && k < p.K;
-          detail::cp_async_16(dst, valid ? static_cast<const void*>(src[i] + k) : p.a, valid);
+          for (int i = 0; i < BM / 16; ++i) {
+            const bool valid = in_k && ((live >> i) & 1u) != 0;
+            detail::cp_async_16(dst0 + i * 16 * 128, valid ? src[i] : p.a, valid);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < BM / 16; ++i) {
+            detail::cp_async_16(dst0 + i * 16 * 128, src[i], ((live >> i) & 1u) != 0);
+          }
+#pragma unroll
+          for (int i = 0; i < BM / 16; ++i) {
+            src[i] += BK * sizeof(Element);
+          }
         }
         detail::cp_async_arrive_noinc(&sm.full[s]);
       }
@@ -356,10 +414,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     constexpr int WM = Config::kWarpgroupM;
     using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                                make_shape(Int<WM>{}, Int<BK>{})));
-    using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                               make_shape(Int<BN>{}, Int<BK>{})));
+    // N-major: 8-row atoms of 64 columns stacked along K first, so that each 64-column box of
+    // the TMA (BK rows of 128 bytes) is one contiguous 128-byte-swizzled block
+    using SmemLayoutB =
+        std::conditional_t<Config::kBMajorMN,
+                           decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                                  make_shape(Int<BN>{}, Int<BK>{}),
+                                                  Step<_2, _1>{})),
+                           decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                                  make_shape(Int<BN>{}, Int<BK>{})))>;
+    constexpr GMMA::Major kMajorB = Config::kBMajorMN ? GMMA::Major::MN : GMMA::Major::K;
     using MmaOp = decltype(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<BN>, _64>,
-                                                GMMA::Major::K, GMMA::Major::K>());
+                                                GMMA::Major::K, kMajorB>());
     auto tiled_mma = make_tiled_mma(MmaOp{});
     auto thr_mma = tiled_mma.get_thread_slice(ctid);
     auto accum = partition_fragment_C(tiled_mma, make_shape(Int<WM>{}, Int<BN>{}));
@@ -367,8 +433,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // A cooperative consumer reads its 64 rows of the A tile: whole 8-row swizzle atoms of 1 KiB.
     const int a_off = Config::kCooperative ? cw * WM * BK * 2 : 0;
     const int row_off = Config::kCooperative ? cw * WM : 0;
-    int i = 0;  // position of the tile in this CTA's sequence
-    for (int32_t t = first_unit; t < total_tiles; t += unit_step, ++i) {
+    typename Epilogue::State state{};  // the epilogue's own, across this consumer's tiles
+    int i = 0;                         // position of the tile in this CTA's sequence
+    for (int32_t t = first_tile; t < total_tiles; t = next_tile(t), ++i) {
       if (!Config::kCooperative && (i & 1) != cw) continue;
       const TileCoord c = tile_at(t);
       int cnt = i * kb_count;
@@ -418,7 +485,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       if (!Config::kCooperative && ctid == 0) detail::mbar_arrive(&sm.turn[cw ^ 1]);
       warpgroup_wait<0>();
       if (ctid == 0) release(prev);
-      if (has_rows) epi(accum, coords, c, row_off);
+      if (has_rows) epi(accum, coords, c, row_off, state);
     }
   }
   // No CTA leaves while its peer may still arrive on its barriers.

@@ -17,6 +17,7 @@
 #include "kernels/common/occupancy.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/sm90/gathered_gemm.cuh"
+#include "kernels/sm90/quad_transpose.cuh"
 #include "moe/backends.hpp"
 #include "moe/cuda/moe_common.cuh"
 #include "moe/swiglu_backends.hpp"
@@ -41,33 +42,16 @@ using GateUpCoopPair = sm90::GatheredGemmConfig<Element, 256, 4, 2, true, 2>;
 // (measured: docs/decisions.md, "Kernel layer: gate_up projection schedules").
 const std::string kGateUpDefaultWide = "coop_128x256", kGateUpDefaultNarrow = "pingpong_128x128";
 
-// A 4 x 4 transpose of 32-bit words across the 4 lanes of a quad (lanes 4i .. 4i + 3): lane q's
-// v[j] becomes lane j's v[q]. Two exchange rounds (lane distance 2, then 1), each swapping the
-// off-diagonal halves of 2 x 2 blocks.
-__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
-  CUTE_UNROLL
-  for (int m = 2; m >= 1; m >>= 1) {
-    const bool upper = (q & m) != 0;
-    CUTE_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      if (j & m) continue;
-      const uint32_t send = upper ? v[j] : v[j | m];
-      const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, m);
-      if (upper)
-        v[j] = recv;
-      else
-        v[j | m] = recv;
-    }
-  }
-}
-
 template <class E, int kTileN>
 struct WeightedSwigluEpilogue {
   using S = typename E::Storage;
-  S* out;      // [R, F], 16-byte aligned
-  S* gate_up;  // [R, 2F] or null, 16-byte aligned
+  struct State {};  // nothing carried across tiles
+  S* out;           // [R, F], 16-byte aligned
+  S* gate_up;       // [R, 2F] or null, 16-byte aligned
   const float* prob;
   int64_t F;
+
+  __device__ __forceinline__ void prefetch(const sm90::TileCoord&, int) const {}  // stores only
 
   // The m64nNk16 accumulator: lane q of a quad holds columns 8 v2 + 2q, + 1 of its rows. Four
   // consecutive 8-column groups are transposed across the quad, so that each lane stores 8
@@ -75,7 +59,7 @@ struct WeightedSwigluEpilogue {
   // math, bound this epilogue).
   template <class Accum, class Coords>
   __device__ __forceinline__ void operator()(const Accum& acc, const Coords& coords,
-                                             const sm90::TileCoord& t, int row_off) const {
+                                             const sm90::TileCoord& t, int row_off, State&) const {
     constexpr int kHalf = kTileN / 16;  // 8-column groups per half
     static_assert(size<0, 2>(Accum{}) == 2 * kHalf, "m64nNk16 accumulator: N/8 column groups");
     static_assert(size<2>(Accum{}) == 1, "one wgmma N block per tile");
@@ -111,24 +95,21 @@ struct WeightedSwigluEpilogue {
             }
             h[j] = uint32_t(hv[0]) | (uint32_t(hv[1]) << 16);
           }
-          quad_transpose(h, q);
+          sm90::quad_transpose(h, q);
           // this lane's 8 columns: group c + q of the half (column 8 (c + q) of the tile's half)
           const int64_t col = col0 + get<1>(coords(make_coord(0, v1, c + q), mi, 0)) - 2 * q;
-          if (live) store16(out + row * F + col, h);
+          if (live) sm90::store16(out + row * F + col, h);
           if (gate_up != nullptr) {
-            quad_transpose(g, q);
-            quad_transpose(u, q);
+            sm90::quad_transpose(g, q);
+            sm90::quad_transpose(u, q);
             if (live) {
-              store16(gate_up + row * 2 * F + col, g);
-              store16(gate_up + row * 2 * F + F + col, u);
+              sm90::store16(gate_up + row * 2 * F + col, g);
+              sm90::store16(gate_up + row * 2 * F + F + col, u);
             }
           }
         }
       }
     }
-  }
-  static __device__ __forceinline__ void store16(S* p, const uint32_t (&v)[4]) {
-    *reinterpret_cast<uint4*>(p) = make_uint4(v[0], v[1], v[2], v[3]);
   }
 };
 

@@ -1,0 +1,302 @@
+// The fused down-projection backward (moe_down_dgrad_swiglu: gathered dy, the down weight read
+// N-major, the weighted SwiGLU's backward in the epilogue, row-owning CTAs) on the GPU:
+//  - against the CPU reference on fresh random inputs, outputs poisoned first;
+//  - against the unfused CUDA chain (moe_unpermute_backward, gemm_dgrad, weighted_swiglu_backward):
+//    dgate_up bit for bit, dprob within fp32 rounding (its sum runs in another fixed order);
+//  - two runs bit-identical, dprob included; a CUDA graph replayed with new routing equals eager;
+//  - zero-row experts, all tokens on one expert, padded experts (src_row -1), T = 1, k = 1, E = 1,
+//    E = 256, H not a multiple of 64, F not a multiple of the 256-column tile (and below 64), fp16;
+//    bad src_row and splits reported, nothing written outside.
+#include <algorithm>
+#include <cmath>
+
+#include "common/moe_pair.hpp"
+#include "common/test_util.hpp"
+#include "groupmm/gemm.hpp"
+#include "groupmm/moe.hpp"
+
+namespace groupmm::test {
+namespace {
+
+struct DownCase {
+  const char* name;
+  int64_t T, k, E, H, F, align;
+  int pattern;  // 0 random distinct, 1 all on expert E-1, 2 only even experts, 3 skewed
+  DType dtype;
+};
+
+std::vector<int32_t> routing(const DownCase& c, std::mt19937_64& g) {
+  std::vector<int32_t> ids(size_t(c.T * c.k));
+  std::vector<int32_t> pool;
+  for (int64_t e = 0; e < c.E; ++e)
+    if (c.pattern != 2 || e % 2 == 0) pool.push_back(int32_t(e));
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int64_t t = 0; t < c.T; ++t) {
+    std::shuffle(pool.begin(), pool.end(), g);
+    for (int64_t j = 0; j < c.k; ++j) {
+      int32_t e = pool[size_t(j) % pool.size()];
+      if (c.pattern == 1) e = int32_t(c.E - 1);
+      if (c.pattern == 3)
+        e = int32_t(std::min<double>(c.E - 1, std::floor(c.E * std::pow(u(g), 3))));
+      ids[size_t(t * c.k + j)] = e;
+    }
+  }
+  return ids;
+}
+
+std::vector<float> as_floats(const Pair& p) {
+  auto b = p.dev_bytes();
+  return cpu::to_floats(TensorView(b.data(), p.host.dtype, Device::CPU, {p.host.numel()}));
+}
+
+class DownDgradGpu : public ::testing::TestWithParam<DownCase> {};
+
+TEST_P(DownDgradGpu, EqualsTheReferenceAndTheUnfusedChain) {
+  GROUPMM_REQUIRE_GPU();
+  const DownCase c = GetParam();
+  const int64_t T = c.T, k = c.k, E = c.E, H = c.H, F = c.F;
+  Context cpu(Device::CPU), gpu(Device::CUDA);
+  ASSERT_TRUE(moe_down_dgrad_swiglu_supported(gpu, c.dtype, H, F, E));
+  Pair ids(DType::int32, {T, k});
+  const auto idv = routing(c, rng());
+  std::copy(idv.begin(), idv.end(), ids.h<int32_t>());
+  ids.upload();
+  MapPair m(T, k, E, c.align);
+  moe_permute_plan(cpu, ids.host, m.host);
+  moe_permute_plan(gpu, ids.dev, m.dev);
+  const int64_t R = m.host.rows;
+  Pair wt(DType::fp32, {T, k}), src(DType::int32, {R}), probs(DType::fp32, {R});
+  wt.fill_floats(randn(size_t(T * k)));
+  moe_permute_sources(cpu, m.host, src.host, wt.host, probs.host);
+  moe_permute_sources(gpu, m.dev, src.dev, wt.dev, probs.dev);
+
+  Pair dy(c.dtype, {T, H}), w(c.dtype, {E, H, F}), gu(c.dtype, {R, 2 * F}),
+      dgu(c.dtype, {R, 2 * F}), dp(DType::fp32, {R});
+  dy.fill_floats(randn(size_t(T * H)));
+  w.fill_floats(randn(size_t(E * H * F), 1.0f / std::sqrt(float(H))));
+  gu.fill_floats(randn(size_t(R * 2 * F), 2.0f));
+  auto args = [&](bool dev, const TensorView& dg, const TensorView& dpr) {
+    auto v = [&](Pair& p) -> TensorView { return dev ? p.dev.view() : p.host; };
+    return MoeDownDgradArgs{.dy = v(dy),
+                            .src_row = v(src),
+                            .splits = dev ? m.dev.splits : m.host.splits,
+                            .w = v(w),
+                            .gate_up = v(gu),
+                            .prob = v(probs),
+                            .dgate_up = dg,
+                            .dprob = dpr};
+  };
+  fill_bytes(dgu.dev, 0xFF);
+  fill_bytes(dp.dev, 0xFF);
+  moe_down_dgrad_swiglu(cpu, args(false, dgu.host, dp.host));
+  moe_down_dgrad_swiglu(gpu, args(true, dgu.dev, dp.dev));
+  ASSERT_NO_THROW(gpu.check());
+  EXPECT_LE(rel_error(as_floats(dgu), cpu::to_floats(dgu.host)), 1e-2) << "dgate_up";
+  EXPECT_LE(rel_error(as_floats(dp), cpu::to_floats(dp.host)), 1e-2) << "dprob";
+  for (const Pair* p : {&dgu, &dp}) {  // fully written: no poison left
+    const auto f = as_floats(*p);
+    EXPECT_TRUE(std::all_of(f.begin(), f.end(), [](float v) { return std::isfinite(v); }));
+  }
+
+  // The unfused chain on the GPU: the same dgate_up bits; dprob within its summation order.
+  Tensor dyp = Tensor::empty({R, H}, c.dtype, Device::CUDA);
+  Tensor da = Tensor::empty({R, F}, c.dtype, Device::CUDA);
+  Tensor dgu2 = Tensor::empty({R, 2 * F}, c.dtype, Device::CUDA);
+  Tensor dp2 = Tensor::empty({R}, DType::fp32, Device::CUDA);
+  moe_unpermute_backward(gpu, dy.dev, m.dev, dyp);
+  gemm_dgrad(gpu, dyp, w.dev, m.dev.splits, da);
+  weighted_swiglu_backward(gpu, da, gu.dev, probs.dev, dgu2, dp2);
+  EXPECT_EQ(to_host<uint8_t>(dgu2.view()), dgu.dev_bytes()) << "dgate_up vs unfused";
+  const auto dpf = as_floats(dp), dp2f = to_host<float>(dp2.view());
+  EXPECT_LE(rel_error(dpf, dp2f), 1e-5) << "dprob vs unfused";
+
+  // Run again into fresh poison: the same bits, dprob included.
+  Tensor dgu3 = Tensor::empty({R, 2 * F}, c.dtype, Device::CUDA);
+  Tensor dp3 = Tensor::empty({R}, DType::fp32, Device::CUDA);
+  fill_bytes(dgu3, 0xFF);
+  fill_bytes(dp3, 0xFF);
+  moe_down_dgrad_swiglu(gpu, args(true, dgu3, dp3));
+  EXPECT_EQ(to_host<uint8_t>(dgu3.view()), dgu.dev_bytes()) << "second run";
+  EXPECT_EQ(to_host<uint8_t>(dp3.view()), dp.dev_bytes()) << "second run, dprob";
+  ASSERT_NO_THROW(gpu.check());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, DownDgradGpu,
+    ::testing::Values(DownCase{"qwen3_like", 512, 8, 128, 2048, 768, 1, 0, DType::bf16},
+                      DownCase{"skewed", 700, 4, 16, 512, 256, 1, 3, DType::bf16},
+                      DownCase{"even_experts_only", 300, 2, 8, 256, 128, 1, 2, DType::bf16},
+                      DownCase{"one_expert_takes_all", 257, 1, 4, 128, 64, 1, 1, DType::bf16},
+                      DownCase{"padded_128", 333, 2, 8, 256, 192, 128, 0, DType::bf16},
+                      DownCase{"padded_16_fp16", 200, 3, 6, 192, 64, 16, 0, DType::fp16},
+                      DownCase{"h_not_mult_64", 129, 2, 4, 200, 64, 1, 0, DType::bf16},
+                      DownCase{"f_not_mult_256", 300, 2, 8, 256, 328, 1, 3, DType::bf16},
+                      DownCase{"f_24", 150, 2, 4, 128, 24, 1, 0, DType::bf16},
+                      DownCase{"t1_k1_e1", 1, 1, 1, 64, 64, 1, 0, DType::bf16},
+                      DownCase{"e256", 1024, 2, 256, 128, 128, 1, 0, DType::bf16},
+                      DownCase{"fp16", 400, 2, 8, 512, 128, 1, 0, DType::fp16},
+                      DownCase{"wide_f", 600, 2, 4, 256, 1152, 1, 3, DType::bf16}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Graph safe: captured plan + sources + fused backward, replayed after the routing changed,
+// equals eager execution on the new routing.
+TEST(DownDgradGpuGraph, ReplayWithNewRoutingEqualsEager) {
+  GROUPMM_REQUIRE_GPU();
+  const DownCase c{"graph", 600, 4, 32, 256, 320, 1, 0, DType::bf16};
+  const int64_t T = c.T, k = c.k, E = c.E, H = c.H, F = c.F;
+  cudaStream_t stream;
+  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    Context ctx(Device::CUDA, stream);
+    Pair ids(DType::int32, {T, k}), wt(DType::fp32, {T, k}), dy(c.dtype, {T, H}),
+        w(c.dtype, {E, H, F});
+    MapPair m(T, k, E);
+    const int64_t R = m.dev.rows;
+    Pair src(DType::int32, {R}), probs(DType::fp32, {R}), gu(c.dtype, {R, 2 * F}),
+        dgu(c.dtype, {R, 2 * F}), dp(DType::fp32, {R});
+    dy.fill_floats(randn(size_t(T * H)));
+    w.fill_floats(randn(size_t(E * H * F), 0.06f));
+    wt.fill_floats(randn(size_t(T * k)));
+    gu.fill_floats(randn(size_t(R * 2 * F)));
+    ctx.reserve_workspace(moe_permute_plan_workspace_size(ctx, T, k, E));
+    auto run = [&] {
+      moe_permute_plan(ctx, ids.dev, m.dev);
+      moe_permute_sources(ctx, m.dev, src.dev, wt.dev, probs.dev);
+      moe_down_dgrad_swiglu(ctx, MoeDownDgradArgs{.dy = dy.dev,
+                                                  .src_row = src.dev,
+                                                  .splits = m.dev.splits,
+                                                  .w = w.dev,
+                                                  .gate_up = gu.dev,
+                                                  .prob = probs.dev,
+                                                  .dgate_up = dgu.dev,
+                                                  .dprob = dp.dev});
+    };
+    auto set_routing = [&](int pattern) {
+      DownCase r = c;
+      r.pattern = pattern;
+      const auto v = routing(r, rng());
+      std::copy(v.begin(), v.end(), ids.h<int32_t>());
+      ids.upload();
+    };
+    set_routing(0);
+    GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    GROUPMM_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    run();
+    GROUPMM_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    GROUPMM_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int pattern : {3, 2, 1, 0}) {
+      set_routing(pattern);
+      fill_bytes(dgu.dev, 0xFF, stream);
+      fill_bytes(dp.dev, 0xFF, stream);
+      GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+      GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+      const auto replayed = dgu.dev_bytes(), replayed_dp = dp.dev_bytes();
+      fill_bytes(dgu.dev, 0xFF, stream);
+      fill_bytes(dp.dev, 0xFF, stream);
+      run();
+      GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+      EXPECT_EQ(replayed, dgu.dev_bytes()) << "routing pattern " << pattern;
+      EXPECT_EQ(replayed_dp, dp.dev_bytes()) << "routing pattern " << pattern;
+    }
+    EXPECT_NO_THROW(ctx.check());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// Bad device data: a src_row out of range reads as a zero row and sets kFaultBadIndex; splits
+// summing past R are clamped and reported; nothing is written past the outputs.
+TEST(DownDgradGpuFaults, BadRowMapAndSplitsAreReported) {
+  GROUPMM_REQUIRE_GPU();
+  const int64_t T = 64, E = 4, H = 128, F = 136, R = 384;
+  Context gpu(Device::CUDA);
+  Pair dy(DType::bf16, {T, H}), w(DType::bf16, {E, H, F}), src(DType::int32, {R}),
+      probs(DType::fp32, {R}), splits(DType::int32, {E}), gu(DType::bf16, {R, 2 * F});
+  dy.fill_floats(randn(size_t(T * H)));
+  w.fill_floats(randn(size_t(E * H * F), 0.1f));
+  probs.fill_floats(randn(size_t(R)));
+  gu.fill_floats(randn(size_t(R * 2 * F)));
+  for (int64_t r = 0; r < R; ++r) src.h<int32_t>()[r] = int32_t(r % T);
+  src.h<int32_t>()[5] = int32_t(T);  // out of range
+  src.upload();
+  for (int64_t e = 0; e < E; ++e) splits.h<int32_t>()[e] = int32_t(R / E);
+  splits.upload();
+  // outputs with a guard band after each: the kernel must not touch them
+  const int64_t guard = 4096;
+  Tensor buf = Tensor::empty({R * 2 * F + guard}, DType::bf16, Device::CUDA);
+  Tensor pbuf = Tensor::empty({R + guard}, DType::fp32, Device::CUDA);
+  fill_bytes(buf, 0x7F);
+  fill_bytes(pbuf, 0x7F);
+  MoeDownDgradArgs a{.dy = dy.dev,
+                     .src_row = src.dev,
+                     .splits = splits.dev,
+                     .w = w.dev,
+                     .gate_up = gu.dev,
+                     .prob = probs.dev,
+                     .dgate_up = TensorView(buf.data(), DType::bf16, Device::CUDA, {R, 2 * F}),
+                     .dprob = TensorView(pbuf.data(), DType::fp32, Device::CUDA, {R})};
+  moe_down_dgrad_swiglu(gpu, a);
+  StatusBlock s = gpu.take_status();
+  EXPECT_EQ(s.bits, kFaultBadIndex);
+  EXPECT_EQ(static_cast<OpId>(s.op), OpId::moe_down_dgrad);
+  EXPECT_EQ(s.value, T);
+  // the bad row is a zero row: zero gradients
+  const auto dg = to_host<uint16_t>(buf.view());
+  EXPECT_TRUE(std::all_of(dg.begin() + 5 * 2 * F, dg.begin() + 6 * 2 * F,
+                          [](uint16_t v) { return (v & 0x7FFF) == 0; }));
+
+  splits.h<int32_t>()[1] = int32_t(R);  // the sum runs past R
+  splits.upload();
+  src.h<int32_t>()[5] = 0;
+  src.upload();
+  moe_down_dgrad_swiglu(gpu, a);
+  s = gpu.take_status();
+  EXPECT_TRUE(s.bits & kFaultSplitsOverflow) << s.bits;
+  const auto all = to_host<uint16_t>(buf.view());
+  EXPECT_TRUE(std::all_of(all.begin() + R * 2 * F, all.end(), [](uint16_t v) {
+    return v == 0x7F7F;
+  })) << "written past dgate_up";
+  const auto pall = to_host<uint32_t>(pbuf.view());
+  EXPECT_TRUE(std::all_of(pall.begin() + R, pall.end(), [](uint32_t v) {
+    return v == 0x7F7F7F7Fu;
+  })) << "written past dprob";
+}
+
+// Host validation names the op, the argument and the value.
+TEST(DownDgradGpuErrors, ShapesOutsideTheKernelAreRefused) {
+  GROUPMM_REQUIRE_GPU();
+  Context gpu(Device::CUDA);
+  const int64_t T = 8, E = 2, H = 64, R = 16, F = 20;
+  auto t = [](std::initializer_list<int64_t> d, DType dt) {
+    return Tensor::empty(d, dt, Device::CUDA);
+  };
+  Tensor dy = t({T, H}, DType::bf16), src = t({R}, DType::int32), sp = t({E}, DType::int32),
+         pr = t({R}, DType::fp32), dp = t({R}, DType::fp32), w = t({E, H, F}, DType::bf16),
+         gu = t({R, 2 * F}, DType::bf16), dgu = t({R, 2 * F}, DType::bf16);
+  MoeDownDgradArgs a{.dy = dy,
+                     .src_row = src,
+                     .splits = sp,
+                     .w = w,
+                     .gate_up = gu,
+                     .prob = pr,
+                     .dgate_up = dgu,
+                     .dprob = dp};
+  EXPECT_THROW_MSG(moe_down_dgrad_swiglu(gpu, a), "moe_down_dgrad_swiglu: w.shape[2]=20 (F)");
+  EXPECT_FALSE(moe_down_dgrad_swiglu_supported(gpu, DType::bf16, H, F, E));
+  EXPECT_FALSE(moe_down_dgrad_swiglu_supported(gpu, DType::fp32, H, 64, E));
+  // The epilogue stores 8 columns at once: an output view 2 elements into its buffer is refused.
+  Tensor w64 = t({E, H, 64}, DType::bf16), gu64 = t({R, 128}, DType::bf16),
+         big = t({R * 128 + 8}, DType::bf16);
+  a.w = w64;
+  a.gate_up = gu64;
+  a.dgate_up =
+      TensorView(static_cast<uint16_t*>(big.data()) + 2, DType::bf16, Device::CUDA, {R, 128});
+  EXPECT_THROW_MSG(moe_down_dgrad_swiglu(gpu, a),
+                   "moe_down_dgrad_swiglu: dgate_up must be 16-byte aligned");
+}
+
+}  // namespace
+}  // namespace groupmm::test
