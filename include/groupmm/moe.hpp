@@ -329,8 +329,9 @@ bool moe_gate_up_swiglu_supported(const Context& ctx, DType dtype, int64_t hidde
 // Numerics: da and dgate_up exactly the unfused composition's (the same rounding points and, on
 // CUDA, the same fast sigmoid; the dgrad's K blocks of 64 added in the same wgmma order: tested
 // bit for bit). dprob is each row's fp32 sum of da * swiglu in a fixed order, deterministic run to
-// run but not the unfused kernel's order (CUDA: each of a quad's lanes adds its 8-column groups,
-// column tiles of 256 in order, then a butterfly over the quad; CPU: the composition's).
+// run but not the unfused kernel's order (CUDA: the column tiles of 256 in order, each tile's
+// part summed over 8-column groups per lane and then a butterfly, over the quad (coop_128x256)
+// or the warp (epi_warps); CPU: the composition's).
 //
 // Arguments (dy's dtype: bf16 or fp16; all row-major, contiguous):
 //   dy        [T, H]            gradient of the block's output (never permuted)
@@ -348,6 +349,11 @@ bool moe_gate_up_swiglu_supported(const Context& ctx, DType dtype, int64_t hidde
 // written out of bounds. Minimum SM: sm_90a (CUDA); the CPU reference composes the unfused ops.
 struct MoeDownDgradArgs {
   TensorView dy, src_row, splits, w, gate_up, prob, dgate_up, dprob;
+  // CUDA kernel configuration (tests and tuning): "" = the default (coop_128x256);
+  // "coop_128x256" (the consumers run the epilogue after each tile's mainloop) or
+  // "epi_warps" (two warps of the producer warpgroup run it under the next tile's mainloop). da and
+  // dgate_up are bit-identical in each; dprob's order of sums is each configuration's own.
+  std::string config;
 };
 void moe_down_dgrad_swiglu(Context& ctx, const MoeDownDgradArgs& args);
 // Whether moe_down_dgrad_swiglu takes these sizes on ctx's device (CPU: always; CUDA: an sm_90

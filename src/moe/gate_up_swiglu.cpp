@@ -112,6 +112,8 @@ void check_down_dgrad(const Context& ctx, const MoeDownDgradArgs& a) {
     GROUPMM_CHECK(F % 8 == 0, op, ": w.shape[2]=", F,
                   " (F) must be a multiple of 8 on CUDA (16-byte rows of 8 columns)");
     GROUPMM_CHECK(E <= 1024, op, ": w.shape[0]=", E, " (experts) must be <= 1024 on CUDA");
+    GROUPMM_CHECK(a.config.empty() || a.config == "coop_128x256" || a.config == "epi_warps", op,
+                  ": config=\"", a.config, "\" must be empty, coop_128x256 or epi_warps");
     // the kernel's int32 tile numbers (row tiles of 128 by column tiles of 256)
     GROUPMM_CHECK((R / 128 + E) * (F / 256 + 1) <= INT32_MAX, op, ": R=", R, " and F=", F,
                   " make more than 2^31 - 1 output tiles");

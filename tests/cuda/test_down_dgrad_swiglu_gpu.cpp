@@ -3,7 +3,8 @@
 //  - against the CPU reference on fresh random inputs, outputs poisoned first;
 //  - against the unfused CUDA chain (moe_unpermute_backward, gemm_dgrad, weighted_swiglu_backward):
 //    dgate_up bit for bit, dprob within fp32 rounding (its sum runs in another fixed order);
-//  - two runs bit-identical, dprob included; a CUDA graph replayed with new routing equals eager;
+//  - two runs bit-identical, dprob included; the epilogue-warps schedule: dgate_up the same bits,
+//    its dprob (another order) deterministic; a CUDA graph replayed with new routing equals eager;
 //  - zero-row experts, all tokens on one expert, padded experts (src_row -1), T = 1, k = 1, E = 1,
 //    E = 256, H not a multiple of 64, F not a multiple of the 256-column tile (and below 64), fp16;
 //    bad src_row and splits reported, nothing written outside.
@@ -118,6 +119,22 @@ TEST_P(DownDgradGpu, EqualsTheReferenceAndTheUnfusedChain) {
   moe_down_dgrad_swiglu(gpu, args(true, dgu3, dp3));
   EXPECT_EQ(to_host<uint8_t>(dgu3.view()), dgu.dev_bytes()) << "second run";
   EXPECT_EQ(to_host<uint8_t>(dp3.view()), dp.dev_bytes()) << "second run, dprob";
+
+  // The epilogue-warps schedule: the same dgate_up bits; its own dprob order, deterministic.
+  MoeDownDgradArgs ew = args(true, dgu3, dp3);
+  ew.config = "epi_warps";
+  Tensor dp4 = Tensor::empty({R}, DType::fp32, Device::CUDA);
+  for (int run = 0; run < 2; ++run) {
+    fill_bytes(dgu3, 0xFF);
+    fill_bytes(dp3, 0xFF);
+    moe_down_dgrad_swiglu(gpu, ew);
+    EXPECT_EQ(to_host<uint8_t>(dgu3.view()), dgu.dev_bytes()) << "epi_warps, run " << run;
+    EXPECT_LE(rel_error(to_host<float>(dp3.view()), dp2f), 1e-5) << "epi_warps dprob vs unfused";
+    if (run == 0)
+      GROUPMM_CHECK_CUDA(cudaMemcpy(dp4.data(), dp3.data(), size_t(R) * 4, cudaMemcpyDefault));
+    else
+      EXPECT_EQ(to_host<uint8_t>(dp3.view()), to_host<uint8_t>(dp4.view())) << "epi_warps dprob";
+  }
   ASSERT_NO_THROW(gpu.check());
 }
 
@@ -139,8 +156,10 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 // Graph safe: captured plan + sources + fused backward, replayed after the routing changed,
-// equals eager execution on the new routing.
-TEST(DownDgradGpuGraph, ReplayWithNewRoutingEqualsEager) {
+// equals eager execution on the new routing (each configuration).
+class DownDgradGpuGraph : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DownDgradGpuGraph, ReplayWithNewRoutingEqualsEager) {
   GROUPMM_REQUIRE_GPU();
   const DownCase c{"graph", 600, 4, 32, 256, 320, 1, 0, DType::bf16};
   const int64_t T = c.T, k = c.k, E = c.E, H = c.H, F = c.F;
@@ -169,7 +188,8 @@ TEST(DownDgradGpuGraph, ReplayWithNewRoutingEqualsEager) {
                                                   .gate_up = gu.dev,
                                                   .prob = probs.dev,
                                                   .dgate_up = dgu.dev,
-                                                  .dprob = dp.dev});
+                                                  .dprob = dp.dev,
+                                                  .config = GetParam()});
     };
     auto set_routing = [&](int pattern) {
       DownCase r = c;
@@ -207,9 +227,14 @@ TEST(DownDgradGpuGraph, ReplayWithNewRoutingEqualsEager) {
   cudaStreamDestroy(stream);
 }
 
+INSTANTIATE_TEST_SUITE_P(Configs, DownDgradGpuGraph, ::testing::Values("coop_128x256", "epi_warps"),
+                         [](const auto& info) { return std::string(info.param); });
+
 // Bad device data: a src_row out of range reads as a zero row and sets kFaultBadIndex; splits
 // summing past R are clamped and reported; nothing is written past the outputs.
-TEST(DownDgradGpuFaults, BadRowMapAndSplitsAreReported) {
+class DownDgradGpuFaults : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DownDgradGpuFaults, BadRowMapAndSplitsAreReported) {
   GROUPMM_REQUIRE_GPU();
   const int64_t T = 64, E = 4, H = 128, F = 136, R = 384;
   Context gpu(Device::CUDA);
@@ -237,7 +262,8 @@ TEST(DownDgradGpuFaults, BadRowMapAndSplitsAreReported) {
                      .gate_up = gu.dev,
                      .prob = probs.dev,
                      .dgate_up = TensorView(buf.data(), DType::bf16, Device::CUDA, {R, 2 * F}),
-                     .dprob = TensorView(pbuf.data(), DType::fp32, Device::CUDA, {R})};
+                     .dprob = TensorView(pbuf.data(), DType::fp32, Device::CUDA, {R}),
+                     .config = GetParam()};
   moe_down_dgrad_swiglu(gpu, a);
   StatusBlock s = gpu.take_status();
   EXPECT_EQ(s.bits, kFaultBadIndex);
@@ -264,6 +290,10 @@ TEST(DownDgradGpuFaults, BadRowMapAndSplitsAreReported) {
     return v == 0x7F7F7F7Fu;
   })) << "written past dprob";
 }
+
+INSTANTIATE_TEST_SUITE_P(Configs, DownDgradGpuFaults,
+                         ::testing::Values("coop_128x256", "epi_warps"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // Host validation names the op, the argument and the value.
 TEST(DownDgradGpuErrors, ShapesOutsideTheKernelAreRefused) {
@@ -296,6 +326,11 @@ TEST(DownDgradGpuErrors, ShapesOutsideTheKernelAreRefused) {
       TensorView(static_cast<uint16_t*>(big.data()) + 2, DType::bf16, Device::CUDA, {R, 128});
   EXPECT_THROW_MSG(moe_down_dgrad_swiglu(gpu, a),
                    "moe_down_dgrad_swiglu: dgate_up must be 16-byte aligned");
+  a.dgate_up = t({R, 128}, DType::bf16);
+  a.config = "pingpong";
+  EXPECT_THROW_MSG(moe_down_dgrad_swiglu(gpu, a),
+                   "moe_down_dgrad_swiglu: config=\"pingpong\" must be empty, coop_128x256 or "
+                   "epi_warps");
 }
 
 }  // namespace

@@ -55,6 +55,7 @@
 #include "kernels/common/splits_scan.cuh"
 #include "kernels/common/status.cuh"
 #include "kernels/common/tma.cuh"
+#include "kernels/sm90/quad_transpose.cuh"
 
 namespace groupmm::cuda::sm90 {
 
@@ -71,15 +72,22 @@ namespace groupmm::cuda::sm90 {
 // every CTA reads half the weight bytes from L2 (the A rows are gathered per CTA).
 // kBMajorMN: B is N-major [G, K, N] (see above), loaded as kTileN / 64 boxes of 64 columns by
 // kTileK rows. kRowOwner: a CTA runs the column tiles of a row tile one after another (cooperative
-// only: each consumer then sees every column of its 64 rows).
+// only: each consumer then sees every column of its 64 rows). kEpilogueWarps (cooperative): two
+// warps of the producer warpgroup run the epilogue from shared memory while the consumers run
+// the next tile's mainloop (the other two gather A); the consumers only round their accumulators
+// to 16 bits into a tile buffer (one tile: they wait for the epilogue to have read the previous
+// one). Not a fourth warpgroup: ptxas compiles every warp of a 512-thread CTA within 128
+// registers, whatever setmaxnreg later allows, and a 64 x 256 fp32 accumulator needs more.
 template <class Element_, int kTileN_, int kStages_, int kBHalves_, bool kCooperative_,
-          int kCluster_ = 1, bool kBMajorMN_ = false, bool kRowOwner_ = false>
+          int kCluster_ = 1, bool kBMajorMN_ = false, bool kRowOwner_ = false,
+          bool kEpilogueWarps_ = false>
 struct GatheredGemmConfig {
   using Element = Element_;
   static constexpr bool kCooperative = kCooperative_;
   static constexpr int kCluster = kCluster_;
   static constexpr bool kBMajorMN = kBMajorMN_;
   static constexpr bool kRowOwner = kRowOwner_;
+  static constexpr bool kEpilogueWarps = kEpilogueWarps_;
   static constexpr int kTileM = 128;
   static constexpr int kWarpgroupM = kCooperative ? 64 : 128;  // rows of a consumer's MMAs
   static constexpr int kTileN = kTileN_;
@@ -88,16 +96,25 @@ struct GatheredGemmConfig {
   static constexpr int kBHalves = kBHalves_;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kGatherThreads = kEpilogueWarps ? 64 : 128;  // producer threads gathering A
+  static constexpr int kEpilogueThreads = kEpilogueWarps ? 64 : 0;  // the producer's others
   static constexpr int kMaxGroups = 1024;
-  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
+  // setmaxnreg budgets: 128 * (producer + 2 consumers) <= 128 * 504, what the launch gives a
+  // 384-thread CTA (168 a thread); the producer's epilogue warps need more than its gather
+  static constexpr int kProducerRegs = kEpilogueWarps ? 72 : 56;
+  static constexpr int kConsumerRegs = kEpilogueWarps ? 216 : 224;
   static constexpr int kStageBytesA = kTileM * kTileK * 2;
   static constexpr int kStageBytesB = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kStageBytesA + kStageBytesB;
+  // the epilogue warps' tile: kTileM rows of kTileN 16-bit values, 16-byte chunk c of row r
+  // at chunk c ^ (r % 8) (conflict-free both for the consumers' writes, 8 rows a warp, and the
+  // epilogue's reads, one row a warp)
+  static constexpr int kEpiTileBytes = kEpilogueWarps ? kTileM * kTileN * 2 : 0;
   // tables: tile prefix [G + 1], row start [G], rows [G] (int32); then the barriers: full and
-  // empty per stage, and the ping-pong consumers' two turns
+  // empty per stage, the ping-pong consumers' two turns, the epilogue tile's full and empty
   static constexpr int kTableBytes = (3 * kMaxGroups + 1) * 4;
-  static constexpr int kSmemBytes =
-      1024 /* alignment slack */ + kStages * kStageBytes + kTableBytes + (2 * kStages + 2) * 8 + 8;
+  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kStages * kStageBytes +
+                                    kEpiTileBytes + kTableBytes + (2 * kStages + 4) * 8 + 8;
   static_assert(sizeof(Element) == 2, "16-bit operands (bf16, fp16)");
   static_assert(kTileN % (16 * kBHalves) == 0 && kTileN >= 64 && kTileN <= 256,
                 "a wgmma N of 64..256 in steps of 16 per half");
@@ -110,6 +127,10 @@ struct GatheredGemmConfig {
                 "an N-major B tile: whole 64-column boxes, no halves, no cluster");
   static_assert(!kRowOwner || (kCooperative && kCluster == 1),
                 "a row owner is one CTA whose two consumers see all columns of their rows");
+  static_assert(!kEpilogueWarps || (kCooperative && kCluster == 1),
+                "the epilogue warps take a cooperative tile, one CTA");
+  static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
+                "register budgets within what the launch allocates");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one sm_90 CTA");
   static_assert(kStageBytesA % 1024 == 0 && kStageBytesB % 1024 == 0,
                 "every stage buffer starts 1024-byte aligned (the swizzle's period)");
@@ -201,25 +222,42 @@ __device__ __forceinline__ int find_tile_group(const int32_t* prefix, int G, int
 
 }  // namespace detail
 
+// 16-byte chunk c (columns 8c .. 8c + 7) of row r of the epilogue warps' tile of kTileN
+// 16-bit columns (GatheredGemmConfig::kEpiTileBytes: the chunk index swizzled by r % 8).
+template <int kTileN>
+__device__ __forceinline__ uint8_t* epi_tile_chunk(uint8_t* tile, int r, int c) {
+  return tile + r * (kTileN * 2) + ((c ^ (r % 8)) * 16);
+}
+template <int kTileN>
+__device__ __forceinline__ const uint8_t* epi_tile_chunk(const uint8_t* tile, int r, int c) {
+  return tile + r * (kTileN * 2) + ((c ^ (r % 8)) * 16);
+}
+
 template <class Config>
 struct GatheredGemmSmem {
   uint8_t* stages;  // kStages x (A tile, B tile), 1024-byte aligned
+  uint8_t* epi;     // the epilogue warps' tile (kEpiTileBytes)
   int32_t* tile_prefix;
   int32_t* row_start;
   int32_t* rows;
   uint64_t* full;
   uint64_t* empty;
-  uint64_t* turn;  // [2]: consumer c may start its next mainloop
+  uint64_t* turn;       // [2]: consumer c may start its next mainloop
+  uint64_t* epi_full;   // the epilogue tile written (256 consumer arrivals)
+  uint64_t* epi_empty;  // the epilogue tile read (kEpilogueThreads arrivals)
   __device__ __forceinline__ explicit GatheredGemmSmem(uint8_t* raw) {
     stages =
         reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-    tile_prefix = reinterpret_cast<int32_t*>(stages + Config::kStages * Config::kStageBytes);
+    epi = stages + Config::kStages * Config::kStageBytes;
+    tile_prefix = reinterpret_cast<int32_t*>(epi + Config::kEpiTileBytes);
     row_start = tile_prefix + Config::kMaxGroups + 1;
     rows = row_start + Config::kMaxGroups;
     full = reinterpret_cast<uint64_t*>(
         (reinterpret_cast<uintptr_t>(rows + Config::kMaxGroups) + 7) & ~uintptr_t(7));
     empty = full + Config::kStages;
     turn = empty + Config::kStages;
+    epi_full = turn + 2;
+    epi_empty = turn + 3;
   }
   __device__ __forceinline__ uint8_t* a(int s) const { return stages + s * Config::kStageBytes; }
   __device__ __forceinline__ uint8_t* b(int s) const {
@@ -235,10 +273,18 @@ struct GatheredGemmSmem {
 // get<0>(coords(i)) and get<1>(coords(i)) are the row and column within the tile of acc(i);
 // `state` is the thread's, kept from its previous tile (a cluster's spare row tiles skip the
 // call). And
-//   __device__ void prefetch(const TileCoord& t, int tid) const;
-// called by the 128 producer threads (tid 0..127) before they load the tile's first stage: an
+//   __device__ void prefetch(const TileCoord& t, int tid, int threads) const;
+// called by the producer's gathering threads (tid 0 .. threads - 1) before they load the tile's
+// first stage: an
 // epilogue that reads global memory (not just the accumulators) prefetches it into L2 there, so
-// that its loads do not wait on HBM after the mainloop.
+// that its loads do not wait on HBM after the mainloop. With kEpilogueWarps, instead of
+// operator():
+//   __device__ uint32_t pack(float lo, float hi) const;   // two accumulators as 16-bit values
+//   __device__ void from_tile(const uint8_t* tile, const TileCoord& t, int tid,
+//                             State& state) const;
+// pack by the consumers (lo at the lower column); from_tile by the 64 epilogue threads (tid
+// 0..63), the tile's rows and columns read through epi_tile_chunk(); `state` kept from their
+// previous tile.
 template <class Config, class Epilogue>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     gathered_gemm_kernel(const GatheredGemmParams p, const __grid_constant__ CUtensorMap tma_b,
@@ -276,12 +322,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (threadIdx.x == 0) {
     sm.tile_prefix[G] = total_tiles;
     for (int s = 0; s < S; ++s) {
-      mbar_init(&sm.full[s], 128 + 1);
+      mbar_init(&sm.full[s], Config::kGatherThreads + 1);
       // one arrival per consumer warpgroup that reads the stage, in every CTA it is written to
       mbar_init(&sm.empty[s], (Config::kCooperative ? 2 : 1) * Config::kCluster);
     }
     mbar_init(&sm.turn[0], 1);
     mbar_init(&sm.turn[1], 1);
+    mbar_init(sm.epi_full, 2 * 128);
+    mbar_init(sm.epi_empty, Config::kEpilogueThreads > 0 ? Config::kEpilogueThreads : 1);
     mbar_init_fence();
   }
   __syncthreads();
@@ -322,12 +370,29 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // branches as uniform and keeps the wgmma batches asynchronous
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
 
-  if (wg == 0) {
+  if (wg == 0) cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();  // all 4 warps
+  if (wg == 0 && Config::kEpilogueWarps && threadIdx.x >= Config::kGatherThreads) {
+    // ---- the producer warpgroup's epilogue warps
+    // -------------------------------------------------
+    if constexpr (Config::kEpilogueWarps) {
+      const int etid = threadIdx.x - Config::kGatherThreads;
+      typename Epilogue::State state{};
+      int i = 0;  // position of the tile in this CTA's sequence
+      for (int32_t t = first_tile; t < total_tiles; t = next_tile(t), ++i) {
+        const TileCoord c = tile_at(t);
+        mbar_wait(sm.epi_full, i & 1);
+        epi.from_tile(sm.epi, c, etid, state);
+        detail::mbar_arrive(sm.epi_empty);  // this thread's reads of the tile are done
+      }
+    }
+  } else if (wg == 0) {
     // ---- producer ------------------------------------------------------------------------------
-    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
-    const int tid = threadIdx.x;  // 0..127
-    const int chunk = tid % 8;    // the 16-byte chunk of a 128-byte K row
-    const int row_in = tid / 8;   // rows row_in + 16 i, i < 8
+    // Each gathering thread copies kCw consecutive 16-byte chunks (of the 8 of a 128-byte K
+    // row) of rows row_in + 16 i, i < 8.
+    constexpr int kCw = 128 / Config::kGatherThreads;
+    const int tid = threadIdx.x;  // 0 .. kGatherThreads - 1
+    const int chunk = (tid % (8 / kCw)) * kCw;
+    const int row_in = tid / (8 / kCw);
     const Element* a = static_cast<const Element*>(p.a);
     if (tid == 0) tma_prefetch_map(&tma_b);
     int cnt = 0;
@@ -336,7 +401,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     for (int32_t t = first_tile; t < total_tiles; t = next_tile(t)) {
       const TileCoord c = tile_at(t);
       // What the tile's epilogue will read besides the accumulators, into L2 under its mainloop.
-      epi.prefetch(c, tid);
+      epi.prefetch(c, tid, Config::kGatherThreads);
       // Each copied row's source, advanced in place by one K block per stage, so that every
       // cp.async reads its own address registers: a temporary reused across the copies would
       // make each one wait for the previous copy to read it. Rows that are zero-filled (-1,
@@ -385,18 +450,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
         // the 128-byte swizzle: 16-byte chunk c of row r lands at chunk c ^ (r % 8); r % 8 is
         // the same for every row of this thread (rows 16 apart)
-        const uint32_t dst0 = smem_addr(sm.a(s)) + row_in * 128 + ((chunk ^ (row_in % 8)) * 16);
-        if (k_tail && kb == kb_count - 1) {
-          const bool in_k = int64_t(kb) * BK + chunk * 8 < p.K;
+        const uint32_t row_dst = smem_addr(sm.a(s)) + row_in * 128;
+        uint32_t dst[kCw];
 #pragma unroll
-          for (int i = 0; i < BM / 16; ++i) {
-            const bool valid = in_k && ((live >> i) & 1u) != 0;
-            detail::cp_async_16(dst0 + i * 16 * 128, valid ? src[i] : p.a, valid);
+        for (int w = 0; w < kCw; ++w) dst[w] = row_dst + (((chunk + w) ^ (row_in % 8)) * 16);
+        if (k_tail && kb == kb_count - 1) {
+#pragma unroll
+          for (int w = 0; w < kCw; ++w) {
+            const bool in_k = int64_t(kb) * BK + (chunk + w) * 8 < p.K;
+#pragma unroll
+            for (int i = 0; i < BM / 16; ++i) {
+              const bool valid = in_k && ((live >> i) & 1u) != 0;
+              detail::cp_async_16(dst[w] + i * 16 * 128, valid ? src[i] + w * 16 : p.a, valid);
+            }
           }
         } else {
 #pragma unroll
           for (int i = 0; i < BM / 16; ++i) {
-            detail::cp_async_16(dst0 + i * 16 * 128, src[i], ((live >> i) & 1u) != 0);
+#pragma unroll
+            for (int w = 0; w < kCw; ++w)
+              detail::cp_async_16(dst[w] + i * 16 * 128, src[i] + w * 16, ((live >> i) & 1u) != 0);
           }
 #pragma unroll
           for (int i = 0; i < BM / 16; ++i) {
@@ -485,7 +558,34 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       if (!Config::kCooperative && ctid == 0) detail::mbar_arrive(&sm.turn[cw ^ 1]);
       warpgroup_wait<0>();
       if (ctid == 0) release(prev);
-      if (has_rows) epi(accum, coords, c, row_off, state);
+      if constexpr (Config::kEpilogueWarps) {
+        // Hand the tile to the epilogue warps: rounded to 16 bits, four 8-column groups
+        // transposed across the quad (each lane then holds 8 consecutive columns: one 16-byte
+        // store), into the tile buffer once the previous tile has been read from it.
+        mbar_wait(sm.epi_empty, (i & 1) ^ 1);
+        const int q = ctid % 4;
+        CUTE_UNROLL
+        for (int mi = 0; mi < size<1>(accum); ++mi) {
+          CUTE_UNROLL
+          for (int v1 = 0; v1 < 2; ++v1) {
+            const int r = row_off + get<0>(coords(make_coord(0, v1, 0), mi, 0));
+            CUTE_UNROLL
+            for (int g0 = 0; g0 < BN / 8; g0 += 4) {
+              uint32_t v[4];
+              CUTE_UNROLL
+              for (int j = 0; j < 4; ++j)
+                v[j] = epi.pack(accum(make_coord(0, v1, g0 + j), mi, 0),
+                                accum(make_coord(1, v1, g0 + j), mi, 0));
+              quad_transpose(v, q);
+              // this lane's 8 columns: group g0 + q
+              store16(epi_tile_chunk<BN>(sm.epi, r, g0 + q), v);
+            }
+          }
+        }
+        detail::mbar_arrive(sm.epi_full);
+      } else if (has_rows) {
+        epi(accum, coords, c, row_off, state);
+      }
     }
   }
   // No CTA leaves while its peer may still arrive on its barriers.

@@ -26,16 +26,21 @@ namespace {
 
 using namespace cute;
 
-// The one configuration (named once here): cooperative 128 x 256 tiles of da (64 rows per
-// consumer), N-major B, 4 stages of 48 KiB, row-owning CTAs.
+// The configurations (named once here): cooperative 128 x 256 tiles of da (64 rows per
+// consumer), N-major B, row-owning CTAs; the epilogue by the consumers after each mainloop (4
+// stages of 48 KiB), or by two epilogue warps under the next tile's mainloop (3 stages: the
+// 64 KiB tile buffer takes the fourth).
 template <class Element>
 using DownDgradCoop = sm90::GatheredGemmConfig<Element, 256, 4, 1, true, 1, true, true>;
+template <class Element>
+using DownDgradEpiWarps = sm90::GatheredGemmConfig<Element, 256, 3, 1, true, 1, true, true, true>;
 
 template <class E, int kTileN>
 struct SwigluBackwardEpilogue {
   using S = typename E::Storage;
-  // dprob partial sums of this thread's two rows (of the m64 accumulator: rows r and r + 8 of
-  // its warp's 16), carried across the column tiles of a row tile
+  // dprob partial sums carried across the column tiles of a row tile: in the consumers, of the
+  // thread's two rows (of the m64 accumulator: rows r and r + 8 of its warp's 16); in the
+  // epilogue warps, dp[v] of row w + 2 (lane + 32 v) (warp w)
   struct State {
     float dp[2];
   };
@@ -48,16 +53,18 @@ struct SwigluBackwardEpilogue {
 
   // Under the tile's mainloop, from the producer warpgroup: the gate and up values of the tile's
   // columns of its rows (one row per thread), and the rows' router weights, into L2.
-  __device__ __forceinline__ void prefetch(const sm90::TileCoord& t, int tid) const {
-    if (tid >= t.rows) return;
-    const int64_t row = t.row0 + tid, col0 = int64_t(t.ct) * kTileN;
+  __device__ __forceinline__ void prefetch(const sm90::TileCoord& t, int tid, int threads) const {
+    const int64_t col0 = int64_t(t.ct) * kTileN;
     const int64_t bytes = (min(int64_t(kTileN), F - col0)) * int64_t(sizeof(S));
-    for (int half = 0; half < 2; ++half) {
-      const char* p = reinterpret_cast<const char*>(gate_up + row * 2 * F + half * F + col0);
-      for (int64_t b = 0; b < bytes; b += 128) prefetch_l2(p + b);
-      prefetch_l2(p + bytes - 1);  // the last line of an unaligned run
+    for (int r = tid; r < t.rows; r += threads) {
+      const int64_t row = t.row0 + r;
+      for (int half = 0; half < 2; ++half) {
+        const char* p = reinterpret_cast<const char*>(gate_up + row * 2 * F + half * F + col0);
+        for (int64_t b = 0; b < bytes; b += 128) prefetch_l2(p + b);
+        prefetch_l2(p + bytes - 1);  // the last line of an unaligned run
+      }
+      if (r % 32 == 0) prefetch_l2(prob + row);
     }
-    if (tid % 32 == 0) prefetch_l2(prob + row);
   }
   static __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
@@ -140,6 +147,85 @@ struct SwigluBackwardEpilogue {
       }
     }
   }
+
+  // ---- the epilogue warps' form -----------------------------------------------------------------
+  __device__ __forceinline__ uint32_t pack(float lo, float hi) const {
+    return E::pair_from_floats(lo, hi);  // the dgrad's output rounding
+  }
+  // Warp w (of 2) takes rows w, w + 2, ..., lane l columns 8 l .. 8 l + 7 of each: a row's gate
+  // and up values are one 512-byte run a warp, and its dprob partial one butterfly over the warp
+  // (every lane gets the same bits) that lane ((row - w) / 2) % 32 adds to its state.
+  __device__ __forceinline__ void from_tile(const uint8_t* tile, const sm90::TileCoord& t, int tid,
+                                            State& st) const {
+    static_assert(kTileN == 256, "one 8-column group a lane");
+    constexpr int kWarps = 2, kRowsPerWarp = 128 / kWarps, kBatch = 2;  // rows loaded together
+    const int warp = tid / 32, lane = tid % 32;
+    const int64_t col = int64_t(t.ct) * kTileN + 8 * lane;
+    const bool in_col = col < F;
+    if (t.ct == 0) st.dp[0] = st.dp[1] = 0.0f;
+#pragma unroll 1
+    for (int i0 = 0; i0 < kRowsPerWarp; i0 += kBatch) {
+      uint32_t d[kBatch][4], g[kBatch][4], u[kBatch][4];
+      float w[kBatch];
+      bool in[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int r = warp + kWarps * (i0 + b);
+        const int64_t row = t.row0 + r;
+        const bool live = r < t.rows;
+        in[b] = live && in_col;
+        w[b] = live ? prob[row] : 0.0f;
+        if (in[b]) {
+          sm90::load16(gate_up + row * 2 * F + col, g[b]);
+          sm90::load16(gate_up + row * 2 * F + F + col, u[b]);
+        }
+        sm90::load16(sm90::epi_tile_chunk<kTileN>(tile, r, lane), d[b]);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t row = t.row0 + warp + kWarps * (i0 + b);
+        float dp = 0.0f;
+        if (in[b]) {
+          uint32_t dg[4], du[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            S x2[2], y2[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float df = E::to_float(static_cast<S>(d[b][j] >> (16 * h)));
+              const float gf = E::to_float(static_cast<S>(g[b][j] >> (16 * h)));
+              const float uf = E::to_float(static_cast<S>(u[b][j] >> (16 * h)));
+              float x, y;
+              weighted_swiglu_bwd_elem(df * w[b], gf, uf, x, y);
+              x2[h] = E::from_float(x);
+              y2[h] = E::from_float(y);
+              dp += df * weighted_swiglu_fwd_elem(gf, uf);
+            }
+            dg[j] = uint32_t(x2[0]) | (uint32_t(x2[1]) << 16);
+            du[j] = uint32_t(y2[0]) | (uint32_t(y2[1]) << 16);
+          }
+          sm90::store16(dgate_up + row * 2 * F + col, dg);
+          sm90::store16(dgate_up + row * 2 * F + F + col, du);
+        }
+#pragma unroll
+        for (int m = 16; m >= 1; m >>= 1) dp += __shfl_xor_sync(0xffffffffu, dp, m);
+        // row index i0 + b of the warp's: lane (i0 + b) % 32 keeps it, in dp[(i0 + b) / 32]
+        if (lane == (i0 + b) % 32) {  // (selects, not a dynamic index into the state)
+          if (i0 + b < 32)
+            st.dp[0] += dp;
+          else
+            st.dp[1] += dp;
+        }
+      }
+    }
+    if (t.ct == tiles_n - 1) {  // the rows' last column tile
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int r = warp + kWarps * (lane + 32 * v);
+        if (r < t.rows) dprob[t.row0 + r] = st.dp[v];
+      }
+    }
+  }
 };
 
 template <class E, class Config>
@@ -187,10 +273,19 @@ void launch_down_dgrad(Context& ctx, const MoeDownDgradArgs& a) {
 }  // namespace
 
 void moe_down_dgrad_swiglu(Context& ctx, const MoeDownDgradArgs& a) {
+  const bool epi_warps = a.config == "epi_warps";
+  auto run = [&](auto e, auto cute_elem) {
+    using E = decltype(e);
+    using CE = decltype(cute_elem);
+    if (epi_warps)
+      launch_down_dgrad<E, DownDgradEpiWarps<CE>>(ctx, a);
+    else
+      launch_down_dgrad<E, DownDgradCoop<CE>>(ctx, a);
+  };
   if (a.dy.dtype == DType::bf16)
-    launch_down_dgrad<Bf16, DownDgradCoop<cutlass::bfloat16_t>>(ctx, a);
+    run(Bf16{}, cutlass::bfloat16_t{});
   else
-    launch_down_dgrad<Fp16, DownDgradCoop<cutlass::half_t>>(ctx, a);
+    run(Fp16{}, cutlass::half_t{});
 }
 
 }  // namespace groupmm::cuda

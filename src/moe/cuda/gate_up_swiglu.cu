@@ -51,7 +51,8 @@ struct WeightedSwigluEpilogue {
   const float* prob;
   int64_t F;
 
-  __device__ __forceinline__ void prefetch(const sm90::TileCoord&, int) const {}  // stores only
+  __device__ __forceinline__ void prefetch(const sm90::TileCoord&, int, int) const {
+  }  // stores only
 
   // The m64nNk16 accumulator: lane q of a quad holds columns 8 v2 + 2q, + 1 of its rows. Four
   // consecutive 8-column groups are transposed across the quad, so that each lane stores 8
