@@ -4,9 +4,9 @@ to sum to, by which the CUDA heuristic sizes its kernel choice instead of the bu
 (never which rows are read or written); on the CPU nothing does.
 
 Here: every grouped GEMM op takes it and the core validates it (its errors name the op and the
-value); the op's autograd formula passes it on to backward's GEMMs (a dispatch mode records what
-reaches the kernels); the results are the same bits with it and without; torch.compile traces it.
-CPU."""
+value); the op's autograd formula and groupmm.nn.GroupedLinear pass it on to every GEMM, backward's
+included, capped at the call's rows as the C++ layer caps it (a dispatch mode records what reaches
+the kernels); the results are the same bits with it and without; torch.compile traces it. CPU."""
 
 import re
 
@@ -173,3 +173,104 @@ def test_compiled_op_reaches_the_core():
     assert same(grads[0][:S], want[0][:S]) and same(grads[1], want[1])
     with pytest.raises(RuntimeError, match=core_error(M + 1, M)):
         torch.compile(step(M + 1), fullgraph=True)(x, w)
+
+
+# ---- GroupedLinear ------------------------------------------------------------------------------
+
+def linear_step(layer, x, dy, sp, **kw):
+    """y, dx and the parameter gradients of one step (delayed wgrad run), with the GEMM calls."""
+    x = x.clone().requires_grad_()
+    log = GemmLog()
+    with log:
+        y = layer(x, sp, **kw)
+        y.backward(dy)
+        layer.backward_dw()
+    grads = [p.main_grad if layer.accumulate_into_main_grad else p.grad
+             for p in (layer.weight, layer.bias) if p is not None]
+    return [y.detach()[:S], x.grad[:S]] + grads, log.calls
+
+
+@pytest.mark.parametrize("recipe,main_grad,delay_wgrad", [
+    ("bf16", False, False), ("bf16", True, False), ("bf16", False, True),
+    ("fp8_current", False, False), ("fp8_block", False, True), ("mxfp8", True, False)])
+@pytest.mark.parametrize("expected", [S, 1000])
+def test_grouped_linear_passes_it_capped_and_gives_the_same_bits(recipe, main_grad, delay_wgrad,
+                                                                 expected):
+    """Every GEMM of a step (forward, dgrad, wgrad: the delayed one too) gets min(expected_rows,
+    rows), as the C++ executors pass it; y, dx and the gradients are the bits of expected_rows=0."""
+    G, K, N = len(SPLITS), 128, 128
+    kw = dict(bias=recipe == "bf16", recipe=recipe, delay_wgrad=delay_wgrad,
+              accumulate_into_main_grad=main_grad, splits_total="at_most")
+    plain = groupmm.nn.GroupedLinear(G, K, N, **kw)
+    layer = groupmm.nn.GroupedLinear(G, K, N, **kw, expected_rows=expected)
+    layer.load_state_dict(plain.state_dict())
+    assert layer.expected_rows == expected and f"expected_rows={expected}" in repr(layer)
+    assert "expected_rows" not in repr(plain)
+    sp = splits_t()
+    x, dy = torch.randn(M, K).to(torch.bfloat16), torch.randn(M, N).to(torch.bfloat16)
+    base, base_calls = linear_step(plain, x, dy, sp)
+    got, calls = linear_step(layer, x, dy, sp)
+    assert all(same(a, b) for a, b in zip(got, base))
+    assert len(calls) == 3 and {c[0].replace("_fp8", "").replace("_accumulate", "")
+                                for c in calls} == {"grouped_mm", "grouped_mm_dgrad",
+                                                    "grouped_mm_wgrad"}, calls
+    assert {e for _, e in base_calls} == {0}
+    assert {e for _, e in calls} == {min(expected, M)}, calls
+    # forward's expected_rows= for one call: its value, capped, reaches that step's GEMMs only
+    layer.zero_grad()
+    if main_grad:
+        for p in (layer.weight, layer.bias):
+            if p is not None:
+                p.main_grad.zero_()
+    _, calls = linear_step(layer, x, dy, sp, expected_rows=40)
+    assert {e for _, e in calls} == {40}
+    _, calls = linear_step(layer, x[:100], dy[:100], sp, expected_rows=150)
+    assert {e for _, e in calls} == {100}
+
+
+def test_grouped_linear_checks():
+    with pytest.raises(ValueError, match=re.escape(
+            "groupmm.nn.GroupedLinear(recipe='bf16'): expected_rows=8 must be 0, or > 0 with "
+            "splits_total='at_most'")):
+        groupmm.nn.GroupedLinear(2, 16, 16, expected_rows=8)
+    with pytest.raises(ValueError, match="expected_rows=-2 must be 0"):
+        groupmm.nn.GroupedLinear(2, 16, 16, splits_total="at_most", expected_rows=-2)
+    with pytest.raises(TypeError, match=r"expected_rows=2\.5 must be an int"):
+        groupmm.nn.GroupedLinear(2, 16, 16, splits_total="at_most", expected_rows=2.5)
+    with pytest.raises(TypeError, match="expected_rows=True must be an int"):
+        groupmm.nn.GroupedLinear(2, 16, 16, splits_total="at_most", expected_rows=True)
+    exact = groupmm.nn.GroupedLinear(2, 16, 16)
+    x, sp = torch.randn(8, 16).to(torch.bfloat16), torch.tensor([3, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=re.escape(
+            "groupmm.nn.GroupedLinear.forward: expected_rows=4 must be 0, or > 0 with "
+            "splits_total='at_most'")):
+        exact(x, sp, expected_rows=4)
+    assert same(exact(x, sp, expected_rows=0), exact(x, sp))
+    at_most = groupmm.nn.GroupedLinear(2, 16, 16, splits_total="at_most", expected_rows=4)
+    with pytest.raises(ValueError, match="expected_rows=-1 must be 0"):
+        at_most(x, sp, expected_rows=-1)
+
+
+@pytest.mark.parametrize("recipe,backend", [("bf16", "aot_eager"), ("bf16", "inductor"),
+                                            ("mxfp8", "aot_eager")])
+def test_grouped_linear_compiles(recipe, backend):
+    """fullgraph with dynamic rows: the capped expected rows (a guard on the rows) and a per-call
+    value computed from the rows trace (an int argument: the graph specializes on its value) and
+    give eager's values."""
+    torch._dynamo.reset()  # each case compiles `step` anew
+    G, K, N = len(SPLITS), 32, 32
+    layer = groupmm.nn.GroupedLinear(G, K, N, recipe=recipe, bias=recipe == "bf16",
+                                     splits_total="at_most", expected_rows=S)
+
+    def step(x, sp):
+        return (layer(x, sp).float().square().mean() +
+                layer(x, sp, expected_rows=x.shape[0] // 2).float().mean())
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend=backend)
+    for rows in (M, S + 8, S):  # the layer's expected rows within, and capped at, the rows
+        x = torch.randn(rows, K).to(torch.bfloat16).requires_grad_()
+        sp = splits_t()
+        got = torch.autograd.grad(compiled(x, sp), [x, layer.weight])
+        want = torch.autograd.grad(step(x, sp), [x, layer.weight])
+        torch.testing.assert_close(got[0][:S], want[0][:S], rtol=1e-2, atol=1e-3)
+        torch.testing.assert_close(got[1], want[1], rtol=1e-2, atol=1e-3)
