@@ -6,7 +6,8 @@ to sum to, by which the CUDA heuristic sizes its kernel choice instead of the bu
 Here: every grouped GEMM op takes it and the core validates it (its errors name the op and the
 value); the op's autograd formula and groupmm.nn.GroupedLinear pass it on to every GEMM, backward's
 included, capped at the call's rows as the C++ layer caps it (a dispatch mode records what reaches
-the kernels); the results are the same bits with it and without; torch.compile traces it. CPU."""
+the kernels); the results are the same bits with it and without; torch.compile traces it. The
+expert-parallel block's use of it is test_moe_ep.py's. CPU."""
 
 import re
 

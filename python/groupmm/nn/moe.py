@@ -196,8 +196,9 @@ class MoE(torch.nn.Module):
     factor in capacity mode and must be 0 in throughput mode. In capacity mode the expert layers
     and the activation run over the rows received only (splits_total='at_most' over the plan's
     splits_at_most(): the budget's padding rows are neither read nor computed; the 4-bit weight
-    recipes excepted). With recompute, the dispatched rows are kept (recomputing them would
-    repeat the exchange).
+    recipes excepted), and their GEMMs expect T*k rows, not the budget's (expected_rows, as
+    nn::MoE's: the kernel choice only). With recompute, the dispatched rows are kept (recomputing
+    them would repeat the exchange).
     """
 
     def __init__(self, hidden, ffn_hidden, experts, topk, *, shared_ffn_hidden=0, score="softmax",
