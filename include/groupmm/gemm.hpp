@@ -179,6 +179,9 @@ struct QuantizedGemmArgs {
   // quantized with the same splits (GroupQuantizeArgs::splits_total = at_most leaves those rows
   // unwritten). No zero_tail here. FP8 wgrad's split_multiple rule applies to each split as is.
   SplitsTotal splits_total = SplitsTotal::exact;
+  // As GroupedGemmArgs::expected_rows (at_most only, in [0, M_total]): the rows the heuristic
+  // sizes its choice by instead of M_total (the FP8 forward's swap rule; MXFP8's bf16 GEMM).
+  int64_t expected_rows = 0;
   std::string config;  // cutlass_sm90 kernel name; empty = heuristic; "@along_m|n" as above
   std::string to_string() const;
 };

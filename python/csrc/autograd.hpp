@@ -24,6 +24,9 @@ using Tensors2 = std::tuple<Tensor, Tensor>;
 using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
 using Tensors4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
 using Tensors5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+// grouped_mm_dgrad / grouped_mm_wgrad (a, b, splits, out_dtype, splits_total, expected_rows)
+using MmGradSig = Tensor(const Tensor&, const Tensor&, const Tensor&, OptDtype, c10::string_view,
+                         int64_t);
 
 // The typed handle of groupmm::<name> (looked up once per call site).
 #define GROUPMM_OP(name, ...)                                                                      \

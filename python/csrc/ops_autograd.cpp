@@ -22,8 +22,7 @@ namespace groupmm_torch {
 namespace {
 
 using MmSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, OptDtype,
-                     c10::string_view);
-using MmGradSig = Tensor(const Tensor&, const Tensor&, const Tensor&, OptDtype, c10::string_view);
+                     c10::string_view, int64_t);
 using DbiasSig = Tensor(const Tensor&, const Tensor&, OptDtype, c10::string_view);
 using SwigluSig = Tensor(const Tensor&);
 using SwigluBwdSig = Tensor(const Tensor&, const Tensor&);
@@ -35,23 +34,27 @@ using WSwigluBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, c
 struct GroupedMm : torch::autograd::Function<GroupedMm> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w,
                         const Tensor& splits, const OptTensor& bias, OptDtype out_dtype,
-                        c10::string_view splits_total) {
+                        c10::string_view splits_total, int64_t expected_rows) {
     ctx->save_for_backward({x, w, splits});
     const bool has_bias = bias.has_value() && bias->defined();
     ctx->saved_data["bias_dtype"] = has_bias ? static_cast<int64_t>(bias->scalar_type()) : -1;
     ctx->saved_data["splits_total"] = std::string(splits_total);
+    ctx->saved_data["expected_rows"] = expected_rows;
     const at::AutoDispatchBelowADInplaceOrView guard;
-    return GROUPMM_OP("grouped_mm", MmSig).call(x, w, splits, bias, out_dtype, splits_total);
+    return GROUPMM_OP("grouped_mm", MmSig)
+        .call(x, w, splits, bias, out_dtype, splits_total, expected_rows);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &w = saved[1], &splits = saved[2];
     Tensor dy = grads[0];
     const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
-    // at_most: every pass leaves the rows past sum(splits) alone (dx's are not written).
+    // at_most: every pass leaves the rows past sum(splits) alone (dx's are not written). dgrad's
+    // rows and wgrad's reduction rows are x's rows: the same expected rows (as nn::GroupedLinear).
     const std::string total = ctx->saved_data["splits_total"].toStringRef();
+    const int64_t expected = ctx->saved_data["expected_rows"].toInt();
     Tensor dx, dw, db;
-    if (!dy.defined()) return {dx, dw, Tensor(), db, Tensor(), Tensor()};
+    if (!dy.defined()) return {dx, dw, Tensor(), db, Tensor(), Tensor(), Tensor()};
     // The bias gradient sums the upstream gradient as it comes (fp32 with out_dtype=float32);
     // the GEMMs take both operands in one dtype, so an fp32 dy is rounded to x's for them.
     if (bias_dtype >= 0 && ctx->needs_input_grad(3))
@@ -59,20 +62,22 @@ struct GroupedMm : torch::autograd::Function<GroupedMm> {
                .call(dy, splits, static_cast<at::ScalarType>(bias_dtype), total);
     if (dy.scalar_type() != x.scalar_type()) dy = dy.to(x.scalar_type());
     if (ctx->needs_input_grad(0))
-      dx = GROUPMM_OP("grouped_mm_dgrad", MmGradSig).call(dy, w, splits, std::nullopt, total);
+      dx = GROUPMM_OP("grouped_mm_dgrad", MmGradSig)
+               .call(dy, w, splits, std::nullopt, total, expected);
     if (ctx->needs_input_grad(1))
-      dw = GROUPMM_OP("grouped_mm_wgrad", MmGradSig).call(dy, x, splits, std::nullopt, total);
-    return {dx, dw, Tensor(), db, Tensor(), Tensor()};
+      dw = GROUPMM_OP("grouped_mm_wgrad", MmGradSig)
+               .call(dy, x, splits, std::nullopt, total, expected);
+    return {dx, dw, Tensor(), db, Tensor(), Tensor(), Tensor()};
   }
 };
 
 Tensor grouped_mm_autograd(c10::DispatchKeySet ks, const Tensor& x, const Tensor& w,
                            const Tensor& splits, const OptTensor& bias, OptDtype out_dtype,
-                           c10::string_view splits_total) {
+                           c10::string_view splits_total, int64_t expected_rows) {
   if (!records({&x, &w}) && !records(bias))
     return below_autograd(GROUPMM_OP("grouped_mm", MmSig), ks, x, w, splits, bias, out_dtype,
-                          splits_total);
-  return GroupedMm::apply(x, w, splits, bias, out_dtype, splits_total);
+                          splits_total, expected_rows);
+  return GroupedMm::apply(x, w, splits, bias, out_dtype, splits_total, expected_rows);
 }
 
 // ---- swiglu, weighted_swiglu --------------------------------------------------------------------

@@ -14,7 +14,6 @@
 namespace groupmm_torch {
 namespace {
 
-using MmGradSig = Tensor(const Tensor&, const Tensor&, const Tensor&, OptDtype, c10::string_view);
 using WSwigluBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                  const OptTensor&);
 using LogitsSig = Tensor(const Tensor&, const Tensor&);
@@ -265,7 +264,7 @@ struct GateUpSwiglu : torch::autograd::Function<GateUpSwiglu> {
       // permute's backward takes the permuted rows' gradient with d probs; with x not needing one
       // (d weights only) zeros stand in for it, cheaper than the dgrad GEMM they replace.
       Tensor dxp = need_x && dgu.defined() ? GROUPMM_OP("grouped_mm_dgrad", MmGradSig)
-                                                 .call(dgu, w, splits, std::nullopt, "exact")
+                                                 .call(dgu, w, splits, std::nullopt, "exact", 0)
                                            : at::zeros({gu.size(0), x.size(1)}, x.options());
       auto [dx, dweights] =
           GROUPMM_OP("permute_backward", PermuteSig)
@@ -279,7 +278,7 @@ struct GateUpSwiglu : torch::autograd::Function<GateUpSwiglu> {
           GROUPMM_OP("permute", PermuteSig)
               .call(x, dest_row, row_start, kept, splits, align, capacity, std::nullopt));
       out[8] =
-          GROUPMM_OP("grouped_mm_wgrad", MmGradSig).call(dgu, xp, splits, std::nullopt, "exact");
+          GROUPMM_OP("grouped_mm_wgrad", MmGradSig).call(dgu, xp, splits, std::nullopt, "exact", 0);
     }
     return out;
   }

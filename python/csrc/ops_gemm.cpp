@@ -52,14 +52,15 @@ Bound bind(Call& call, const groupmm::GroupedGemmArgs& args, std::vector<at::Ten
           std::move(outputs)};
 }
 
-// bind_gemm with the splits rule of gemm.hpp (SplitsTotal, zero_tail) chosen.
+// bind_gemm with the splits rule of gemm.hpp (SplitsTotal, zero_tail, expected_rows) chosen.
 Bound bind_gemm_rule(Call& call, groupmm::GemmPass pass, const at::Tensor& a, const at::Tensor& b,
                      const at::Tensor& splits, const std::optional<at::Tensor>& bias,
                      std::optional<at::ScalarType> out_dtype, groupmm::SplitsTotal total,
-                     bool zero_tail) {
+                     bool zero_tail, int64_t expected_rows) {
   groupmm::GroupedGemmArgs args = gemm_args(call, pass, a, b, splits, bias);
   args.splits_total = total;
   args.zero_tail = zero_tail;
+  args.expected_rows = expected_rows;  // validated by the core (at_most only, at most the rows)
   std::vector<int64_t> shape{a.size(0), b.size(1)};                                      // forward
   if (pass == groupmm::GemmPass::dgrad) shape = {a.size(0), b.size(2)};                  // dx
   if (pass == groupmm::GemmPass::wgrad) shape = {splits.size(0), a.size(1), b.size(1)};  // dW
@@ -74,18 +75,19 @@ Bound bind_gemm(Call& call, groupmm::GemmPass pass, const at::Tensor& a, const a
                 const at::Tensor& splits, const std::optional<at::Tensor>& bias,
                 std::optional<at::ScalarType> out_dtype) {
   return bind_gemm_rule(call, pass, a, b, splits, bias, out_dtype, groupmm::SplitsTotal::exact,
-                        false);
+                        false, 0);
 }
 
 namespace {
 
 at::Tensor run_gemm(groupmm::GemmPass pass, const at::Tensor& a, const at::Tensor& b,
                     const at::Tensor& splits, const std::optional<at::Tensor>& bias,
-                    std::optional<at::ScalarType> out_dtype, c10::string_view splits_total) {
+                    std::optional<at::ScalarType> out_dtype, c10::string_view splits_total,
+                    int64_t expected_rows) {
   const char* op_name = gemm_op_name(pass);
   const groupmm::SplitsTotal total = splits_total_of(splits_total, op_name);
   Call call(op_name, a);
-  Bound op = bind_gemm_rule(call, pass, a, b, splits, bias, out_dtype, total, false);
+  Bound op = bind_gemm_rule(call, pass, a, b, splits, bias, out_dtype, total, false, expected_rows);
   op.run();
   call.finish();
   return op.outputs[0];
@@ -94,34 +96,39 @@ at::Tensor run_gemm(groupmm::GemmPass pass, const at::Tensor& a, const at::Tenso
 // y [M, N] = x_g W_g^T (+ b_g) per expert, in out_dtype (x's dtype or float32; bias in it).
 at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& splits,
                       const std::optional<at::Tensor>& bias,
-                      std::optional<at::ScalarType> out_dtype, c10::string_view splits_total) {
-  return run_gemm(groupmm::GemmPass::forward, x, w, splits, bias, out_dtype, splits_total);
+                      std::optional<at::ScalarType> out_dtype, c10::string_view splits_total,
+                      int64_t expected_rows) {
+  return run_gemm(groupmm::GemmPass::forward, x, w, splits, bias, out_dtype, splits_total,
+                  expected_rows);
 }
 
 // dx [M, K] = dy_g W_g per expert, in out_dtype (dy's dtype or float32).
 at::Tensor grouped_mm_dgrad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& splits,
-                            std::optional<at::ScalarType> out_dtype,
-                            c10::string_view splits_total) {
-  return run_gemm(groupmm::GemmPass::dgrad, dy, w, splits, std::nullopt, out_dtype, splits_total);
+                            std::optional<at::ScalarType> out_dtype, c10::string_view splits_total,
+                            int64_t expected_rows) {
+  return run_gemm(groupmm::GemmPass::dgrad, dy, w, splits, std::nullopt, out_dtype, splits_total,
+                  expected_rows);
 }
 
 // dW [G, N, K] = dy_g^T x_g per expert, in out_dtype (dy's dtype or float32).
 at::Tensor grouped_mm_wgrad(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& splits,
-                            std::optional<at::ScalarType> out_dtype,
-                            c10::string_view splits_total) {
-  return run_gemm(groupmm::GemmPass::wgrad, dy, x, splits, std::nullopt, out_dtype, splits_total);
+                            std::optional<at::ScalarType> out_dtype, c10::string_view splits_total,
+                            int64_t expected_rows) {
+  return run_gemm(groupmm::GemmPass::wgrad, dy, x, splits, std::nullopt, out_dtype, splits_total,
+                  expected_rows);
 }
 
 // main_grad [G, N, K] fp32 += dy_g^T x_g (a zero-row expert leaves its slice unchanged).
 void grouped_mm_wgrad_accumulate(const at::Tensor& dy, const at::Tensor& x,
                                  const at::Tensor& splits, const at::Tensor& main_grad,
-                                 c10::string_view splits_total) {
+                                 c10::string_view splits_total, int64_t expected_rows) {
   const char* op = "grouped_mm_wgrad_accumulate";
   const groupmm::SplitsTotal total = splits_total_of(splits_total, op);
   Call call(op, dy);
   groupmm::GroupedGemmArgs args =
       gemm_args(call, groupmm::GemmPass::wgrad, dy, x, splits, std::nullopt);
   args.splits_total = total;
+  args.expected_rows = expected_rows;
   args.out = call.out(main_grad, "main_grad");
   args.beta = 1.0f;
   bind(call, args, {}).run();
@@ -188,7 +195,7 @@ groupmm::GemmPass parse_pass(const std::string& s) {
 at::Tensor grouped_gemm_op(const at::Tensor& a, const at::Tensor& b, const at::Tensor& splits,
                            const std::string& gemm_pass, const std::optional<at::Tensor>& bias,
                            std::optional<at::ScalarType> out_dtype, const std::string& splits_total,
-                           bool zero_tail) {
+                           bool zero_tail, int64_t expected_rows) {
   TORCH_CHECK_VALUE(splits_total == "exact" || splits_total == "at_most",
                     "groupmm.grouped_gemm: splits_total='", splits_total,
                     "' must be 'exact' or 'at_most'");
@@ -197,7 +204,7 @@ at::Tensor grouped_gemm_op(const at::Tensor& a, const at::Tensor& b, const at::T
   Bound op = bind_gemm_rule(
       call, pass, a, b, splits, bias, out_dtype,
       splits_total == "at_most" ? groupmm::SplitsTotal::at_most : groupmm::SplitsTotal::exact,
-      zero_tail);
+      zero_tail, expected_rows);
   op.run();
   call.finish();
   return op.outputs[0];

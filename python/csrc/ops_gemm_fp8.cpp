@@ -90,7 +90,7 @@ struct Setup {
   Operand a, b;
   Setup(const char* op, groupmm::GemmPass pass, at::TensorList a_q, const char* a_name,
         at::TensorList b_q, const char* b_name, const at::Tensor& splits, c10::string_view recipe,
-        c10::string_view scale_layout, c10::string_view splits_total)
+        c10::string_view scale_layout, c10::string_view splits_total, int64_t expected_rows)
       : call(op, splits) {
     const auto r = recipe_of(recipe, op);
     const auto l = layout_of(scale_layout, op);
@@ -99,6 +99,7 @@ struct Setup {
     const int64_t G = splits.size(0);
     args.pass = pass;
     args.splits_total = splits_total_of(splits_total, op);
+    args.expected_rows = expected_rows;  // validated by the core (at_most only, at most the rows)
     args.splits = call.in(splits, "splits");
     a = operand(call, op, a_name, a_q, r, l, false, G, args.splits);
     b = operand(call, op, b_name, b_q, r, l, pass != groupmm::GemmPass::wgrad, G, args.splits);
@@ -119,10 +120,10 @@ int64_t weight_rows_per_expert(const char* op, const Operand& w, int64_t G) {
 at::Tensor grouped_mm_fp8(at::TensorList x, at::TensorList w, const at::Tensor& splits,
                           c10::string_view recipe, c10::string_view scale_layout,
                           const std::optional<at::Tensor>& bias, bool fast_accum,
-                          c10::string_view splits_total) {
+                          c10::string_view splits_total, int64_t expected_rows) {
   const char* op = "grouped_mm_fp8";
   Setup s(op, groupmm::GemmPass::forward, x, "x", w, "w", splits, recipe, scale_layout,
-          splits_total);
+          splits_total, expected_rows);
   const int64_t N = weight_rows_per_expert(op, s.b, splits.size(0));
   at::Tensor y = s.call.empty({s.a.rows, N}, at::kBFloat16);
   s.args.out = s.call.out(y, "out");
@@ -135,10 +136,10 @@ at::Tensor grouped_mm_fp8(at::TensorList x, at::TensorList w, const at::Tensor& 
 // dx [M, K] bf16 = dy_g W_g: dy quantized rowwise, W's columnwise copy.
 at::Tensor grouped_mm_fp8_dgrad(at::TensorList dy, at::TensorList w, const at::Tensor& splits,
                                 c10::string_view recipe, c10::string_view scale_layout,
-                                c10::string_view splits_total) {
+                                c10::string_view splits_total, int64_t expected_rows) {
   const char* op = "grouped_mm_fp8_dgrad";
   Setup s(op, groupmm::GemmPass::dgrad, dy, "dy", w, "w", splits, recipe, scale_layout,
-          splits_total);
+          splits_total, expected_rows);
   weight_rows_per_expert(op, s.b, splits.size(0));
   at::Tensor dx = s.call.empty({s.a.rows, s.b.cols}, at::kBFloat16);
   s.args.out = s.call.out(dx, "out");
@@ -150,9 +151,9 @@ at::Tensor grouped_mm_fp8_dgrad(at::TensorList dy, at::TensorList w, const at::T
 at::Tensor grouped_mm_fp8_wgrad(at::TensorList dy, at::TensorList x, const at::Tensor& splits,
                                 c10::string_view recipe, c10::string_view scale_layout,
                                 std::optional<at::ScalarType> out_dtype,
-                                c10::string_view splits_total) {
+                                c10::string_view splits_total, int64_t expected_rows) {
   Setup s("grouped_mm_fp8_wgrad", groupmm::GemmPass::wgrad, dy, "dy", x, "x", splits, recipe,
-          scale_layout, splits_total);
+          scale_layout, splits_total, expected_rows);
   at::Tensor dw =
       s.call.empty({splits.size(0), s.a.cols, s.b.cols}, out_dtype.value_or(at::kBFloat16));
   s.args.out = s.call.out(dw, "out");
@@ -163,9 +164,10 @@ at::Tensor grouped_mm_fp8_wgrad(at::TensorList dy, at::TensorList x, const at::T
 // main_grad [G, N, K] fp32 += dy_g^T x_g (a zero-row expert leaves its slice unchanged).
 void grouped_mm_fp8_wgrad_accumulate(at::TensorList dy, at::TensorList x, const at::Tensor& splits,
                                      c10::string_view recipe, const at::Tensor& main_grad,
-                                     c10::string_view scale_layout, c10::string_view splits_total) {
+                                     c10::string_view scale_layout, c10::string_view splits_total,
+                                     int64_t expected_rows) {
   Setup s("grouped_mm_fp8_wgrad_accumulate", groupmm::GemmPass::wgrad, dy, "dy", x, "x", splits,
-          recipe, scale_layout, splits_total);
+          recipe, scale_layout, splits_total, expected_rows);
   s.args.out = s.call.out(main_grad, "main_grad");
   s.args.beta = 1.0f;
   run(s.call, s.args);

@@ -10,18 +10,22 @@ TORCH_LIBRARY(groupmm, m) {
   // splits_total (every op over grouped activations, quantized ones included): 'exact'
   // (sum(splits) == rows) or 'at_most' (sum <= rows; the rows past the sum are neither read nor
   // written, output rows there are left as allocated; a sum above rows is a device fault)
+  // expected_rows (every grouped GEMM): with 'at_most', the rows the splits are expected to sum
+  // to, in [1, rows] (the M rows of x or dy; wgrad's reduction rows): the kernel choice is sized
+  // by them instead of the rows (gemm.hpp GroupedGemmArgs::expected_rows; which rows are read and
+  // written is the splits' alone). 0: the rows. Host-known, like the shapes.
   m.def(
       "grouped_mm(Tensor x, Tensor w, Tensor splits, Tensor? bias=None, "
-      "ScalarType? out_dtype=None, str splits_total='exact') -> Tensor");
+      "ScalarType? out_dtype=None, str splits_total='exact', int expected_rows=0) -> Tensor");
   m.def(
       "grouped_mm_dgrad(Tensor dy, Tensor w, Tensor splits, ScalarType? out_dtype=None, "
-      "str splits_total='exact') -> Tensor");
+      "str splits_total='exact', int expected_rows=0) -> Tensor");
   m.def(
       "grouped_mm_wgrad(Tensor dy, Tensor x, Tensor splits, ScalarType? out_dtype=None, "
-      "str splits_total='exact') -> Tensor");
+      "str splits_total='exact', int expected_rows=0) -> Tensor");
   m.def(
       "grouped_mm_wgrad_accumulate(Tensor dy, Tensor x, Tensor splits, Tensor(a!) main_grad, "
-      "str splits_total='exact') -> ()");
+      "str splits_total='exact', int expected_rows=0) -> ()");
   m.def(
       "group_dbias(Tensor dy, Tensor splits, ScalarType? out_dtype=None, "
       "str splits_total='exact') -> Tensor");
@@ -32,19 +36,22 @@ TORCH_LIBRARY(groupmm, m) {
   // grouped GEMM over quantized operands (gemm.hpp, QuantizedGemmArgs): each operand is the list
   // of the 5 tensors group_quantize returned; recipe fp8_current, fp8_block or mxfp8. Weights
   // [G, N, K] quantized without splits (fp8_block: block_2d=True), activations with them.
+  // expected_rows as above (QuantizedGemmArgs::expected_rows).
   m.def(
       "grouped_mm_fp8(Tensor[] x, Tensor[] w, Tensor splits, str recipe, "
       "str scale_layout='plain', Tensor? bias=None, bool fast_accum=False, "
-      "str splits_total='exact') -> Tensor");
+      "str splits_total='exact', int expected_rows=0) -> Tensor");
   m.def(
       "grouped_mm_fp8_dgrad(Tensor[] dy, Tensor[] w, Tensor splits, str recipe, "
-      "str scale_layout='plain', str splits_total='exact') -> Tensor");
+      "str scale_layout='plain', str splits_total='exact', int expected_rows=0) -> Tensor");
   m.def(
       "grouped_mm_fp8_wgrad(Tensor[] dy, Tensor[] x, Tensor splits, str recipe, "
-      "str scale_layout='plain', ScalarType? out_dtype=None, str splits_total='exact') -> Tensor");
+      "str scale_layout='plain', ScalarType? out_dtype=None, str splits_total='exact', "
+      "int expected_rows=0) -> Tensor");
   m.def(
       "grouped_mm_fp8_wgrad_accumulate(Tensor[] dy, Tensor[] x, Tensor splits, str recipe, "
-      "Tensor(a!) main_grad, str scale_layout='plain', str splits_total='exact') -> ()");
+      "Tensor(a!) main_grad, str scale_layout='plain', str splits_total='exact', "
+      "int expected_rows=0) -> ()");
 
   // 4-bit expert weights (quantize.hpp nvfp4 / mxfp4, gemm.hpp W4GemmArgs): packed e2m1 pairs are
   // uint8 [G, N, K/2] (element 2j in the low nibble), as checkpoints store them.
@@ -161,11 +168,13 @@ TORCH_LIBRARY(groupmm, m) {
 
   // grouped GEMM of one pass ('forward', 'dgrad', 'wgrad') with the splits rule chosen:
   // splits_total 'exact' (sum == rows) or 'at_most' (rows past the sum neither read nor written;
-  // zero_tail: forward / dgrad output rows past the sum are zeros). groupmm.grouped_mm (the
-  // torch._grouped_mm drop-in) is built on it.
+  // zero_tail: forward / dgrad output rows past the sum are zeros; expected_rows as for
+  // grouped_mm, after zero_tail). groupmm.grouped_mm (the torch._grouped_mm drop-in) is built on
+  // it.
   m.def(
       "grouped_gemm(Tensor a, Tensor b, Tensor splits, str gemm_pass, Tensor? bias=None, "
-      "ScalarType? out_dtype=None, str splits_total='exact', bool zero_tail=False) -> Tensor");
+      "ScalarType? out_dtype=None, str splits_total='exact', bool zero_tail=False, "
+      "int expected_rows=0) -> Tensor");
 }
 
 // Expert parallelism over a torch.distributed process group (ep.hpp): ep_dispatch_plan,

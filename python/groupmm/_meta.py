@@ -89,22 +89,22 @@ def recipe_traits(recipe):
 
 
 @register_fake("groupmm::grouped_mm")
-def _(x, w, splits, bias=None, out_dtype=None, splits_total="exact"):
+def _(x, w, splits, bias=None, out_dtype=None, splits_total="exact", expected_rows=0):
     return _empty(x, (x.shape[0], w.shape[1]), out_dtype or x.dtype)
 
 
 @register_fake("groupmm::grouped_mm_dgrad")
-def _(dy, w, splits, out_dtype=None, splits_total="exact"):
+def _(dy, w, splits, out_dtype=None, splits_total="exact", expected_rows=0):
     return _empty(dy, (dy.shape[0], w.shape[2]), out_dtype or dy.dtype)
 
 
 @register_fake("groupmm::grouped_mm_wgrad")
-def _(dy, x, splits, out_dtype=None, splits_total="exact"):
+def _(dy, x, splits, out_dtype=None, splits_total="exact", expected_rows=0):
     return _empty(dy, (splits.shape[0], dy.shape[1], x.shape[1]), out_dtype or dy.dtype)
 
 
 @register_fake("groupmm::grouped_mm_wgrad_accumulate")
-def _(dy, x, splits, main_grad, splits_total="exact"):
+def _(dy, x, splits, main_grad, splits_total="exact", expected_rows=0):
     return None
 
 
@@ -318,24 +318,26 @@ def quantized_dims(q):
 
 @register_fake("groupmm::grouped_mm_fp8")
 def _(x, w, splits, recipe, scale_layout="plain", bias=None, fast_accum=False,
-      splits_total="exact"):
+      splits_total="exact", expected_rows=0):
     return _empty(splits, (quantized_dims(x)[0], quantized_dims(w)[0] // splits.shape[0]),
                   torch.bfloat16)
 
 
 @register_fake("groupmm::grouped_mm_fp8_dgrad")
-def _(dy, w, splits, recipe, scale_layout="plain", splits_total="exact"):
+def _(dy, w, splits, recipe, scale_layout="plain", splits_total="exact", expected_rows=0):
     return _empty(splits, (quantized_dims(dy)[0], quantized_dims(w)[1]), torch.bfloat16)
 
 
 @register_fake("groupmm::grouped_mm_fp8_wgrad")
-def _(dy, x, splits, recipe, scale_layout="plain", out_dtype=None, splits_total="exact"):
+def _(dy, x, splits, recipe, scale_layout="plain", out_dtype=None, splits_total="exact",
+      expected_rows=0):
     return _empty(splits, (splits.shape[0], quantized_dims(dy)[1], quantized_dims(x)[1]),
                   out_dtype or torch.bfloat16)
 
 
 @register_fake("groupmm::grouped_mm_fp8_wgrad_accumulate")
-def _(dy, x, splits, recipe, main_grad, scale_layout="plain", splits_total="exact"):
+def _(dy, x, splits, recipe, main_grad, scale_layout="plain", splits_total="exact",
+      expected_rows=0):
     return None
 
 
@@ -406,7 +408,8 @@ def _(x, router_weight, gate_up, down, shared_up, shared_down, dy, topk, score="
 
 
 @register_fake("groupmm::grouped_gemm")
-def _(a, b, splits, gemm_pass, bias=None, out_dtype=None, splits_total="exact", zero_tail=False):
+def _(a, b, splits, gemm_pass, bias=None, out_dtype=None, splits_total="exact", zero_tail=False,
+      expected_rows=0):
     if gemm_pass == "wgrad":
         shape = (splits.shape[0], a.shape[1], b.shape[1])
     else:

@@ -29,7 +29,7 @@ struct GemmLaunch {
   const float* scale_b = nullptr;
   std::string config;           // a kernel name, or empty for the heuristic
   bool splits_at_most = false;  // SplitsTotal::at_most: a short sum of splits is no fault
-  int64_t expected_rows = 0;    // GroupedGemmArgs::expected_rows: the heuristic's M (0: dims.M)
+  int64_t expected_rows = 0;    // the args' expected_rows: the heuristic's M (0: dims.M)
   std::string to_string() const;
 };
 

@@ -139,6 +139,10 @@ Resolved resolve(const Context& ctx, const QuantizedGemmArgs& a) {
   GROUPMM_CHECK(d.G >= 1, kOp, ": number of groups G=", d.G, " must be >= 1");
   check_splits(kOp, a.splits, d.G, dev);
   GROUPMM_CHECK(d.M <= INT32_MAX, kOp, ": M_total=", d.M, " must fit int32");
+  GROUPMM_CHECK(a.expected_rows == 0 || (a.splits_total == SplitsTotal::at_most &&
+                                         a.expected_rows > 0 && a.expected_rows <= d.M),
+                kOp, ": expected_rows=", a.expected_rows,
+                " must be 0, or with splits_total=at_most in [1, M_total=", d.M, "]");
   if (a.bias.present()) {
     GROUPMM_CHECK(a.pass == GemmPass::forward, kOp, ": bias is only valid for the forward pass");
     check_view(kOp, "bias", a.bias, DType::bf16, 2, dev);
@@ -202,6 +206,7 @@ GemmLaunch fp8_launch(const QuantizedGemmArgs& a, const Resolved& r) {
   l.scale_b = r.b.scales.ptr<const float>();
   l.config = a.config;
   l.splits_at_most = a.splits_total == SplitsTotal::at_most;
+  l.expected_rows = a.expected_rows;
   return l;
 }
 
@@ -246,6 +251,7 @@ DequantPlan dequant_plan(const QuantizedGemmArgs& q, const Resolved& r, void* ba
   g.alpha = q.alpha;
   g.beta = q.beta;
   g.splits_total = q.splits_total;
+  g.expected_rows = q.expected_rows;
   g.engine = GemmEngine::cutlass_sm90;
   return p;
 }
@@ -274,6 +280,7 @@ std::string QuantizedGemmArgs::to_string() const {
       ", out=", out.to_string(), ", splits=", splits.to_string(), ", bias=", bias.to_string(),
       ", alpha=", alpha, ", beta=", beta, fast_accum ? ", fast_accum" : "",
       splits_total == SplitsTotal::at_most ? ", splits_total=at_most" : "",
+      expected_rows > 0 ? detail::cat(", expected_rows=", expected_rows) : std::string(),
       ", engine=", gemm_engine_name(engine), config.empty() ? "" : ", config=" + config, ")");
 }
 

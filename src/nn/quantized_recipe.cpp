@@ -61,7 +61,8 @@ class QuantizedExecutor final : public LinearExecutor {
                     const QuantizedRecipeOptions& o)
       : w_rows_(c.experts * c.out_features),
         fuse_dbias_(c.bias && !c.accumulate_into_main_grad),
-        total_(c.splits_total) {
+        total_(c.splits_total),
+        expected_(c.expected_rows) {
     QuantizeConfig base;
     base.recipe = r;
     base.pow2_scales = o.pow2_scales;
@@ -86,10 +87,10 @@ class QuantizedExecutor final : public LinearExecutor {
                     group_quantize_workspace_size(ctx, w_.args(v.w, TensorView())),
                     group_quantize_workspace_size(ctx, dy_.args(v.dy, *s, total_), fuse_dbias_)});
       need = std::max(need, grouped_gemm_workspace_size(ctx, gemm(GemmPass::forward, x_.view(T, *s),
-                                                                  weights(), v.y, *s, v.bias)));
-      need = std::max(need, grouped_gemm_workspace_size(
-                                ctx, gemm(GemmPass::dgrad, dy_.view(T, *s), weights(), v.dx, *s)));
-      QuantizedGemmArgs wg = gemm(GemmPass::wgrad, dy_.view(T, *s), x_.view(T, *s), v.dw, *s);
+                                                                  weights(), v.y, *s, T, v.bias)));
+      need = std::max(need, grouped_gemm_workspace_size(ctx, gemm(GemmPass::dgrad, dy_.view(T, *s),
+                                                                  weights(), v.dx, *s, T)));
+      QuantizedGemmArgs wg = gemm(GemmPass::wgrad, dy_.view(T, *s), x_.view(T, *s), v.dw, *s, T);
       wg.beta = v.dw.dtype == DType::fp32 ? 1.0f : 0.0f;
       need = std::max(need, grouped_gemm_workspace_size(ctx, wg));
       if (v.db.present())
@@ -105,8 +106,8 @@ class QuantizedExecutor final : public LinearExecutor {
       weights_valid_ = true;
     }
     group_quantize(ctx, x_.args(x, splits, total_));
-    grouped_gemm(ctx,
-                 gemm(GemmPass::forward, x_.view(x.dim(0), splits), weights(), y, splits, bias));
+    grouped_gemm(ctx, gemm(GemmPass::forward, x_.view(x.dim(0), splits), weights(), y, splits,
+                           x.dim(0), bias));
   }
 
   void dgrad(Context& ctx, const TensorView& dy, const TensorView&, const TensorView& splits,
@@ -116,13 +117,14 @@ class QuantizedExecutor final : public LinearExecutor {
     } else {
       group_quantize(ctx, dy_.args(dy, splits, total_));
     }
-    grouped_gemm(ctx, gemm(GemmPass::dgrad, dy_.view(dy.dim(0), splits), weights(), dx, splits));
+    grouped_gemm(
+        ctx, gemm(GemmPass::dgrad, dy_.view(dy.dim(0), splits), weights(), dx, splits, dy.dim(0)));
   }
 
   void wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const TensorView& splits,
              const TensorView& dw, const TensorView& db, bool accumulate) override {
-    QuantizedGemmArgs a =
-        gemm(GemmPass::wgrad, dy_.view(dy.dim(0), splits), x_.view(x.dim(0), splits), dw, splits);
+    QuantizedGemmArgs a = gemm(GemmPass::wgrad, dy_.view(dy.dim(0), splits),
+                               x_.view(x.dim(0), splits), dw, splits, dy.dim(0));
     a.beta = accumulate ? 1.0f : 0.0f;
     grouped_gemm(ctx, a);
     if (!db.present()) return;
@@ -138,11 +140,13 @@ class QuantizedExecutor final : public LinearExecutor {
  private:
   GroupedTensor weights() const { return w_.view(w_rows_, TensorView()); }
 
+  // rows: the call's (x or dy rows), which caps the expected rows.
   QuantizedGemmArgs gemm(GemmPass pass, const GroupedTensor& a, const GroupedTensor& b,
-                         const TensorView& out, const TensorView& splits,
+                         const TensorView& out, const TensorView& splits, int64_t rows,
                          const TensorView& bias = TensorView()) const {
     QuantizedGemmArgs q;
     q.splits_total = total_;
+    q.expected_rows = std::min(expected_, rows);
     q.pass = pass;
     q.a = a;
     q.b = b;
@@ -157,6 +161,7 @@ class QuantizedExecutor final : public LinearExecutor {
   Tensor db_;       // dy's bias gradient from the fused quantization, until wgrad
   bool fuse_dbias_;
   SplitsTotal total_;  // of the activations' quantizers, the GEMMs and dbias
+  int64_t expected_;   // GroupedLinearConfig::expected_rows (the GEMMs' kernel choice)
   bool weights_valid_ = false;
 };
 

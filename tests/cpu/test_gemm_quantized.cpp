@@ -1,6 +1,8 @@
 // grouped_gemm over quantized operands on the CPU reference backend: the reference against a hand
 // decode of the quantized bytes (written here from the layouts in quantize.hpp, not through the
 // library's dequantizer), accuracy against the bf16 GEMM, the wgrad alignment rule, and errors.
+#include <cstring>
+
 #include "common/qgemm_case.hpp"
 
 namespace groupmm::test {
@@ -220,6 +222,25 @@ TEST(QuantizedGemmCpuErrors, ClearMessages) {
     QuantizedGemmArgs b = a;
     b.b.num_groups = 3;
     EXPECT_THROW_MSG(grouped_gemm(ctx, b), "b (W).num_groups=3 must equal G=2");
+  }
+  {  // expected_rows: the heuristic's rows, at_most only, within the buffer; the same bits
+    QuantizedGemmArgs b = a;
+    b.expected_rows = 8;
+    EXPECT_THROW_MSG(grouped_gemm(ctx, b),
+                     "grouped_gemm: expected_rows=8 must be 0, or with splits_total=at_most in [1, "
+                     "M_total=64]");
+    b.splits_total = SplitsTotal::at_most;
+    b.expected_rows = 65;
+    EXPECT_THROW_MSG(grouped_gemm(ctx, b), "grouped_gemm: expected_rows=65 must be 0");
+    b.expected_rows = -1;
+    EXPECT_THROW_MSG(grouped_gemm(ctx, b), "grouped_gemm: expected_rows=-1 must be 0");
+    const std::vector<float> want = run_cpu(s, d);
+    b.expected_rows = 48;
+    grouped_gemm(ctx, b);
+    EXPECT_NO_THROW(ctx.check());
+    const std::vector<float> got = d.result(s);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+    EXPECT_NE(b.to_string().find("expected_rows=48"), std::string::npos);
   }
   {  // fp8_block weights must carry 128x128 blocks
     QGemmSpec bs = small(GemmPass::forward, QuantRecipe::fp8_block, {32, 32});

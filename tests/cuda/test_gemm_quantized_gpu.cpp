@@ -269,6 +269,10 @@ TEST(QuantizedGemmGpuErrors, AlignmentAndKernelChoice) {
                    "(fp8_block)");
   a.config = "";
   EXPECT_EQ(gemm_config_name(ctx, a), "fwd_e4m3_bf16_block_128x192_coop_c21");
+  // expected_rows (at_most): the decode rule reads the rows the splits are expected to reach
+  a.splits_total = SplitsTotal::at_most;
+  a.expected_rows = 128;
+  EXPECT_EQ(gemm_config_name(ctx, a), "fwdswap_e4m3_bf16_block_128x32_pp_c11");
   s.splits = {64, 64};  // <= 64 rows per expert: the weights fill the tile (swapped operands)
   QGemmDevice dec(ctx, s, make_inputs(s));
   EXPECT_EQ(gemm_config_name(ctx, dec.args(s)), "fwdswap_e4m3_bf16_block_128x32_pp_c11");

@@ -59,3 +59,24 @@ def assert_close(actual, expected, dtype=None):
     dtype = dtype or torch.bfloat16
     tol = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-5}[dtype]
     torch.testing.assert_close(actual.float(), expected.float(), rtol=tol, atol=tol)
+
+
+if torch is not None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class GemmLog(TorchDispatchMode):
+        """Records (op, expected_rows) of every groupmm op with an expected_rows argument (the
+        grouped GEMMs) that reaches the kernels: below autograd, so backward's GEMMs too."""
+
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            schema = func._schema
+            names = [a.name for a in schema.arguments]
+            if schema.name.startswith("groupmm::") and "expected_rows" in names:
+                bound = dict(zip(names, args), **kwargs)
+                self.calls.append((schema.name.split("::")[1], bound.get("expected_rows", 0)))
+            return func(*args, **kwargs)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import groupmm
+from conftest import GemmLog
 
 ops = torch.ops.groupmm
 E, K = 8, 3
@@ -424,6 +425,42 @@ def test_capacity_mode_leaves_the_padding_rows_out(world1, monkeypatch, recipe, 
     control = step()
     assert not all(torch.isfinite(g.float()).all() for g in control), \
         "with exact splits the poisoned tail should have reached a gradient"
+
+
+@pytest.mark.parametrize("recipe,dtype,hidden,ffn,shared,factor", [
+    ("bf16", torch.float32, 16, 8, 6, 2.0), ("bf16", torch.bfloat16, 16, 8, 6, 0.5),
+    ("fp8_current", torch.bfloat16, 32, 16, 0, 2.0), ("mxfp8", torch.bfloat16, 32, 32, 32, 2.0)])
+def test_capacity_mode_expects_t_k_rows(world1, monkeypatch, recipe, dtype, hidden, ffn, shared,
+                                        factor):
+    """The expert layers' GEMMs (forward, dgrad, wgrad of gate_up and down) expect T k rows, as
+    nn::MoE's capacity layers expect max_tokens * topk, capped at the received buffer's rows
+    (factor 2: the budget holds 2 T k rows; 0.5: half of T k); the shared expert's expect their
+    rows (0). y, dx and every gradient are the bits of the same step with no expected rows."""
+    torch.manual_seed(7)
+    T = 16
+    _, ep = _blocks(1, dtype, recipe, shared, False, "softmax", "capacity", None, factor, hidden,
+                    ffn, group=world1)
+    x, dy = torch.randn(T, hidden).to(dtype), torch.randn(T, hidden).to(dtype)
+
+    def step():
+        ep.zero_grad(set_to_none=True)
+        log = GemmLog()
+        with log:
+            y, dx = _step(ep, x, dy)
+        return [y, dx] + [p.grad for p in ep.parameters()], log.calls
+
+    got, calls = step()
+    entries = groupmm.nn.moe_ep.capacity_from_factor(T, K, 1, factor)[1]
+    rows = entries if ep.align == 1 else None  # padded experts: more rows than the budget
+    expected = T * K if rows is None else min(T * K, rows)
+    experts = [c for c in calls if c[1] != 0]
+    assert len(experts) == 6 and {e for _, e in experts} == {expected}, calls
+    assert len(calls) - len(experts) == (6 if shared else 0), calls
+    monkeypatch.setattr(groupmm.nn.GroupedLinear, "_expected", lambda self, rows, e=None: 0)
+    control, calls = step()
+    assert {e for _, e in calls} == {0}
+    for a, b in zip(got, control):
+        assert torch.equal(a, b)
 
 
 def test_group_arguments(world1):

@@ -66,9 +66,10 @@ struct GroupedLinearConfig {
   // 4-bit weight recipes (inference) take exact only.
   SplitsTotal splits_total = SplitsTotal::exact;
   // at_most only: the rows a forward's splits are expected to sum to (e.g. T k for expert
-  // parallelism's capacity buffer of R C_e rows), passed to the 16-bit grouped GEMMs as
-  // GroupedGemmArgs::expected_rows (their kernel choice; capped at each call's rows). 0: the rows
-  // of each call. A part of the layer (the part constructor) expects its share of the experts'.
+  // parallelism's capacity buffer of R C_e rows), passed to the grouped GEMMs (16-bit and
+  // quantized) as their args' expected_rows (their kernel choice; capped at each call's rows).
+  // 0: the rows of each call. A part of the layer (the part constructor) expects its share of the
+  // experts'.
   int64_t expected_rows = 0;
   std::string to_string() const;
 };

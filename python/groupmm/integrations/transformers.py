@@ -173,7 +173,7 @@ def _linear(module, recipe, x, name, bias, splits):
     w_op = layer._exec.prepare(w, None)
     if not torch.is_grad_enabled():
         return layer._exec.forward(x, w_op, bias, splits)[0]
-    return _GroupedLinearFn.apply(x, w, bias, splits, layer, w_op, None)
+    return _GroupedLinearFn.apply(x, w, bias, splits, layer, w_op, None, 0)
 
 
 # ---- the experts forward -------------------------------------------------------------------------

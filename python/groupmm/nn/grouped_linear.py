@@ -3,6 +3,7 @@
 fp32 main_grad accumulation."""
 
 import math
+import numbers
 
 import torch
 
@@ -29,6 +30,8 @@ def split_multiple(recipe):
 # it against the core layer itself). Each keeps, at forward, only what its wgrad reads.
 # prepare(weight, first) gives the weight operand forward reads (the quantized copies, from the
 # cache); it runs outside the layer's autograd.Function, where a compiled graph may store state.
+# `expected` (forward, dgrad, wgrad): the GEMMs' expected_rows for the call, already capped at its
+# rows (GroupedLinear._expected): their kernel choice only, as the C++ executors pass it.
 
 class _HighPrecision:
     """bf16/fp16 (fp32 on the CPU) operands straight into the grouped GEMMs."""
@@ -38,20 +41,26 @@ class _HighPrecision:
     def prepare(self, weight, first):
         return weight
 
-    def forward(self, x, weight, bias, splits):
-        return ops.grouped_mm(x, weight, splits, bias, splits_total=self.total), (x, weight)
+    def forward(self, x, weight, bias, splits, expected=0):
+        y = ops.grouped_mm(x, weight, splits, bias, splits_total=self.total,
+                           expected_rows=expected)
+        return y, (x, weight)
 
-    def dgrad(self, dy, state, splits, need_dx):
+    def dgrad(self, dy, state, splits, need_dx, expected=0):
         _x, weight = state
-        dx = ops.grouped_mm_dgrad(dy, weight, splits, splits_total=self.total) if need_dx else None
+        dx = (ops.grouped_mm_dgrad(dy, weight, splits, splits_total=self.total,
+                                   expected_rows=expected) if need_dx else None)
         return dx, dy
 
-    def wgrad(self, dy, state, splits, main_grad):
+    def wgrad(self, dy, state, splits, main_grad, expected=0):
+        # M is the reduction rows here, dy's (x's) rows: the same expected rows as forward's.
         x, _weight = state
         if main_grad is not None:
-            ops.grouped_mm_wgrad_accumulate(dy, x, splits, main_grad, splits_total=self.total)
+            ops.grouped_mm_wgrad_accumulate(dy, x, splits, main_grad, splits_total=self.total,
+                                            expected_rows=expected)
             return None
-        return ops.grouped_mm_wgrad(dy, x, splits, splits_total=self.total)
+        return ops.grouped_mm_wgrad(dy, x, splits, splits_total=self.total,
+                                    expected_rows=expected)
 
     def input_state(self, x, splits):
         """What wgrad reads of x (state[0]), made again from a recomputed x."""
@@ -129,11 +138,11 @@ class _Quantized(_CachedWeights):
         return ops.group_quantize(w, None, self.recipe, pow2_scales=self.pow2,
                                   block_2d=self.recipe == "fp8_block")
 
-    def forward(self, x, qw, bias, splits):
+    def forward(self, x, qw, bias, splits, expected=0):
         qx = ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2,
                                 splits_total=self.total)
         y = ops.grouped_mm_fp8(list(qx), qw, splits, self.recipe, bias=bias,
-                               splits_total=self.total)
+                               splits_total=self.total, expected_rows=expected)
         return y, (_columnwise(qx), qw)
 
     def input_state(self, x, splits):
@@ -141,29 +150,29 @@ class _Quantized(_CachedWeights):
         return _columnwise(ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2,
                                               splits_total=self.total))
 
-    def dgrad(self, dy, state, splits, need_dx):
+    def dgrad(self, dy, state, splits, need_dx, expected=0):
         _qx, qw = state
         qdy = ops.group_quantize(dy, splits, self.recipe, self.grad_dtype, pow2_scales=self.pow2,
                                  splits_total=self.total)
         dx = (ops.grouped_mm_fp8_dgrad(list(qdy), qw, splits, self.recipe,
-                                       splits_total=self.total) if need_dx else None)
+                                       splits_total=self.total, expected_rows=expected)
+              if need_dx else None)
         return dx, _columnwise(qdy)
 
-    def wgrad(self, qdy, state, splits, main_grad):
+    def wgrad(self, qdy, state, splits, main_grad, expected=0):
         qx, _qw = state
+        kw = dict(splits_total=self.total, expected_rows=expected)
         if main_grad is not None:
             if self.recipe == "mxfp8" and torch.compiler.is_compiling():
                 # Inductor does not functionalize a mutating op that reads float8_e8m0fnu
                 # tensors (the MX scales); the fp32 dW added in place gives the same sums.
                 main_grad.add_(ops.grouped_mm_fp8_wgrad(qdy, qx, splits, self.recipe,
-                                                        out_dtype=torch.float32,
-                                                        splits_total=self.total))
+                                                        out_dtype=torch.float32, **kw))
                 return None
-            ops.grouped_mm_fp8_wgrad_accumulate(qdy, qx, splits, self.recipe, main_grad,
-                                                splits_total=self.total)
+            ops.grouped_mm_fp8_wgrad_accumulate(qdy, qx, splits, self.recipe, main_grad, **kw)
             return None
         return ops.grouped_mm_fp8_wgrad(qdy, qx, splits, self.recipe, out_dtype=torch.bfloat16,
-                                        splits_total=self.total)
+                                        **kw)
 
 
 class _W4(_CachedWeights):
@@ -177,10 +186,10 @@ class _W4(_CachedWeights):
     def _quantize_weights(self, w):
         return ops.group_quantize_w4(w, self.format)
 
-    def forward(self, x, qw, bias, splits):
+    def forward(self, x, qw, bias, splits, expected=0):  # exact splits only: expected is 0
         return ops.grouped_mm_w4(x, qw, splits, self.format, bias=bias), None
 
-    def dgrad(self, dy, state, splits, need_dx):
+    def dgrad(self, dy, state, splits, need_dx, expected=0):
         raise RuntimeError(
             f"groupmm.nn.GroupedLinear(recipe='{self.name}'): backward is not supported: an "
             "inference recipe (forward only, weights held in 4 bits); train with recipe 'bf16', "
@@ -190,16 +199,16 @@ class _W4(_CachedWeights):
 
 
 class _GroupedLinearFn(torch.autograd.Function):
-    """The layer's forward through its executor (w_op: what prepare() made of weight); backward
-    computes dx and db, and dW now or, with delay_wgrad, queues what wgrad needs for
-    layer.backward_dw()."""
+    """The layer's forward through its executor (w_op: what prepare() made of weight; expected:
+    the GEMMs' expected rows, capped); backward computes dx and db, and dW now or, with
+    delay_wgrad, queues what wgrad needs for layer.backward_dw()."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, splits, layer, w_op, recompute):
-        y, state = layer._exec.forward(x, w_op, bias, splits)
+    def forward(ctx, x, weight, bias, splits, layer, w_op, recompute, expected):
+        y, state = layer._exec.forward(x, w_op, bias, splits, expected)
         if recompute is not None:  # keep nothing of x: wgrad makes it again from recompute()
             state = (_Recomputed(recompute, layer._exec, splits), state[1])
-        ctx.layer, ctx.state = layer, state
+        ctx.layer, ctx.state, ctx.expected = layer, state, expected
         ctx.save_for_backward(splits)
         return y
 
@@ -208,7 +217,8 @@ class _GroupedLinearFn(torch.autograd.Function):
         layer, state = ctx.layer, ctx.state
         (splits,) = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx, dy_kept = layer._exec.dgrad(dy, state, splits, need_x)
+        expected = ctx.expected  # dgrad's rows and wgrad's reduction rows are x's rows
+        dx, dy_kept = layer._exec.dgrad(dy, state, splits, need_x, expected)
         db = None
         if need_b:
             if layer.accumulate_into_main_grad:
@@ -219,11 +229,12 @@ class _GroupedLinearFn(torch.autograd.Function):
         dw = None
         if need_w:
             if layer.delay_wgrad:
-                layer._pending_wgrad.append((dy_kept, state, splits))
+                layer._pending_wgrad.append((dy_kept, state, splits, expected))
             else:
-                dw = layer._exec.wgrad(dy_kept, _resolved(state), splits, layer._main_grad())
+                dw = layer._exec.wgrad(dy_kept, _resolved(state), splits, layer._main_grad(),
+                                       expected)
         ctx.state = None
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 class _Recomputed:
@@ -246,6 +257,16 @@ def _resolved(state):
 def _check(cond, recipe, message):
     if not cond:
         raise ValueError(f"groupmm.nn.GroupedLinear(recipe='{recipe}'): {message}")
+
+
+def _check_expected(expected_rows, splits_total, where):
+    """expected_rows' rule (C++ GroupedLinearConfig's): 0, or > 0 with splits_total='at_most'."""
+    if isinstance(expected_rows, bool) or not isinstance(expected_rows,
+                                                         (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"{where}: expected_rows={expected_rows!r} must be an int")
+    if not (expected_rows == 0 or (expected_rows > 0 and splits_total == "at_most")):
+        raise ValueError(f"{where}: expected_rows={expected_rows} must be 0, or > 0 with "
+                         "splits_total='at_most'")
 
 
 class GroupedLinear(torch.nn.Module):
@@ -284,6 +305,14 @@ class GroupedLinear(torch.nn.Module):
     bound, such as expert-parallel capacity mode's. Training recipes only (the 4-bit weight GEMM
     takes exact splits).
 
+    expected_rows (the C++ GroupedLinearConfig::expected_rows; splits_total='at_most' only): the
+    rows the splits are expected to sum to (e.g. T*k routed rows in expert parallelism's capacity
+    buffer of R*C_e rows). Every GEMM of the layer (forward, dgrad, wgrad) gets it as its
+    expected_rows, capped at the call's rows (min(expected_rows, x.shape[0])), and sizes its
+    kernel choice by it instead of the buffer's rows: only which kernel runs changes, never which
+    rows are read or written (on the CPU nothing changes). 0 (the default): the rows of each call.
+    forward(..., expected_rows=) sets it for one call.
+
     A state dict of per-expert nn.Linear layers ("{prefix}{g}.weight", "{prefix}{g}.bias", as a
     ModuleList of them writes) loads directly; from_linears() builds one from the layers.
 
@@ -295,7 +324,8 @@ class GroupedLinear(torch.nn.Module):
 
     def __init__(self, experts, in_features, out_features, bias=True, dtype=torch.bfloat16,
                  device=None, accumulate_into_main_grad=False, recipe="bf16", delay_wgrad=False,
-                 grad_dtype=torch.float8_e4m3fn, pow2_scales=False, splits_total="exact"):
+                 grad_dtype=torch.float8_e4m3fn, pow2_scales=False, splits_total="exact",
+                 expected_rows=0):
         super().__init__()
         self.experts, self.in_features, self.out_features = experts, in_features, out_features
         self.accumulate_into_main_grad = accumulate_into_main_grad
@@ -307,6 +337,8 @@ class GroupedLinear(torch.nn.Module):
                "splits_total='at_most' needs a training recipe (the 4-bit weight GEMM takes "
                "exact splits)")
         self.splits_total = self._exec.total = splits_total
+        _check_expected(expected_rows, splits_total, f"groupmm.nn.GroupedLinear(recipe='{recipe}')")
+        self.expected_rows = int(expected_rows)
         self._pending_wgrad = []
         kw = dict(dtype=dtype, device=device)
         self.weight = torch.nn.Parameter(torch.empty(experts, out_features, in_features, **kw))
@@ -384,7 +416,8 @@ class GroupedLinear(torch.nn.Module):
         """True when the weights are a checkpoint's quantized bytes (import_*): forward only."""
         return self.weight is None
 
-    def forward(self, x, splits, is_first_microbatch=None, recompute_input=None):
+    def forward(self, x, splits, is_first_microbatch=None, recompute_input=None,
+                expected_rows=None):
         """x [M, K], splits [G] -> y [M, N]. is_first_microbatch (quantized recipes; ignored by
         'bf16'): None reuses the quantized weights until they change (eager) or quantizes them on
         every call (compiled); True quantizes them and keeps them; False reuses the kept ones.
@@ -395,9 +428,14 @@ class GroupedLinear(torch.nn.Module):
         weight gradient runs (in backward, or backward_dw with delay_wgrad); then the layer keeps
         nothing of x (nor its quantized copy) for backward, and its wgrad reads what the callable
         gives. The caller keeps what the callable needs (MoE: the block input and the routing, to
-        gather the permuted rows again)."""
+        gather the permuted rows again).
+
+        expected_rows: this call's (and its backward's) expected rows instead of the layer's
+        setting (None); the same rule (0, or > 0 with splits_total='at_most'), capped at M."""
+        if expected_rows is not None:
+            _check_expected(expected_rows, self.splits_total, "groupmm.nn.GroupedLinear.forward")
         if self.weight is None:
-            return self._forward_imported(x, splits)
+            return self._forward_imported(x, splits, expected_rows)
         w = self.weight
         if x.dim() != 2 or x.shape[1] != self.in_features or x.dtype != w.dtype:
             # Said here, from x's side: the ops would name the weight, or (quantized recipes)
@@ -405,24 +443,32 @@ class GroupedLinear(torch.nn.Module):
             raise ValueError(f"groupmm.nn.GroupedLinear.forward: x must be [M, "
                              f"{self.in_features}] {w.dtype} (the layer's in_features and "
                              f"dtype); got {list(x.shape)} {x.dtype}")
+        expected = self._expected(x.shape[0], expected_rows)
         plain = self.recipe == "bf16" and not self.accumulate_into_main_grad
         weight = self._grouped(w)
         if recompute_input is not None and torch.compiler.is_compiling():
             raise RuntimeError("groupmm.nn.GroupedLinear: recompute_input is eager-only")
         if plain and not self.delay_wgrad and recompute_input is None:
             # The registered op's own autograd formula: traceable by torch.compile end to end.
-            return ops.grouped_mm(x, weight, splits, self.bias, splits_total=self.splits_total)
+            return ops.grouped_mm(x, weight, splits, self.bias, splits_total=self.splits_total,
+                                  expected_rows=expected)
         w_op = self._exec.prepare(weight, is_first_microbatch)
         if not torch.is_grad_enabled():
-            return self._exec.forward(x, w_op, self.bias, splits)[0]
+            return self._exec.forward(x, w_op, self.bias, splits, expected)[0]
         if self.delay_wgrad and torch.compiler.is_compiling():
             raise RuntimeError(
                 "groupmm.nn.GroupedLinear(delay_wgrad=True) is eager-only: its backward queues "
                 "the wgrad operands for backward_dw() (a side effect that a compiled backward "
                 "cannot make); compile the layer with delay_wgrad=False, or run it eagerly")
-        return _GroupedLinearFn.apply(x, weight, self.bias, splits, self, w_op, recompute_input)
+        return _GroupedLinearFn.apply(x, weight, self.bias, splits, self, w_op, recompute_input,
+                                      expected)
 
-    def _forward_imported(self, x, splits):
+    def _expected(self, rows, expected_rows=None):
+        """The GEMMs' expected_rows for a call of `rows` rows: the layer's setting (or the call's),
+        capped at the rows, as the C++ executors cap it (0 stays 0: the rows)."""
+        return min(self.expected_rows if expected_rows is None else expected_rows, rows)
+
+    def _forward_imported(self, x, splits, expected_rows):
         if x.dim() != 2 or x.shape[1] != self.in_features or x.dtype != torch.bfloat16:
             raise ValueError(f"groupmm.nn.GroupedLinear.forward: x must be [M, "
                              f"{self.in_features}] torch.bfloat16 (the layer's in_features; "
@@ -433,7 +479,8 @@ class GroupedLinear(torch.nn.Module):
                 f"groupmm.nn.GroupedLinear(recipe='{self.recipe}'): the weights were imported "
                 "from a quantized checkpoint (import_fp8_block / import_mxfp4): forward only; run "
                 "it under torch.no_grad() (and set requires_grad=False on the bias)")
-        return self._exec.forward(x, self._imported(), self.bias, splits)[0]
+        expected = self._expected(x.shape[0], expected_rows)
+        return self._exec.forward(x, self._imported(), self.bias, splits, expected)[0]
 
     @staticmethod
     def _grouped(t):
@@ -450,8 +497,8 @@ class GroupedLinear(torch.nn.Module):
             raise RuntimeError("groupmm.nn.GroupedLinear.backward_dw: no wgrad is pending (call "
                                "backward first; each backward queues one)")
         pending, self._pending_wgrad = self._pending_wgrad, []
-        for dy, state, splits in pending:
-            dw = self._exec.wgrad(dy, _resolved(state), splits, self._main_grad())
+        for dy, state, splits, expected in pending:
+            dw = self._exec.wgrad(dy, _resolved(state), splits, self._main_grad(), expected)
             if dw is not None:
                 dw = dw.view_as(self.weight)
                 self.weight.grad = dw if self.weight.grad is None else self.weight.grad + dw
@@ -494,4 +541,5 @@ class GroupedLinear(torch.nn.Module):
                 f"out_features={self.out_features}, bias={self.bias is not None}, "
                 f"recipe='{self.recipe}', delay_wgrad={self.delay_wgrad}, "
                 f"splits_total='{self.splits_total}', "
-                f"accumulate_into_main_grad={self.accumulate_into_main_grad}")
+                + (f"expected_rows={self.expected_rows}, " if self.expected_rows else "")
+                + f"accumulate_into_main_grad={self.accumulate_into_main_grad}")

@@ -106,9 +106,10 @@ class _FusedGateUpFn(torch.autograd.Function):
         if d_probs is not None:
             dprobs = d_probs if dprobs is None else dprobs + d_probs
         dx = dweights = None
+        expected = layer._expected(gu.shape[0])
         if need_x or (need_weights and dprobs is not None):
             if need_x and dgu is not None:
-                dxp, _ = layer._exec.dgrad(dgu, (None, w), splits, True)
+                dxp, _ = layer._exec.dgrad(dgu, (None, w), splits, True, expected)
             else:  # d weights only: permute's backward reads no row of it
                 dxp = x.new_zeros(gu.shape[0], x.shape[1])
             dx, dweights = ops.permute_backward(dxp, *plan, align, cap,
@@ -125,9 +126,10 @@ class _FusedGateUpFn(torch.autograd.Function):
                 rows = layer._exec.input_state(ops.permute(xd, *plan, align, cap)[0], splits)
             state = (rows, w)
             if layer.delay_wgrad:
-                layer._pending_wgrad.append((dgu, state, splits))
+                layer._pending_wgrad.append((dgu, state, splits, expected))
             else:
-                dw = layer._exec.wgrad(dgu, _resolved(state), splits, layer._main_grad())
+                dw = layer._exec.wgrad(dgu, _resolved(state), splits, layer._main_grad(),
+                                       expected)
         return dx, dweights, dw, None, None, None, None, None, None, None, None
 
 
@@ -194,8 +196,9 @@ class MoE(torch.nn.Module):
     factor in capacity mode and must be 0 in throughput mode. In capacity mode the expert layers
     and the activation run over the rows received only (splits_total='at_most' over the plan's
     splits_at_most(): the budget's padding rows are neither read nor computed; the 4-bit weight
-    recipes excepted). With recompute, the dispatched rows are kept (recomputing them would
-    repeat the exchange).
+    recipes excepted), and their GEMMs expect T*k rows, not the budget's (expected_rows, as
+    nn::MoE's: the kernel choice only). With recompute, the dispatched rows are kept (recomputing
+    them would repeat the exchange).
     """
 
     def __init__(self, hidden, ffn_hidden, experts, topk, *, shared_ffn_hidden=0, score="softmax",

@@ -19,7 +19,10 @@ entries received a zero tail. The expert layers run with splits_total='at_most' 
 plan.splits_at_most() (the splits without the tail) and weighted_swiglu takes the same splits, so
 the tail is neither read nor computed, and the rows of y_grouped, dx_grouped and d_probs there are
 left unwritten; ep_combine and ep_dispatch_backward read only the entries' rows. (The 4-bit weight
-recipes' GEMM takes exact splits: there the tail is computed as before.)
+recipes' GEMM takes exact splits: there the tail is computed as before.) The expert GEMMs expect
+T*k rows (expected_rows, capped at the buffer's rows: a rank receives its share of the T*k routed
+rows on average, whatever the budget holds), as nn::MoE's capacity layers expect max_tokens * topk:
+their kernel choice only.
 
 With align > 1 (the FP8 recipes' split_multiple), the received rows are padded per local expert by
 a local permute (k = 1, ids from the splits) and unpadded by its unpermute: a row's bits do not
@@ -186,10 +189,15 @@ def forward(moe, x, is_first_microbatch, again):
         x_g, probs = ops.permute(x_g, *lmap, moe.align, 0, probs.unsqueeze(1))
         splits, local = (lmap[3][:El] if at_most else lmap[3]), lmap
     act_splits = splits if at_most else None
-    gu = moe.gate_up(x_g, splits, is_first_microbatch)
+    # Capacity mode: the rows this rank's experts are expected to get, T k (every rank's T the
+    # same; nn::MoE's max_tokens * topk), not the budget's R C_e: the GEMMs' kernel choice only.
+    # The layers cap it at the buffer's rows. With align > 1 the padding (under align rows a
+    # local expert) is not counted.
+    expected = x.shape[0] * moe.topk if at_most else None
+    gu = moe.gate_up(x_g, splits, is_first_microbatch, expected_rows=expected)
     h = ops.weighted_swiglu(gu, probs, act_splits)
     rh = _again(ops.weighted_swiglu, gu, probs, act_splits) if again else None
-    y_g = moe.down(h, splits, is_first_microbatch, recompute_input=rh)
+    y_g = moe.down(h, splits, is_first_microbatch, recompute_input=rh, expected_rows=expected)
     if local is not None:
         y_g = ops.unpermute(y_g, *local, moe.align, 0, None)
     shared = None

@@ -121,11 +121,11 @@ std::optional<GemmConfig> scaled_kernel(const GemmLaunch& l, bool swapped) {
   return std::nullopt;
 }
 
-// Scaled operands: the one kernel of the launch's kind, or for a decode-sized forward its swapped
-// kernel where the kind has one.
+// Scaled operands: the one kernel of the launch's kind, or for a decode-sized forward (M, or the
+// rows the splits are expected to reach) its swapped kernel where the kind has one.
 GemmConfig heuristic_scaled(const GemmLaunch& l) {
-  const bool decode =
-      l.pass == GemmPass::forward && l.dims.M <= kFp8SwapMaxRowsPerExpert * l.dims.G;
+  const int64_t M = l.expected_rows > 0 ? l.expected_rows : l.dims.M;
+  const bool decode = l.pass == GemmPass::forward && M <= kFp8SwapMaxRowsPerExpert * l.dims.G;
   std::optional<GemmConfig> c = scaled_kernel(l, decode);
   if (!c) c = scaled_kernel(l, !decode);
   GROUPMM_CHECK(c.has_value(), "grouped_gemm: no scaled kernel computes ",
