@@ -278,6 +278,17 @@ def kernel_gate_up(dd):
           pct(r["dense_us"] / r["coop_us"])] for r in rows_of(d)])
 
 
+def kernel_down_dgrad(dd):
+    d = load("kernel_layer_down_dgrad_h200", dd)
+    tf = lambda r, k: "" if r.get(k) is None else f"{r[k]} ({r['flops'] / (r[k] * 1e6):.0f})"
+    return caption(d) + "\n" + table(
+        ["case", "run", "fused coop 128x256 us (TFLOP/s)", "epi_warps", "unfused chain us", "fused vs unfused",
+         "stock grouped dgrad alone", "dense cuBLAS dgrad", "fused share of dense"],
+        [[r["case"], r["run"], tf(r, "fused_us"), tf(r, "epi_warps_us"), r["unfused_us"],
+          f"{r['unfused_us'] / r['fused_us']:.2f}x", tf(r, "gemm_us"), tf(r, "dense_us"),
+          pct(r["dense_us"] / r["fused_us"])] for r in rows_of(d)])
+
+
 def moe_memory(dd):
     d = load("moe_memory_h200", dd)
     return caption(d) + "\n" + table(
@@ -368,7 +379,7 @@ def python_overhead(dd):
 TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
     peers_deepgemm, gemm_w4, peers_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
-    moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
+    moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, kernel_down_dgrad, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
     python_overhead, hf_backends, grouped_mm_dropin)}
 
 MARK = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- end -->)", re.S)

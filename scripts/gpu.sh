@@ -98,7 +98,7 @@ stage_test() {  # one process per GPU, the tests sharded over them (ctest's proc
   for ((s = 0; s < n; s++)); do log "  shard $s: $(gtest_counts "$OUT/gpu_tests_$s.log")"; done
 }
 stage_sanitize() {
-  local mem=${SANITIZE_FILTER:-"*Offsets*:*ConvertGpu*:*GemmGpuGraph*:*GemmGpuFaults*:*forward_bf16_G128*:*wgrad_bf16_G128*:*dgrad_bf16_G4_*:*QuantizeGpu*:*Swizzle*:*SwiGLU*:*Swiglu*:*Dbias*:*GroupedLinear*:*MoE*:*Router*:*Permute*:*WeightedSwiglu*:*QuantizedGemm*decode*:*QuantizedGemmGpuGraph*:*QuantizedGemmGpuFaults*:*W4GemmGpuFaults*:*Mxfp4QuantizeGpuWeights*:*GateUpGpuFaults*:*GateUpGpuGraph*:*GateUpGpu.*t1_k1_e1*:*GateUpGpu.*padded_16*"}
+  local mem=${SANITIZE_FILTER:-"*Offsets*:*ConvertGpu*:*GemmGpuGraph*:*GemmGpuFaults*:*forward_bf16_G128*:*wgrad_bf16_G128*:*dgrad_bf16_G4_*:*QuantizeGpu*:*Swizzle*:*SwiGLU*:*Swiglu*:*Dbias*:*GroupedLinear*:*MoE*:*Router*:*Permute*:*WeightedSwiglu*:*QuantizedGemm*decode*:*QuantizedGemmGpuGraph*:*QuantizedGemmGpuFaults*:*W4GemmGpuFaults*:*Mxfp4QuantizeGpuWeights*:*GateUpGpuFaults*:*GateUpGpuGraph*:*GateUpGpu.*t1_k1_e1*:*GateUpGpu.*padded_16*:*DownDgradGpuFaults*:*DownDgradGpuGraph*:*DownDgradGpu.*t1_k1_e1*:*DownDgradGpu.*padded_16*:*DownDgradGpu.*f_24*"}
   run memcheck 400 "$OUT/memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "./$B/groupmm_tests_gpu" --gtest_brief=1 --gtest_filter="$mem"
   log "  memcheck: $(gtest_counts "$OUT/memcheck.log") $(grep 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
