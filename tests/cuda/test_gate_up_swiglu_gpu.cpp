@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/gathered_cases.hpp"
 #include "common/moe_pair.hpp"
 #include "common/test_util.hpp"
 #include "groupmm/gemm.hpp"
@@ -18,42 +19,11 @@
 namespace groupmm::test {
 namespace {
 
-struct GateUpCase {
-  const char* name;
-  int64_t T, k, E, H, F, align;
-  int pattern;  // 0 random distinct, 1 all on expert E-1, 2 only even experts, 3 skewed
-  DType dtype;
-};
-
-std::vector<int32_t> routing(const GateUpCase& c, std::mt19937_64& g) {
-  std::vector<int32_t> ids(size_t(c.T * c.k));
-  std::vector<int32_t> pool;
-  for (int64_t e = 0; e < c.E; ++e)
-    if (c.pattern != 2 || e % 2 == 0) pool.push_back(int32_t(e));
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  for (int64_t t = 0; t < c.T; ++t) {
-    std::shuffle(pool.begin(), pool.end(), g);
-    for (int64_t j = 0; j < c.k; ++j) {
-      int32_t e = pool[size_t(j) % pool.size()];
-      if (c.pattern == 1) e = int32_t(c.E - 1);
-      if (c.pattern == 3)
-        e = int32_t(std::min<double>(c.E - 1, std::floor(c.E * std::pow(u(g), 3))));
-      ids[size_t(t * c.k + j)] = e;
-    }
-  }
-  return ids;
-}
-
-std::vector<float> as_floats(const Pair& p) {
-  auto b = p.dev_bytes();
-  return cpu::to_floats(TensorView(b.data(), p.host.dtype, Device::CPU, {p.host.numel()}));
-}
-
-class GateUpGpu : public ::testing::TestWithParam<GateUpCase> {};
+class GateUpGpu : public ::testing::TestWithParam<GatheredCase> {};
 
 TEST_P(GateUpGpu, EqualsTheReferenceAndTheUnfusedComposition) {
   GROUPMM_REQUIRE_GPU();
-  const GateUpCase c = GetParam();
+  const GatheredCase c = GetParam();
   const int64_t T = c.T, k = c.k, E = c.E, H = c.H, F = c.F;
   Context cpu(Device::CPU), gpu(Device::CUDA);
   ASSERT_TRUE(moe_gate_up_swiglu_supported(gpu, c.dtype, H, F, E));
@@ -126,25 +96,25 @@ TEST_P(GateUpGpu, EqualsTheReferenceAndTheUnfusedComposition) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, GateUpGpu,
-    ::testing::Values(GateUpCase{"qwen3_like", 512, 8, 128, 2048, 768, 1, 0, DType::bf16},
-                      GateUpCase{"skewed", 700, 4, 16, 512, 256, 1, 3, DType::bf16},
-                      GateUpCase{"even_experts_only", 300, 2, 8, 256, 128, 1, 2, DType::bf16},
-                      GateUpCase{"one_expert_takes_all", 257, 1, 4, 128, 64, 1, 1, DType::bf16},
-                      GateUpCase{"padded_128", 333, 2, 8, 256, 192, 128, 0, DType::bf16},
-                      GateUpCase{"padded_16_fp16", 200, 3, 6, 192, 64, 16, 0, DType::fp16},
-                      GateUpCase{"h_not_mult_64", 129, 2, 4, 200, 64, 1, 0, DType::bf16},
-                      GateUpCase{"t1_k1_e1", 1, 1, 1, 64, 64, 1, 0, DType::bf16},
-                      GateUpCase{"e256", 1024, 2, 256, 128, 128, 1, 0, DType::bf16},
-                      GateUpCase{"fp16", 400, 2, 8, 512, 128, 1, 0, DType::fp16},
+    ::testing::Values(GatheredCase{"qwen3_like", 512, 8, 128, 2048, 768, 1, 0, DType::bf16},
+                      GatheredCase{"skewed", 700, 4, 16, 512, 256, 1, 3, DType::bf16},
+                      GatheredCase{"even_experts_only", 300, 2, 8, 256, 128, 1, 2, DType::bf16},
+                      GatheredCase{"one_expert_takes_all", 257, 1, 4, 128, 64, 1, 1, DType::bf16},
+                      GatheredCase{"padded_128", 333, 2, 8, 256, 192, 128, 0, DType::bf16},
+                      GatheredCase{"padded_16_fp16", 200, 3, 6, 192, 64, 16, 0, DType::fp16},
+                      GatheredCase{"h_not_mult_64", 129, 2, 4, 200, 64, 1, 0, DType::bf16},
+                      GatheredCase{"t1_k1_e1", 1, 1, 1, 64, 64, 1, 0, DType::bf16},
+                      GatheredCase{"e256", 1024, 2, 256, 128, 128, 1, 0, DType::bf16},
+                      GatheredCase{"fp16", 400, 2, 8, 512, 128, 1, 0, DType::fp16},
                       // more column tiles than a raster band, the last band narrower
-                      GateUpCase{"wide_f_bands", 600, 2, 4, 256, 1152, 1, 3, DType::bf16}),
+                      GatheredCase{"wide_f_bands", 600, 2, 4, 256, 1152, 1, 3, DType::bf16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Graph safe: captured plan + sources + fused projection, replayed after the routing changed,
 // equals eager execution on the new routing.
 TEST(GateUpGpuGraph, ReplayWithNewRoutingEqualsEager) {
   GROUPMM_REQUIRE_GPU();
-  const GateUpCase c{"graph", 600, 4, 32, 256, 128, 1, 0, DType::bf16};
+  const GatheredCase c{"graph", 600, 4, 32, 256, 128, 1, 0, DType::bf16};
   const int64_t T = c.T, k = c.k, E = c.E, H = c.H, F = c.F;
   cudaStream_t stream;
   GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -171,7 +141,7 @@ TEST(GateUpGpuGraph, ReplayWithNewRoutingEqualsEager) {
                                             .gate_up = TensorView()});
     };
     auto set_routing = [&](int pattern) {
-      GateUpCase r = c;
+      GatheredCase r = c;
       r.pattern = pattern;
       const auto v = routing(r, rng());
       std::copy(v.begin(), v.end(), ids.h<int32_t>());

@@ -152,6 +152,29 @@ struct GatheredGemmParams {
   OpId op;
 };
 
+// The params of a gathered GEMM whose A is a contiguous row-major [a_rows, K] view (x or dy),
+// gathered through src_row [R] for the splits' G experts of N output columns each; band_n 1
+// (the launcher sets its raster band).
+inline GatheredGemmParams gathered_gemm_params(const TensorView& a, const TensorView& src_row,
+                                               const TensorView& splits, int64_t G, int64_t N,
+                                               StatusBlock* status, OpId op) {
+  GatheredGemmParams p;
+  p.a = a.data;
+  p.a_rows = a.dim(0);
+  p.lda = a.dim(1);
+  p.src_row = src_row.ptr<int32_t>();
+  p.R = src_row.dim(0);
+  p.splits = splits.data;
+  p.splits64 = splits.dtype == DType::int64;
+  p.G = G;
+  p.K = a.dim(1);
+  p.b_rows = N;
+  p.band_n = 1;
+  p.status = status;
+  p.op = op;
+  return p;
+}
+
 // Where a tile lies: expert g, output rows [row0, row0 + rows) (rows <= kTileM), column tile ct.
 struct TileCoord {
   int g;

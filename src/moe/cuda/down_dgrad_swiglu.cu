@@ -231,22 +231,10 @@ struct SwigluBackwardEpilogue {
 template <class E, class Config>
 void launch_down_dgrad(Context& ctx, const MoeDownDgradArgs& a) {
   using Epi = SwigluBackwardEpilogue<E, Config::kTileN>;
-  const int64_t T = a.dy.dim(0), H = a.dy.dim(1), R = a.src_row.dim(0), G = a.w.dim(0);
-  const int64_t F = a.w.dim(2);
-  sm90::GatheredGemmParams p;
-  p.a = a.dy.data;
-  p.a_rows = T;
-  p.lda = H;
-  p.src_row = a.src_row.ptr<int32_t>();
-  p.R = R;
-  p.splits = a.splits.data;
-  p.splits64 = a.splits.dtype == DType::int64;
-  p.G = G;
-  p.K = H;
-  p.b_rows = F;
-  p.band_n = 1;  // a row owner's band is the whole expert
-  p.status = ctx.status();
-  p.op = OpId::moe_down_dgrad;
+  const int64_t H = a.dy.dim(1), R = a.src_row.dim(0), G = a.w.dim(0), F = a.w.dim(2);
+  // (a row owner's band is the whole expert: band_n is not read)
+  const sm90::GatheredGemmParams p = sm90::gathered_gemm_params(a.dy, a.src_row, a.splits, G, F,
+                                                                ctx.status(), OpId::moe_down_dgrad);
   // w [E, H, F] as (F, H, E): boxes of 64 columns by kTileK rows of one expert, zero past F and H
   const CUtensorMap tma_b = make_tensor_map_3d("moe_down_dgrad_swiglu", a.w.data, 2, F, H, G, F * 2,
                                                H * F * 2, 64, Config::kTileK, true);

@@ -117,21 +117,9 @@ struct WeightedSwigluEpilogue {
 template <class E, class Config>
 void launch_gate_up(Context& ctx, const MoeGateUpArgs& a) {
   using Epi = WeightedSwigluEpilogue<E, Config::kTileN>;
-  const int64_t T = a.x.dim(0), H = a.x.dim(1), R = a.src_row.dim(0), G = a.w.dim(0);
-  const int64_t F = a.w.dim(1) / 2;
-  sm90::GatheredGemmParams p;
-  p.a = a.x.data;
-  p.a_rows = T;
-  p.lda = H;
-  p.src_row = a.src_row.ptr<int32_t>();
-  p.R = R;
-  p.splits = a.splits.data;
-  p.splits64 = a.splits.dtype == DType::int64;
-  p.G = G;
-  p.K = H;
-  p.b_rows = 2 * F;
-  p.status = ctx.status();
-  p.op = OpId::moe_gate_up;
+  const int64_t H = a.x.dim(1), R = a.src_row.dim(0), G = a.w.dim(0), F = a.w.dim(1) / 2;
+  sm90::GatheredGemmParams p = sm90::gathered_gemm_params(a.x, a.src_row, a.splits, G, 2 * F,
+                                                          ctx.status(), OpId::moe_gate_up);
   const CUtensorMap tma_b =
       make_tensor_map_2d("moe_gate_up_swiglu", a.w.data, 2, H, G * 2 * F, H * 2, Config::kTileK,
                          Config::kTileN / Config::kBHalves, /*swizzle128=*/true);
