@@ -224,6 +224,18 @@ TensorView MoE::z_loss() const {
   return TensorView(losses_.ptr<float>() + 1, DType::fp32, device_, {1});
 }
 
+int64_t MoE::saved_bytes() const {
+  if (saved_t_ < 0) return 0;
+  const int64_t T = saved_t_, R = rows_, H = cfg_.hidden, F = cfg_.ffn_hidden, k = cfg_.topk;
+  const int64_t e = dtype_storage_bytes(cfg_.dtype, 1);
+  int64_t b = T * cfg_.experts * 4 + 3 * T * k * 4;  // logits; ids, weights, destination rows
+  b += R * 4 * (cfg_.fused_gate_up ? 2 : 1);         // row weights (and the row map)
+  if (!cfg_.fused_gate_up) b += R * H * e;           // the permuted rows
+  b += R * 3 * F * e;                                // pre-activation [R, 2F], activation [R, F]
+  b += T * 3 * cfg_.shared_ffn_hidden * e;           // the shared expert's
+  return b;
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 TensorView MoE::forward(Context& ctx, const TensorView& x) {

@@ -232,6 +232,35 @@ TEST(MoECpu, FusedGateUpEqualsTheSeparateOps) {
   expect_fused_gate_up_bit_exact(ctx, c, 7);
 }
 
+// saved_bytes(): what a forward leaves for backward, by the layer's buffers and the rows of this
+// forward's map (padding included); 0 once backward consumed it; fused_gate_up keeps the row map
+// instead of the permuted rows.
+TEST(MoECpu, SavedBytesCountTheBuffersBackwardReads) {
+  Context ctx(Device::CPU);
+  for (const bool fused : {false, true}) {
+    MoEConfig c = small_cfg(DType::bf16);
+    c.bias = false;
+    c.pad_align = 4;
+    c.fused_gate_up = fused;
+    MoE moe(ctx, c);
+    EXPECT_EQ(moe.saved_bytes(), 0);
+    const int64_t T = 7, H = c.hidden, F = c.ffn_hidden, k = c.topk, E = c.experts;
+    std::vector<float> xf = randn(size_t(T * H));
+    std::vector<uint16_t> xb(xf.size());
+    const TensorView x = host_view(xb, DType::bf16, {T, H});
+    for (size_t i = 0; i < xf.size(); ++i) cpu::store_f(x, int64_t(i), xf[i]);
+    moe.forward(ctx, x);
+    const int64_t R = moe.permute_map().rows;
+    ASSERT_GT(R, T * k) << "the case should have padding rows";
+    const int64_t want = T * E * 4 + 3 * T * k * 4 + R * 4 * (fused ? 2 : 1) +
+                         (fused ? 0 : R * H * 2) + R * 3 * F * 2 + T * 3 * c.shared_ffn_hidden * 2;
+    EXPECT_EQ(moe.saved_bytes(), want) << "fused " << fused;
+    std::vector<uint16_t> dyb(xb.size(), 0);
+    moe.backward(ctx, host_view(dyb, DType::bf16, {T, H}));
+    EXPECT_EQ(moe.saved_bytes(), 0);
+  }
+}
+
 TEST(MoECpu, FusedGateUpRefusesWhatItCannotServe) {
   Context ctx(Device::CPU);
   MoEConfig c = small_cfg(DType::bf16);

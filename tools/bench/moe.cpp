@@ -279,6 +279,8 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
       c.fused_gate_up ? ", gate_up fused (moe_gate_up_swiglu)" : "");
   const TensorView y = moe.forward(ctx, x);
   ctx.check();
+  // activation memory: what this forward leaves for backward, in T*H 16-bit rows
+  const double kept_rows = double(moe.saved_bytes()) / double(T * H * 2);
   int mism = 0;
   const double err = check_sampled_tokens(ctx, moe, x, y, 2, false, &mism);
   // The reference runs the unquantized ops on the layer's bf16 weights: a quantized recipe is off
@@ -289,6 +291,8 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
       "  check: 2 sampled tokens vs the CPU reference: y rel err %.2e %s (routing "
       "differs on %d)\n",
       err, ok ? "ok" : "FAILED", mism);
+  std::printf("  kept for backward: %.1f x T*H*2 bytes (the layer's buffers; x not counted)\n",
+              kept_rows);
   double fwd_us = 0, step_us = 0, bound_fwd = 0, bound_step = 0;
   if (gpu) {
     fwd_us = graph_replay_us(ctx, 3, iters, [&] { moe.forward(ctx, x); });
@@ -365,6 +369,7 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
                .add("score", router_score_name(c.score))
                .add("recipe", c.recipe ? c.recipe->name() : std::string("bf16"))
                .add("fused_gate_up", c.fused_gate_up)
+               .add("kept_th_rows", kept_rows)
                .add("fwd_us", fwd_us)
                .add("fwd_bwd_us", step_us)
                .add("bound_fwd_us", bound_fwd)

@@ -228,6 +228,16 @@ class MoE {
   TensorView aux_loss() const;  // [1] fp32 (0 when the coefficient is 0)
   TensorView z_loss() const;    // [1] fp32
 
+  // Activation memory: the bytes of the layer's own buffers that the pending forward wrote and
+  // its backward reads (0 when no forward is pending): the routing (router logits, expert ids and
+  // weights, the permute map's destination rows), each grouped row's router weight (and the row
+  // map with fused_gate_up), the permuted rows (not with fused_gate_up: backward gathers them
+  // again), the gate_up pre-activation, the activation, and the shared expert's pre-activation
+  // and activation. Not counted: x (the caller's, which backward also reads) and, with expert
+  // parallelism, the plan's own metadata; with a quantized recipe, the layers' quantized copies of
+  // their operands. Host arithmetic on the pending forward's sizes.
+  int64_t saved_bytes() const;
+
   const MoEConfig& config() const { return cfg_; }
   Device device() const { return device_; }
   std::string to_string() const;
