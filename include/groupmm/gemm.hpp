@@ -210,12 +210,18 @@ std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
 //            registers and multiplies with mma.sync; experts are split into 128-row tiles of N,
 //            and along K when a balanced routing would not fill the GPU twice, the K ranges'
 //            partial sums added in a fixed order (deterministic, no atomics);
+//   fused    only when asked: groupmm's own grouped GEMM (the kernel layer) copies each
+//            stage's 4-bit codes to shared memory ahead of time, and its producer warps
+//            dequantize them there into the bf16 operand of the MMAs, under the MMAs of the
+//            stages before. No workspace (prefill needs G * N * K * 2 bytes); at most
+//            kW4FusedMaxGroups experts; measured slower than the path automatic picks on every
+//            benchmark shape (docs/performance.md), so automatic never picks it;
 //   prefill  many rows per expert: the active experts' weights are dequantized to bf16 in the
 //            workspace (G * N * K * 2 bytes of it), then the bf16 grouped GEMM (cutlass_sm90)
 //            runs on them.
 // path automatic chooses from host-known values only: decode when M <= kW4DecodeMaxAvgRows * G,
-// else prefill (W4GemmArgs::path forces one). Both are exact up to fp32 summation order.
-// Experts with no rows never read their weights (both paths). Rows past sum(splits) are left
+// else prefill (W4GemmArgs::path forces one, or fused). All are exact up to fp32 summation order.
+// Experts with no rows never read their weights (every path). Rows past sum(splits) are left
 // unwritten; splits faults as grouped_gemm.
 // Shapes and alignment: x and out bf16 (fp16 activations are not served: MXFP4 scales span
 // 2^+-127, past fp16's range), K a multiple of 32 (both formats), N a multiple of 8, M, N, K
@@ -226,9 +232,10 @@ std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
 // grouped_gemm_workspace_size() bytes is passed (or reserved on the Context before capture); the
 // first call on a Context sets a kernel attribute (warm up eagerly before capturing).
 // Minimum SM: sm_90 (CUDA).
-enum class W4Path : uint8_t { automatic, decode, prefill };
+enum class W4Path : uint8_t { automatic, decode, prefill, fused };
 const char* w4_path_name(W4Path p);
 constexpr int64_t kW4DecodeMaxAvgRows = 64;
+constexpr int64_t kW4FusedMaxGroups = 1024;
 
 struct W4GemmArgs {
   TensorView x;        // [M, K] bf16, rows sorted by expert
@@ -237,7 +244,7 @@ struct W4GemmArgs {
   TensorView splits;   // [G] int32|int64 row counts, device (host on a CPU context)
   TensorView bias;     // optional [G, N] bf16
   float alpha = 1.0f;  // multiplies the dequantized product
-  W4Path path = W4Path::automatic;            // CUDA only: force decode or prefill
+  W4Path path = W4Path::automatic;            // CUDA only: force decode, prefill or fused
   GemmEngine engine = GemmEngine::automatic;  // automatic, or reference (CPU context)
   std::string to_string() const;
 };

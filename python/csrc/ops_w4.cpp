@@ -91,10 +91,10 @@ groupmm::GroupedTensor w4_weights(Call& call, const char* op, at::TensorList w,
 
 groupmm::W4Path path_of(c10::string_view p) {
   using groupmm::W4Path;
-  for (W4Path v : {W4Path::automatic, W4Path::decode, W4Path::prefill})
+  for (W4Path v : {W4Path::automatic, W4Path::decode, W4Path::prefill, W4Path::fused})
     if (p == groupmm::w4_path_name(v)) return v;
   TORCH_CHECK_VALUE(false, "groupmm.grouped_mm_w4: path='", std::string(p),
-                    "' must be 'automatic', 'decode' or 'prefill'");
+                    "' must be 'automatic', 'decode', 'prefill' or 'fused'");
 }
 
 // y [M, N] bf16 = x_g dequant(W_g)^T (+ b_g), x [M, K] bf16.

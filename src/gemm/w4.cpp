@@ -102,7 +102,11 @@ GemmDims validate(const Context& ctx, const W4GemmArgs& a) {
                 kOp, ": engine ", gemm_engine_name(e),
                 " does not run 4-bit weights (automatic, or reference on a CPU context)");
   const int p = static_cast<int>(a.path);
-  GROUPMM_CHECK(p >= 0 && p <= 2, kOp, ": path=", p, " must be automatic, decode or prefill");
+  GROUPMM_CHECK(p >= 0 && p <= 3, kOp, ": path=", p,
+                " must be automatic, decode, prefill or fused");
+  GROUPMM_CHECK(a.path != W4Path::fused || d.G <= kW4FusedMaxGroups, kOp,
+                ": path fused runs at most ", kW4FusedMaxGroups, " experts, w.num_groups=", d.G,
+                " (use prefill)");
   if (dev == Device::CUDA) {
     check_aligned("x", a.x);
     check_aligned("out", a.out);
@@ -187,6 +191,8 @@ const char* w4_path_name(W4Path p) {
       return "decode";
     case W4Path::prefill:
       return "prefill";
+    case W4Path::fused:
+      return "fused";
   }
   return "?";
 }
@@ -210,8 +216,10 @@ W4Path w4_gemm_path(const Context& ctx, const W4GemmArgs& args) {
 size_t grouped_gemm_workspace_size(const Context& ctx, const W4GemmArgs& args) {
   const GemmDims d = validate(ctx, args);
   if (ctx.device() == Device::CPU) return 0;
-  if (choose_path(args, d) == W4Path::decode)
+  const W4Path path = choose_path(args, d);
+  if (path == W4Path::decode)
     return cuda::w4_decode_workspace_size(make_w4_launch(args, d), ctx.sm_count());
+  if (path == W4Path::fused) return 0;
   return prefill_workspace(ctx, prefill_plan(args, d, nullptr));
 }
 
@@ -230,8 +238,11 @@ void grouped_gemm(Context& ctx, const W4GemmArgs& args, void* ws, size_t ws_byte
   GROUPMM_CHECK(ws_bytes >= need, kOp, ": workspace_bytes=", ws_bytes, " must be >= ", need,
                 " (grouped_gemm_workspace_size)");
   const W4Launch l = make_w4_launch(args, d);
-  if (choose_path(args, d) == W4Path::decode) {
+  const W4Path path = choose_path(args, d);
+  if (path == W4Path::decode) {
     cuda::w4_decode_gemm(ctx, l, ws, ws_bytes);
+  } else if (path == W4Path::fused) {
+    cuda::w4_fused_gemm(ctx, l);
   } else {
     const Prefill p = prefill_plan(args, d, ws);
     char* base = static_cast<char*>(ws);
@@ -245,8 +256,9 @@ void grouped_gemm(Context& ctx, const W4GemmArgs& args, void* ws, size_t ws_byte
 std::string gemm_config_name(const Context& ctx, const W4GemmArgs& args) {
   const GemmDims d = validate(ctx, args);
   if (ctx.device() == Device::CPU) return gemm_engine_name(GemmEngine::reference);
-  if (choose_path(args, d) == W4Path::decode)
-    return cuda::w4_decode_name(make_w4_launch(args, d), ctx.sm_count());
+  const W4Path path = choose_path(args, d);
+  if (path == W4Path::decode) return cuda::w4_decode_name(make_w4_launch(args, d), ctx.sm_count());
+  if (path == W4Path::fused) return cuda::w4_fused_name(make_w4_launch(args, d));
   return detail::cat("w4_prefill(", recipe_name(args.w.recipe), ")+",
                      cuda::cutlass_config_name(prefill_plan(args, d, nullptr).gemm));
 }

@@ -133,6 +133,22 @@ TEST(W4GemmCpu, ErrorsNameOpArgumentAndValue) {
   a = ok;
   a.w.splits = d.splits;
   EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: w must be weights");
+  a = ok;
+  a.path = static_cast<W4Path>(7);
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a),
+                   "grouped_gemm: path=7 must be automatic, decode, prefill or fused");
+  // A forced path is checked on every context (the CPU ignores it otherwise): the fused kernel's
+  // tile tables hold kW4FusedMaxGroups experts.
+  W4Spec many = s;
+  many.G = kW4FusedMaxGroups + 1;
+  many.splits.assign(size_t(many.G), 0);
+  W4Device dm(ctx, many, make_w4_inputs(many));
+  a = dm.args(many);
+  a.path = W4Path::fused;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a),
+                   "grouped_gemm: path fused runs at most 1024 experts, w.num_groups=1025");
+  a.path = W4Path::prefill;
+  EXPECT_NO_THROW(grouped_gemm(ctx, a));
 }
 
 // ---- GroupedLinear inference recipes ------------------------------------------------------------

@@ -78,7 +78,7 @@ std::vector<int64_t> top1(int64_t G, int64_t M) {
 std::vector<W4Case> cases() {
   std::vector<W4Case> v;
   for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4})
-    for (W4Path path : {W4Path::decode, W4Path::prefill}) {
+    for (W4Path path : {W4Path::decode, W4Path::prefill, W4Path::fused}) {
       auto add = [&](int64_t G, std::vector<int64_t> splits, int64_t N, int64_t K,
                      const char* tag = "") {
         W4Spec s;
@@ -107,8 +107,20 @@ std::vector<W4Case> cases() {
       add(3, make_splits(Pattern::random_odd, 3, 21), 72, 32, "k32");
       add(256, make_splits(Pattern::quarter_empty, 256, 512), 64, 128, "G256");
       add(1, {5}, 256, 2048, "splitk");  // few items: K is split
-      // Many experts, no split-K: the plan and the item search over 1100 experts.
-      add(1100, make_splits(Pattern::quarter_empty, 1100, 1500), 64, 128, "G1100");
+      // Many experts, no split-K: the plan and the item search over 1100 experts (past the fused
+      // kernel's limit: G1000 there, its tile tables nearly full).
+      if (path == W4Path::fused)
+        add(1000, make_splits(Pattern::quarter_empty, 1000, 1500), 64, 128, "G1000");
+      else
+        add(1100, make_splits(Pattern::quarter_empty, 1100, 1500), 64, 128, "G1100");
+      // The fused kernel's tiles: many row tiles an expert, N not a multiple of its 256 columns
+      // (gpt-oss's 2880), K not a multiple of its 64-code stages.
+      if (path == W4Path::fused) {
+        add(4, make_splits(Pattern::zipf, 4, 1500), 2880, 352, "tiles");
+        W4Spec* fb = add(3, make_splits(Pattern::random_odd, 3, 700), 520, 96, "tiles_bias");
+        fb->bias = true;
+        fb->alpha = 2.0f;
+      }
       W4Spec* b = add(8, make_splits(Pattern::random_odd, 8, 50), 256, 256, "bias_alpha");
       b->bias = true;
       b->alpha = 0.5f;
@@ -147,7 +159,7 @@ TEST(W4GemmGpu, AutomaticPathFollowsTheAverageRows) {
 TEST(W4GemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
   GROUPMM_REQUIRE_GPU();
   for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4})
-    for (W4Path path : {W4Path::decode, W4Path::prefill}) {
+    for (W4Path path : {W4Path::decode, W4Path::prefill, W4Path::fused}) {
       W4Spec s;
       s.recipe = r;
       s.path = path;
@@ -202,7 +214,7 @@ TEST(W4GemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
 // Bad splits: the kernels clamp, never write past the buffers, and report.
 TEST(W4GemmGpuFaults, BadSplitsAreClampedAndReported) {
   GROUPMM_REQUIRE_GPU();
-  for (W4Path path : {W4Path::decode, W4Path::prefill}) {
+  for (W4Path path : {W4Path::decode, W4Path::prefill, W4Path::fused}) {
     W4Spec s;
     s.recipe = QuantRecipe::mxfp4;
     s.path = path;
@@ -238,6 +250,14 @@ TEST(W4GemmGpuErrors, AlignmentAndPaths) {
   a = d.args(s);
   a.engine = GemmEngine::reference;
   EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: engine reference does not run");
+  // The fused kernel's tile tables hold kW4FusedMaxGroups experts.
+  W4Spec many = s;
+  many.G = kW4FusedMaxGroups + 1;
+  many.splits = make_splits(Pattern::balanced, many.G, many.G);
+  W4Device dm(ctx, many, make_w4_inputs(many));
+  a = dm.args(many);
+  a.path = W4Path::fused;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: path fused runs at most 1024 experts");
 }
 
 TEST(W4GroupedLinearGpu, ForwardMatchesCpuAndBackwardRefuses) {

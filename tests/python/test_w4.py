@@ -50,7 +50,7 @@ def test_nvfp4_quantize_round_trip(device):
 
 
 @pytest.mark.parametrize("recipe", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("path", ["automatic", "decode", "prefill"])
+@pytest.mark.parametrize("path", ["automatic", "decode", "prefill", "fused"])
 def test_w4_gemm_matches_decoded_reference(device, recipe, path):
     x = torch.randn(sum(COUNTS), K, device=device, dtype=torch.bfloat16)
     w = torch.randn(G, N, K, device=device, dtype=torch.bfloat16) / K**0.5
@@ -123,7 +123,7 @@ def test_w4_errors_name_the_op_and_argument(device):
         ops.grouped_mm_w4(x, nv, splits, "mxfp4")
     with pytest.raises(RuntimeError, match="grouped_gemm: x.dtype=fp16 must be bf16"):
         ops.grouped_mm_w4(x.half(), nv, splits, "nvfp4")
-    with pytest.raises(ValueError, match="path='fast' must be 'automatic', 'decode' or"):
+    with pytest.raises(ValueError, match="path='fast' must be 'automatic', 'decode', 'prefill' or 'fused'"):
         ops.grouped_mm_w4(x, nv, splits, "nvfp4", path="fast")
     with pytest.raises(RuntimeError, match="group_quantize.*K=24"):
         ops.group_quantize_w4(w[..., :24].contiguous(), "nvfp4")

@@ -40,6 +40,11 @@
 // r of its unit (none past the expert's rows: it then only loads and multicasts its half of B,
 // keeping the stage protocol).
 //
+// 4-bit B (Config::kBCodes, gathered_gemm_w4_kernel): A is grouped by expert (output row r reads A
+// row r; src_row unused) and copied by TMA; thread 0 copies each stage's codes into a ring of raw
+// slots ahead of time, and the producer threads convert them into the stage's bf16 B tile
+// (w4_b_tile.cuh) under the consumers' MMAs of the stages before.
+//
 // Invariants (checked by the host wrapper): K % 8 == 0 (16-byte rows), A and B 16-byte aligned,
 // G <= kMaxGroups; K-major B: N % kTileN == 0 (a column tile never straddles two experts);
 // N-major B: N % 8 == 0 (the tensor map's row stride), the epilogue skipping columns past N.
@@ -58,6 +63,7 @@
 #include "kernels/common/tma.cuh"
 #include "kernels/sm90/gathered_gemm_config.cuh"
 #include "kernels/sm90/quad_transpose.cuh"
+#include "kernels/sm90/w4_b_tile.cuh"
 
 namespace groupmm::cuda::sm90 {
 
@@ -70,6 +76,10 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar))
                : "memory");
+}
+// The producer warpgroup's own barrier (named barrier 1; the consumers never use it).
+__device__ __forceinline__ void producer_sync() {
+  asm volatile("bar.sync 1, 128;" ::: "memory");
 }
 // Orders shared-memory writes of the generic proxy (cp.async) before the async proxy's reads
 // (wgmma operands) of this thread.
@@ -138,10 +148,13 @@ __device__ __forceinline__ int find_tile_group(const int32_t* prefix, int G, int
 // pack by the consumers (lo at the lower column); from_tile by the 64 epilogue threads (tid
 // 0..63), the tile's rows and columns read through epi_tile_chunk(); `state` kept from their
 // previous tile.
+//
+// The body of both kernels below: tma_a (4-bit B only: A by TMA) and tma_b point to the kernel's
+// __grid_constant__ tensor maps.
 template <class Config, class Epilogue>
-__global__ void __launch_bounds__(Config::kThreads, 1)
-    gathered_gemm_kernel(const GatheredGemmParams p, const __grid_constant__ CUtensorMap tma_b,
-                         const Epilogue epi) {
+__device__ __forceinline__ void gathered_gemm_body(const GatheredGemmParams& p,
+                                                   const CUtensorMap* tma_a,
+                                                   const CUtensorMap* tma_b, const Epilogue& epi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using Element = typename Config::Element;
@@ -175,6 +188,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (threadIdx.x == 0) {
     sm.tile_prefix[G] = total_tiles;
     for (int s = 0; s < S; ++s) {
+      // the gathering threads' cp.async arrivals and thread 0's with the TMA bytes of B; with 4-bit
+      // B thread 0's with the TMA bytes of A and every producer thread's after its conversion
       mbar_init(&sm.full[s], Config::kGatherThreads + 1);
       // one arrival per consumer warpgroup that reads the stage, in every CTA it is written to
       mbar_init(&sm.empty[s], (Config::kCooperative ? 2 : 1) * Config::kCluster);
@@ -183,6 +198,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     mbar_init(&sm.turn[1], 1);
     mbar_init(sm.epi_full, 2 * 128);
     mbar_init(sm.epi_empty, Config::kEpilogueThreads > 0 ? Config::kEpilogueThreads : 1);
+    for (int r = 0; r < Config::kRawSlots; ++r) mbar_init(&sm.raw_full[r], 1);
     mbar_init_fence();
   }
   __syncthreads();
@@ -238,7 +254,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         detail::mbar_arrive(sm.epi_empty);  // this thread's reads of the tile are done
       }
     }
-  } else if (wg == 0) {
+  } else if (wg == 0 && !Config::kB4) {
     // ---- producer ------------------------------------------------------------------------------
     // Each gathering thread copies kCw consecutive 16-byte chunks (of the 8 of a 128-byte K
     // row) of rows row_in + 16 i, i < 8.
@@ -247,7 +263,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     const int chunk = (tid % (8 / kCw)) * kCw;
     const int row_in = tid / (8 / kCw);
     const Element* a = static_cast<const Element*>(p.a);
-    if (tid == 0) tma_prefetch_map(&tma_b);
+    if (tid == 0) tma_prefetch_map(tma_b);
     int cnt = 0;
     // The last K block is partial when K % kTileK != 0: its chunks past K are zero-filled.
     const bool k_tail = p.K % BK != 0;
@@ -287,7 +303,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
             // box j: columns [64 j, 64 j + 64) of the tile, K rows [kb BK, + BK) of expert g
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
-              tma_load_3d(sm.b(s) + j * (64 * BK * 2), &tma_b, c.ct * BN + 64 * j, kb * BK, c.g,
+              tma_load_3d(sm.b(s) + j * (64 * BK * 2), tma_b, c.ct * BN + 64 * j, kb * BK, c.g,
                           &sm.full[s]);
           }
 #pragma unroll
@@ -295,9 +311,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
             uint8_t* dst = sm.b(s) + h * (Config::kStageBytesB / Config::kBHalves);
             const int row = static_cast<int>(b_row0 + h * (p.b_rows / Config::kBHalves));
             if constexpr (Config::kCluster == 1)
-              tma_load_2d(dst, &tma_b, kb * BK, row, &sm.full[s]);
+              tma_load_2d(dst, tma_b, kb * BK, row, &sm.full[s]);
             else if (h % Config::kCluster == rank)
-              detail::tma_load_2d_multicast(dst, &tma_b, kb * BK, row, &sm.full[s],
+              detail::tma_load_2d_multicast(dst, tma_b, kb * BK, row, &sm.full[s],
                                             uint16_t((1u << Config::kCluster) - 1));
           }
         }
@@ -330,6 +346,65 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           }
         }
         detail::cp_async_arrive_noinc(&sm.full[s]);
+      }
+    }
+  } else if (wg == 0) {
+    // ---- producer, 4-bit B -------------------------------------------------------------------
+    // Thread 0 copies A tiles (TMA, on the stage's full barrier) and runs a cursor of code copies
+    // up to kRawSlots - 1 stages ahead of the conversion, across tiles, so that the codes of a
+    // stage have landed long before it is converted. Every thread converts its part of each
+    // stage (scales loaded one stage ahead), then arrives on the stage's full barrier.
+    if constexpr (Config::kB4) {
+      using B4 = W4BTile<Config>;
+      constexpr int R = Config::kRawSlots;
+      const int tid = threadIdx.x;
+      if (tid == 0) {
+        tma_prefetch_map(tma_a);
+        tma_prefetch_map(tma_b);
+      }
+      // thread 0's cursor: the next stage whose codes are copied
+      int32_t ft = first_tile;
+      int fkb = 0, fcnt = 0;
+      TileCoord fc{};
+      if (tid == 0 && ft < total_tiles) fc = tile_at(ft);
+      int cnt = 0;
+      for (int32_t t = first_tile; t < total_tiles; t = next_tile(t)) {
+        const TileCoord c = tile_at(t);
+        const typename B4::Rows rows = B4::rows(p, c.g, c.ct, tid);
+        typename B4::Scales sc = B4::load(p, rows, 0, tid);
+        for (int kb = 0; kb < kb_count; ++kb, ++cnt) {
+          const int s = cnt % S;
+          if (tid == 0) {
+            // stages < cnt are converted (producer_sync), so their slots are free: codes of
+            // stages up to cnt + R - 1
+            for (; fcnt < cnt + R && ft < total_tiles; ++fcnt) {
+              uint64_t* rf = &sm.raw_full[fcnt % R];
+              mbar_arrive_expect_tx(rf, Config::kRawSlotBytes);
+              tma_load_3d(sm.raw_slots + (fcnt % R) * Config::kRawSlotBytes, tma_b, fkb * (BK / 2),
+                          fc.ct * BN, fc.g, rf);
+              if (++fkb == kb_count) {
+                fkb = 0;
+                ft = next_tile(ft);
+                if (ft < total_tiles) fc = tile_at(ft);
+              }
+            }
+          }
+          mbar_wait(&sm.empty[s], ((cnt / S) & 1) ^ 1);
+          if (tid == 0) {
+            // rows [row0, row0 + 128) of A (past the expert's rows: the next expert's, whose
+            // outputs are not stored; past A's rows and K: zeros)
+            mbar_arrive_expect_tx(&sm.full[s], Config::kStageBytesA);
+            tma_load_2d(sm.a(s), tma_a, kb * BK, static_cast<int>(c.row0), &sm.full[s]);
+          }
+          typename B4::Scales next{};
+          if (kb + 1 < kb_count) next = B4::load(p, rows, kb + 1, tid);  // under the conversion
+          mbar_wait(&sm.raw_full[cnt % R], (cnt / R) & 1);
+          B4::convert(sm.raw_slots + (cnt % R) * Config::kRawSlotBytes, sm.b(s), sc, tid);
+          detail::fence_proxy_async_smem();  // the tile's generic writes before the wgmma's reads
+          detail::mbar_arrive(&sm.full[s]);
+          detail::producer_sync();  // every thread is done with slot cnt % R
+          sc = next;
+        }
       }
     }
   } else {
@@ -444,6 +519,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // No CTA leaves while its peer may still arrive on its barriers.
   if constexpr (Config::kCluster > 1) detail::cluster_sync();
 #endif
+}
+
+// 16-bit B (tma_b over B); A gathered through src_row.
+template <class Config, class Epilogue>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    gathered_gemm_kernel(const GatheredGemmParams p, const __grid_constant__ CUtensorMap tma_b,
+                         const Epilogue epi) {
+  static_assert(!Config::kB4, "4-bit B: gathered_gemm_w4_kernel");
+  gathered_gemm_body<Config>(p, nullptr, &tma_b, epi);
+}
+
+// 4-bit B (Config::kB4; tma_b over the codes [G, N, K / 2] bytes, boxes of kTileK / 2 bytes by
+// kTileN rows of one expert); A grouped by expert, read by TMA (tma_a over A [a_rows, K], boxes of
+// kTileK by kTileM with the 128-byte swizzle).
+template <class Config, class Epilogue>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    gathered_gemm_w4_kernel(const GatheredGemmParams p, const __grid_constant__ CUtensorMap tma_a,
+                            const __grid_constant__ CUtensorMap tma_b, const Epilogue epi) {
+  static_assert(Config::kB4, "16-bit B: gathered_gemm_kernel");
+  gathered_gemm_body<Config>(p, &tma_a, &tma_b, epi);
 }
 
 }  // namespace groupmm::cuda::sm90

@@ -29,11 +29,18 @@ namespace groupmm::cuda::sm90 {
 // to 16 bits into a tile buffer (one tile: they wait for the epilogue to have read the previous
 // one). Not a fourth warpgroup: ptxas compiles every warp of a 512-thread CTA within 128
 // registers, whatever setmaxnreg later allows, and a 64 x 256 fp32 accumulator needs more.
+// kBCodes (nvfp4 or mxfp4; none: B is 16-bit): B holds 4-bit weight codes [G, N, K / 2] with
+// their block scales; the TMA unit copies the stages' codes into a ring of kRawSlots raw slots
+// ahead of time and the producer threads dequantize them into the stage's bf16 B tile
+// (numerics/w4.hpp: exact bf16 weights, the per-expert fp32 factor left to the epilogue) under the
+// MMAs of the stages before; A (grouped by expert) is copied by TMA.
 template <class Element_, int kTileN_, int kStages_, int kBHalves_, bool kCooperative_,
           int kCluster_ = 1, bool kBMajorMN_ = false, bool kRowOwner_ = false,
-          bool kEpilogueWarps_ = false>
+          bool kEpilogueWarps_ = false, QuantRecipe kBCodes_ = QuantRecipe::none>
 struct GatheredGemmConfig {
   using Element = Element_;
+  static constexpr QuantRecipe kBCodes = kBCodes_;
+  static constexpr bool kB4 = kBCodes != QuantRecipe::none;
   static constexpr bool kCooperative = kCooperative_;
   static constexpr int kCluster = kCluster_;
   static constexpr bool kBMajorMN = kBMajorMN_;
@@ -52,20 +59,26 @@ struct GatheredGemmConfig {
   static constexpr int kMaxGroups = 1024;
   // setmaxnreg budgets: 128 * (producer + 2 consumers) <= 128 * 504, what the launch gives a
   // 384-thread CTA (168 a thread); the producer's epilogue warps need more than its gather
-  static constexpr int kProducerRegs = kEpilogueWarps ? 72 : 56;
-  static constexpr int kConsumerRegs = kEpilogueWarps ? 216 : 224;
+  static constexpr int kProducerRegs = kEpilogueWarps || kB4 ? 72 : 56;
+  static constexpr int kConsumerRegs = kEpilogueWarps || kB4 ? 216 : 224;
   static constexpr int kStageBytesA = kTileM * kTileK * 2;
   static constexpr int kStageBytesB = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kStageBytesA + kStageBytesB;
+  // kB4: a raw slot of codes, kTileN rows of kTileK / 2 bytes; a ring of kRawSlots, deep enough
+  // that a stage's codes are copied several conversions before it is converted
+  static constexpr int kRawSlots = kB4 ? 6 : 0;
+  static constexpr int kRawSlotBytes = kB4 ? kTileN * kTileK / 2 : 0;
   // the epilogue warps' tile: kTileM rows of kTileN 16-bit values, 16-byte chunk c of row r
   // at chunk c ^ (r % 8) (conflict-free both for the consumers' writes, 8 rows a warp, and the
   // epilogue's reads, one row a warp)
   static constexpr int kEpiTileBytes = kEpilogueWarps ? kTileM * kTileN * 2 : 0;
   // tables: tile prefix [G + 1], row start [G], rows [G] (int32); then the barriers: full and
-  // empty per stage, the ping-pong consumers' two turns, the epilogue tile's full and empty
+  // empty per stage, the ping-pong consumers' two turns, the epilogue tile's full and empty, the
+  // raw slots' full
   static constexpr int kTableBytes = (3 * kMaxGroups + 1) * 4;
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kStages * kStageBytes +
-                                    kEpiTileBytes + kTableBytes + (2 * kStages + 4) * 8 + 8;
+                                    kRawSlots * kRawSlotBytes + kEpiTileBytes + kTableBytes +
+                                    (2 * kStages + 4 + kRawSlots) * 8 + 8;
   static_assert(sizeof(Element) == 2, "16-bit operands (bf16, fp16)");
   static_assert(kTileN % (16 * kBHalves) == 0 && kTileN >= 64 && kTileN <= 256,
                 "a wgmma N of 64..256 in steps of 16 per half");
@@ -85,6 +98,13 @@ struct GatheredGemmConfig {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one sm_90 CTA");
   static_assert(kStageBytesA % 1024 == 0 && kStageBytesB % 1024 == 0,
                 "every stage buffer starts 1024-byte aligned (the swizzle's period)");
+  static_assert(kBCodes == QuantRecipe::none || kBCodes == QuantRecipe::nvfp4 ||
+                    kBCodes == QuantRecipe::mxfp4,
+                "B codes are nvfp4 or mxfp4");
+  static_assert(!kB4 || (kRawSlots >= 2 && kBHalves == 1 && kCluster == 1 && !kBMajorMN &&
+                         !kEpilogueWarps && !kRowOwner && kTileN % 64 == 0 &&
+                         sizeof(Element) == 2 && kTileK == 64),
+                "4-bit B: K-major, one CTA, whole 64-row passes of the producer");
 };
 
 struct GatheredGemmParams {
@@ -101,6 +121,14 @@ struct GatheredGemmParams {
   int32_t band_n;  // column tiles per raster band (>= 1)
   StatusBlock* status;
   OpId op;
+  // kB4 only: B's rowwise block scales of G * b_rows rows (16 codes a scale: nvfp4, 32: mxfp4),
+  // plain (b_scale_ld = scale columns a row) or swizzled 128x4 (b_scale_ld = scale columns rounded
+  // up to 4; b_scale_tiles 128-row tiles an expert). Kept small: a larger parameter block cost the
+  // down dgrad's consumers spills.
+  const uint8_t* b_scales = nullptr;
+  int32_t b_scale_ld = 0;
+  int32_t b_scale_tiles = 0;
+  bool b_scale_swizzled = false;
 };
 
 // The params of a gathered GEMM whose A is a contiguous row-major [a_rows, K] view (x or dy),
@@ -115,6 +143,27 @@ inline GatheredGemmParams gathered_gemm_params(const TensorView& a, const Tensor
   p.lda = a.dim(1);
   p.src_row = src_row.ptr<int32_t>();
   p.R = src_row.dim(0);
+  p.splits = splits.data;
+  p.splits64 = splits.dtype == DType::int64;
+  p.G = G;
+  p.K = a.dim(1);
+  p.b_rows = N;
+  p.band_n = 1;
+  p.status = status;
+  p.op = op;
+  return p;
+}
+
+// The params of a grouped GEMM whose A rows are already grouped by expert (src_row null: row r of
+// the output reads row r of A).
+inline GatheredGemmParams grouped_gemm_params(const TensorView& a, const TensorView& splits,
+                                              int64_t G, int64_t N, StatusBlock* status, OpId op) {
+  GatheredGemmParams p;
+  p.a = a.data;
+  p.a_rows = a.dim(0);
+  p.lda = a.dim(1);
+  p.src_row = nullptr;
+  p.R = a.dim(0);
   p.splits = splits.data;
   p.splits64 = splits.dtype == DType::int64;
   p.G = G;
@@ -157,10 +206,13 @@ struct GatheredGemmSmem {
   uint64_t* turn;       // [2]: consumer c may start its next mainloop
   uint64_t* epi_full;   // the epilogue tile written (256 consumer arrivals)
   uint64_t* epi_empty;  // the epilogue tile read (kEpilogueThreads arrivals)
+  uint8_t* raw_slots;   // kB4: kRawSlots raw slots of codes
+  uint64_t* raw_full;   // [kRawSlots] kB4: a raw slot's codes landed (TMA bytes)
   __device__ __forceinline__ explicit GatheredGemmSmem(uint8_t* raw) {
     stages =
         reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-    epi = stages + Config::kStages * Config::kStageBytes;
+    raw_slots = stages + Config::kStages * Config::kStageBytes;
+    epi = raw_slots + Config::kRawSlots * Config::kRawSlotBytes;
     tile_prefix = reinterpret_cast<int32_t*>(epi + Config::kEpiTileBytes);
     row_start = tile_prefix + Config::kMaxGroups + 1;
     rows = row_start + Config::kMaxGroups;
@@ -170,6 +222,7 @@ struct GatheredGemmSmem {
     turn = empty + Config::kStages;
     epi_full = turn + 2;
     epi_empty = turn + 3;
+    raw_full = turn + 4;
   }
   __device__ __forceinline__ uint8_t* a(int s) const { return stages + s * Config::kStageBytes; }
   __device__ __forceinline__ uint8_t* b(int s) const {
