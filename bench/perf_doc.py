@@ -176,6 +176,19 @@ def gemm_w4(dd):
     return caption(d) + "\n" + table(["case", "path", "nvfp4 us (x bf16)", "mxfp4 us (x bf16)", "bf16 us"], body)
 
 
+def gemm_w4_fused(dd):
+    d = load("gemm_w4_fused_h200", dd)
+    body = []
+    for r in rows_of(d):
+        best = min(r["decode_us"], r["prefill_us"])
+        body.append([r["case"], r["format"], r["M"], f"{r['decode_us']:.0f}", f"{r['prefill_us']:.0f}",
+                     f"{r['fused_us']:.0f} ({r['fused_tflops']:.0f} TFLOP/s)", f"{r['bf16_us']:.0f}",
+                     f2(best / r["fused_us"])])
+    return caption(d) + "\n" + table(
+        ["case", "format", "M", "decode us", "prefill us", "fused us", "bf16 engine us",
+         "fused speed / best other path"], body) + f"\n{d['notes']}\n"
+
+
 def peers_triton(dd):
     d = load("peers_triton_mxfp4_h200", dd)
     return caption(d) + "\n" + table(
@@ -378,7 +391,7 @@ def python_overhead(dd):
 
 TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
-    peers_deepgemm, gemm_w4, peers_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
+    peers_deepgemm, gemm_w4, gemm_w4_fused, peers_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
     moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, kernel_down_dgrad, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
     python_overhead, hf_backends, grouped_mm_dropin)}
 
