@@ -141,8 +141,8 @@ inline GatheredGemmParams gathered_gemm_params(const TensorView& a, const Tensor
   p.a = a.data;
   p.a_rows = a.dim(0);
   p.lda = a.dim(1);
-  p.src_row = src_row.ptr<int32_t>();
-  p.R = src_row.dim(0);
+  p.src_row = src_row.present() ? src_row.ptr<int32_t>() : nullptr;
+  p.R = src_row.present() ? src_row.dim(0) : 0;
   p.splits = splits.data;
   p.splits64 = splits.dtype == DType::int64;
   p.G = G;
@@ -154,24 +154,12 @@ inline GatheredGemmParams gathered_gemm_params(const TensorView& a, const Tensor
   return p;
 }
 
-// The params of a grouped GEMM whose A rows are already grouped by expert (src_row null: row r of
-// the output reads row r of A).
+// The params of a grouped GEMM whose A [R, K] is already grouped by expert
+// (gathered_gemm_w4_kernel: output row r reads A row r; src_row null).
 inline GatheredGemmParams grouped_gemm_params(const TensorView& a, const TensorView& splits,
                                               int64_t G, int64_t N, StatusBlock* status, OpId op) {
-  GatheredGemmParams p;
-  p.a = a.data;
-  p.a_rows = a.dim(0);
-  p.lda = a.dim(1);
-  p.src_row = nullptr;
+  GatheredGemmParams p = gathered_gemm_params(a, TensorView(), splits, G, N, status, op);
   p.R = a.dim(0);
-  p.splits = splits.data;
-  p.splits64 = splits.dtype == DType::int64;
-  p.G = G;
-  p.K = a.dim(1);
-  p.b_rows = N;
-  p.band_n = 1;
-  p.status = status;
-  p.op = op;
   return p;
 }
 
