@@ -46,8 +46,9 @@
 // (w4_b_tile.cuh) under the consumers' MMAs of the stages before.
 //
 // Invariants (checked by the host wrapper): K % 8 == 0 (16-byte rows), A and B 16-byte aligned,
-// G <= kMaxGroups; K-major B: N % kTileN == 0 (a column tile never straddles two experts);
-// N-major B: N % 8 == 0 (the tensor map's row stride), the epilogue skipping columns past N.
+// G <= kMaxGroups; K-major 16-bit B: N % kTileN == 0 (a column tile never straddles two experts);
+// N-major B and 4-bit B (3-D tensor maps: zeros past an expert's N and K): N % 8 == 0, the
+// epilogue skipping columns past N; 4-bit B: K % 32 == 0 (whole scale blocks, 16-byte code rows).
 #pragma once
 
 #include <cstdint>
