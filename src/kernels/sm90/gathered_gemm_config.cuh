@@ -171,6 +171,21 @@ struct TileCoord {
   int ct;
 };
 
+namespace detail {
+// The last g with prefix[g] <= t (prefix non-decreasing, prefix[0] = 0 <= t < prefix[G]).
+__device__ __forceinline__ int find_tile_group(const int32_t* prefix, int G, int32_t t) {
+  int lo = 0, hi = G - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (prefix[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+}  // namespace detail
+
 // 16-byte chunk c (columns 8c .. 8c + 7) of row r of the epilogue warps' tile of kTileN
 // 16-bit columns (GatheredGemmConfig::kEpiTileBytes: the chunk index swizzled by r % 8).
 template <int kTileN>

@@ -61,7 +61,8 @@ struct W4BTile {
     const int h = tid & 1;
     const bool in_k = int64_t(kb) * Config::kTileK + 32 * h < p.K;
     const int sc = kNv ? 4 * kb + 2 * h : 2 * kb + h;
-    const int64_t off = p.b_scale_swizzled ? (sc >> 2) * 512 + (sc & 3) : sc;  // column part
+    // qnum::row_scale_col_offset, in 32-bit arithmetic (sc < 2^16)
+    const int64_t off = p.b_scale_swizzled ? (sc >> 2) * 512 + (sc & 3) : sc;
     Scales s;
 #pragma unroll
     for (int j = 0; j < kPasses; ++j) {
