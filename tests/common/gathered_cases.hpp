@@ -20,6 +20,27 @@ struct GatheredCase {
   DType dtype;
 };
 
+// The shapes both fused projections are tested on (each suite adds its own): Qwen3-like,
+// skewed and sparse routings, padding, H off 64, one token, 256 experts, fp16.
+inline std::vector<GatheredCase> common_gathered_cases() {
+  return {GatheredCase{"qwen3_like", 512, 8, 128, 2048, 768, 1, 0, DType::bf16},
+          GatheredCase{"skewed", 700, 4, 16, 512, 256, 1, 3, DType::bf16},
+          GatheredCase{"even_experts_only", 300, 2, 8, 256, 128, 1, 2, DType::bf16},
+          GatheredCase{"one_expert_takes_all", 257, 1, 4, 128, 64, 1, 1, DType::bf16},
+          GatheredCase{"padded_128", 333, 2, 8, 256, 192, 128, 0, DType::bf16},
+          GatheredCase{"padded_16_fp16", 200, 3, 6, 192, 64, 16, 0, DType::fp16},
+          GatheredCase{"h_not_mult_64", 129, 2, 4, 200, 64, 1, 0, DType::bf16},
+          GatheredCase{"t1_k1_e1", 1, 1, 1, 64, 64, 1, 0, DType::bf16},
+          GatheredCase{"e256", 1024, 2, 256, 128, 128, 1, 0, DType::bf16},
+          GatheredCase{"fp16", 400, 2, 8, 512, 128, 1, 0, DType::fp16}};
+}
+// common_gathered_cases() and `extra`.
+inline std::vector<GatheredCase> gathered_cases_with(std::vector<GatheredCase> extra) {
+  std::vector<GatheredCase> v = common_gathered_cases();
+  v.insert(v.end(), extra.begin(), extra.end());
+  return v;
+}
+
 // Expert ids [T, k] of a case's pattern.
 inline std::vector<int32_t> routing(const GatheredCase& c, std::mt19937_64& g) {
   std::vector<int32_t> ids(size_t(c.T * c.k));

@@ -12,6 +12,20 @@ namespace {
 using nn::MoE;
 using nn::MoEConfig;
 
+// The fused gate_up projection of the layer's current map: x gathered through src, the weighted
+// SwiGLU into h and the pre-activation into gu (the default configuration).
+MoeGateUpArgs gate_up_args(MoE& moe, const TensorView& x, const TensorView& src,
+                           const TensorView& prob, const TensorView& h, const TensorView& gu) {
+  return MoeGateUpArgs{.x = x,
+                       .src_row = src,
+                       .splits = moe.permute_map().splits,
+                       .w = moe.gate_up().weight(),
+                       .prob = prob,
+                       .out = h,
+                       .gate_up = gu,
+                       .config = {}};
+}
+
 // The gate_up projection three ways on the layer's current map, each alone, against the dense
 // cuBLAS GEMM of its shape (T k rows): the fused op (gathered x, weighted-SwiGLU epilogue, on the
 // kernel layer), the unfused chain (permute, grouped GEMM, weighted SwiGLU) and the grouped GEMM
@@ -36,14 +50,7 @@ GateUpTimes time_gate_up(Context& ctx, MoE& moe, const TensorView& x, int iters)
   Tensor h = Tensor::empty({R, F}, c.dtype, d, s);
   const TensorView w1 = moe.gate_up().weight(), wt = moe.router_weights();
   moe_permute_sources(ctx, m, src, wt, pr);
-  const MoeGateUpArgs a{.x = x,
-                        .src_row = src,
-                        .splits = m.splits,
-                        .w = w1,
-                        .prob = pr,
-                        .out = h,
-                        .gate_up = gu,
-                        .config = {}};
+  const MoeGateUpArgs a = gate_up_args(moe, x, src, pr, h, gu);
   r.fused = time_us(ctx, 2, iters, [&](int) { moe_gate_up_swiglu(ctx, a); });
   MoeGateUpArgs h_only = a;  // a forward that recomputes the pre-activation in backward
   h_only.gate_up = {};
@@ -98,14 +105,7 @@ DownDgradTimes time_down_dgrad(Context& ctx, MoE& moe, const TensorView& x, cons
   const TensorView wt = moe.router_weights(), w2 = moe.down().weight();
   moe_permute_sources(ctx, m, src, wt, pr);
   // the pre-activation of this routing, as forward keeps it
-  moe_gate_up_swiglu(ctx, MoeGateUpArgs{.x = x,
-                                        .src_row = src,
-                                        .splits = m.splits,
-                                        .w = moe.gate_up().weight(),
-                                        .prob = pr,
-                                        .out = h,
-                                        .gate_up = gu,
-                                        .config = {}});
+  moe_gate_up_swiglu(ctx, gate_up_args(moe, x, src, pr, h, gu));
   const MoeDownDgradArgs a{.dy = dy,
                            .src_row = src,
                            .splits = m.splits,
