@@ -210,17 +210,21 @@ std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
 //            registers and multiplies with mma.sync; experts are split into 128-row tiles of N,
 //            and along K when a balanced routing would not fill the GPU twice, the K ranges'
 //            partial sums added in a fixed order (deterministic, no atomics);
-//   fused    only when asked: groupmm's own grouped GEMM (the kernel layer) copies each
-//            stage's 4-bit codes to shared memory ahead of time, and its producer warps
-//            dequantize them there into the bf16 operand of the MMAs, under the MMAs of the
-//            stages before. No workspace (prefill needs G * N * K * 2 bytes); at most
-//            kW4FusedMaxGroups experts; measured slower than the path automatic picks on every
-//            benchmark shape (docs/performance.md), so automatic never picks it;
+//   fused    the middle range: groupmm's own kernel (the RS form) streams each 128-row tile of
+//            an expert's 4-bit codes into shared memory, and its consumer warps dequantize them
+//            straight into the register operand of wgmma, under the MMAs of the stage before;
+//            a tile spans up to 256 of the expert's rows (its wgmma N narrowed to 128 or 64 for
+//            an expert's last rows). Each weight tile is dequantized once a 256-row tile, so it
+//            wins while experts hold few rows; no workspace; at most kW4FusedMaxGroups experts.
+//            config "coop_128x256" runs the kernel layer's variant instead (its producer warps
+//            dequantize into a bf16 shared-memory operand; slower on every benchmark shape);
 //   prefill  many rows per expert: the active experts' weights are dequantized to bf16 in the
 //            workspace (G * N * K * 2 bytes of it), then the bf16 grouped GEMM (cutlass_sm90)
 //            runs on them.
 // path automatic chooses from host-known values only: decode when M <= kW4DecodeMaxAvgRows * G,
-// else prefill (W4GemmArgs::path forces one, or fused). All are exact up to fp32 summation order.
+// fused when M <= kW4FusedMaxAvgRows * G (and G <= kW4FusedMaxGroups), else prefill
+// (W4GemmArgs::path forces one; docs/performance.md, gemm_w4_fused, has the crossings). All are
+// exact up to fp32 summation order.
 // Experts with no rows never read their weights (every path). Rows past sum(splits) are left
 // unwritten; splits faults as grouped_gemm.
 // Shapes and alignment: x and out bf16 (fp16 activations are not served: MXFP4 scales span
@@ -235,6 +239,7 @@ std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
 enum class W4Path : uint8_t { automatic, decode, prefill, fused };
 const char* w4_path_name(W4Path p);
 constexpr int64_t kW4DecodeMaxAvgRows = 64;
+constexpr int64_t kW4FusedMaxAvgRows = 512;
 constexpr int64_t kW4FusedMaxGroups = 1024;
 
 struct W4GemmArgs {
@@ -244,7 +249,11 @@ struct W4GemmArgs {
   TensorView splits;   // [G] int32|int64 row counts, device (host on a CPU context)
   TensorView bias;     // optional [G, N] bf16
   float alpha = 1.0f;  // multiplies the dequantized product
-  W4Path path = W4Path::automatic;            // CUDA only: force decode, prefill or fused
+  W4Path path = W4Path::automatic;  // CUDA only: force decode, prefill or fused
+  // path fused only: its kernel, "" or "rs_256x128" (the default: the consumers dequantize into
+  // wgmma's register operand, 256 rows by 128 columns of y a tile) or "coop_128x256" (the kernel
+  // layer's producer warps dequantize into a bf16 shared-memory operand)
+  std::string config;
   GemmEngine engine = GemmEngine::automatic;  // automatic, or reference (CPU context)
   std::string to_string() const;
 };

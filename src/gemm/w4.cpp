@@ -104,6 +104,10 @@ GemmDims validate(const Context& ctx, const W4GemmArgs& a) {
   const int p = static_cast<int>(a.path);
   GROUPMM_CHECK(p >= 0 && p <= 3, kOp, ": path=", p,
                 " must be automatic, decode, prefill or fused");
+  GROUPMM_CHECK(a.config.empty() || ((a.config == "coop_128x256" || a.config == "rs_256x128") &&
+                                     a.path == W4Path::fused),
+                kOp, ": config='", a.config,
+                "' must be empty, or with path fused 'coop_128x256' or 'rs_256x128'");
   GROUPMM_CHECK(a.path != W4Path::fused || d.G <= kW4FusedMaxGroups, kOp,
                 ": path fused runs at most ", kW4FusedMaxGroups, " experts, w.num_groups=", d.G,
                 " (use prefill)");
@@ -139,7 +143,14 @@ W4Launch make_w4_launch(const W4GemmArgs& a, const GemmDims& d) {
 
 W4Path choose_path(const W4GemmArgs& a, const GemmDims& d) {
   if (a.path != W4Path::automatic) return a.path;
-  return d.M <= kW4DecodeMaxAvgRows * d.G ? W4Path::decode : W4Path::prefill;
+  if (d.M <= kW4DecodeMaxAvgRows * d.G) return W4Path::decode;
+  if (d.M <= kW4FusedMaxAvgRows * d.G && d.G <= kW4FusedMaxGroups) return W4Path::fused;
+  return W4Path::prefill;
+}
+
+// The fused path's kernel: the RS kernel unless the args ask for the kernel layer's.
+bool fused_coop(const W4GemmArgs& a) {
+  return a.config == "coop_128x256";
 }
 
 // ---- prefill: [bf16 weights G*N*K][factors G][the bf16 GEMM's workspace] ------------------------
@@ -201,7 +212,7 @@ std::string W4GemmArgs::to_string() const {
   return detail::cat("W4GemmArgs(x=", x.to_string(), ", w=", w.to_string(),
                      ", out=", out.to_string(), ", splits=", splits.to_string(),
                      ", bias=", bias.to_string(), ", alpha=", alpha, ", path=", w4_path_name(path),
-                     ", engine=", gemm_engine_name(engine), ")");
+                     ", config=", config, ", engine=", gemm_engine_name(engine), ")");
 }
 
 GemmDims validate_gemm_args(const Context& ctx, const W4GemmArgs& args) {
@@ -242,7 +253,10 @@ void grouped_gemm(Context& ctx, const W4GemmArgs& args, void* ws, size_t ws_byte
   if (path == W4Path::decode) {
     cuda::w4_decode_gemm(ctx, l, ws, ws_bytes);
   } else if (path == W4Path::fused) {
-    cuda::w4_fused_gemm(ctx, l);
+    if (fused_coop(args))
+      cuda::w4_fused_gemm(ctx, l);
+    else
+      cuda::w4_fused_rs_gemm(ctx, l);
   } else {
     const Prefill p = prefill_plan(args, d, ws);
     char* base = static_cast<char*>(ws);
@@ -258,7 +272,10 @@ std::string gemm_config_name(const Context& ctx, const W4GemmArgs& args) {
   if (ctx.device() == Device::CPU) return gemm_engine_name(GemmEngine::reference);
   const W4Path path = choose_path(args, d);
   if (path == W4Path::decode) return cuda::w4_decode_name(make_w4_launch(args, d), ctx.sm_count());
-  if (path == W4Path::fused) return cuda::w4_fused_name(make_w4_launch(args, d));
+  if (path == W4Path::fused)
+    return fused_coop(args)
+               ? cuda::w4_fused_name(make_w4_launch(args, d))
+               : std::string("w4_fused(") + recipe_name(args.w.recipe) + ", rs_256x128)";
   return detail::cat("w4_prefill(", recipe_name(args.w.recipe), ")+",
                      cuda::cutlass_config_name(prefill_plan(args, d, nullptr).gemm));
 }

@@ -79,6 +79,13 @@ GROUPMM_HD void e2m1x8_raw(uint32_t q, uint32_t (&r)[4]) {
   r[2] = e2m1_raw_pair(q << 8);
   r[3] = e2m1_raw_pair(q << 12);
 }
+// The raw bf16x2 of the two codes of byte b (b < 256): the low nibble (the even K element) in the
+// low half, the high nibble in the high half, in natural K order (the RS GEMM's A registers:
+// kernels/sm90/w4_rs_gemm.cuh). b * 0x01001000 = b << 12 | b << 24 (no overlap) puts the low nibble
+// at bits 12-15 and the high one at 28-31, the only bits e2m1_raw_pair reads.
+GROUPMM_HD uint32_t e2m1_byte_raw_pair(uint32_t b) {
+  return e2m1_raw_pair(b * 0x01001000u);
+}
 // Eight activations (bf16 pairs (0,1) (2,3) (4,5) (6,7) in x0..x3) in the order of e2m1x8_raw:
 // out[i] = (element 3 - i, element 7 - i).
 GROUPMM_HD void w4_x_pairs(uint32_t x0, uint32_t x1, uint32_t x2, uint32_t x3, uint32_t (&out)[4]) {

@@ -20,6 +20,7 @@ struct W4Spec {
   float alpha = 1.0f;
   ScaleLayout layout = ScaleLayout::plain;
   W4Path path = W4Path::automatic;
+  std::string config;     // the fused path's kernel ("" default)
   float w_scale = 0.05f;  // weights ~ N(0, w_scale); wide: spread over many binades
   bool wide = false;
 };
@@ -34,6 +35,7 @@ inline std::string w4_name(const W4Spec& s) {
   std::string n = std::string(recipe_name(s.recipe)) + "_" + w4_path_name(s.path);
   n += "_G" + std::to_string(s.G) + "_M" + std::to_string(w4_rows(s)) + "_N" + std::to_string(s.N) +
        "_K" + std::to_string(s.K);
+  if (!s.config.empty()) n += "_" + s.config;
   if (s.layout == ScaleLayout::swizzled) n += "_swz";
   if (s.bias) n += "_bias";
   if (s.alpha != 1.0f) n += "_alpha";
@@ -83,6 +85,7 @@ struct W4Device {
     if (s.bias) a.bias = bias;
     a.alpha = s.alpha;
     if (dev == Device::CUDA) a.path = s.path;
+    if (dev == Device::CUDA) a.config = s.config;
     return a;
   }
 

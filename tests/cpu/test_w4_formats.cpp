@@ -298,6 +298,30 @@ TEST(W4Numerics, GemmWeightsEqualTheRuleForEveryCodeAndScale) {
   }
 }
 
+// The RS GEMM's form: every byte (two codes, the low nibble the even K element) times every block
+// multiplier gives the rule's values in natural order.
+TEST(W4Numerics, BytePairsEqualTheRuleForEveryByteAndScale) {
+  for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4})
+    for (int sc = 0; sc < 256; ++sc) {
+      const uint8_t s = uint8_t(sc);
+      for (uint32_t b = 0; b < 256; ++b) {
+        uint32_t w = qnum::e2m1_byte_raw_pair(b);
+        if (r == QuantRecipe::nvfp4) {
+          w = qnum::bf16x2_mul(w, qnum::w4_nvfp4_multiplier(s));
+        } else {
+          w = qnum::bf16x2_mul(w, qnum::w4_mxfp4_multiplier1(s));
+          w = qnum::bf16x2_mul(w, qnum::w4_mxfp4_multiplier2(s));
+        }
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t c = uint8_t(h ? b >> 4 : b & 0xF);
+          const uint16_t got = uint16_t(h ? w >> 16 : w & 0xFFFF);
+          const uint16_t want = float_to_bf16_bits(qnum::w4_weight_value(r, c, s));
+          ASSERT_EQ(got, want) << recipe_name(r) << " byte " << b << " scale " << sc;
+        }
+      }
+    }
+}
+
 TEST(W4Numerics, ActivationPairsFollowTheWeightOrder) {
   // x pairs (0,1) (2,3) (4,5) (6,7) -> (3,7) (2,6) (1,5) (0,4); natural_pairs inverts the order.
   const uint32_t x0 = 0x00010000, x1 = 0x00030002, x2 = 0x00050004, x3 = 0x00070006;

@@ -149,6 +149,16 @@ TEST(W4GemmCpu, ErrorsNameOpArgumentAndValue) {
                    "grouped_gemm: path fused runs at most 1024 experts, w.num_groups=1025");
   a.path = W4Path::prefill;
   EXPECT_NO_THROW(grouped_gemm(ctx, a));
+  // A kernel name only with the fused path, and only a known one.
+  a = ok;
+  a.config = "rs_256x128";
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a),
+                   "grouped_gemm: config='rs_256x128' must be empty, or "
+                   "with path fused 'coop_128x256' or 'rs_256x128'");
+  a.path = W4Path::fused;
+  EXPECT_NO_THROW(grouped_gemm(ctx, a));
+  a.config = "fast";
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: config='fast' must be empty");
 }
 
 // ---- GroupedLinear inference recipes ------------------------------------------------------------

@@ -120,6 +120,9 @@ std::vector<W4Case> cases() {
         W4Spec* fb = add(3, make_splits(Pattern::random_odd, 3, 700), 520, 96, "tiles_bias");
         fb->bias = true;
         fb->alpha = 2.0f;
+        // Last token tiles of every width: 40, 100, 64, 128 and 129 rows past a full tile, and
+        // experts of 200, 60, 1 and 256 rows (the RS kernel's wgmma N follows a tile's rows).
+        add(10, {296, 356, 200, 60, 0, 129, 320, 384, 1, 256}, 192, 160, "tile_widths");
       }
       W4Spec* b = add(8, make_splits(Pattern::random_odd, 8, 50), 256, 256, "bias_alpha");
       b->bias = true;
@@ -132,26 +135,51 @@ std::vector<W4Case> cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, W4GemmGpu, ::testing::ValuesIn(cases()),
+// Every fused case again on the kernel layer's variant (config coop_128x256: the producer warps
+// dequantize into a bf16 shared-memory operand); the fused path's default is the RS kernel.
+std::vector<W4Case> all_cases() {
+  std::vector<W4Case> v = cases();
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i)
+    if (v[i].spec.path == W4Path::fused) {
+      W4Case c = v[i];
+      c.spec.config = "coop_128x256";
+      c.name += "_coop";
+      v.push_back(c);
+    }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, W4GemmGpu, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return info.param.name; });
 
 TEST(W4GemmGpu, AutomaticPathFollowsTheAverageRows) {
   GROUPMM_REQUIRE_GPU();
-  for (int64_t M : {int64_t(64), int64_t(16) * kW4DecodeMaxAvgRows, int64_t(4096)}) {
+  struct Want {
+    int64_t G, M;
+    W4Path path;
+    const char* name;
+  };
+  const Want wants[] = {
+      {16, 64, W4Path::decode, "w4_decode(nvfp4"},
+      {16, 16 * kW4DecodeMaxAvgRows, W4Path::decode, "w4_decode(nvfp4"},
+      {16, 16 * kW4DecodeMaxAvgRows + 1, W4Path::fused, "w4_fused(nvfp4, rs_256x128)"},
+      {16, 16 * kW4FusedMaxAvgRows, W4Path::fused, "w4_fused(nvfp4, rs_256x128)"},
+      {16, 16 * kW4FusedMaxAvgRows + 1, W4Path::prefill, "w4_prefill(nvfp4)+fwd_bf16_alpha"},
+      // past the fused kernel's expert limit the middle range runs prefill
+      {kW4FusedMaxGroups + 1, 100 * (kW4FusedMaxGroups + 1), W4Path::prefill, "w4_prefill(nvfp4)"},
+  };
+  for (const Want& w : wants) {
     W4Spec s;
-    s.G = 16;
+    s.G = w.G;
     s.N = 128;
     s.K = 128;
-    s.splits = make_splits(Pattern::balanced, 16, M);
+    s.splits = make_splits(Pattern::balanced, w.G, w.M);
     Context ctx(Device::CUDA);
     W4Device d(ctx, s, make_w4_inputs(s));
-    const W4Path want = M <= 16 * kW4DecodeMaxAvgRows ? W4Path::decode : W4Path::prefill;
-    EXPECT_EQ(w4_gemm_path(ctx, d.args(s)), want) << "M=" << M;
+    EXPECT_EQ(w4_gemm_path(ctx, d.args(s)), w.path) << "G=" << w.G << " M=" << w.M;
     const std::string name = gemm_config_name(ctx, d.args(s));
-    EXPECT_NE(
-        name.find(want == W4Path::decode ? "w4_decode(nvfp4" : "w4_prefill(nvfp4)+fwd_bf16_alpha"),
-        std::string::npos)
-        << name;
+    EXPECT_NE(name.find(w.name), std::string::npos) << name;
   }
 }
 
@@ -159,10 +187,12 @@ TEST(W4GemmGpu, AutomaticPathFollowsTheAverageRows) {
 TEST(W4GemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
   GROUPMM_REQUIRE_GPU();
   for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4})
-    for (W4Path path : {W4Path::decode, W4Path::prefill, W4Path::fused}) {
+    for (int v = 0; v < 4; ++v) {  // decode, prefill, fused, fused (the kernel layer's variant)
+      const W4Path path = v == 0 ? W4Path::decode : v == 1 ? W4Path::prefill : W4Path::fused;
       W4Spec s;
       s.recipe = r;
       s.path = path;
+      if (v == 3) s.config = "coop_128x256";
       s.G = 16;
       s.N = 256;
       s.K = 512;
@@ -214,10 +244,12 @@ TEST(W4GemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
 // Bad splits: the kernels clamp, never write past the buffers, and report.
 TEST(W4GemmGpuFaults, BadSplitsAreClampedAndReported) {
   GROUPMM_REQUIRE_GPU();
-  for (W4Path path : {W4Path::decode, W4Path::prefill, W4Path::fused}) {
+  for (int v = 0; v < 4; ++v) {  // decode, prefill, fused, fused (the kernel layer's variant)
+    const W4Path path = v == 0 ? W4Path::decode : v == 1 ? W4Path::prefill : W4Path::fused;
     W4Spec s;
     s.recipe = QuantRecipe::mxfp4;
     s.path = path;
+    if (v == 3) s.config = "coop_128x256";
     s.G = 4;
     s.N = 128;
     s.K = 128;

@@ -1,10 +1,10 @@
 // `groupmm bench gemm --weights nvfp4|mxfp4`: the 4-bit weight grouped GEMM (decode and prefill
 // shapes) against our bf16 grouped GEMM on the same shapes, splits and (bf16) weights, in one run.
-// Per case: the 4-bit GEMM on its automatic path, on the other of decode and prefill, and on the
-// fused path (unless automatic chose it; then prefill's dequantize-then-bf16), the bf16 engine, the
-// ratio, TFLOP/s, and GB/s of the bytes the GEMM reads (the weights and scales of the experts
+// Per case: the path automatic picks and the time of every path (decode, prefill, fused on its
+// RS kernel and on the kernel layer's coop_128x256), the bf16 engine, the automatic path's ratio
+// to it, TFLOP/s, and GB/s of the bytes the GEMM reads (the weights and scales of the experts
 // with rows, plus the activations) as a fraction of the device-to-device copy bandwidth measured
-// in the same run. Each case is validated first against the bf16 GEMM of the dequantized weights
+// in the same run. Each path is validated first against the bf16 GEMM of the dequantized weights
 // (DeepGEMM's diff < 1e-3).
 #include <algorithm>
 #include <cstdio>
@@ -41,10 +41,14 @@ const W4Shape kW4Cases[] = {
     {"decode_gptoss_down_64tok", 128, 2880, 2880, "top4", 64, true, false},
     {"prefill_qwen3_2048rows", 128, 1536, 2048, "balanced", 128 * 2048, false, true},
     {"prefill_dsv3_2048rows", 32, 4096, 7168, "balanced", 32 * 2048, false, true},
-    // gpt-oss-120b's experts at 8192 tokens (the serving issue's prefill row) and 1024.
+    // gpt-oss-120b's experts at 8192 tokens (the serving issue's prefill row), 1024, 4096 and
+    // 2048, 4096 and 16384 (about 32, 64, 128 and 512 rows an expert: where the paths cross).
     {"prefill_gptoss_gate_up_8192tok", 128, 5760, 2880, "top4", 8192, false, false},
     {"prefill_gptoss_down_8192tok", 128, 2880, 2880, "top4", 8192, false, false},
     {"mid_gptoss_gate_up_1024tok", 128, 5760, 2880, "top4", 1024, false, false},
+    {"mid_gptoss_gate_up_2048tok", 128, 5760, 2880, "top4", 2048, false, false},
+    {"mid_gptoss_gate_up_4096tok", 128, 5760, 2880, "top4", 4096, false, false},
+    {"prefill_gptoss_gate_up_16384tok", 128, 5760, 2880, "top4", 16384, false, false},
 };
 
 std::vector<int64_t> w4_routing(const W4Shape& s) {
@@ -104,21 +108,27 @@ struct W4Case {
   }
 };
 
+// Every path's time (ms): decode, prefill, fused (its default, the RS kernel), fused on the
+// kernel layer's variant (config coop_128x256), and the bf16 engine on bf16 weights.
 struct W4Times {
-  double w4 = 0, other = 0, third = 0, bf16 = 0;  // ms
+  double decode = 0, prefill = 0, fused = 0, coop = 0, bf16 = 0;
+  double of(W4Path p) const {
+    return p == W4Path::decode ? decode : p == W4Path::prefill ? prefill : fused;
+  }
 };
 
-// The 4-bit GEMM `a` on its path, `other` and `third` on the others, and the bf16 engine `h`.
-W4Times time_w4_case(Context& ctx, const W4GemmArgs& a, const W4GemmArgs& other,
-                     const W4GemmArgs& third, const GroupedGemmArgs& h, int iters) {
-  ctx.reserve_workspace(
-      std::max({grouped_gemm_workspace_size(ctx, a), grouped_gemm_workspace_size(ctx, other),
-                grouped_gemm_workspace_size(ctx, third), grouped_gemm_workspace_size(ctx, h)}));
+// The 4-bit GEMM on each path (`paths`: decode, prefill, fused, fused coop) and the bf16 engine.
+W4Times time_w4_case(Context& ctx, const W4GemmArgs (&paths)[4], const GroupedGemmArgs& h,
+                     int iters) {
+  size_t ws = grouped_gemm_workspace_size(ctx, h);
+  for (const W4GemmArgs& a : paths) ws = std::max(ws, grouped_gemm_workspace_size(ctx, a));
+  ctx.reserve_workspace(ws);
   cudaStream_t st = ctx.stream();
+  double ms[4];
+  for (int i = 0; i < 4; ++i)
+    ms[i] = median_ms(st, 3, iters, [&](int) { grouped_gemm(ctx, paths[i]); });
   W4Times t;
-  t.w4 = median_ms(st, 3, iters, [&](int) { grouped_gemm(ctx, a); });
-  t.other = median_ms(st, 1, std::max(3, iters / 2), [&](int) { grouped_gemm(ctx, other); });
-  t.third = median_ms(st, 1, std::max(3, iters / 2), [&](int) { grouped_gemm(ctx, third); });
+  t.decode = ms[0], t.prefill = ms[1], t.fused = ms[2], t.coop = ms[3];
   t.bf16 = median_ms(st, 3, iters, [&](int) { grouped_gemm(ctx, h); });
   return t;
 }
@@ -134,9 +144,10 @@ std::string w4_targets(const W4Shape& s, double ratio, double frac) {
 
 const Table kW4Table({text_col("case", 24), int_col("G", 4), int_col("M", 6), int_col("N", 5),
                       int_col("K", 5), text_col("path", 7), num_col("w4_us", 9, 1),
-                      num_col("other_us", 9, 1), num_col("third_us", 9, 1),
-                      num_col("bf16_us", 9, 1), num_col("xbf16", 6, 2), num_col("TFLOP/s", 7, 1),
-                      num_col("GB/s", 6, 0), num_col("of_copy", 7, 2), num_col("diff", 9, 2, 'e'),
+                      num_col("decode_us", 9, 1), num_col("prefill_us", 10, 1),
+                      num_col("fused_us", 9, 1), num_col("coop_us", 9, 1), num_col("bf16_us", 9, 1),
+                      num_col("xbf16", 6, 2), num_col("TFLOP/s", 7, 1), num_col("GB/s", 6, 0),
+                      num_col("of_copy", 7, 2), num_col("diff", 9, 2, 'e'),
                       Column{"targets", 0, 's', 0, true, "", "  "}});
 
 // One case: validated, timed, printed and recorded; the host time per call after the first
@@ -151,43 +162,47 @@ void run_w4_case(Context& ctx, const BenchGemmOptions& o, const W4Shape& s, Quan
   a.out = c.y;
   a.splits = c.ds;
   const W4Path path = w4_gemm_path(ctx, a);
-  W4GemmArgs other = a, third = a;
-  other.path = path == W4Path::decode ? W4Path::prefill : W4Path::decode;
-  third.path = path == W4Path::fused ? W4Path::prefill : W4Path::fused;
+  W4GemmArgs paths[4] = {a, a, a, a};  // decode, prefill, fused, fused coop_128x256
+  paths[0].path = W4Path::decode;
+  paths[1].path = W4Path::prefill;
+  paths[2].path = paths[3].path = W4Path::fused;
+  paths[3].config = "coop_128x256";
   GroupedGemmArgs h;
   h.a = c.x;
   h.b = c.w;
   h.out = c.yr;
   h.splits = c.ds;
-  fill_bytes(c.y, 0xFF, ctx.stream());
-  grouped_gemm(ctx, a);
   GroupedGemmArgs hd = h;  // the bf16 GEMM of the dequantized weights: the reference
   hd.b = c.wd;
   grouped_gemm(ctx, hd);
   ctx.check();
-  const double diff = calc_diff(c.y, c.yr);
-  const bool ok = failures.check(diff < 1e-3);
-  // the third path computes the same products (validated like the first)
-  fill_bytes(c.y, 0xFF, ctx.stream());
-  grouped_gemm(ctx, third);
-  ctx.check();
-  const double diff3 = calc_diff(c.y, c.yr);
-  const bool ok3 = failures.check(diff3 < 1e-3);
-  const W4Times t =
-      time_w4_case(ctx, a, other, third, h, s.decode ? o.iters : std::max(3, o.iters / 4));
+  // every path computes the same products: each validated against the reference
+  double diff = 0;
+  bool ok = true;
+  for (const W4GemmArgs& p : paths) {
+    fill_bytes(c.y, 0xFF, ctx.stream());
+    grouped_gemm(ctx, p);
+    ctx.check();
+    const double d = calc_diff(c.y, c.yr);
+    ok = failures.check(d < 1e-3) && ok;
+    diff = std::max(diff, d);
+  }
+  const W4Times t = time_w4_case(ctx, paths, h, s.decode ? o.iters : std::max(3, o.iters / 4));
+  const double w4 = t.of(path);
   const double scale_bytes = double(c.N * c.K) / (recipe == QuantRecipe::nvfp4 ? 16 : 32);
   const double bytes =
       double(c.active) * (double(c.N * c.K) / 2 + scale_bytes) + double(c.M * c.K) * 2;
-  const double gbs = bytes / (t.w4 * 1e-3) / 1e9, frac = gbs / copy_gbs;
+  const double gbs = bytes / (w4 * 1e-3) / 1e9, frac = gbs / copy_gbs;
   const double flops = 2.0 * double(c.M) * double(c.N) * double(c.K);
-  const double ratio = t.bf16 / t.w4;
-  kW4Table.print_row({s.name, c.G, c.M, c.N, c.K, w4_path_name(path), t.w4 * 1e3, t.other * 1e3,
-                      t.third * 1e3, t.bf16 * 1e3, ratio, flops / (t.w4 * 1e-3) / 1e12, gbs, frac,
-                      std::max(diff, diff3), w4_targets(s, ratio, frac)},
-                     ok && ok3 ? "" : "  FAILED");
-  std::printf("    %s | other: %s | third: %s | bf16: %s\n", gemm_config_name(ctx, a).c_str(),
-              gemm_config_name(ctx, other).c_str(), gemm_config_name(ctx, third).c_str(),
-              gemm_config_name(ctx, h).c_str());
+  const double ratio = t.bf16 / w4;
+  kW4Table.print_row({s.name, c.G, c.M, c.N, c.K, w4_path_name(path), w4 * 1e3, t.decode * 1e3,
+                      t.prefill * 1e3, t.fused * 1e3, t.coop * 1e3, t.bf16 * 1e3, ratio,
+                      flops / (w4 * 1e-3) / 1e12, gbs, frac, diff, w4_targets(s, ratio, frac)},
+                     ok ? "" : "  FAILED");
+  std::printf("    %s | decode: %s | prefill: %s | fused: %s | coop: %s | bf16: %s\n",
+              gemm_config_name(ctx, a).c_str(), gemm_config_name(ctx, paths[0]).c_str(),
+              gemm_config_name(ctx, paths[1]).c_str(), gemm_config_name(ctx, paths[2]).c_str(),
+              gemm_config_name(ctx, paths[3]).c_str(), gemm_config_name(ctx, h).c_str());
   if (s.decode && !host_timed) {  // once: the first decode case
     host_timed = true;
     const double w4_host = host_batch_us(ctx, 5, 20, [&] { grouped_gemm(ctx, a); }).front();
@@ -205,16 +220,15 @@ void run_w4_case(Context& ctx, const BenchGemmOptions& o, const W4Shape& s, Quan
                .add("N", c.N)
                .add("K", c.K)
                .add("path", w4_path_name(path))
-               .add("us", t.w4 * 1e3)
-               .add("other_path", w4_path_name(other.path))
-               .add("other_path_us", t.other * 1e3)
-               .add("third_path", w4_path_name(third.path))
-               .add("third_path_us", t.third * 1e3)
+               .add("us", w4 * 1e3)
+               .add("decode_us", t.decode * 1e3)
+               .add("prefill_us", t.prefill * 1e3)
+               .add("fused_us", t.fused * 1e3)
+               .add("fused_coop_us", t.coop * 1e3)
                .add("bf16_us", t.bf16 * 1e3)
                .add("bytes", bytes)
                .add("flops", flops)
                .add("diff", diff)
-               .add("third_diff", diff3)
                .add("config", gemm_config_name(ctx, a)));
 }
 
