@@ -181,12 +181,13 @@ def gemm_w4_fused(dd):
     body = []
     for r in rows_of(d):
         best = min(r["decode_us"], r["prefill_us"])
-        body.append([r["case"], r["format"], r["M"], f"{r['decode_us']:.0f}", f"{r['prefill_us']:.0f}",
-                     f"{r['fused_us']:.0f} ({r['fused_tflops']:.0f} TFLOP/s)", f"{r['bf16_us']:.0f}",
-                     f2(best / r["fused_us"])])
+        body.append([r["case"], r["format"], r["M"] // r["G"], r["automatic"], f"{r['decode_us']:.0f}",
+                     f"{r['prefill_us']:.0f}", f"{r['fused_us']:.0f} ({r['fused_tflops']:.0f} TFLOP/s)",
+                     f"{r['fused_coop_us']:.0f}", f"{r['bf16_us']:.0f}", f2(best / r["fused_us"])])
     return caption(d) + "\n" + table(
-        ["case", "format", "M", "decode us", "prefill us", "fused us", "bf16 engine us",
-         "fused speed / best other path"], body) + f"\n{d['notes']}\n"
+        ["case", "format", "rows an expert", "automatic", "decode us", "prefill us", "fused us",
+         "fused coop_128x256 us", "bf16 engine us", "fused speed / best of decode, prefill"],
+        body) + f"\n{d['notes']}\n"
 
 
 def peers_triton(dd):
