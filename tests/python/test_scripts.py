@@ -82,6 +82,22 @@ def test_peers_grouped_mm_smoke():
     assert proc.stdout.count("cpu smoke") == 9
 
 
+def test_peers_w4_smoke(tmp_path):
+    """Without CUDA the MXFP4 peer benchmark multiplies checkpoint-layout weights through
+    grouped_mm_w4 on the CPU against their dequantized product, says the peer is unavailable (and
+    why), and still exits 0 and writes its rows."""
+    out = tmp_path / "w4.json"
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "peers_w4.py"), "--json",
+                           str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("cpu smoke") == 6
+    assert "peer triton_kernels: unavailable (" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["matrix"] for r in rows} == {"gate_up", "down"}
+    assert all(r["ok"] and r["groupmm_ref_diff"] < 1e-2 for r in rows), rows
+
+
 def test_torch_overhead(tmp_path):
     data = run_bench("torch_overhead.py", tmp_path)
     names = [o["op"] for o in data["ops"]]
