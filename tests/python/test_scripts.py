@@ -98,6 +98,28 @@ def test_peers_w4_smoke(tmp_path):
     assert all(r["ok"] and r["groupmm_ref_diff"] < 1e-2 for r in rows), rows
 
 
+def test_peers_deepgemm_smoke(tmp_path):
+    """Without CUDA the DeepGEMM peer benchmark multiplies fp8_block operands through
+    grouped_mm_fp8 on the CPU against their dequantized product, builds DeepGEMM's contiguous and
+    masked layouts from the same bytes and checks them by their meaning, checks the counts of its
+    GPU cases, says the peer is unavailable (and why), and still exits 0 and writes its rows."""
+    out = tmp_path / "deepgemm.json"
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "peers_deepgemm.py"),
+                           "--json", str(out)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("cpu smoke") == 12
+    assert "counts of the GPU cases: ok" in proc.stdout
+    assert "peer DeepGEMM: unavailable (" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["layout"], r["matrix"]) for r in rows} == {
+        (layout, matrix) for layout in ("contiguous", "masked") for matrix in ("gate_up", "down")}
+    for r in rows:
+        assert r["ok"] and r["groupmm_ref_diff"] < 1e-3 and r["calc_diff"] < 1e-3, r
+        assert r["layout_ref_diff"] < 1e-12, r  # the layouts hold exactly groupmm's bytes
+
+
 def test_torch_overhead(tmp_path):
     data = run_bench("torch_overhead.py", tmp_path)
     names = [o["op"] for o in data["ops"]]
