@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""The serving MoE layer of gpt-oss-120b with MXFP4 expert weights, groupmm's ops against the same
+layer built from triton_kernels' kernels as vLLM serves gpt-oss on Hopper, in one process, at
+decode batches: 128 experts, top-4 router (a bf16 linear with bias; softmax over the top-4
+logits), hidden 2880, expert width 2880, gate_up [E, 5760, 2880] with gate and up interleaved
+(rows 2i, 2i + 1) and a bias, the clamped SwiGLU (alpha 1.702, limit 7.0, up + 1), down
+[E, 2880, 2880] with a bias, the router-weighted combine (the down bias weighted too). Prints one
+line per batch: both medians (us per layer), the ratio peer / groupmm (> 1 means groupmm is
+faster) and the outputs' max relative difference.
+
+    PYTHONPATH=python python3 bench/peers_serving_w4.py [--tokens 1,2,4,8,16,32,64,256,1024]
+        [--groupmm-only] [--path automatic] [--json out.json]
+
+groupmm's layer is a chain of public ops (groupmm.nn.MoE has no biases and no clamped SwiGLU, so
+it cannot be this layer; the chain is groupmm.integrations.transformers' experts forward with the
+checkpoint's MXFP4 weights imported): router_logits, + router bias, router (softmax, renormalized
+top-4: the softmax over the top-4 logits), permute_plan, permute (the router weights become
+per-row probs), grouped_mm_w4 gate_up (+ its bias, in the GEMM), weighted_swiglu_ex (alpha, limit,
+up + 1, interleaved; the router weight applied here), grouped_mm_w4 down, the routed down bias
+sum_j w_tj b_down[e_tj] (index_select, bmm, cast: the weight is applied before the down GEMM, so
+the GEMM's own bias would be unweighted) and unpermute (adding it): 12 op calls, each of which is
+at least one kernel launch.
+
+The peer's layer is vLLM's gpt-oss MoE on triton_kernels (vllm/model_executor/layers/fused_moe/
+gpt_oss_triton_kernels_moe.py, triton_kernel_moe_forward and triton_kernel_fused_experts; the
+router is gpt-oss's bf16 torch Linear): logits = F.linear(x, W_router, b_router) (bf16),
+routing(logits, 4, sm_first=False) (triton_kernels.routing; where that module is gone, the
+equivalent the gpt-oss reference builds from triton_kernels.topk.topk(apply_softmax=True) and
+make_ragged_tensor_metadata), matmul_ogs gate_up with the gather indices, fp32 bias and the fused
+SwiGLU epilogue (FusedActivation(FnSpecs('swiglu', swiglu_fn, ('alpha', 'limit')), (1.702, 7.0),
+2)), matmul_ogs down with the scatter indices, fp32 bias and the routing's gate_scal as gammas. Its
+MXFP4 weights are built by bench/peers_w4.py's build_peer_weights (vLLM's _swizzle_mxfp4) from the
+same checkpoint bytes, and on Hopper the opt_flags constraint split_k=1 is set as vLLM sets it.
+triton_kernels' 3.8 API (matmul in place of matmul_ogs) is not adapted here: the peer is then
+reported missing.
+
+Same weights (random checkpoint-layout MXFP4 blocks and scales from bench/peers_w4.py, bf16
+biases, bf16 router), same input. Each side routes itself, as in serving, from logits that differ
+in rounding (groupmm: fp32; the peer: bf16, as vLLM's router), so a token whose 4th and 5th logits
+are within 2^-6 max|logit| (float64) may pick different experts on the two sides: such tokens are
+counted (`ambiguous`) and left out of the comparisons. Other tokens get the same experts on both
+sides; their weights differ by the logits' rounding (at most about 2^-8 max|logit| relative), hence
+the tolerance 3e-2 of max |y_groupmm - y_peer| / max |y_peer|; groupmm is also compared with a
+float64 layer on the dequantized weights over the first tokens. A row over it fails (exit 1).
+
+Timing: each side's layer is captured --reps times in one CUDA graph, back to back with nothing
+between (L2 is not flushed: a layer in a model runs after the previous one, with its weights
+possibly warm when the batch is small and repeated; this is the decode loop's steady state, not a
+cold-cache figure); every round replays both graphs in alternating order; a figure is the median
+over --rounds rounds of the mean over --reps layers.
+
+GPU only for timing; on a machine without CUDA it runs a smoke test instead (4 experts, top-2,
+hidden 64 through groupmm's CPU backend against the float64 layer) and reports the peer
+unavailable. Without triton_kernels it times groupmm alone and says why.
+"""
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import groupmm  # noqa: F401  (loads the ops)
+import peers_w4
+from peers_w4 import PeerMissing, _import
+
+ops = torch.ops.groupmm
+TOKENS = [1, 2, 4, 8, 16, 32, 64]
+ALPHA, LIMIT, UP_OFFSET = 1.702, 7.0, 1.0
+TOLERANCE = 3e-2
+AMBIGUOUS = 2.0 ** -6  # the 4th-5th logit gap, relative to max |logit|, under which routes may differ
+REF_TOKENS = 8  # tokens the float64 layer is computed for on the GPU (dequantizing is the cost)
+
+
+# ---- the shared problem: checkpoint, router, reference ------------------------------------------
+
+def make_layer(E, H, F_, device, seed):
+    """The layer's tensors as a gpt-oss checkpoint holds them: MXFP4 gate_up blocks/scales [E, 2F,
+    H/32, 16] / [E, 2F, H/32] (gate and up interleaved by row), down [E, H, F/32, 16] /
+    [E, H, F/32], bf16 biases, bf16 router weight [E, H] and bias [E]."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    bf = dict(generator=gen, device=device, dtype=torch.bfloat16)
+    gu_b, gu_s = peers_w4.make_checkpoint(E, 2 * F_, H, device, seed)
+    dn_b, dn_s = peers_w4.make_checkpoint(E, H, F_, device, seed + 1)
+    return dict(gu_blocks=gu_b, gu_scales=gu_s, gu_bias=torch.randn(E, 2 * F_, **bf) * 0.5,
+                dn_blocks=dn_b, dn_scales=dn_s, dn_bias=torch.randn(E, H, **bf) * 0.5,
+                router_w=torch.randn(E, H, **bf) / H ** 0.5, router_b=torch.randn(E, **bf) * 0.1)
+
+
+def ref_logits(x, L):
+    return x.double() @ L["router_w"].double().t() + L["router_b"].double()
+
+
+def ambiguous_tokens(x, L, topk):
+    """bool [T]: tokens whose top-k set the two sides' rounding of the logits may change."""
+    s = ref_logits(x, L).sort(dim=1, descending=True).values
+    return (s[:, topk - 1] - s[:, topk]) < AMBIGUOUS * s.abs().max(dim=1).values
+
+
+def ref_layer(x, L, topk, tokens, stats=None):
+    """float64 [len(tokens), H]: the gpt-oss layer (HF GptOssExperts' formula) on the dequantized
+    weights for the given tokens. stats (a dict), when given, gets the fraction of gate / up values
+    the limit clamps ('clamped')."""
+    logits = ref_logits(x[tokens], L)
+    top, ids = logits.topk(topk, dim=1)
+    weights = torch.softmax(top, dim=1)
+    deq = {}
+
+    def w(name, e):
+        if (name, e) not in deq:
+            deq[(name, e)] = peers_w4.dequantize(L[f"{name}_blocks"][e], L[f"{name}_scales"][e]).double()
+        return deq[(name, e)]
+
+    out, clamped, total = [], 0, 0
+    for i, t in enumerate(tokens):
+        xt, y = x[t].double(), 0.0
+        for j in range(topk):
+            e = int(ids[i, j])
+            gu = w("gu", e) @ xt + L["gu_bias"][e].double()
+            clamped += int((gu[0::2] > LIMIT).sum() + (gu[1::2].abs() > LIMIT).sum())
+            total += gu.numel()
+            g, u = gu[0::2].clamp(max=LIMIT), gu[1::2].clamp(-LIMIT, LIMIT)
+            h = g * torch.sigmoid(ALPHA * g) * (u + UP_OFFSET)
+            y = y + weights[i, j] * (w("dn", e) @ h + L["dn_bias"][e].double())
+        out.append(y)
+    if stats is not None:
+        stats["clamped"] = clamped / max(total, 1)
+    return torch.stack(out)
+
+
+def rel_diff(a, b, keep):
+    """max |a - b| / max |b| over the rows in keep (None when none is kept)."""
+    if not bool(keep.any()):
+        return None
+    a, b = a[keep].double(), b[keep].double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+# ---- groupmm's layer ----------------------------------------------------------------------------
+
+class GroupmmLayer:
+    """The layer as a chain of groupmm's public ops (the module docstring lists them)."""
+
+    def __init__(self, L, topk, scale_layout, path):
+        self.E, self.topk, self.scale_layout, self.path = L["router_w"].shape[0], topk, scale_layout, path
+        self.router_w, self.router_b = L["router_w"], L["router_b"].float()
+        self.gu = list(ops.import_mxfp4_weights(L["gu_blocks"], L["gu_scales"], scale_layout))
+        self.dn = list(ops.import_mxfp4_weights(L["dn_blocks"], L["dn_scales"], scale_layout))
+        self.gu_bias, self.dn_bias = L["gu_bias"], L["dn_bias"].float()
+
+    def __call__(self, x):
+        T, H = x.shape
+        logits = ops.router_logits(x, self.router_w).add_(self.router_b)
+        ids, weights = ops.router(logits, None, self.topk, "softmax", 1, 1, True)[:2]
+        plan = ops.permute_plan(ids, self.E, 1, 0)
+        x_perm, probs = ops.permute(x, *plan, 1, 0, weights)
+        gu = ops.grouped_mm_w4(x_perm, self.gu, plan[3], "mxfp4", self.scale_layout, self.gu_bias,
+                               self.path)
+        h = ops.weighted_swiglu_ex(gu, probs, ALPHA, LIMIT, UP_OFFSET, True)
+        y_perm = ops.grouped_mm_w4(h, self.dn, plan[3], "mxfp4", self.scale_layout, None, self.path)
+        routed_bias = torch.bmm(weights.unsqueeze(1),
+                                self.dn_bias.index_select(0, ids.view(-1)).view(T, self.topk, H))
+        return ops.unpermute(y_perm, *plan, 1, 0, routed_bias.view(T, H).to(x.dtype))
+
+
+# ---- the peer's layer: triton_kernels as vLLM calls it ------------------------------------------
+
+def load_peer():
+    """peers_w4's adapter plus what the serving form needs: FusedActivation / FnSpecs, swiglu_fn
+    and a route(logits, k) -> (RoutingData, GatherIndx, ScatterIndx)."""
+    p = peers_w4.load_peer()
+    if p.matmul_ogs is None:
+        raise PeerMissing(f"triton_kernels {p.version} has matmul() in place of matmul_ogs; its "
+                          "gather / scatter / fused-activation form is not adapted here")
+    mo = p.matmul_ogs.__module__
+    p.FnSpecs, p.FusedActivation = _import(f"from {mo} import FnSpecs, FusedActivation", mo,
+                                           "FnSpecs", "FusedActivation")
+    (p.swiglu_fn,) = _import("from triton_kernels.swiglu import swiglu_fn", "triton_kernels.swiglu",
+                             "swiglu_fn")
+    try:  # what vLLM calls (renormalize=True: top-k first, then the softmax over it)
+        (routing,) = _import("from triton_kernels.routing import routing", "triton_kernels.routing",
+                             "routing")
+        p.route = lambda logits, k: routing(logits, k, sm_first=False)
+        p.routing_api = "routing(logits, k, sm_first=False)"
+    except PeerMissing as e:
+        # routing.py removed: the same metadata from topk, as gpt-oss's triton reference builds it.
+        (topk,) = _import(f"from triton_kernels.topk import topk (after {e})", "triton_kernels.topk",
+                          "topk")
+        if p.make_ragged is None:
+            raise PeerMissing("no make_ragged_tensor_metadata next to triton_kernels.topk") from None
+        GatherIndx, ScatterIndx = _import(f"from {mo} import GatherIndx, ScatterIndx", mo,
+                                          "GatherIndx", "ScatterIndx")
+
+        def route(logits, k):
+            sparse = topk(logits, k, apply_softmax=True)
+            meta = sparse.mask_metadata
+            dispatch, combine = meta.col_sorted_indx, meta.row_sorted_indx
+            ragged = p.make_ragged(meta.col_sum, dispatch.shape[0])
+            rd = p.RoutingData(sparse.vals.flatten()[combine], ragged.batch_sizes, logits.shape[-1],
+                               k, ragged)
+            return rd, GatherIndx(combine, dispatch), ScatterIndx(dispatch, combine)
+
+        p.route = route
+        p.routing_api = "topk(logits, k, apply_softmax=True) + make_ragged_tensor_metadata"
+    p.api = (f"F.linear router (bf16) -> {p.routing_api} -> matmul_ogs(gather_indx, bias, "
+             "fused swiglu) -> matmul_ogs(scatter_indx, bias, gammas=gate_scal)")
+    return p
+
+
+class PeerLayer:
+    def __init__(self, p, L, topk, hopper):
+        self.p, self.topk = p, topk
+        self.router_w, self.router_b = L["router_w"], L["router_b"]
+        self.w1, self.pc1, self.layouts = peers_w4.build_peer_weights(p, L["gu_blocks"], L["gu_scales"],
+                                                                      hopper)
+        self.w2, self.pc2, _ = peers_w4.build_peer_weights(p, L["dn_blocks"], L["dn_scales"], hopper)
+        # vLLM keeps the expert biases in fp32 (triton_kernel_fused_experts asserts it).
+        self.b1, self.b2 = L["gu_bias"].float(), L["dn_bias"].float()
+        self.act = p.FusedActivation(p.FnSpecs("swiglu", p.swiglu_fn, ("alpha", "limit")),
+                                     (ALPHA, LIMIT), 2)
+
+    def __call__(self, x):
+        p = self.p
+        logits = F.linear(x, self.router_w, self.router_b)
+        rd, gather, scatter = p.route(logits, self.topk)
+        h = p.matmul_ogs(x, self.w1, self.b1, rd, gather_indx=gather, precision_config=self.pc1,
+                         fused_activation=self.act)
+        y = p.matmul_ogs(h.view(-1, h.shape[-1]), self.w2, self.b2, rd, scatter_indx=scatter,
+                         precision_config=self.pc2, gammas=rd.gate_scal)
+        return y.view(-1, x.shape[1])
+
+
+# ---- the runs -----------------------------------------------------------------------------------
+
+def smoke(args):
+    """CPU: groupmm's layer at tiny sizes against the float64 layer, every token. Returns the rows."""
+    E, topk, H, F_ = 4, 2, 64, 64
+    L = make_layer(E, H, F_, "cpu", seed=0)
+    # At hidden 64 the products are small: a larger gate_up bias makes the limit clamp some gate /
+    # up values, so the smoke test checks the clamped branches too.
+    L["gu_bias"] = L["gu_bias"] * 16
+    layer = GroupmmLayer(L, topk, args.scale_layout, args.path)
+    rows = []
+    for tokens in (1, 3, 8):
+        x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(tokens), dtype=torch.bfloat16)
+        y = layer(x)
+        keep = ~ambiguous_tokens(x, L, topk)
+        stats = {}
+        err = rel_diff(y, ref_layer(x, L, topk, list(range(tokens)), stats), keep)
+        ok = err is None or err < TOLERANCE
+        print(f"E={E} top-{topk} H={H} F={F_} tokens {tokens}  cpu smoke  groupmm layer vs float64 "
+              f"rel diff {'-' if err is None else f'{err:.2e}'} ({int((~keep).sum())} ambiguous, "
+              f"{stats['clamped']:.0%} of gate/up clamped){'' if ok else '  FAIL'}")
+        rows.append(dict(tokens=tokens, E=E, topk=topk, H=H, F=F_, groupmm_ref_diff=err,
+                         ambiguous=int((~keep).sum()), clamped=stats["clamped"], ok=ok))
+    return rows
+
+
+def peer_status(args):
+    if args.groupmm_only:
+        return None, "peer triton_kernels: not run (--groupmm-only)"
+    try:
+        p = load_peer()
+    except PeerMissing as e:
+        return None, f"peer triton_kernels: missing ({e}); timing groupmm alone"
+    return p, f"peer triton_kernels {p.version} ({p.origin}), triton {p.triton}: {p.api}"
+
+
+def run_gpu(args):
+    device = torch.device("cuda")
+    peer, line = peer_status(args)
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    constraints = {"split_k": 1} if hopper else {}
+    if peer is not None and constraints:
+        peer.opt_flags.update_opt_flags_constraints(constraints)  # as vLLM sets it on Hopper
+        line += f"; opt_flags constraints {constraints} (as vLLM sets on Hopper)"
+    print(line)
+    L = make_layer(args.experts, args.hidden, args.hidden, device, seed=0)
+    ours, theirs = GroupmmLayer(L, args.topk, args.scale_layout, args.path), None
+    if peer is not None:
+        try:
+            theirs = PeerLayer(peer, L, args.topk, hopper)
+        except Exception as e:
+            print(f"peer triton_kernels: building its weights failed ({type(e).__name__}: {e}); "
+                  "timing groupmm alone")
+    print(f"{torch.cuda.get_device_name()}: E={args.experts} top-{args.topk} H=F={args.hidden}; each "
+          f"time: median of {args.rounds} rounds of {args.reps} layers back to back in a CUDA graph "
+          f"(L2 not flushed); groupmm path={args.path}, scale_layout={args.scale_layout}")
+    print(f"{'tokens':>6} {'exp':>4} {'groupmm us':>11} {'peer us':>9} {'peer/g':>7} {'diff':>8} "
+          f"{'g-ref':>8} {'ambig':>5}")
+    rows, failed = [], False
+    for tokens in args.tokens:
+        gen = torch.Generator(device=device).manual_seed(tokens)
+        x = torch.randn(tokens, args.hidden, generator=gen, device=device, dtype=torch.bfloat16)
+        keep = ~ambiguous_tokens(x, L, args.topk)
+        active = int(ref_logits(x, L).topk(args.topk, dim=1).indices.unique().numel())
+        row = dict(tokens=tokens, active_experts=active, ambiguous=int((~keep).sum()))
+        fns = {"groupmm": lambda: ours(x)}
+        y = ours(x)
+        n_ref = min(tokens, REF_TOKENS)
+        ref = ref_layer(x, L, args.topk, list(range(n_ref)))
+        row["groupmm_ref_diff"] = rel_diff(y[:n_ref], ref, keep[:n_ref])
+        ok = row["groupmm_ref_diff"] is None or row["groupmm_ref_diff"] <= TOLERANCE
+        if theirs is not None:
+            try:
+                y_peer = theirs(x)
+                torch.cuda.synchronize()
+                row["max_rel_diff"] = rel_diff(y, y_peer, keep)
+                row["peer_ref_diff"] = rel_diff(y_peer[:n_ref], ref, keep[:n_ref])
+                ok = ok and (row["max_rel_diff"] is None or row["max_rel_diff"] <= TOLERANCE)
+                fns["peer"] = lambda: theirs(x)
+            except Exception as e:
+                row["peer_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+        row["ok"] = ok
+        failed |= not ok
+        us, errors = peers_w4.time_graphs(fns, None, args.reps, args.rounds)
+        for side, err in errors.items():
+            row[f"{side}_error"] = err
+        for side, t in us.items():
+            row[f"{side}_us"] = t
+        if "groupmm_us" in row and "peer_us" in row:
+            row["ratio"] = row["peer_us"] / row["groupmm_us"]
+        rows.append(row)
+
+        def cell(key, fmt, width):
+            v = row.get(key)
+            return f"{'-' if v is None else format(v, fmt):>{width}}"
+        print(f"{tokens:>6} {active:>4} {cell('groupmm_us', '.1f', 11)} {cell('peer_us', '.1f', 9)} "
+              f"{cell('ratio', '.2f', 7)} {cell('max_rel_diff', '.1e', 8)} "
+              f"{cell('groupmm_ref_diff', '.1e', 8)} {row['ambiguous']:>5}{'' if ok else '  FAIL'}")
+        for key in ("peer_error", "groupmm_error"):
+            if key in row:
+                print(f"       {key}: {row[key]}")
+    print(f"diff: max |y_groupmm - y_peer| / max |y_peer|; g-ref: groupmm against the float64 layer "
+          f"(first {REF_TOKENS} tokens); both over the tokens not ambiguous (ambig: 4th-5th logit gap "
+          f"under {AMBIGUOUS:g} max|logit|); above {TOLERANCE:g} fails. peer/g > 1: groupmm faster.")
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, reps=args.reps,
+                rounds=args.rounds, l2="not flushed (layers back to back in a CUDA graph)",
+                groupmm_path=args.path, groupmm_scale_layout=args.scale_layout, peer=line,
+                experts=args.experts, topk=args.topk, hidden=args.hidden, tolerance=TOLERANCE)
+    if theirs is not None:
+        meta.update(peer_api=peer.api, peer_version=peer.version, peer_origin=peer.origin,
+                    triton=peer.triton, peer_layouts=theirs.layouts,
+                    peer_opt_flags_constraints=constraints)
+    return rows, meta, failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=lambda s: [int(v) for v in s.split(",")], default=TOKENS,
+                    help="comma-separated decode batches (default: %(default)s; 256,1024 optional)")
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=2880, help="hidden size = expert width")
+    ap.add_argument("--groupmm-only", action="store_true", help="time groupmm alone (no peer)")
+    ap.add_argument("--path", default="automatic", choices=["automatic", "decode", "prefill", "fused"],
+                    help="grouped_mm_w4's path")
+    ap.add_argument("--scale-layout", default="plain", choices=["plain", "swizzled"],
+                    help="groupmm's scale layout (import_mxfp4_weights)")
+    ap.add_argument("--reps", type=int, default=20, help="layers captured in each CUDA graph")
+    ap.add_argument("--rounds", type=int, default=11, help="replays of each graph (median)")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        rows = smoke(args)
+        failed = not all(r["ok"] for r in rows)
+        if not args.groupmm_only:
+            try:
+                load_peer()
+                why = "importable, but no CUDA device"
+            except PeerMissing as e:
+                why = f"no CUDA device; {e}"
+            print(f"peer triton_kernels: unavailable ({why})")
+        meta = dict(device="cpu", torch=torch.__version__, smoke=True)
+    else:
+        rows, meta, failed = run_gpu(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(meta, rows=rows), f, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
