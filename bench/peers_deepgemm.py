@@ -68,7 +68,6 @@ unavailable. Without an importable deep_gemm it times groupmm alone and says why
 import argparse
 import importlib
 import importlib.metadata
-import json
 import math
 import random
 import statistics
@@ -77,6 +76,8 @@ import sys
 import torch
 
 import groupmm  # noqa: F401  (registers torch.ops.groupmm)
+import peers_common
+from peers_common import PeerMissing
 from peers_w4 import copy_bandwidth, time_graphs  # the same timing as the MXFP4 peer (bench/)
 
 ops = torch.ops.groupmm
@@ -300,8 +301,6 @@ def emulate_masked(lhs, rhs, masked_m):
 
 # ---- the peer: DeepGEMM, whichever of its API generations is installed ---------------------------
 
-class PeerMissing(Exception):
-    pass
 
 
 # Names by generation: 2.x (C++ extension, 2025-09 on; 2.6 keeps these as aliases of
@@ -372,17 +371,11 @@ def load_peer():
 
 
 def peer_status(args):
-    """(peer adapter or None, a line saying which, or why not)."""
-    if args.groupmm_only:
-        return None, "peer DeepGEMM: not run (--groupmm-only)"
-    try:
-        p = load_peer()
-    except PeerMissing as e:
-        return None, f"peer DeepGEMM: missing ({e}); timing groupmm alone"
-    line = f"peer DeepGEMM {p.version} ({p.origin}): {p.api}"
-    if p.missing:
-        line += "; missing " + "; ".join(p.missing)
-    return p, line
+    """(peer adapter or None, a line saying which peer runs, or why none)."""
+    return peers_common.peer_status(
+        args, "DeepGEMM", load_peer,
+        lambda p: f"{p.version} ({p.origin}): {p.api}"
+        + ("; missing " + "; ".join(p.missing) if p.missing else ""))
 
 
 def peer_case(p, layout, qx, qw, counts, G, N, K):
@@ -656,23 +649,7 @@ def main():
         bad = [v for v in got if v not in known]
         if bad:
             ap.error(f"{name}: unknown {bad}; choose from {known}")
-    if not torch.cuda.is_available():
-        rows = smoke(args)
-        failed = not all(r["ok"] for r in rows)
-        if not args.groupmm_only:
-            try:
-                load_peer()
-                why = "importable, but no CUDA device"
-            except PeerMissing as e:
-                why = f"no CUDA device; {e}"
-            print(f"peer DeepGEMM: unavailable ({why})")
-        meta = dict(device="cpu", torch=torch.__version__, smoke=True, max_diff=MAX_DIFF)
-    else:
-        rows, meta, failed = run_gpu(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta, rows=rows), f, indent=1)
-    return 1 if failed else 0
+    return peers_common.finish(args, "DeepGEMM", smoke, run_gpu, load_peer, max_diff=MAX_DIFF)
 
 
 if __name__ == "__main__":

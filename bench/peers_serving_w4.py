@@ -54,15 +54,16 @@ hidden 64 through groupmm's CPU backend against the float64 layer) and reports t
 unavailable. Without triton_kernels it times groupmm alone and says why.
 """
 import argparse
-import json
 import sys
 
 import torch
 import torch.nn.functional as F
 
 import groupmm  # noqa: F401  (loads the ops)
+import peers_common
 import peers_w4
-from peers_w4 import PeerMissing, _import
+from peers_common import PeerMissing
+from peers_w4 import _import
 
 ops = torch.ops.groupmm
 TOKENS = [1, 2, 4, 8, 16, 32, 64]
@@ -257,13 +258,10 @@ def smoke(args):
 
 
 def peer_status(args):
-    if args.groupmm_only:
-        return None, "peer triton_kernels: not run (--groupmm-only)"
-    try:
-        p = load_peer()
-    except PeerMissing as e:
-        return None, f"peer triton_kernels: missing ({e}); timing groupmm alone"
-    return p, f"peer triton_kernels {p.version} ({p.origin}), triton {p.triton}: {p.api}"
+    """(peer adapter or None, a line saying which peer runs, or why none)."""
+    return peers_common.peer_status(
+        args, "triton_kernels", load_peer,
+        lambda p: f"{p.version} ({p.origin}), triton {p.triton}: {p.api}")
 
 
 def run_gpu(args):
@@ -361,23 +359,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=11, help="replays of each graph (median)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        rows = smoke(args)
-        failed = not all(r["ok"] for r in rows)
-        if not args.groupmm_only:
-            try:
-                load_peer()
-                why = "importable, but no CUDA device"
-            except PeerMissing as e:
-                why = f"no CUDA device; {e}"
-            print(f"peer triton_kernels: unavailable ({why})")
-        meta = dict(device="cpu", torch=torch.__version__, smoke=True)
-    else:
-        rows, meta, failed = run_gpu(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta, rows=rows), f, indent=1)
-    return 1 if failed else 0
+    return peers_common.finish(args, "triton_kernels", smoke, run_gpu, load_peer)
 
 
 if __name__ == "__main__":

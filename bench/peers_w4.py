@@ -42,13 +42,14 @@ import importlib
 import importlib.metadata
 import importlib.util
 import inspect
-import json
 import statistics
 import sys
 
 import torch
 
 import groupmm
+import peers_common
+from peers_common import PeerMissing
 
 ops = torch.ops.groupmm
 MATRICES = {"gate_up": (5760, 2880), "down": (2880, 2880)}  # name: (N, K)
@@ -121,8 +122,6 @@ def groupmm_call(x, w, splits, scale_layout, path):
 
 # ---- the peer: triton_kernels, whichever of its API generations is installed -------------------
 
-class PeerMissing(Exception):
-    pass
 
 
 def _import(stmt, module, *names):
@@ -371,14 +370,10 @@ def smoke(args):
 
 
 def peer_status(args):
-    """(peer adapter or None, a line saying why not)."""
-    if args.groupmm_only:
-        return None, "peer triton_kernels: not run (--groupmm-only)"
-    try:
-        p = load_peer()
-    except PeerMissing as e:
-        return None, f"peer triton_kernels: missing ({e}); timing groupmm alone"
-    return p, (f"peer triton_kernels {p.version} ({p.origin}), triton {p.triton}: {p.api}")
+    """(peer adapter or None, a line saying which peer runs, or why none)."""
+    return peers_common.peer_status(
+        args, "triton_kernels", load_peer,
+        lambda p: f"{p.version} ({p.origin}), triton {p.triton}: {p.api}")
 
 
 HEADER = (f"{'tokens':>6} {'matrix':<8} {'rows':>6} {'exp':>4} {'groupmm us':>11} {'peer us':>9} "
@@ -514,23 +509,7 @@ def main():
     bad = [m for m in args.matrices if m not in MATRICES]
     if bad:
         ap.error(f"--matrices: unknown {bad}; choose from {list(MATRICES)}")
-    if not torch.cuda.is_available():
-        rows = smoke(args)
-        failed = not all(r["ok"] for r in rows)
-        if not args.groupmm_only:
-            try:
-                load_peer()
-                why = "importable, but no CUDA device"
-            except PeerMissing as e:
-                why = f"no CUDA device; {e}"
-            print(f"peer triton_kernels: unavailable ({why})")
-        meta = dict(device="cpu", torch=torch.__version__, smoke=True)
-    else:
-        rows, meta, failed = run_gpu(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta, rows=rows), f, indent=1)
-    return 1 if failed else 0
+    return peers_common.finish(args, "triton_kernels", smoke, run_gpu, load_peer)
 
 
 if __name__ == "__main__":
