@@ -266,13 +266,7 @@ def peer_status(args):
 
 def run_gpu(args):
     device = torch.device("cuda")
-    peer, line = peer_status(args)
-    hopper = torch.cuda.get_device_capability()[0] == 9
-    constraints = {"split_k": 1} if hopper else {}
-    if peer is not None and constraints:
-        peer.opt_flags.update_opt_flags_constraints(constraints)  # as vLLM sets it on Hopper
-        line += f"; opt_flags constraints {constraints} (as vLLM sets on Hopper)"
-    print(line)
+    peer, line, hopper, constraints = peers_w4.peer_on_this_device(args, peer_status)
     L = make_layer(args.experts, args.hidden, args.hidden, device, seed=0)
     ours, theirs = GroupmmLayer(L, args.topk, args.scale_layout, args.path), None
     if peer is not None:
@@ -350,14 +344,7 @@ def main():
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=2880, help="hidden size = expert width")
-    ap.add_argument("--groupmm-only", action="store_true", help="time groupmm alone (no peer)")
-    ap.add_argument("--path", default="automatic", choices=["automatic", "decode", "prefill", "fused"],
-                    help="grouped_mm_w4's path")
-    ap.add_argument("--scale-layout", default="plain", choices=["plain", "swizzled"],
-                    help="groupmm's scale layout (import_mxfp4_weights)")
-    ap.add_argument("--reps", type=int, default=20, help="layers captured in each CUDA graph")
-    ap.add_argument("--rounds", type=int, default=11, help="replays of each graph (median)")
-    ap.add_argument("--json", help="write the rows here")
+    peers_w4.add_common_options(ap, 20, "layers")
     args = ap.parse_args()
     return peers_common.finish(args, "triton_kernels", smoke, run_gpu, load_peer)
 

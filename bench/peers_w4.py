@@ -395,16 +395,23 @@ def row_line(row):
             f"{cell('ratio', '.2f', 7)} {diff:8.1e}{'' if row['ok'] else '  FAIL'}")
 
 
-def run_gpu(args):
-    device = torch.device("cuda")
-    peer, line = peer_status(args)
+def peer_on_this_device(args, status=None):
+    """The peer adapter (or None), the line naming it (printed), whether the device is a Hopper,
+    and the opt_flags constraints set. vLLM constrains triton_kernels to split_k=1 on Hopper
+    before its first matmul_ogs (a setting global to triton_kernels), and so does this."""
+    peer, line = (status or peer_status)(args)
     hopper = torch.cuda.get_device_capability()[0] == 9
     constraints = {"split_k": 1} if hopper else {}
     if peer is not None and constraints:
-        # vLLM sets this on Hopper before its first matmul_ogs (global to triton_kernels).
         peer.opt_flags.update_opt_flags_constraints(constraints)
         line += f"; opt_flags constraints {constraints} (as vLLM sets on Hopper)"
     print(line)
+    return peer, line, hopper, constraints
+
+
+def run_gpu(args):
+    device = torch.device("cuda")
+    peer, line, hopper, constraints = peer_on_this_device(args)
     copy_bps = copy_bandwidth(device)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_bps / 1e9:.0f} GB/s; each time: "
@@ -489,6 +496,18 @@ def run_gpu(args):
     return rows, meta, failed
 
 
+def add_common_options(ap, reps, what):
+    """The options both MXFP4 peer scripts take (this one and peers_serving_w4.py)."""
+    ap.add_argument("--groupmm-only", action="store_true", help="time groupmm alone (no peer)")
+    ap.add_argument("--path", default="automatic", choices=["automatic", "decode", "prefill", "fused"],
+                    help="grouped_mm_w4's path")
+    ap.add_argument("--scale-layout", default="plain", choices=["plain", "swizzled"],
+                    help="groupmm's scale layout (import_mxfp4_weights)")
+    ap.add_argument("--reps", type=int, default=reps, help=f"{what} captured in each CUDA graph")
+    ap.add_argument("--rounds", type=int, default=11, help="replays of each graph (median)")
+    ap.add_argument("--json", help="write the rows here")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=lambda s: [int(v) for v in s.split(",")], default=TOKENS,
@@ -497,14 +516,7 @@ def main():
                     help="comma-separated subset of gate_up,down")
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--topk", type=int, default=4)
-    ap.add_argument("--groupmm-only", action="store_true", help="time groupmm alone (no peer)")
-    ap.add_argument("--path", default="automatic", choices=["automatic", "decode", "prefill", "fused"],
-                    help="grouped_mm_w4's path")
-    ap.add_argument("--scale-layout", default="plain", choices=["plain", "swizzled"],
-                    help="groupmm's scale layout (import_mxfp4_weights)")
-    ap.add_argument("--reps", type=int, default=10, help="launches captured in each CUDA graph")
-    ap.add_argument("--rounds", type=int, default=11, help="replays of each graph (median)")
-    ap.add_argument("--json", help="write the rows here")
+    add_common_options(ap, 10, "launches")
     args = ap.parse_args()
     bad = [m for m in args.matrices if m not in MATRICES]
     if bad:
