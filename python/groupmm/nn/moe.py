@@ -20,7 +20,8 @@ Deliberate differences, each for autograd or for torch's conventions:
     nn::MoE exposes the buffer and leaves the update to the caller;
   - align defaults to the recipe's split_multiple (groupmm.recipe_traits; nn::MoE's pad_align
     defaults to 1 and is the caller's to set);
-  - no biases (MoEConfig::bias).
+  - bias=True and activation= (gpt-oss's expert biases, router bias and clamped SwiGLU;
+    from_gpt_oss / import_gpt_oss load its layer) are this module's own: nn::MoE has neither.
 Expert parallelism (ep_group=, nn::MoE's MoEConfig::ep) is in moe_ep.py. fused_gate_up=True runs
 permute, the gate_up GroupedLinear and weighted_swiglu as one op, gate_up_swiglu (nn::MoE's
 MoEConfig::fused_gate_up), with the same results bit for bit.
@@ -28,6 +29,7 @@ MoEConfig::fused_gate_up), with the same results bit for bit.
 
 import math
 import numbers
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -50,6 +52,53 @@ class _SharedLinear(GroupedLinear):
     def forward(self, x, is_first_microbatch=None, recompute_input=None):
         splits = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
         return super().forward(x, splits, is_first_microbatch, recompute_input)
+
+
+class SwiGLU(NamedTuple):
+    """The experts' activation, as torch.ops.groupmm.weighted_swiglu_ex computes it:
+    g' = min(gate, limit), u' = clamp(up, -limit, limit), h = g' sigmoid(alpha g') (u' + up_offset),
+    times the router weight. limit None: no clamp. interleaved: gate and up alternate columns of
+    the gate_up output (gate = column 2i, up = 2i + 1, gpt-oss's layout), else gate is the first
+    half. The defaults are the plain SwiGLU (torch.ops.groupmm.weighted_swiglu, bit for bit)."""
+    alpha: float = 1.0
+    limit: Optional[float] = None
+    up_offset: float = 0.0
+    interleaved: bool = False
+
+    @property
+    def plain(self):
+        return self == SwiGLU()
+
+
+# gpt-oss's experts (transformers' GptOssExperts._apply_gate).
+GPT_OSS_SWIGLU = SwiGLU(alpha=1.702, limit=7.0, up_offset=1.0, interleaved=True)
+
+
+def _activation(activation):
+    """A checked SwiGLU from None, a SwiGLU or a tuple of its fields; raises ValueError."""
+    if activation is None:
+        return SwiGLU()
+    try:
+        a = SwiGLU(*activation)
+    except TypeError:
+        a = None
+    ok = (a is not None and isinstance(a.interleaved, bool)
+          and all(isinstance(v, numbers.Real) and math.isfinite(v) for v in (a.alpha, a.up_offset))
+          and (a.limit is None or (isinstance(a.limit, numbers.Real) and math.isfinite(a.limit)
+                                   and a.limit > 0)))
+    if not ok:
+        raise ValueError(f"groupmm.nn.MoE: activation={activation!r} must be a groupmm.nn.SwiGLU("
+                         "alpha, limit, up_offset, interleaved): alpha and up_offset finite, limit "
+                         "None or finite and > 0, interleaved a bool")
+    return SwiGLU(float(a.alpha), None if a.limit is None else float(a.limit),
+                  float(a.up_offset), a.interleaved)
+
+
+def _weighted_swiglu(activation):
+    """(op, its arguments after gate_up and prob) of the activation."""
+    if activation.plain:
+        return ops.weighted_swiglu, ()
+    return ops.weighted_swiglu_ex, tuple(activation)
 
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -133,6 +182,58 @@ class _FusedGateUpFn(torch.autograd.Function):
         return dx, dweights, dw, None, None, None, None, None, None, None, None
 
 
+class _State:
+    """A model's MoE-layer state dict seen through a key prefix, with shape checks."""
+
+    def __init__(self, state, prefix, model):
+        self.state, self.prefix, self.model = state, prefix, model
+
+    def __contains__(self, key):
+        return self.prefix + key in self.state
+
+    def __getitem__(self, key):
+        return self.state[self.prefix + key]
+
+    def check(self, key, shape):
+        name = self.prefix + key
+        if name not in self.state:
+            raise ValueError(f"groupmm.nn.MoE: the {self.model} state has no '{name}'")
+        t = self.state[name]
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise ValueError(f"groupmm.nn.MoE: {self.model}'s '{name}' is {list(t.shape)}; this "
+                             f"block takes {list(shape)}")
+        return t
+
+
+def _copy_weight(layer, w, name):
+    """A 16-bit weight into layer (its own dtype and device; a quantized recipe's cached copy is
+    keyed on the weight's version, so it is made again)."""
+    if layer.weight is None:
+        raise ValueError(f"groupmm.nn.MoE: {name}: the layer holds imported quantized weights; "
+                         "16-bit weights go into a new block")
+    layer.weight.copy_(w)
+
+
+def _load(layer, state, key, shape):
+    _copy_weight(layer, state.check(key, shape), state.prefix + key)
+
+
+def _load_stacked(layer, state, weights, keys, one=False):
+    """Per-expert weights [N, K] (gate and up already concatenated) into layer: 16-bit ones
+    copied, float8_e4m3fn ones imported with the 128x128 scale_inv of each key, concatenated the
+    same way (fp8_block's layers take only multiples of 128 rows and columns, so no scale block
+    mixes gate and up rows)."""
+    if weights[0].dtype != torch.float8_e4m3fn:
+        w = torch.stack(weights)
+        _copy_weight(layer, w[0] if one else w, state.prefix + keys[0])
+        return
+    scales = [state.check(k + "_scale_inv", None) for k in keys]
+    per = len(keys) // len(weights)
+    scales = [torch.cat(scales[i * per:(i + 1) * per]) for i in range(len(weights))]
+    w, s = torch.stack(weights), torch.stack(scales)
+    layer.import_fp8_block(w[0] if one else w, s[0] if one else s)
+
+
 class MoE(torch.nn.Module):
     """y [T, H] = sum_j w_tj * expert_{e_tj}(x_t) (+ shared expert(x_t)), top-k routing.
 
@@ -174,6 +275,17 @@ class MoE(torch.nn.Module):
     accumulate_into_main_grad are honoured. torch.compile traces it (delay_wgrad excepted, as for
     the layers).
 
+    bias (default False): the biases of gpt-oss's layer. The router gets a bias [E] (router.bias,
+    added to the fp32 logits), gate_up a bias [E, 2F] (gate_up.bias, added by its GEMM) and down a
+    bias [E, H] (down_bias), which is weighted by the router weight like the rest of the expert's
+    output: y_t gets sum_j w_tj b_down[e_tj] (one [T, E] x [E, H] product, added by unpermute after
+    the k rows; a dropped (t, j) adds nothing). activation (a SwiGLU, default the plain one) is
+    the experts' activation: GPT_OSS_SWIGLU is gpt-oss's clamped form on interleaved gate/up
+    columns. from_gpt_oss() builds gpt-oss's layer from transformers' GptOssMLP or its state dict,
+    with the 16-bit weights or the checkpoint's MXFP4 blocks (recipe 'mxfp4_weight'); the router
+    (softmax over the top-k logits) is score='softmax' with renormalize=True. Both need ep_group
+    None and fused_gate_up False (ValueError otherwise).
+
     recipe and delay_wgrad go to the expert GroupedLinears and the shared expert's (see there);
     fp8_current and fp8_block need every split a multiple of 16 (recipe_traits(recipe).
     split_multiple), so align defaults to it (and must be a multiple of it), and a training
@@ -206,10 +318,17 @@ class MoE(torch.nn.Module):
                  scaling_factor=1.0, expert_bias=False, capacity_factor=0.0, align=None,
                  recipe="bf16", delay_wgrad=False, recompute=True, dtype=torch.bfloat16,
                  device=None, ep_group=None, ep_mode="throughput", ep_capacity=None,
-                 fused_gate_up=False):
+                 fused_gate_up=False, bias=False, activation=None):
         super().__init__()
         self.recompute = bool(recompute)
         self.fused_gate_up = bool(fused_gate_up)
+        self.activation = _activation(activation)
+        gpt_oss_form = bool(bias) or not self.activation.plain
+        if gpt_oss_form and (ep_group is not None or self.fused_gate_up):
+            what = "ep_group" if ep_group is not None else "fused_gate_up=True"
+            raise ValueError(f"groupmm.nn.MoE(bias={bool(bias)}, activation={self.activation}): "
+                             f"{what} takes neither expert biases nor another activation than the "
+                             "plain SwiGLU (bias=False, activation=None)")
         if self.fused_gate_up:
             _check_fused(recipe=recipe, ep_group=ep_group, dtype=dtype, device=device,
                          hidden=hidden, ffn_hidden=ffn_hidden, experts=experts)
@@ -234,7 +353,7 @@ class MoE(torch.nn.Module):
         self.router_cfg = (score, n_group, topk_group, renormalize, scaling_factor,
                            aux_loss_coeff, z_loss_coeff)
         kw = dict(dtype=dtype, device=device)
-        self.router = torch.nn.Linear(hidden, experts, bias=False, **kw)
+        self.router = torch.nn.Linear(hidden, experts, bias=bool(bias), **kw)
         # Selection-only bias and the load it balances: buffers (state_dict), not parameters.
         f32 = dict(dtype=torch.float32, device=device)
         self.register_buffer("expert_bias", torch.zeros(experts, **f32) if expert_bias else None)
@@ -248,8 +367,15 @@ class MoE(torch.nn.Module):
         lkw = dict(kw, bias=False, recipe=recipe, delay_wgrad=delay_wgrad)
         if self.ep is not None:  # capacity mode: the experts compute the received rows only
             lkw["splits_total"] = self.ep.splits_total(recipe)
-        self.gate_up = GroupedLinear(local, hidden, 2 * ffn_hidden, **lkw)
+        self.gate_up = GroupedLinear(local, hidden, 2 * ffn_hidden, **dict(lkw, bias=bool(bias)))
         self.down = GroupedLinear(local, ffn_hidden, hidden, **lkw)
+        # down's bias is weighted by the router weight (the weight is applied in the activation,
+        # before the down GEMM, whose own bias would be unweighted): the block adds it.
+        self.down_bias = None
+        if bias:
+            self.down_bias = torch.nn.Parameter(torch.empty(local, hidden, **kw))
+            with torch.no_grad():  # as GroupedLinear's bias: nn.Linear's bound for fan-in F
+                self.down_bias.uniform_(-1 / math.sqrt(ffn_hidden), 1 / math.sqrt(ffn_hidden))
         self.shared_up = self.shared_down = None
         if shared_ffn_hidden:
             skw = dict(kw, recipe=recipe, delay_wgrad=delay_wgrad)
@@ -276,6 +402,8 @@ class MoE(torch.nn.Module):
             return moe_ep.forward(self, x, is_first_microbatch, again)
         # fp32 logits from the 16-bit inputs (the core's moe_router_logits, as nn::MoE's router).
         logits = ops.router_logits(x, self.router.weight)
+        if self.router.bias is not None:
+            logits = logits + self.router.bias.float()
         ids, weights, counts, aux, z = ops.router(logits, self.expert_bias, self.topk,
                                                   *self.router_cfg)
         if self.tokens_per_expert is not None and self.training and torch.is_grad_enabled():
@@ -284,22 +412,35 @@ class MoE(torch.nn.Module):
         cap = moe_capacity(x.shape[0], self.topk, self.experts, self.capacity_factor)
         plan = ops.permute_plan(ids, self.experts, self.align, cap)
         splits = plan[3]
+        act, act_args = _weighted_swiglu(self.activation)
         if self.fused_gate_up:
             h, gu, probs = self._fused_gate_up(x, plan, cap, weights, again)
         else:
             x_perm, probs = ops.permute(x, *plan, self.align, cap, weights)
             rx = _again(ops.permute, x, *plan, self.align, cap, weights, part=0) if again else None
             gu = self.gate_up(x_perm, splits, is_first_microbatch, recompute_input=rx)
-            h = ops.weighted_swiglu(gu, probs)
-        rh = _again(ops.weighted_swiglu, gu, probs) if again else None
+            h = act(gu, probs, *act_args)
+        rh = _again(act, gu, probs, *act_args) if again else None
         y_perm = self.down(h, splits, is_first_microbatch, recompute_input=rh)
-        shared = None
+        add = None
         if shared_on:
             sgu = self.shared_up(x, is_first_microbatch)
             rs = _again(ops.swiglu, sgu) if again else None
-            shared = self.shared_down(ops.swiglu(sgu), is_first_microbatch, recompute_input=rs)
-        y = ops.unpermute(y_perm, *plan, self.align, cap, shared)
+            add = self.shared_down(ops.swiglu(sgu), is_first_microbatch, recompute_input=rs)
+        if self.down_bias is not None:
+            routed = self._routed_down_bias(ids, weights, plan[0], x.dtype)
+            add = routed if add is None else add + routed
+        y = ops.unpermute(y_perm, *plan, self.align, cap, add)
         return y, (aux + z).squeeze(0)
+
+    def _routed_down_bias(self, ids, weights, dest_row, dtype):
+        """[T, H]: sum_j w_tj b_down[e_tj] over the kept (t, j) (dest_row >= 0), from a dense
+        [T, E] fp32 matrix of the router weights (each row's k ids are distinct: no two adds meet,
+        so the scatter is deterministic) times down_bias in fp32; differentiable in both."""
+        w = torch.where(dest_row >= 0, weights.float(), 0.0)
+        dense = torch.zeros(ids.shape[0], self.experts, dtype=torch.float32, device=ids.device)
+        dense = dense.scatter_add(1, ids.long(), w)
+        return (dense @ self.down_bias.float()).to(dtype)
 
     def _fused_gate_up(self, x, plan, cap, weights, again):
         """h, the pre-activation and probs from torch.ops.groupmm.gate_up_swiglu (x gathered
@@ -358,3 +499,161 @@ class MoE(torch.nn.Module):
         for layer in (self.gate_up, self.down, self.shared_up, self.shared_down):
             if layer is not None:
                 layer.backward_dw()
+
+    # ---- gpt-oss ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_gpt_oss(cls, source, topk=None, *, prefix="", recipe="bf16", dtype=torch.bfloat16,
+                     device=None, **kw):
+        """gpt-oss's MoE layer as a block: source is transformers' GptOssMLP (its top-k and its
+        experts' alpha and limit are read from it) or a state dict with its keys (after `prefix`,
+        e.g. "model.layers.0.mlp."; topk then given). The experts come as 16-bit weights or as the
+        checkpoint's MXFP4 blocks and scales (recipe 'mxfp4_weight'): see import_gpt_oss. Other
+        keywords go to the constructor (capacity_factor, align, recompute, delay_wgrad, ...)."""
+        form = GPT_OSS_SWIGLU
+        if isinstance(source, torch.nn.Module):
+            router, experts = getattr(source, "router", None), getattr(source, "experts", None)
+            if topk is None:
+                topk = getattr(router, "top_k", None)
+            if experts is not None and hasattr(experts, "alpha"):
+                form = form._replace(alpha=float(experts.alpha), limit=float(experts.limit))
+            source = source.state_dict()
+        state = _State(source, prefix, "gpt-oss")
+        if topk is None:
+            raise ValueError("groupmm.nn.MoE.from_gpt_oss: topk is needed with a state dict (gpt-oss "
+                             "routes each token to 4 experts)")
+        E, H = state.check("router.weight", None).shape
+        F = state.check("experts.gate_up_proj_bias", None).shape[-1] // 2
+        moe = cls(H, F, E, topk, score="softmax", renormalize=True, bias=True, activation=form,
+                  recipe=recipe, dtype=dtype, device=device, **kw)
+        moe.import_gpt_oss(state)
+        return moe
+
+    @torch.no_grad()
+    def import_gpt_oss(self, state, prefix=""):
+        """Copies gpt-oss's layer into this block (built with bias=True and GPT_OSS_SWIGLU, as
+        from_gpt_oss builds it). state: a state dict of transformers' GptOssMLP or of the
+        checkpoint, after `prefix`:
+          router.weight [E, H], router.bias [E];
+          experts.gate_up_proj_bias [E, 2F], experts.down_proj_bias [E, H];
+          experts.gate_up_proj [E, H, 2F] and experts.down_proj [E, F, H] (16-bit, stored
+            (in, out): transposed here to the layers' [E, out, in]), or the checkpoint's MXFP4
+            experts.gate_up_proj_blocks [E, 2F, H / 32, 16] with experts.gate_up_proj_scales
+            [E, 2F, H / 32] and experts.down_proj_blocks [E, H, F / 32, 16] with
+            experts.down_proj_scales [E, H, F / 32] (uint8: E2M1 pairs and E8M0 exponents; recipe
+            'mxfp4_weight', imported as GroupedLinear.import_mxfp4 does, bit for bit).
+        Shapes are checked against the block (ValueError naming the key)."""
+        if not isinstance(state, _State):
+            state = _State(state, prefix, "gpt-oss")
+        if self.down_bias is None or self.activation != GPT_OSS_SWIGLU._replace(
+                alpha=self.activation.alpha, limit=self.activation.limit):
+            raise ValueError("groupmm.nn.MoE.import_gpt_oss: the block must be built with "
+                             "bias=True and activation=GPT_OSS_SWIGLU (MoE.from_gpt_oss does)")
+        E, H, F = self.local_experts, self.gate_up.in_features, self.down.in_features
+        state.check("router.weight", (E, H))
+        state.check("router.bias", (E,))
+        state.check("experts.gate_up_proj_bias", (E, 2 * F))
+        state.check("experts.down_proj_bias", (E, H))
+        self.router.weight.copy_(state["router.weight"])
+        self.router.bias.copy_(state["router.bias"])
+        self.gate_up.bias.copy_(state["experts.gate_up_proj_bias"])
+        self.down_bias.copy_(state["experts.down_proj_bias"])
+        for layer, name, out, inn in ((self.gate_up, "gate_up_proj", 2 * F, H),
+                                      (self.down, "down_proj", H, F)):
+            key = f"experts.{name}"
+            if key + "_blocks" in state:
+                blocks = state.check(key + "_blocks", (E, out, inn // 32, 16))
+                scales = state.check(key + "_scales", (E, out, inn // 32))
+                layer.import_mxfp4(blocks, scales)
+            else:  # (in, out) -> [E, out, in]
+                _copy_weight(layer, state.check(key, (E, inn, out)).transpose(1, 2),
+                             state.prefix + key)
+
+    # ---- DeepSeek-V3 --------------------------------------------------------------------------
+
+    @classmethod
+    def from_deepseek_v3(cls, source, topk=None, *, n_group=1, topk_group=1, scaling_factor=1.0,
+                         renormalize=True, prefix="", recipe="bf16", dtype=torch.bfloat16,
+                         device=None, **kw):
+        """DeepSeek-V3's MoE layer as a block: its router (sigmoid scores, group-limited top-k
+        selected with the e_score_correction_bias, the unbiased weights renormalized and scaled),
+        the routed experts and the shared expert. source is transformers' DeepseekV3MoE (the
+        routing settings are read from its gate) or a state dict with its keys or the released
+        checkpoint's (after `prefix`, e.g. "model.layers.3.mlp."; topk, n_group, topk_group,
+        scaling_factor and renormalize then given as the model's config has them: 8, 8, 4, 2.5,
+        True for DeepSeek-V3). The experts come as 16-bit weights or as the checkpoint's FP8
+        weights with their 128x128 block scales (recipe 'fp8_block'): see import_deepseek_v3.
+        Other keywords go to the constructor."""
+        if isinstance(source, torch.nn.Module):
+            gate = source.gate
+            topk = gate.top_k if topk is None else topk
+            n_group, topk_group = int(gate.num_group), int(gate.topk_group)
+            scaling_factor = float(gate.routed_scaling_factor)
+            renormalize = bool(gate.norm_topk_prob)
+            source = source.state_dict()
+        state = _State(source, prefix, "DeepSeek-V3")
+        if topk is None:
+            raise ValueError("groupmm.nn.MoE.from_deepseek_v3: topk is needed with a state dict "
+                             "(DeepSeek-V3 routes each token to 8 experts)")
+        E, H = state.check("gate.weight", None).shape
+        if "experts.gate_up_proj" in state:
+            F = state["experts.gate_up_proj"].shape[1] // 2
+        else:
+            F = state.check("experts.0.gate_proj.weight", None).shape[0]
+        shared = ("shared_experts.gate_proj.weight" in state
+                  and state["shared_experts.gate_proj.weight"].shape[0])
+        moe = cls(H, F, E, topk, shared_ffn_hidden=shared or 0, score="sigmoid",
+                  renormalize=renormalize, n_group=n_group, topk_group=topk_group,
+                  scaling_factor=scaling_factor, expert_bias="gate.e_score_correction_bias" in state,
+                  recipe=recipe, dtype=dtype, device=device, **kw)
+        moe.import_deepseek_v3(state)
+        return moe
+
+    @torch.no_grad()
+    def import_deepseek_v3(self, state, prefix=""):
+        """Copies DeepSeek-V3's layer into this block (built as from_deepseek_v3 builds it).
+        state: a state dict of transformers' DeepseekV3MoE or of the released checkpoint, after
+        `prefix`:
+          gate.weight [E, H]; gate.e_score_correction_bias [E] (into expert_bias; the block needs
+            expert_bias=True when the state has it, and the state needs it when the block has it);
+          the routed experts, either stacked as transformers holds them, experts.gate_up_proj
+            [E, 2F, H] (gate rows first) and experts.down_proj [E, H, F], or one expert a key as
+            the checkpoint stores them, experts.{e}.{gate,up,down}_proj.weight ([F, H], [F, H],
+            [H, F]): 16-bit, or float8_e4m3fn with their .weight_scale_inv ([F / 128, H / 128],
+            [H / 128, F / 128] fp32, the dequantization multiplier of each 128x128 block; recipe
+            'fp8_block', whose layers take multiples of 128 only, so no block mixes gate and up
+            rows; imported as GroupedLinear.import_fp8_block does, the bytes as they are);
+          shared_experts.{gate,up,down}_proj.weight (+ .weight_scale_inv), when the block has a
+            shared expert.
+        Shapes are checked against the block (ValueError naming the key)."""
+        if not isinstance(state, _State):
+            state = _State(state, prefix, "DeepSeek-V3")
+        E, H, F = self.local_experts, self.gate_up.in_features, self.down.in_features
+        self.router.weight.copy_(state.check("gate.weight", (E, H)))
+        has_bias = "gate.e_score_correction_bias" in state
+        if has_bias != (self.expert_bias is not None):
+            raise ValueError(f"groupmm.nn.MoE.import_deepseek_v3: the state "
+                             f"{'has' if has_bias else 'has no'} '{state.prefix}gate."
+                             f"e_score_correction_bias' and the block "
+                             f"{'has no' if has_bias else 'has an'} expert_bias (build it with "
+                             f"expert_bias={has_bias})")
+        if has_bias:
+            self.expert_bias.copy_(state.check("gate.e_score_correction_bias", (E,)))
+        if "experts.gate_up_proj" in state:
+            _load(self.gate_up, state, "experts.gate_up_proj", (E, 2 * F, H))
+            _load(self.down, state, "experts.down_proj", (E, H, F))
+        else:
+            keys = [[f"experts.{e}.{p}_proj.weight" for e in range(E)]
+                    for p in ("gate", "up", "down")]
+            gate, up, down = ([state.check(k, shape) for k in ks]
+                              for ks, shape in zip(keys, ((F, H), (F, H), (H, F))))
+            _load_stacked(self.gate_up, state, [torch.cat(p) for p in zip(gate, up)],
+                          [k for pair in zip(*keys[:2]) for k in pair])
+            _load_stacked(self.down, state, down, keys[2])
+        if self.shared_up is not None:
+            Fs = self.shared_down.in_features
+            keys = [f"shared_experts.{p}_proj.weight" for p in ("gate", "up", "down")]
+            gate, up, down = (state.check(k, shape) for k, shape in
+                              zip(keys, ((Fs, H), (Fs, H), (H, Fs))))
+            _load_stacked(self.shared_up, state, [torch.cat((gate, up))], keys[:2], one=True)
+            _load_stacked(self.shared_down, state, [down], keys[2:], one=True)
