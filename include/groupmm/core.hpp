@@ -89,6 +89,11 @@ const char* device_name(Device d);
 bool cuda_available();
 // CUDA if available, else CPU.
 Device default_device();
+// True when `stream` is capturing a CUDA graph (cudaStreamIsCapturing; an error of the query, as
+// for the legacy stream while another stream captures, counts as false and is cleared). A
+// Context must be created outside capture: it allocates its status block (cudaMalloc, which
+// capture forbids), so its constructor refuses a capturing stream with a clear error.
+bool stream_capturing(cudaStream_t stream);
 
 // ================================================================================================
 // TensorView: non-owning, row-major, rank <= 3

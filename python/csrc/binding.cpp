@@ -154,7 +154,16 @@ groupmm::Context& context_for(const at::Device& device) {
   static auto* pool = new std::map<std::pair<int, cudaStream_t>, std::unique_ptr<groupmm::Context>>;
   const std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*pool)[{device.index(), handle}];
-  if (!slot) slot = std::make_unique<groupmm::Context>(groupmm::Device::CUDA, handle);
+  if (!slot) {
+    // The core refuses it too; said here in torch's terms (torch.cuda.graph captures on its own
+    // side stream unless given one).
+    TORCH_CHECK(!groupmm::stream_capturing(handle), "groupmm: the first groupmm op on CUDA stream ",
+                static_cast<void*>(handle), " runs while it captures a CUDA graph; groupmm makes ",
+                "a stream's state (its status block) on the first op there, which capture forbids. "
+                "Warm up on the capture stream first: `with torch.cuda.stream(s): <one eager "
+                "call>`, then `with torch.cuda.graph(g, stream=s): ...`");
+    slot = std::make_unique<groupmm::Context>(groupmm::Device::CUDA, handle);
+  }
   last = {device.index(), handle, slot.get()};
   return *slot;
 }

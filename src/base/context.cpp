@@ -33,6 +33,15 @@ Device default_device() {
   return cuda_available() ? Device::CUDA : Device::CPU;
 }
 
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: a later launch check must not see it
+    return false;
+  }
+  return capture != cudaStreamCaptureStatusNone;
+}
+
 Context::Context(Device device, cudaStream_t stream) : device_(device), stream_(stream) {
   if (device_ == Device::CPU) {
     status_ = static_cast<StatusBlock*>(std::calloc(1, sizeof(StatusBlock)));
@@ -44,6 +53,12 @@ Context::Context(Device device, cudaStream_t stream) : device_(device), stream_(
   device_index_ = usable_cuda_device();
   GROUPMM_CHECK(device_index_ >= 0,
                 "Context: Device::CUDA requested but no CUDA device is visible");
+  // Before any call that capture forbids (cudaMalloc below), which would also invalidate it; as
+  // workspace() refuses to grow during capture.
+  GROUPMM_CHECK(!stream_capturing(stream_), "Context: stream ", static_cast<void*>(stream_),
+                " is capturing a CUDA graph; a Context allocates device memory (its status block), "
+                "which capture forbids: create the stream's Context (run one op on it) before "
+                "capturing");
   int major = 0, minor = 0;
   GROUPMM_CHECK_CUDA(
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index_));
@@ -82,10 +97,7 @@ void Context::set_gemm_sm_limit(int sms) {
 }
 
 bool Context::capturing() const {
-  if (device_ != Device::CUDA) return false;
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  GROUPMM_CHECK_CUDA(cudaStreamIsCapturing(stream_, &st));
-  return st != cudaStreamCaptureStatusNone;
+  return device_ == Device::CUDA && stream_capturing(stream_);
 }
 
 void Context::synchronize() {

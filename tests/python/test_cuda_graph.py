@@ -81,3 +81,26 @@ def test_moe_step_with_expert_bias_update_replays():
         assert torch.equal(moe.expert_bias, twin.expert_bias)
     assert moe.expert_bias.abs().sum() > 0
     groupmm.check()
+
+
+def test_first_op_on_a_capturing_stream_is_refused_clearly():
+    """groupmm makes a stream's state on its first op there, which capture forbids: that op is
+    refused with the remedy (before any CUDA call, so the capture stays valid), and the stream
+    then warms up and captures as usual."""
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(G, F, K, device="cuda", dtype=torch.bfloat16)
+    splits = torch.tensor([24, 24, 24, 24], device="cuda", dtype=torch.int32)
+    stream = torch.cuda.Stream()  # no groupmm op has run on it
+    stream.wait_stream(torch.cuda.current_stream())
+    with pytest.raises(RuntimeError, match="Warm up on the capture stream"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+            torch.ops.groupmm.grouped_mm(x, w, splits)
+    with torch.cuda.stream(stream):
+        want = torch.ops.groupmm.grouped_mm(x, w, splits)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        y = torch.ops.groupmm.grouped_mm(x, w, splits)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, want)
