@@ -9,11 +9,14 @@ line per batch: both medians (us per layer), the ratio peer / groupmm (> 1 means
 faster) and the outputs' max relative difference.
 
     PYTHONPATH=python python3 bench/peers_serving_w4.py [--tokens 1,2,4,8,16,32,64,256,1024]
-        [--groupmm-only] [--path automatic] [--json out.json]
+        [--groupmm-layer module|ops] [--groupmm-only] [--path automatic] [--json out.json]
 
-groupmm's layer is a chain of public ops (groupmm.nn.MoE has no biases and no clamped SwiGLU, so
-it cannot be this layer; the chain is groupmm.integrations.transformers' experts forward with the
-checkpoint's MXFP4 weights imported): router_logits, + router bias, router (softmax, renormalized
+groupmm's layer (--groupmm-layer module, the default) is the package's entry point for it:
+groupmm.nn.MoE.from_gpt_oss on the checkpoint's tensors (recipe 'mxfp4_weight', the MXFP4 bytes
+imported as they are), called under torch.no_grad(). --groupmm-layer ops times the same layer as
+the chain of public ops the module runs, with --path and --scale-layout for the 4-bit GEMMs (the
+chain is groupmm.integrations.transformers' experts forward with the checkpoint's MXFP4 weights
+imported): router_logits, + router bias, router (softmax, renormalized
 top-4: the softmax over the top-4 logits), permute_plan, permute (the router weights become
 per-row probs), grouped_mm_w4 gate_up (+ its bias, in the GEMM), weighted_swiglu_ex (alpha, limit,
 up + 1, interleaved; the router weight applied here), grouped_mm_w4 down, the routed down bias
@@ -50,8 +53,8 @@ cold-cache figure); every round replays both graphs in alternating order; a figu
 over --rounds rounds of the mean over --reps layers.
 
 GPU only for timing; on a machine without CUDA it runs a smoke test instead (4 experts, top-2,
-hidden 64 through groupmm's CPU backend against the float64 layer) and reports the peer
-unavailable. Without triton_kernels it times groupmm alone and says why.
+hidden 64 through groupmm's CPU backend, both forms of groupmm's layer, against the float64 layer)
+and reports the peer unavailable. Without triton_kernels it times groupmm alone and says why.
 """
 import argparse
 import sys
@@ -164,6 +167,29 @@ class GroupmmLayer:
         return ops.unpermute(y_perm, *plan, 1, 0, routed_bias.view(T, H).to(x.dtype))
 
 
+class GroupmmModule:
+    """The layer as the package builds it for a user: groupmm.nn.MoE.from_gpt_oss on the checkpoint's
+    tensors (gpt-oss's keys), MXFP4 experts imported."""
+
+    def __init__(self, L, topk):
+        state = {"router.weight": L["router_w"], "router.bias": L["router_b"]}
+        for ours, theirs in (("gu", "gate_up_proj"), ("dn", "down_proj")):
+            for part in ("blocks", "scales", "bias"):
+                state[f"experts.{theirs}_{part}"] = L[f"{ours}_{part}"]
+        self.moe = groupmm.nn.MoE.from_gpt_oss(state, topk, recipe="mxfp4_weight",
+                                               device=L["router_w"].device).eval()
+
+    def __call__(self, x):
+        with torch.no_grad():  # imported 4-bit experts: forward only
+            return self.moe(x)[0]
+
+
+def groupmm_layer(args, L):
+    if args.groupmm_layer == "module":
+        return GroupmmModule(L, args.topk)
+    return GroupmmLayer(L, args.topk, args.scale_layout, args.path)
+
+
 # ---- the peer's layer: triton_kernels as vLLM calls it ------------------------------------------
 
 def load_peer():
@@ -240,20 +266,23 @@ def smoke(args):
     # At hidden 64 the products are small: a larger gate_up bias makes the limit clamp some gate /
     # up values, so the smoke test checks the clamped branches too.
     L["gu_bias"] = L["gu_bias"] * 16
-    layer = GroupmmLayer(L, topk, args.scale_layout, args.path)
+    layers = dict(module=GroupmmModule(L, topk),
+                  ops=GroupmmLayer(L, topk, args.scale_layout, args.path))
     rows = []
     for tokens in (1, 3, 8):
         x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(tokens), dtype=torch.bfloat16)
-        y = layer(x)
         keep = ~ambiguous_tokens(x, L, topk)
         stats = {}
-        err = rel_diff(y, ref_layer(x, L, topk, list(range(tokens)), stats), keep)
-        ok = err is None or err < TOLERANCE
-        print(f"E={E} top-{topk} H={H} F={F_} tokens {tokens}  cpu smoke  groupmm layer vs float64 "
-              f"rel diff {'-' if err is None else f'{err:.2e}'} ({int((~keep).sum())} ambiguous, "
-              f"{stats['clamped']:.0%} of gate/up clamped){'' if ok else '  FAIL'}")
-        rows.append(dict(tokens=tokens, E=E, topk=topk, H=H, F=F_, groupmm_ref_diff=err,
-                         ambiguous=int((~keep).sum()), clamped=stats["clamped"], ok=ok))
+        ref = ref_layer(x, L, topk, list(range(tokens)), stats)
+        for form, layer in layers.items():
+            err = rel_diff(layer(x), ref, keep)
+            ok = err is None or err < TOLERANCE
+            print(f"E={E} top-{topk} H={H} F={F_} tokens {tokens}  cpu smoke  groupmm {form} vs "
+                  f"float64 rel diff {'-' if err is None else f'{err:.2e}'} ({int((~keep).sum())} "
+                  f"ambiguous, {stats['clamped']:.0%} of gate/up clamped){'' if ok else '  FAIL'}")
+            rows.append(dict(tokens=tokens, E=E, topk=topk, H=H, F=F_, groupmm_layer=form,
+                             groupmm_ref_diff=err, ambiguous=int((~keep).sum()),
+                             clamped=stats["clamped"], ok=ok))
     return rows
 
 
@@ -268,7 +297,7 @@ def run_gpu(args):
     device = torch.device("cuda")
     peer, line, hopper, constraints = peers_w4.peer_on_this_device(args, peer_status)
     L = make_layer(args.experts, args.hidden, args.hidden, device, seed=0)
-    ours, theirs = GroupmmLayer(L, args.topk, args.scale_layout, args.path), None
+    ours, theirs = groupmm_layer(args, L), None
     if peer is not None:
         try:
             theirs = PeerLayer(peer, L, args.topk, hopper)
@@ -277,7 +306,9 @@ def run_gpu(args):
                   "timing groupmm alone")
     print(f"{torch.cuda.get_device_name()}: E={args.experts} top-{args.topk} H=F={args.hidden}; each "
           f"time: median of {args.rounds} rounds of {args.reps} layers back to back in a CUDA graph "
-          f"(L2 not flushed); groupmm path={args.path}, scale_layout={args.scale_layout}")
+          f"(L2 not flushed); groupmm layer={args.groupmm_layer}"
+          + ("" if args.groupmm_layer == "module"
+             else f", path={args.path}, scale_layout={args.scale_layout}"))
     print(f"{'tokens':>6} {'exp':>4} {'groupmm us':>11} {'peer us':>9} {'peer/g':>7} {'diff':>8} "
           f"{'g-ref':>8} {'ambig':>5}")
     rows, failed = [], False
@@ -328,7 +359,8 @@ def run_gpu(args):
           f"under {AMBIGUOUS:g} max|logit|); above {TOLERANCE:g} fails. peer/g > 1: groupmm faster.")
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, reps=args.reps,
                 rounds=args.rounds, l2="not flushed (layers back to back in a CUDA graph)",
-                groupmm_path=args.path, groupmm_scale_layout=args.scale_layout, peer=line,
+                groupmm_layer=args.groupmm_layer, groupmm_path=args.path,
+                groupmm_scale_layout=args.scale_layout, peer=line,
                 experts=args.experts, topk=args.topk, hidden=args.hidden, tolerance=TOLERANCE)
     if theirs is not None:
         meta.update(peer_api=peer.api, peer_version=peer.version, peer_origin=peer.origin,
@@ -344,6 +376,9 @@ def main():
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=2880, help="hidden size = expert width")
+    ap.add_argument("--groupmm-layer", default="module", choices=["module", "ops"],
+                    help="groupmm.nn.MoE.from_gpt_oss (default) or the chain of ops it runs (which "
+                         "takes --path and --scale-layout)")
     peers_w4.add_common_options(ap, 20, "layers")
     args = ap.parse_args()
     return peers_common.finish(args, "triton_kernels", smoke, run_gpu, load_peer)

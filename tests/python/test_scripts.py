@@ -100,18 +100,20 @@ def test_peers_w4_smoke(tmp_path):
 
 def test_peers_serving_w4_smoke(tmp_path):
     """Without CUDA the gpt-oss serving-layer benchmark runs groupmm's MXFP4 MoE layer (router,
-    clamped interleaved SwiGLU, biases, weighted combine) on the CPU against a float64 layer on
-    the dequantized weights, with the clamp engaged, says the peer is unavailable (and why), and
-    still exits 0 and writes its rows."""
+    clamped interleaved SwiGLU, biases, weighted combine), as groupmm.nn.MoE.from_gpt_oss builds it
+    and as the chain of ops, on the CPU against a float64 layer on the dequantized weights, with
+    the clamp engaged, says the peer is unavailable (and why), and still exits 0 and writes its
+    rows."""
     out = tmp_path / "serving_w4.json"
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "peers_serving_w4.py"),
                            "--json", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("cpu smoke") == 3
+    assert proc.stdout.count("cpu smoke") == 6
     assert "peer triton_kernels: unavailable (" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
-    assert [r["tokens"] for r in rows] == [1, 3, 8]
+    assert [(r["tokens"], r["groupmm_layer"]) for r in rows] == [
+        (t, form) for t in (1, 3, 8) for form in ("module", "ops")]
     assert all(r["ok"] and r["groupmm_ref_diff"] < 3e-2 and r["clamped"] > 0 for r in rows), rows
 
 
