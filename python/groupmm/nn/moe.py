@@ -284,7 +284,10 @@ class MoE(torch.nn.Module):
     columns. from_gpt_oss() builds gpt-oss's layer from transformers' GptOssMLP or its state dict,
     with the 16-bit weights or the checkpoint's MXFP4 blocks (recipe 'mxfp4_weight'); the router
     (softmax over the top-k logits) is score='softmax' with renormalize=True. Both need ep_group
-    None and fused_gate_up False (ValueError otherwise).
+    None and fused_gate_up False (ValueError otherwise). from_deepseek_v3() builds DeepSeek-V3's
+    layer (score='sigmoid', group-limited, expert_bias from its e_score_correction_bias, a shared
+    expert) from transformers' DeepseekV3MoE or a state dict, with 16-bit weights or the release's
+    FP8 ones (recipe 'fp8_block').
 
     recipe and delay_wgrad go to the expert GroupedLinears and the shared expert's (see there);
     fp8_current and fp8_block need every split a multiple of 16 (recipe_traits(recipe).
