@@ -188,6 +188,14 @@ class _State:
     def __init__(self, state, prefix, model):
         self.state, self.prefix, self.model = state, prefix, model
 
+    @classmethod
+    def of_layer(cls, loader, state, prefix, model, topk, usual_topk):
+        """The state MoE.<loader> builds from; a state dict carries no top-k, so it is needed."""
+        if topk is None:
+            raise ValueError(f"groupmm.nn.MoE.{loader}: topk is needed with a state dict ({model} "
+                             f"routes each token to {usual_topk} experts)")
+        return cls(state, prefix, model)
+
     def __contains__(self, key):
         return self.prefix + key in self.state
 
@@ -521,10 +529,7 @@ class MoE(torch.nn.Module):
             if experts is not None and hasattr(experts, "alpha"):
                 form = form._replace(alpha=float(experts.alpha), limit=float(experts.limit))
             source = source.state_dict()
-        state = _State(source, prefix, "gpt-oss")
-        if topk is None:
-            raise ValueError("groupmm.nn.MoE.from_gpt_oss: topk is needed with a state dict (gpt-oss "
-                             "routes each token to 4 experts)")
+        state = _State.of_layer("from_gpt_oss", source, prefix, "gpt-oss", topk, 4)
         E, H = state.check("router.weight", None).shape
         F = state.check("experts.gate_up_proj_bias", None).shape[-1] // 2
         moe = cls(H, F, E, topk, score="softmax", renormalize=True, bias=True, activation=form,
@@ -594,10 +599,8 @@ class MoE(torch.nn.Module):
             scaling_factor = float(gate.routed_scaling_factor)
             renormalize = bool(gate.norm_topk_prob)
             source = source.state_dict()
-        state = _State(source, prefix, "DeepSeek-V3")
-        if topk is None:
-            raise ValueError("groupmm.nn.MoE.from_deepseek_v3: topk is needed with a state dict "
-                             "(DeepSeek-V3 routes each token to 8 experts)")
+        state = _State.of_layer("from_deepseek_v3", source, prefix, "DeepSeek-V3", topk,
+                                  8)
         E, H = state.check("gate.weight", None).shape
         if "experts.gate_up_proj" in state:
             F = state["experts.gate_up_proj"].shape[1] // 2
@@ -607,8 +610,9 @@ class MoE(torch.nn.Module):
                   and state["shared_experts.gate_proj.weight"].shape[0])
         moe = cls(H, F, E, topk, shared_ffn_hidden=shared or 0, score="sigmoid",
                   renormalize=renormalize, n_group=n_group, topk_group=topk_group,
-                  scaling_factor=scaling_factor, expert_bias="gate.e_score_correction_bias" in state,
-                  recipe=recipe, dtype=dtype, device=device, **kw)
+                  scaling_factor=scaling_factor,
+                  expert_bias="gate.e_score_correction_bias" in state, recipe=recipe, dtype=dtype,
+                  device=device, **kw)
         moe.import_deepseek_v3(state)
         return moe
 
