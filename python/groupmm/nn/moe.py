@@ -242,6 +242,11 @@ def _load_stacked(layer, state, weights, keys, one=False):
     layer.import_fp8_block(w[0] if one else w, s[0] if one else s)
 
 
+# transformers' MoE blocks of the plain form (softmax top-k router without bias, SwiGLU experts
+# stored [E, 2F, H] / [E, H, F], no shared expert): from_transformers copies them as they are.
+_SOFTMAX_TOPK_BLOCKS = ("Qwen3MoeSparseMoeBlock", "MixtralSparseMoeBlock", "OlmoeSparseMoeBlock")
+
+
 class MoE(torch.nn.Module):
     """y [T, H] = sum_j w_tj * expert_{e_tj}(x_t) (+ shared expert(x_t)), top-k routing.
 
@@ -510,6 +515,58 @@ class MoE(torch.nn.Module):
         for layer in (self.gate_up, self.down, self.shared_up, self.shared_down):
             if layer is not None:
                 layer.backward_dw()
+
+    # ---- transformers' MoE layers ---------------------------------------------------------------
+
+    @classmethod
+    def from_transformers(cls, layer, *, dtype=None, device=None, **kw):
+        """The block equal to a transformers MoE layer (a decoder layer's `mlp`), its weights
+        copied: GptOssMLP (from_gpt_oss), DeepseekV3MoE (from_deepseek_v3), and the softmax top-k
+        blocks Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock and OlmoeSparseMoeBlock (router
+        `gate` [E, H] without bias, softmax scores, the top-k weights renormalized as the layer's
+        norm_topk_prob says (Mixtral: always), experts.gate_up_proj [E, 2F, H] with gate rows
+        first, experts.down_proj [E, H, F], SiLU). dtype and device default to the layer's; other
+        keywords go to the constructor (recipe, align, capacity_factor, ...). Refused
+        (NotImplementedError naming the class and the reason): other classes, Qwen2-MoE's gated
+        shared expert, another activation than SiLU, Mixtral's router jitter in training."""
+        name = type(layer).__name__
+        first = next(layer.parameters())
+        dtype = first.dtype if dtype is None else dtype
+        device = first.device if device is None else device
+        if name == "GptOssMLP":
+            return cls.from_gpt_oss(layer, dtype=dtype, device=device, **kw)
+        if name == "DeepseekV3MoE":
+            return cls.from_deepseek_v3(layer, dtype=dtype, device=device, **kw)
+
+        def refuse(why):
+            raise NotImplementedError(f"groupmm.nn.MoE.from_transformers: {name}: {why}")
+        if name not in _SOFTMAX_TOPK_BLOCKS:
+            refuse("not a layer this block expresses (GptOssMLP, DeepseekV3MoE, "
+                   f"{', '.join(_SOFTMAX_TOPK_BLOCKS)})" + (
+                       "; Qwen2-MoE's shared expert is scaled by a sigmoid gate of its own, which "
+                       "the block's shared expert has not" if name == "Qwen2MoeSparseMoeBlock"
+                       else ""))
+        gate, experts = layer.gate, layer.experts
+        act = type(getattr(experts, "act_fn", None)).__name__
+        if act not in ("SiLU", "SiLUActivation"):
+            refuse(f"the experts' activation is {act}; the block's is SwiGLU (SiLU)")
+        if getattr(layer, "jitter_noise", 0):
+            refuse(f"router jitter {layer.jitter_noise} (training noise on the router's input) is "
+                   "not a feature of the block; set router_jitter_noise=0")
+        E, H = gate.weight.shape
+        F = experts.gate_up_proj.shape[1] // 2
+        if tuple(experts.gate_up_proj.shape) != (E, 2 * F, H) or \
+                tuple(experts.down_proj.shape) != (E, H, F):
+            refuse(f"expert weights {list(experts.gate_up_proj.shape)} and "
+                   f"{list(experts.down_proj.shape)}; the block takes [E, 2F, H] and [E, H, F]")
+        renormalize = bool(getattr(gate, "norm_topk_prob", True))
+        moe = cls(H, F, E, int(gate.top_k), score="softmax", renormalize=renormalize, dtype=dtype,
+                  device=device, **kw)
+        with torch.no_grad():
+            moe.router.weight.copy_(gate.weight)
+            _copy_weight(moe.gate_up, experts.gate_up_proj, f"{name}.experts.gate_up_proj")
+            _copy_weight(moe.down, experts.down_proj, f"{name}.experts.down_proj")
+        return moe
 
     # ---- gpt-oss ------------------------------------------------------------------------------
 
