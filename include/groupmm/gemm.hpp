@@ -251,8 +251,10 @@ struct W4GemmArgs {
   float alpha = 1.0f;  // multiplies the dequantized product
   W4Path path = W4Path::automatic;  // CUDA only: force decode, prefill or fused
   // path fused only: its kernel, "" or "rs_256x128" (the default: the consumers dequantize into
-  // wgmma's register operand, 256 rows by 128 columns of y a tile) or "coop_128x256" (the kernel
-  // layer's producer warps dequantize into a bf16 shared-memory operand)
+  // wgmma's register operand, 256 rows by 128 columns of y a tile), "rs_sw_256x128" (the same,
+  // with the block multipliers computed by the producer warpgroup's idle warps into each stage)
+  // or "coop_128x256" (the kernel layer's producer warps dequantize
+  // into a bf16 shared-memory operand)
   std::string config;
   GemmEngine engine = GemmEngine::automatic;  // automatic, or reference (CPU context)
   std::string to_string() const;

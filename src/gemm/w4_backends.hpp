@@ -35,8 +35,10 @@ GROUPMM_CUDA_ENTRY void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws
 // K] into `wide` (qnum::w4_weight_value; other experts untouched), the experts' fp32 accumulator
 // factors (qnum::w4_expert_factor) into factor [G].
 // Fused path, no workspace, G <= kW4FusedMaxGroups. Its default kernel, the RS form
-// (src/gemm/cuda/w4/fused_rs.cu): the consumers dequantize into wgmma's register A operand.
-GROUPMM_CUDA_ENTRY void w4_fused_rs_gemm(Context& ctx, const W4Launch& l);
+// (src/gemm/cuda/w4/fused_rs.cu): the consumers dequantize into wgmma's register A operand;
+// scale_warps (config rs_sw_256x128): the producer warpgroup's idle warps compute the block
+// multipliers into the stage.
+GROUPMM_CUDA_ENTRY void w4_fused_rs_gemm(Context& ctx, const W4Launch& l, bool scale_warps);
 // config coop_128x256 (src/gemm/cuda/w4/fused.cu): the kernel layer's grouped GEMM dequantizing
 // each stage's codes in shared memory.
 GROUPMM_CUDA_ENTRY std::string w4_fused_name(const W4Launch& l);

@@ -154,8 +154,10 @@ TEST(W4GemmCpu, ErrorsNameOpArgumentAndValue) {
   a.config = "rs_256x128";
   EXPECT_THROW_MSG(grouped_gemm(ctx, a),
                    "grouped_gemm: config='rs_256x128' must be empty, or "
-                   "with path fused 'coop_128x256' or 'rs_256x128'");
+                   "with path fused 'coop_128x256', 'rs_256x128' or 'rs_sw_256x128'");
   a.path = W4Path::fused;
+  EXPECT_NO_THROW(grouped_gemm(ctx, a));
+  a.config = "rs_sw_256x128";
   EXPECT_NO_THROW(grouped_gemm(ctx, a));
   a.config = "fast";
   EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: config='fast' must be empty");

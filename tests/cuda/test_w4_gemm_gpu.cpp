@@ -135,19 +135,30 @@ std::vector<W4Case> cases() {
   return v;
 }
 
-// Every fused case again on the kernel layer's variant (config coop_128x256: the producer warps
-// dequantize into a bf16 shared-memory operand); the fused path's default is the RS kernel.
+// Every fused case again on the RS kernel's scale-warp variant (config rs_sw_256x128) and on the
+// kernel layer's variant (config coop_128x256: the producer warps dequantize into a bf16
+// shared-memory operand); the fused path's default is the RS kernel.
 std::vector<W4Case> all_cases() {
   std::vector<W4Case> v = cases();
   const size_t n = v.size();
-  for (size_t i = 0; i < n; ++i)
-    if (v[i].spec.path == W4Path::fused) {
-      W4Case c = v[i];
-      c.spec.config = "coop_128x256";
-      c.name += "_coop";
-      v.push_back(c);
-    }
+  for (const auto& [config, suffix] :
+       {std::pair<const char*, const char*>{"rs_sw_256x128", "_sw"}, {"coop_128x256", "_coop"}})
+    for (size_t i = 0; i < n; ++i)
+      if (v[i].spec.path == W4Path::fused) {
+        W4Case c = v[i];
+        c.spec.config = config;
+        c.name += suffix;
+        v.push_back(c);
+      }
   return v;
+}
+
+// The fused path's kernels after decode and prefill: v 0 decode, 1 prefill, 2 fused (the RS
+// kernel), 3 its scale-warp variant, 4 the kernel layer's variant.
+constexpr int kW4Variants = 5;
+void set_variant(W4Spec& s, int v) {
+  s.path = v == 0 ? W4Path::decode : v == 1 ? W4Path::prefill : W4Path::fused;
+  s.config = v == 3 ? "rs_sw_256x128" : v == 4 ? "coop_128x256" : "";
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, W4GemmGpu, ::testing::ValuesIn(all_cases()),
@@ -187,12 +198,11 @@ TEST(W4GemmGpu, AutomaticPathFollowsTheAverageRows) {
 TEST(W4GemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
   GROUPMM_REQUIRE_GPU();
   for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4})
-    for (int v = 0; v < 4; ++v) {  // decode, prefill, fused, fused (the kernel layer's variant)
-      const W4Path path = v == 0 ? W4Path::decode : v == 1 ? W4Path::prefill : W4Path::fused;
+    for (int v = 0; v < kW4Variants; ++v) {
       W4Spec s;
       s.recipe = r;
-      s.path = path;
-      if (v == 3) s.config = "coop_128x256";
+      set_variant(s, v);
+      const W4Path path = s.path;
       s.G = 16;
       s.N = 256;
       s.K = 512;
@@ -244,12 +254,10 @@ TEST(W4GemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
 // Bad splits: the kernels clamp, never write past the buffers, and report.
 TEST(W4GemmGpuFaults, BadSplitsAreClampedAndReported) {
   GROUPMM_REQUIRE_GPU();
-  for (int v = 0; v < 4; ++v) {  // decode, prefill, fused, fused (the kernel layer's variant)
-    const W4Path path = v == 0 ? W4Path::decode : v == 1 ? W4Path::prefill : W4Path::fused;
+  for (int v = 0; v < kW4Variants; ++v) {
     W4Spec s;
     s.recipe = QuantRecipe::mxfp4;
-    s.path = path;
-    if (v == 3) s.config = "coop_128x256";
+    set_variant(s, v);
     s.G = 4;
     s.N = 128;
     s.K = 128;

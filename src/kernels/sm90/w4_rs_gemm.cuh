@@ -10,7 +10,11 @@
 //   codes  [G, N, K / 2] e2m1 (element 2j in the low nibble), read by TMA per expert (a 3-D map:
 //          zeros past N and K) into a kTileW x 32-byte slot of the stage;
 //   scales block scales of the rowwise layout (plain or swizzled 128x4), loaded by the consumers
-//          one stage ahead; numerics/w4.hpp gives the exact bf16 weights.
+//          one stage ahead; numerics/w4.hpp gives the exact bf16 weights. With kScaleWarps,
+//          warps 1-3 of warpgroup 0 load them instead and write each stage's per-row block
+//          multipliers into the stage (16 bytes a row), which the consumers read with one
+//          shared-memory load a row: the multiplier arithmetic and the scale addressing leave the
+//          consumers' stage loop, which issues the dequantization and the MMAs.
 //
 // Tiles: kTileW = 128 weight rows (output columns; consumer c takes rows 64 c .. 64 c + 63) by
 // up to kTileT tokens (output rows; the wgmma N, narrowed to 128 or 64 for a tile of fewer rows:
@@ -52,9 +56,12 @@
 
 namespace groupmm::cuda::sm90 {
 
-template <QuantRecipe kRecipe_, int kTileT_, int kStages_>
+template <QuantRecipe kRecipe_, int kTileT_, int kStages_, bool kScaleWarps_ = false>
 struct W4RsGemmConfig {
   static constexpr QuantRecipe kRecipe = kRecipe_;
+  static constexpr bool kScaleWarps = kScaleWarps_;
+  // the scale warps: warps 1-3 of warpgroup 0 (warp 0's thread 0 issues the copies)
+  static constexpr int kScaleThreads = kScaleWarps ? 96 : 0;
   static constexpr bool kNv = kRecipe == QuantRecipe::nvfp4;
   static constexpr int kTileW = 128;  // weight rows of a tile: two consumers of 64
   static constexpr int kTileT = kTileT_;
@@ -63,11 +70,15 @@ struct W4RsGemmConfig {
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = 384;
   static constexpr int kMaxGroups = 1024;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // the scale warps' loop needs more than the copy issue alone; the consumers' loop without the
+  // multiplier arithmetic fits the rest
+  static constexpr int kProducerRegs = kScaleWarps ? 56 : 40;
+  static constexpr int kConsumerRegs = kScaleWarps ? 224 : 232;
   static constexpr int kXBytes = kTileT * kTileK * 2;
   static constexpr int kCodeBytes = kTileW * kTileK / 2;
-  static constexpr int kStageBytes = kXBytes + kCodeBytes;
+  // a stage's multipliers with kScaleWarps: one 16-byte record a weight row (w4rs::RowRecord)
+  static constexpr int kMultBytes = kScaleWarps ? kTileW * 16 : 0;
+  static constexpr int kStageBytes = kXBytes + kCodeBytes + kMultBytes;
   // a consumer's epilogue rows: 64 bf16 columns of one token, padded by 16 bytes so that the
   // 2-byte writes of the 4 lanes of a quad (tokens 2t, 2t + 1) fall in different banks
   static constexpr int kEpiRowBytes = 64 * 2 + 16;
@@ -83,6 +94,7 @@ struct W4RsGemmConfig {
   static_assert(kRecipe == QuantRecipe::nvfp4 || kRecipe == QuantRecipe::mxfp4, "4-bit weights");
   static_assert(kTileT % 64 == 0 && kTileT <= 256, "a wgmma N of 64 .. 256, whole TMA boxes");
   static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0, "1024-byte aligned stages");
+  static_assert(!kScaleWarps || kTileW <= 2 * kScaleThreads, "two rows a scale thread at most");
   static_assert(kXBoxBytes % 1024 == 0 && kTileT % kEpiRows == 0, "whole boxes and passes");
   static_assert(kStages >= 2, "one stage read, one filled");
   static_assert(kSlices % 2 == 0, "a stage in two batches of slices");
@@ -113,6 +125,18 @@ __device__ __forceinline__ uint32_t byte_raw_pair(uint32_t w, uint32_t sel) {
   uint32_t b;
   asm("prmt.b32 %0, %1, 0, %2;" : "=r"(b) : "r"(w), "r"(sel));
   return qnum::e2m1_byte_raw_pair(b);
+}
+
+// 16 bytes of shared memory at generic address `a` by ld.shared (the generic loads the compiler
+// makes of a pointer it cannot prove shared take longer). Volatile: ordered after the stage's
+// barrier wait, which is volatile too.
+__device__ __forceinline__ uint4 lds128(const void* a) {
+  uint4 v;
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(a));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(s));
+  return v;
 }
 
 // One row's scale bytes of a stage: mxfp4 two (blocks 2 kb, 2 kb + 1: slices 0-1, 2-3), nvfp4
@@ -155,7 +179,38 @@ struct StageMultipliers {
   uint32_t m[2][kBlocks];
   uint32_t m2[2][kBlocks];
   bool two;
-  __device__ __forceinline__ explicit StageMultipliers(const uint32_t (&sc)[2]) {
+  // From the scale words sc of the rows, or with kScaleWarps from their records in the stage's
+  // multiplier area `mult` (rows r0 and r0 + 8): mxfp4 {m1 of blocks 0, 1; m2 of blocks 0, 1},
+  // nvfp4 {m of blocks 0 .. 3}; m2 is 1 where a block needs no second factor.
+  __device__ __forceinline__ StageMultipliers(const uint32_t (&sc)[2], const uint8_t* mult,
+                                              int r0) {
+    if constexpr (Config::kScaleWarps) {
+      const uint4 rec[2] = {lds128(mult + 16 * r0), lds128(mult + 16 * (r0 + 8))};
+      from_records(rec);
+    } else {
+      from_scales(sc);
+    }
+  }
+  __device__ __forceinline__ void from_records(const uint4 (&rec)[2]) {
+    two = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t w[4] = {rec[h].x, rec[h].y, rec[h].z, rec[h].w};
+      if constexpr (Config::kNv) {
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) m[h][b] = w[b];
+      } else {
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+          m[h][b] = w[b];
+          m2[h][b] = w[2 + b];
+          two |= w[2 + b] != kOne;
+        }
+      }
+    }
+  }
+  static constexpr uint32_t kOne = 0x3F803F80u;  // bf16x2 (1, 1)
+  __device__ __forceinline__ void from_scales(const uint32_t (&sc)[2]) {
     two = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -176,6 +231,64 @@ struct StageMultipliers {
     }
   }
 };
+
+// A row's record of a stage (kScaleWarps) from its scale bytes `sc` (load_row_scales): the block
+// multipliers StageMultipliers computes from them, in the order its record constructor reads.
+template <class Config>
+__device__ __forceinline__ uint4 row_record(uint32_t sc) {
+  if constexpr (Config::kNv) {
+    uint32_t lo[2], hi[2];
+    qnum::w4_nvfp4_multipliers(sc & 0xFFFFu, lo);
+    qnum::w4_nvfp4_multipliers(sc >> 16, hi);
+    return make_uint4(lo[0], lo[1], hi[0], hi[1]);
+  } else {
+    const uint8_t e0 = static_cast<uint8_t>(sc), e1 = static_cast<uint8_t>(sc >> 8);
+    return make_uint4(qnum::w4_mxfp4_multiplier1(e0), qnum::w4_mxfp4_multiplier1(e1),
+                      qnum::w4_mxfp4_multiplier2(e0), qnum::w4_mxfp4_multiplier2(e1));
+  }
+}
+
+// The scale rows' base pointer of tile row `r` (null past N): plain or swizzled 128x4.
+__device__ __forceinline__ const uint8_t* scale_row(const W4RsParams& p, const TileCoord& c, int r,
+                                                    int tile_w) {
+  const int64_t n = int64_t(c.ct) * tile_w + r;
+  const int64_t i = p.scale_swizzled
+                        ? qnum::swizzle_128x4(int64_t(c.g) * p.scale_tiles * 128 + n, 0, p.scale_ld)
+                        : (int64_t(c.g) * p.N + n) * p.scale_ld;
+  return n < p.N ? p.scales + i : nullptr;
+}
+
+// The scale warps' part of a tile (kScaleWarps): for every stage of the tile, after the stage is
+// free, the records of rows st and st + 96 (below kTileW) into the stage, then this thread's
+// arrival on its full barrier. The scale words are loaded a stage ahead, as the consumers'
+// own loads are without the scale warps.
+template <class Config>
+__device__ __forceinline__ void scale_tile(const W4RsParams& p, const TileCoord& c, uint8_t* stages,
+                                           uint64_t* full, uint64_t* empty, int kb_count, int st,
+                                           int& cnt) {
+  constexpr int S = Config::kStages, R = Config::kScaleThreads;
+  const uint8_t* srow[2] = {
+      scale_row(p, c, st, Config::kTileW),
+      st + R < Config::kTileW ? scale_row(p, c, st + R, Config::kTileW) : nullptr};
+  const bool second = st + R < Config::kTileW;
+  uint32_t sc[2] = {load_row_scales<Config>(p, srow[0], 0),
+                    second ? load_row_scales<Config>(p, srow[1], 0) : 0u};
+  for (int kb = 0; kb < kb_count; ++kb, ++cnt) {
+    const int s = cnt % S;
+    const uint32_t next0 = kb + 1 < kb_count ? load_row_scales<Config>(p, srow[0], kb + 1) : 0u;
+    const uint32_t next1 =
+        second && kb + 1 < kb_count ? load_row_scales<Config>(p, srow[1], kb + 1) : 0u;
+    uint8_t* mult = stages + s * Config::kStageBytes + Config::kXBytes + Config::kCodeBytes;
+    const uint4 r0 = row_record<Config>(sc[0]);
+    const uint4 r1 = row_record<Config>(sc[1]);
+    mbar_wait(&empty[s], ((cnt / S) & 1) ^ 1);
+    *reinterpret_cast<uint4*>(mult + 16 * st) = r0;
+    if (second) *reinterpret_cast<uint4*>(mult + 16 * (st + R)) = r1;
+    detail::mbar_arrive(&full[s]);
+    sc[0] = next0;
+    sc[1] = next1;
+  }
+}
 
 // The 4 A registers of slice s from the slice's code words of rows R0 (w0: bytes 8 s .. 8 s + 7)
 // and R1 (w1): a0 = R0 byte 8 s + t, a1 = R1, a2 = R0 byte 8 s + t + 4, a3 = R1; times the rows'
@@ -241,7 +354,8 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx<Config>& cc, con
   auto frag1 = thr_mma.partition_fragment_A(sA_shape);
   static_assert(decltype(size(frag0))::value == 8 * Config::kSlices,
                 "8 bf16 of A a lane and k16 slice");
-  // the scale rows of r0 and r0 + 8 (null past N)
+  // the scale rows of r0 and r0 + 8 (null past N; with the scale warps the loads below are dead
+  // code: the stage multipliers read the records instead)
   const uint8_t* srow[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -267,7 +381,7 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx<Config>& cc, con
         kb + 1 < kb_count ? w4rs::load_row_scales<Config>(p, srow[0], kb + 1) : 0;
     const uint32_t next1 =
         kb + 1 < kb_count ? w4rs::load_row_scales<Config>(p, srow[1], kb + 1) : 0;
-    const w4rs::StageMultipliers<Config> mul(sc);
+    const w4rs::StageMultipliers<Config> mul(sc, codes + Config::kCodeBytes, r0);
     sc[0] = next0;
     sc[1] = next1;
     auto sX = make_tensor(make_smem_ptr(reinterpret_cast<E*>(x_stage(s))), SmemLayoutX{});
@@ -276,14 +390,30 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx<Config>& cc, con
       constexpr int kPer = Config::kSlices / 2;
       constexpr int kFirst = decltype(h_)::value * kPer;
       uint32_t* fa = reinterpret_cast<uint32_t*>(frag.data());
+      if constexpr (Config::kScaleWarps) {
+        // the batch's two slices of rows r0 and r0 + 8: 16 bytes each, one ld.shared a row
+        static_assert(kPer == 2, "two slices a batch");
+        const uint4 q0 = w4rs::lds128(codes + r0 * 32 + 8 * kFirst);
+        const uint4 q1 = w4rs::lds128(codes + (r0 + 8) * 32 + 8 * kFirst);
+        const uint2 w[2][2] = {{make_uint2(q0.x, q0.y), make_uint2(q1.x, q1.y)},
+                               {make_uint2(q0.z, q0.w), make_uint2(q1.z, q1.w)}};
 #pragma unroll
-      for (int sl = kFirst; sl < kFirst + kPer; ++sl) {
-        uint32_t a[4];
-        const uint2 w0 = *reinterpret_cast<const uint2*>(codes + r0 * 32 + 8 * sl);
-        const uint2 w1 = *reinterpret_cast<const uint2*>(codes + (r0 + 8) * 32 + 8 * sl);
-        w4rs::slice_a<Config>(w0, w1, sl, sel, mul, a);
+        for (int j = 0; j < 2; ++j) {
+          uint32_t a[4];
+          w4rs::slice_a<Config>(w[j][0], w[j][1], kFirst + j, sel, mul, a);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) fa[4 * sl + i] = a[i];
+          for (int i = 0; i < 4; ++i) fa[4 * (kFirst + j) + i] = a[i];
+        }
+      } else {
+#pragma unroll
+        for (int sl = kFirst; sl < kFirst + kPer; ++sl) {
+          uint32_t a[4];
+          const uint2 w0 = *reinterpret_cast<const uint2*>(codes + r0 * 32 + 8 * sl);
+          const uint2 w1 = *reinterpret_cast<const uint2*>(codes + (r0 + 8) * 32 + 8 * sl);
+          w4rs::slice_a<Config>(w0, w1, sl, sel, mul, a);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) fa[4 * sl + i] = a[i];
+        }
       }
       // fence only the batch's registers: the set's other slices stay dead
       auto fence_a = [&] {
@@ -415,7 +545,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (threadIdx.x == 0) {
     tile_prefix[G] = total_tiles;
     for (int s = 0; s < S; ++s) {
-      mbar_init(&full[s], 1);   // thread 0's arrival with both copies' bytes
+      // thread 0's arrival with both copies' bytes (and each scale thread's, with its records)
+      mbar_init(&full[s], 1 + Config::kScaleThreads);
       mbar_init(&empty[s], 2);  // both consumers
     }
     mbar_init_fence();
@@ -460,6 +591,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                         static_cast<int>(c.row0) + j * Config::kXBoxRows, &full[s]);
           tma_load_3d(code_stage(s), &tma_codes, kb * (BK / 2), c.ct * BW, c.g, &full[s]);
         }
+      }
+    }
+    if constexpr (Config::kScaleWarps) {
+      if (threadIdx.x >= 32) {
+        int cnt = 0;
+        for (int32_t t = blockIdx.x; t < total_tiles; t += gridDim.x)
+          w4rs::scale_tile<Config>(p, tile_at(t), stages, full, empty, kb_count,
+                                   static_cast<int>(threadIdx.x) - 32, cnt);
       }
     }
   } else {

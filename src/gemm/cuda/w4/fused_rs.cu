@@ -1,7 +1,7 @@
 // The 4-bit weight GEMM's fused path in the RS form (kernels/sm90/w4_rs_gemm.cuh): the weights
 // dequantized by the consumers straight into wgmma's register operand. The fused path's default
-// kernel (W4GemmArgs::config "" or "rs_256x128"). No workspace; graph safe (the splits are read
-// on the device).
+// kernel (W4GemmArgs::config "" or "rs_256x128") and its scale-warp variant ("rs_sw_256x128").
+// No workspace; graph safe (the splits are read on the device).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -14,15 +14,19 @@
 namespace groupmm::cuda {
 namespace {
 
-// 128 weight rows x 256 tokens a tile, 4 stages of 36 KiB, a 36 KiB epilogue buffer.
-template <QuantRecipe kRecipe>
-using W4RsConfig = sm90::W4RsGemmConfig<kRecipe, 256, 4>;
-static_assert(W4RsConfig<QuantRecipe::mxfp4>::kMaxGroups == kW4FusedMaxGroups,
+// The kernels of this file, each configuration named once: 128 weight rows x 256 tokens a tile,
+// 4 stages of 36 KiB (38 with the scale warps' records), a 36 KiB epilogue buffer.
+//   rs_256x128     the consumers load the scales and compute the multipliers
+//   rs_sw_256x128  warps 1-3 of the producer warpgroup do (kScaleWarps)
+template <QuantRecipe kRecipe, bool kScaleWarps>
+using W4RsConfig = sm90::W4RsGemmConfig<kRecipe, 256, 4, kScaleWarps>;
+static_assert(W4RsConfig<QuantRecipe::mxfp4, false>::kMaxGroups == kW4FusedMaxGroups &&
+                  W4RsConfig<QuantRecipe::mxfp4, true>::kMaxGroups == kW4FusedMaxGroups,
               "the fused path's expert limit is the kernel's tile tables");
 
-template <QuantRecipe kRecipe>
+template <QuantRecipe kRecipe, bool kScaleWarps>
 void launch_rs(Context& ctx, const W4Launch& l) {
-  using Config = W4RsConfig<kRecipe>;
+  using Config = W4RsConfig<kRecipe, kScaleWarps>;
   const GemmDims& d = l.dims;
   sm90::W4RsParams p{};
   p.bias = static_cast<const uint16_t*>(l.bias);
@@ -71,11 +75,13 @@ void launch_rs(Context& ctx, const W4Launch& l) {
 
 }  // namespace
 
-void w4_fused_rs_gemm(Context& ctx, const W4Launch& l) {
+void w4_fused_rs_gemm(Context& ctx, const W4Launch& l, bool scale_warps) {
   if (l.recipe == QuantRecipe::nvfp4)
-    launch_rs<QuantRecipe::nvfp4>(ctx, l);
+    scale_warps ? launch_rs<QuantRecipe::nvfp4, true>(ctx, l)
+                : launch_rs<QuantRecipe::nvfp4, false>(ctx, l);
   else
-    launch_rs<QuantRecipe::mxfp4>(ctx, l);
+    scale_warps ? launch_rs<QuantRecipe::mxfp4, true>(ctx, l)
+                : launch_rs<QuantRecipe::mxfp4, false>(ctx, l);
 }
 
 }  // namespace groupmm::cuda
