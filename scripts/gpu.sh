@@ -32,6 +32,7 @@ stages (knobs are environment variables):
   bench-moe       bench moe --json, then bench/peers_torch_moe.py (BENCH_MOE_ARGS)
   bench-ep        bench ep, bench moe --ep capacity: a process per GPU (torchrun) when several
   bench-w4        bench gemm --weights nvfp4, then mxfp4 --json (ITERS)
+  peers           bench/peers_w4.py, peers_serving_w4.py, peers_deepgemm.py --json (+ .peers on PYTHONPATH)
   python          the torch extension against $BUILD_DIR, then pytest tests/python on the GPU
   ncu             Nsight Compute: NCU_KERNEL of NCU_CMD (bench quantize) per NCU_CASES, NCU_SOURCE=1: + SASS regions
   tune            bench gemm --quick sweeps: TUNE ("ARGS;ARGS;...", default the wgrad tiles)
@@ -176,11 +177,27 @@ stage_bench_w4() {
   done
   grep -E '^groupmm bench|^(decode|prefill)_|FAIL|^ok' "$OUT/bench_w4.txt" | tee -a "$OUT/summary.txt"
 }
+# The torch extension against $B, in place (python/groupmm/).
+build_extension() {
+  run python-build 400 "$OUT/python.log" env GROUPMM_BUILD_DIR="$B" PYTHON="${PYTHON:-python3}" \
+    bash scripts/build_python.sh
+}
+# The same-process peer scripts; a peer that is missing is reported by the script, not fatal.
+# .peers (scripts/peer_kernels.sh: vLLM's vendored triton_kernels, carried) goes on PYTHONPATH.
+stage_peers() {
+  local py=${PYTHON:-python3} pp=python s
+  [ -d .peers ] && pp=python:.peers
+  build_extension || return
+  for s in peers_w4 peers_serving_w4 peers_deepgemm; do
+    run "$s" 240 "$OUT/$s.txt" env PYTHONPATH="$pp" "$py" "bench/$s.py" --json "$OUT/$s.json"
+    grep -E "^peer |FAIL" "$OUT/$s.txt" | head -5 | tee -a "$OUT/summary.txt"
+  done
+}
 stage_python() {
   local py=${PYTHON:-python3}
   "$py" -c "import pytest" 2>/dev/null || ! ls .whl/pytest-*.whl >/dev/null 2>&1 ||
     "$py" -m pip install -q --no-index --find-links .whl pytest  # wheels carried: pip download -d .whl pytest
-  run python-build 400 "$OUT/python.log" env GROUPMM_BUILD_DIR="$B" PYTHON="$py" bash scripts/build_python.sh &&
+  build_extension &&
     run pytest 420 "$OUT/python.log" env PYTHONPATH=python "$py" -m pytest tests/python -q -rs -p no:cacheprovider
   tail -3 "$OUT/python.log" | tee -a "$OUT/summary.txt"
 }

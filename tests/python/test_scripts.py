@@ -164,7 +164,8 @@ def test_train_tiny_moe_loss_goes_down():
 
 
 GPU_STAGES = ["build", "test", "sanitize", "cli", "bench-gemm", "bench-quantize", "bench-layer",
-              "bench-moe", "bench-ep", "bench-w4", "python", "ncu", "tune", "ab", "demo"]
+              "bench-moe", "bench-ep", "bench-w4", "peers", "python", "ncu", "tune", "ab",
+              "demo"]
 
 
 def test_gpu_script_lists_its_stages():
