@@ -1,6 +1,6 @@
 """What the same-process peer scripts share (bench/peers_w4.py, peers_serving_w4.py,
-peers_deepgemm.py): the peer's absence as an exception, the line that says which peer runs, and
-the scripts' end (the CPU smoke run without CUDA, the GPU run with it, the JSON rows, the exit
+peers_deepgemm.py): the peer's absence as an exception, the line that says which peer runs, a
+row's per-side figures, and the scripts' end (the CPU smoke run without CUDA, the GPU run with it, the JSON rows, the exit
 status)."""
 import json
 
@@ -20,6 +20,17 @@ def peer_status(args, label, load_peer, describe):
     except PeerMissing as e:
         return None, f"peer {label}: missing ({e}); timing groupmm alone"
     return p, f"peer {label} {describe(p)}"
+
+
+def record_times(row, us, flops, nbytes, copy_bps, fraction_key="copy_fraction"):
+    """Each side's time (us) into row as <side>_us, <side>_tflops and <side>_<fraction_key> (the
+    bytes moved as a fraction of the copy bandwidth), and ratio = peer / groupmm when both ran."""
+    for side, t in us.items():
+        row[f"{side}_us"] = t
+        row[f"{side}_tflops"] = flops / t * 1e-6
+        row[f"{side}_{fraction_key}"] = nbytes / (t * 1e-6) / copy_bps
+    if "groupmm_us" in row and "peer_us" in row:
+        row["ratio"] = row["peer_us"] / row["groupmm_us"]
 
 
 def finish(args, label, smoke, run_gpu, load_peer, **cpu_meta):

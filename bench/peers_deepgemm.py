@@ -559,12 +559,7 @@ def run_case(args, peer, layout, qw, G, N, K, matrix, routing, size, total, seed
         row[f"{side}_timing"] = f"eager, launch cost included ({err})"
     flops = 2.0 * row["rows"] * N * K
     weight_bytes = active * (N * K + (N // BLOCK) * (K // BLOCK) * 4)
-    for side, t in us.items():
-        row[f"{side}_us"] = t
-        row[f"{side}_tflops"] = flops / t * 1e-6
-        row[f"{side}_weight_copy_fraction"] = weight_bytes / (t * 1e-6) / copy_bps
-    if "groupmm_us" in row and "peer_us" in row:
-        row["ratio"] = row["peer_us"] / row["groupmm_us"]
+    peers_common.record_times(row, us, flops, weight_bytes, copy_bps, "weight_copy_fraction")
     del fns, qx, splits
     return row
 

@@ -466,12 +466,7 @@ def run_gpu(args):
                 row["groupmm_error"] = errors["groupmm"]
             flops = 2.0 * x.shape[0] * N * K
             nbytes = active * (N * K // 2 + N * K // 32) + x.shape[0] * (K + N) * 2
-            for side, t in us.items():
-                row[f"{side}_us"] = t
-                row[f"{side}_tflops"] = flops / t * 1e-6
-                row[f"{side}_copy_fraction"] = nbytes / (t * 1e-6) / copy_bps
-            if "groupmm_us" in row and "peer_us" in row:
-                row["ratio"] = row["peer_us"] / row["groupmm_us"]
+            peers_common.record_times(row, us, flops, nbytes, copy_bps)
             rows.append(row)
 
             print(row_line(row))
