@@ -29,12 +29,12 @@ MoEConfig::fused_gate_up), with the same results bit for bit.
 
 import math
 import numbers
-from typing import NamedTuple, Optional
 
 import torch
 
 from .._meta import check_router_sizes, moe_capacity
-from . import moe_ep
+from . import _loaders, moe_ep
+from ._swiglu import _activation, _weighted_swiglu
 from ._recompute import again as _again
 from .grouped_linear import GroupedLinear, _Recomputed, _resolved, split_multiple
 
@@ -52,53 +52,6 @@ class _SharedLinear(GroupedLinear):
     def forward(self, x, is_first_microbatch=None, recompute_input=None):
         splits = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
         return super().forward(x, splits, is_first_microbatch, recompute_input)
-
-
-class SwiGLU(NamedTuple):
-    """The experts' activation, as torch.ops.groupmm.weighted_swiglu_ex computes it:
-    g' = min(gate, limit), u' = clamp(up, -limit, limit), h = g' sigmoid(alpha g') (u' + up_offset),
-    times the router weight. limit None: no clamp. interleaved: gate and up alternate columns of
-    the gate_up output (gate = column 2i, up = 2i + 1, gpt-oss's layout), else gate is the first
-    half. The defaults are the plain SwiGLU (torch.ops.groupmm.weighted_swiglu, bit for bit)."""
-    alpha: float = 1.0
-    limit: Optional[float] = None
-    up_offset: float = 0.0
-    interleaved: bool = False
-
-    @property
-    def plain(self):
-        return self == SwiGLU()
-
-
-# gpt-oss's experts (transformers' GptOssExperts._apply_gate).
-GPT_OSS_SWIGLU = SwiGLU(alpha=1.702, limit=7.0, up_offset=1.0, interleaved=True)
-
-
-def _activation(activation):
-    """A checked SwiGLU from None, a SwiGLU or a tuple of its fields; raises ValueError."""
-    if activation is None:
-        return SwiGLU()
-    try:
-        a = SwiGLU(*activation)
-    except TypeError:
-        a = None
-    ok = (a is not None and isinstance(a.interleaved, bool)
-          and all(isinstance(v, numbers.Real) and math.isfinite(v) for v in (a.alpha, a.up_offset))
-          and (a.limit is None or (isinstance(a.limit, numbers.Real) and math.isfinite(a.limit)
-                                   and a.limit > 0)))
-    if not ok:
-        raise ValueError(f"groupmm.nn.MoE: activation={activation!r} must be a groupmm.nn.SwiGLU("
-                         "alpha, limit, up_offset, interleaved): alpha and up_offset finite, limit "
-                         "None or finite and > 0, interleaved a bool")
-    return SwiGLU(float(a.alpha), None if a.limit is None else float(a.limit),
-                  float(a.up_offset), a.interleaved)
-
-
-def _weighted_swiglu(activation):
-    """(op, its arguments after gate_up and prob) of the activation."""
-    if activation.plain:
-        return ops.weighted_swiglu, ()
-    return ops.weighted_swiglu_ex, tuple(activation)
 
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -180,71 +133,6 @@ class _FusedGateUpFn(torch.autograd.Function):
                 dw = layer._exec.wgrad(dgu, _resolved(state), splits, layer._main_grad(),
                                        expected)
         return dx, dweights, dw, None, None, None, None, None, None, None, None
-
-
-class _State:
-    """A model's MoE-layer state dict seen through a key prefix, with shape checks."""
-
-    def __init__(self, state, prefix, model):
-        self.state, self.prefix, self.model = state, prefix, model
-
-    @classmethod
-    def of_layer(cls, loader, state, prefix, model, topk, usual_topk):
-        """The state MoE.<loader> builds from; a state dict carries no top-k, so it is needed."""
-        if topk is None:
-            raise ValueError(f"groupmm.nn.MoE.{loader}: topk is needed with a state dict ({model} "
-                             f"routes each token to {usual_topk} experts)")
-        return cls(state, prefix, model)
-
-    def __contains__(self, key):
-        return self.prefix + key in self.state
-
-    def __getitem__(self, key):
-        return self.state[self.prefix + key]
-
-    def check(self, key, shape):
-        name = self.prefix + key
-        if name not in self.state:
-            raise ValueError(f"groupmm.nn.MoE: the {self.model} state has no '{name}'")
-        t = self.state[name]
-        if shape is not None and tuple(t.shape) != tuple(shape):
-            raise ValueError(f"groupmm.nn.MoE: {self.model}'s '{name}' is {list(t.shape)}; this "
-                             f"block takes {list(shape)}")
-        return t
-
-
-def _copy_weight(layer, w, name):
-    """A 16-bit weight into layer (its own dtype and device; a quantized recipe's cached copy is
-    keyed on the weight's version, so it is made again)."""
-    if layer.weight is None:
-        raise ValueError(f"groupmm.nn.MoE: {name}: the layer holds imported quantized weights; "
-                         "16-bit weights go into a new block")
-    layer.weight.copy_(w)
-
-
-def _load(layer, state, key, shape):
-    _copy_weight(layer, state.check(key, shape), state.prefix + key)
-
-
-def _load_stacked(layer, state, weights, keys, one=False):
-    """Per-expert weights [N, K] (gate and up already concatenated) into layer: 16-bit ones
-    copied, float8_e4m3fn ones imported with the 128x128 scale_inv of each key, concatenated the
-    same way (fp8_block's layers take only multiples of 128 rows and columns, so no scale block
-    mixes gate and up rows)."""
-    if weights[0].dtype != torch.float8_e4m3fn:
-        w = torch.stack(weights)
-        _copy_weight(layer, w[0] if one else w, state.prefix + keys[0])
-        return
-    scales = [state.check(k + "_scale_inv", None) for k in keys]
-    per = len(keys) // len(weights)
-    scales = [torch.cat(scales[i * per:(i + 1) * per]) for i in range(len(weights))]
-    w, s = torch.stack(weights), torch.stack(scales)
-    layer.import_fp8_block(w[0] if one else w, s[0] if one else s)
-
-
-# transformers' MoE blocks of the plain form (softmax top-k router without bias, SwiGLU experts
-# stored [E, 2F, H] / [E, H, F], no shared expert): from_transformers copies them as they are.
-_SOFTMAX_TOPK_BLOCKS = ("Qwen3MoeSparseMoeBlock", "MixtralSparseMoeBlock", "OlmoeSparseMoeBlock")
 
 
 class MoE(torch.nn.Module):
@@ -516,8 +404,6 @@ class MoE(torch.nn.Module):
             if layer is not None:
                 layer.backward_dw()
 
-    # ---- transformers' MoE layers ---------------------------------------------------------------
-
     @classmethod
     def from_transformers(cls, layer, *, dtype=None, device=None, **kw):
         """The block equal to a transformers MoE layer (a decoder layer's `mlp`), its weights
@@ -529,46 +415,7 @@ class MoE(torch.nn.Module):
         keywords go to the constructor (recipe, align, capacity_factor, ...). Refused
         (NotImplementedError naming the class and the reason): other classes, Qwen2-MoE's gated
         shared expert, another activation than SiLU, Mixtral's router jitter in training."""
-        name = type(layer).__name__
-        first = next(layer.parameters())
-        dtype = first.dtype if dtype is None else dtype
-        device = first.device if device is None else device
-        if name == "GptOssMLP":
-            return cls.from_gpt_oss(layer, dtype=dtype, device=device, **kw)
-        if name == "DeepseekV3MoE":
-            return cls.from_deepseek_v3(layer, dtype=dtype, device=device, **kw)
-
-        def refuse(why):
-            raise NotImplementedError(f"groupmm.nn.MoE.from_transformers: {name}: {why}")
-        if name not in _SOFTMAX_TOPK_BLOCKS:
-            refuse("not a layer this block expresses (GptOssMLP, DeepseekV3MoE, "
-                   f"{', '.join(_SOFTMAX_TOPK_BLOCKS)})" + (
-                       "; Qwen2-MoE's shared expert is scaled by a sigmoid gate of its own, which "
-                       "the block's shared expert has not" if name == "Qwen2MoeSparseMoeBlock"
-                       else ""))
-        gate, experts = layer.gate, layer.experts
-        act = type(getattr(experts, "act_fn", None)).__name__
-        if act not in ("SiLU", "SiLUActivation"):
-            refuse(f"the experts' activation is {act}; the block's is SwiGLU (SiLU)")
-        if getattr(layer, "jitter_noise", 0):
-            refuse(f"router jitter {layer.jitter_noise} (training noise on the router's input) is "
-                   "not a feature of the block; set router_jitter_noise=0")
-        E, H = gate.weight.shape
-        F = experts.gate_up_proj.shape[1] // 2
-        if tuple(experts.gate_up_proj.shape) != (E, 2 * F, H) or \
-                tuple(experts.down_proj.shape) != (E, H, F):
-            refuse(f"expert weights {list(experts.gate_up_proj.shape)} and "
-                   f"{list(experts.down_proj.shape)}; the block takes [E, 2F, H] and [E, H, F]")
-        renormalize = bool(getattr(gate, "norm_topk_prob", True))
-        moe = cls(H, F, E, int(gate.top_k), score="softmax", renormalize=renormalize, dtype=dtype,
-                  device=device, **kw)
-        with torch.no_grad():
-            moe.router.weight.copy_(gate.weight)
-            _copy_weight(moe.gate_up, experts.gate_up_proj, f"{name}.experts.gate_up_proj")
-            _copy_weight(moe.down, experts.down_proj, f"{name}.experts.down_proj")
-        return moe
-
-    # ---- gpt-oss ------------------------------------------------------------------------------
+        return _loaders.from_transformers(cls, layer, dtype, device, **kw)
 
     @classmethod
     def from_gpt_oss(cls, source, topk=None, *, prefix="", recipe="bf16", dtype=torch.bfloat16,
@@ -578,21 +425,7 @@ class MoE(torch.nn.Module):
         e.g. "model.layers.0.mlp."; topk then given). The experts come as 16-bit weights or as the
         checkpoint's MXFP4 blocks and scales (recipe 'mxfp4_weight'): see import_gpt_oss. Other
         keywords go to the constructor (capacity_factor, align, recompute, delay_wgrad, ...)."""
-        form = GPT_OSS_SWIGLU
-        if isinstance(source, torch.nn.Module):
-            router, experts = getattr(source, "router", None), getattr(source, "experts", None)
-            if topk is None:
-                topk = getattr(router, "top_k", None)
-            if experts is not None and hasattr(experts, "alpha"):
-                form = form._replace(alpha=float(experts.alpha), limit=float(experts.limit))
-            source = source.state_dict()
-        state = _State.of_layer("from_gpt_oss", source, prefix, "gpt-oss", topk, 4)
-        E, H = state.check("router.weight", None).shape
-        F = state.check("experts.gate_up_proj_bias", None).shape[-1] // 2
-        moe = cls(H, F, E, topk, score="softmax", renormalize=True, bias=True, activation=form,
-                  recipe=recipe, dtype=dtype, device=device, **kw)
-        moe.import_gpt_oss(state)
-        return moe
+        return _loaders.from_gpt_oss(cls, source, topk, prefix, recipe, dtype, device, **kw)
 
     @torch.no_grad()
     def import_gpt_oss(self, state, prefix=""):
@@ -608,33 +441,7 @@ class MoE(torch.nn.Module):
             experts.down_proj_scales [E, H, F / 32] (uint8: E2M1 pairs and E8M0 exponents; recipe
             'mxfp4_weight', imported as GroupedLinear.import_mxfp4 does, bit for bit).
         Shapes are checked against the block (ValueError naming the key)."""
-        if not isinstance(state, _State):
-            state = _State(state, prefix, "gpt-oss")
-        if self.down_bias is None or self.activation != GPT_OSS_SWIGLU._replace(
-                alpha=self.activation.alpha, limit=self.activation.limit):
-            raise ValueError("groupmm.nn.MoE.import_gpt_oss: the block must be built with "
-                             "bias=True and activation=GPT_OSS_SWIGLU (MoE.from_gpt_oss does)")
-        E, H, F = self.local_experts, self.gate_up.in_features, self.down.in_features
-        state.check("router.weight", (E, H))
-        state.check("router.bias", (E,))
-        state.check("experts.gate_up_proj_bias", (E, 2 * F))
-        state.check("experts.down_proj_bias", (E, H))
-        self.router.weight.copy_(state["router.weight"])
-        self.router.bias.copy_(state["router.bias"])
-        self.gate_up.bias.copy_(state["experts.gate_up_proj_bias"])
-        self.down_bias.copy_(state["experts.down_proj_bias"])
-        for layer, name, out, inn in ((self.gate_up, "gate_up_proj", 2 * F, H),
-                                      (self.down, "down_proj", H, F)):
-            key = f"experts.{name}"
-            if key + "_blocks" in state:
-                blocks = state.check(key + "_blocks", (E, out, inn // 32, 16))
-                scales = state.check(key + "_scales", (E, out, inn // 32))
-                layer.import_mxfp4(blocks, scales)
-            else:  # (in, out) -> [E, out, in]
-                _copy_weight(layer, state.check(key, (E, inn, out)).transpose(1, 2),
-                             state.prefix + key)
-
-    # ---- DeepSeek-V3 --------------------------------------------------------------------------
+        return _loaders.import_gpt_oss(self, state, prefix)
 
     @classmethod
     def from_deepseek_v3(cls, source, topk=None, *, n_group=1, topk_group=1, scaling_factor=1.0,
@@ -649,29 +456,8 @@ class MoE(torch.nn.Module):
         True for DeepSeek-V3). The experts come as 16-bit weights or as the checkpoint's FP8
         weights with their 128x128 block scales (recipe 'fp8_block'): see import_deepseek_v3.
         Other keywords go to the constructor."""
-        if isinstance(source, torch.nn.Module):
-            gate = source.gate
-            topk = gate.top_k if topk is None else topk
-            n_group, topk_group = int(gate.num_group), int(gate.topk_group)
-            scaling_factor = float(gate.routed_scaling_factor)
-            renormalize = bool(gate.norm_topk_prob)
-            source = source.state_dict()
-        state = _State.of_layer("from_deepseek_v3", source, prefix, "DeepSeek-V3", topk,
-                                  8)
-        E, H = state.check("gate.weight", None).shape
-        if "experts.gate_up_proj" in state:
-            F = state["experts.gate_up_proj"].shape[1] // 2
-        else:
-            F = state.check("experts.0.gate_proj.weight", None).shape[0]
-        shared = ("shared_experts.gate_proj.weight" in state
-                  and state["shared_experts.gate_proj.weight"].shape[0])
-        moe = cls(H, F, E, topk, shared_ffn_hidden=shared or 0, score="sigmoid",
-                  renormalize=renormalize, n_group=n_group, topk_group=topk_group,
-                  scaling_factor=scaling_factor,
-                  expert_bias="gate.e_score_correction_bias" in state, recipe=recipe, dtype=dtype,
-                  device=device, **kw)
-        moe.import_deepseek_v3(state)
-        return moe
+        return _loaders.from_deepseek_v3(cls, source, topk, n_group, topk_group, scaling_factor,
+                                         renormalize, prefix, recipe, dtype, device, **kw)
 
     @torch.no_grad()
     def import_deepseek_v3(self, state, prefix=""):
@@ -690,34 +476,4 @@ class MoE(torch.nn.Module):
           shared_experts.{gate,up,down}_proj.weight (+ .weight_scale_inv), when the block has a
             shared expert.
         Shapes are checked against the block (ValueError naming the key)."""
-        if not isinstance(state, _State):
-            state = _State(state, prefix, "DeepSeek-V3")
-        E, H, F = self.local_experts, self.gate_up.in_features, self.down.in_features
-        self.router.weight.copy_(state.check("gate.weight", (E, H)))
-        has_bias = "gate.e_score_correction_bias" in state
-        if has_bias != (self.expert_bias is not None):
-            raise ValueError(f"groupmm.nn.MoE.import_deepseek_v3: the state "
-                             f"{'has' if has_bias else 'has no'} '{state.prefix}gate."
-                             f"e_score_correction_bias' and the block "
-                             f"{'has no' if has_bias else 'has an'} expert_bias (build it with "
-                             f"expert_bias={has_bias})")
-        if has_bias:
-            self.expert_bias.copy_(state.check("gate.e_score_correction_bias", (E,)))
-        if "experts.gate_up_proj" in state:
-            _load(self.gate_up, state, "experts.gate_up_proj", (E, 2 * F, H))
-            _load(self.down, state, "experts.down_proj", (E, H, F))
-        else:
-            keys = [[f"experts.{e}.{p}_proj.weight" for e in range(E)]
-                    for p in ("gate", "up", "down")]
-            gate, up, down = ([state.check(k, shape) for k in ks]
-                              for ks, shape in zip(keys, ((F, H), (F, H), (H, F))))
-            _load_stacked(self.gate_up, state, [torch.cat(p) for p in zip(gate, up)],
-                          [k for pair in zip(*keys[:2]) for k in pair])
-            _load_stacked(self.down, state, down, keys[2])
-        if self.shared_up is not None:
-            Fs = self.shared_down.in_features
-            keys = [f"shared_experts.{p}_proj.weight" for p in ("gate", "up", "down")]
-            gate, up, down = (state.check(k, shape) for k, shape in
-                              zip(keys, ((Fs, H), (Fs, H), (H, Fs))))
-            _load_stacked(self.shared_up, state, [torch.cat((gate, up))], keys[:2], one=True)
-            _load_stacked(self.shared_down, state, [down], keys[2:], one=True)
+        return _loaders.import_deepseek_v3(self, state, prefix)
