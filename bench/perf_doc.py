@@ -183,18 +183,31 @@ def gemm_w4_fused(dd):
         best = min(r["decode_us"], r["prefill_us"])
         body.append([r["case"], r["format"], r["M"] // r["G"], r["automatic"], f"{r['decode_us']:.0f}",
                      f"{r['prefill_us']:.0f}", f"{r['fused_us']:.0f} ({r['fused_tflops']:.0f} TFLOP/s)",
-                     f"{r['fused_coop_us']:.0f}", f"{r['bf16_us']:.0f}", f2(best / r["fused_us"])])
+                     f"{r['fused_rs_us']:.0f}", f"{r['fused_coop_us']:.0f}", f"{r['bf16_us']:.0f}",
+                     f2(best / r["fused_us"])])
     return caption(d) + "\n" + table(
         ["case", "format", "rows an expert", "automatic", "decode us", "prefill us", "fused us",
-         "fused coop_128x256 us", "bf16 engine us", "fused speed / best of decode, prefill"],
+         "fused rs_256x128 us", "fused coop_128x256 us", "bf16 engine us",
+         "fused speed / best of decode, prefill"],
         body) + f"\n{d['notes']}\n"
 
 
 def peers_triton(dd):
     d = load("peers_triton_mxfp4_h200", dd)
     return caption(d) + "\n" + table(
-        ["tokens", "triton_kernels gate_up / down", "groupmm gate_up / down", "groupmm / peer speed"],
-        [[r["tokens"], r["peer"], r["groupmm"], r["ratio"]] for r in rows_of(d)]) + f"\n{d['notes']}\n"
+        ["tokens", "triton_kernels gate_up / down", "groupmm gate_up / down", "groupmm / peer speed",
+         "max rel. diff"],
+        [[r["tokens"], r["peer"], r["groupmm"], r["ratio"], r["max_rel_diff"]] for r in rows_of(d)]) + \
+        f"\n{d['notes']}\n"
+
+
+def peers_serving_triton(dd):
+    d = load("peers_serving_triton_h200", dd)
+    return caption(d) + "\n" + table(
+        ["tokens", "active experts", "groupmm us", "triton_kernels layer us", "groupmm / peer speed",
+         "max rel. diff (ambiguous tokens)"],
+        [[r["tokens"], r["active_experts"], f"{r['groupmm_us']:.1f}", f"{r['peer_us']:.1f}", f2(r["ratio"]),
+          f"{r['max_rel_diff']:.1e} ({r['ambiguous']})"] for r in rows_of(d)]) + f"\n{d['notes']}\n"
 
 
 def quantize(dd):
@@ -392,7 +405,7 @@ def python_overhead(dd):
 
 TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
-    peers_deepgemm, gemm_w4, gemm_w4_fused, peers_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
+    peers_deepgemm, gemm_w4, gemm_w4_fused, peers_triton, peers_serving_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
     moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, kernel_down_dgrad, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
     python_overhead, hf_backends, grouped_mm_dropin)}
 

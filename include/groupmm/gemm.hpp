@@ -211,8 +211,10 @@ std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
 //            and along K when a balanced routing would not fill the GPU twice, the K ranges'
 //            partial sums added in a fixed order (deterministic, no atomics);
 //   fused    the middle range: groupmm's own kernel (the RS form) streams each 128-row tile of
-//            an expert's 4-bit codes into shared memory, and its consumer warps dequantize them
-//            straight into the register operand of wgmma, under the MMAs of the stage before;
+//            an expert's 4-bit codes into shared memory, the producer warpgroup's idle warps
+//            turn the stage's block scales into multipliers, and the consumer warps dequantize
+//            the codes straight into the register operand of wgmma, under the MMAs of the stage
+//            before;
 //            a tile spans up to 256 of the expert's rows (its wgmma N narrowed to 128 or 64 for
 //            an expert's last rows). Each weight tile is dequantized once a 256-row tile, so it
 //            wins while experts hold few rows; no workspace; at most kW4FusedMaxGroups experts.
@@ -238,7 +240,7 @@ std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
 // Minimum SM: sm_90 (CUDA).
 enum class W4Path : uint8_t { automatic, decode, prefill, fused };
 const char* w4_path_name(W4Path p);
-constexpr int64_t kW4DecodeMaxAvgRows = 64;
+constexpr int64_t kW4DecodeMaxAvgRows = 32;
 constexpr int64_t kW4FusedMaxAvgRows = 512;
 constexpr int64_t kW4FusedMaxGroups = 1024;
 
@@ -250,11 +252,11 @@ struct W4GemmArgs {
   TensorView bias;     // optional [G, N] bf16
   float alpha = 1.0f;  // multiplies the dequantized product
   W4Path path = W4Path::automatic;  // CUDA only: force decode, prefill or fused
-  // path fused only: its kernel, "" or "rs_256x128" (the default: the consumers dequantize into
-  // wgmma's register operand, 256 rows by 128 columns of y a tile), "rs_sw_256x128" (the same,
-  // with the block multipliers computed by the producer warpgroup's idle warps into each stage)
-  // or "coop_128x256" (the kernel layer's producer warps dequantize
-  // into a bf16 shared-memory operand)
+  // path fused only: its kernel, "" or "rs_sw_256x128" (the default: the consumers dequantize
+  // into wgmma's register operand, 256 rows by 128 columns of y a tile, with the block
+  // multipliers computed by the producer warpgroup's idle warps into each stage), "rs_256x128"
+  // (the same, the consumers computing the multipliers) or "coop_128x256" (the kernel layer's
+  // producer warps dequantize into a bf16 shared-memory operand)
   std::string config;
   GemmEngine engine = GemmEngine::automatic;  // automatic, or reference (CPU context)
   std::string to_string() const;

@@ -108,8 +108,8 @@ GemmDims validate(const Context& ctx, const W4GemmArgs& a) {
                                       a.config == "rs_sw_256x128") &&
                                      a.path == W4Path::fused),
                 kOp, ": config='", a.config,
-                "' must be empty, or with path fused 'coop_128x256', 'rs_256x128' or "
-                "'rs_sw_256x128'");
+                "' must be empty, or with path fused 'rs_sw_256x128', 'rs_256x128' or "
+                "'coop_128x256'");
   GROUPMM_CHECK(a.path != W4Path::fused || d.G <= kW4FusedMaxGroups, kOp,
                 ": path fused runs at most ", kW4FusedMaxGroups, " experts, w.num_groups=", d.G,
                 " (use prefill)");
@@ -258,7 +258,7 @@ void grouped_gemm(Context& ctx, const W4GemmArgs& args, void* ws, size_t ws_byte
     if (fused_coop(args))
       cuda::w4_fused_gemm(ctx, l);
     else
-      cuda::w4_fused_rs_gemm(ctx, l, args.config == "rs_sw_256x128");
+      cuda::w4_fused_rs_gemm(ctx, l, args.config != "rs_256x128");
   } else {
     const Prefill p = prefill_plan(args, d, ws);
     char* base = static_cast<char*>(ws);
@@ -278,7 +278,7 @@ std::string gemm_config_name(const Context& ctx, const W4GemmArgs& args) {
     return fused_coop(args)
                ? cuda::w4_fused_name(make_w4_launch(args, d))
                : std::string("w4_fused(") + recipe_name(args.w.recipe) + ", " +
-                     (args.config == "rs_sw_256x128" ? "rs_sw_256x128" : "rs_256x128") + ")";
+                     (args.config == "rs_256x128" ? "rs_256x128" : "rs_sw_256x128") + ")";
   return detail::cat("w4_prefill(", recipe_name(args.w.recipe), ")+",
                      cuda::cutlass_config_name(prefill_plan(args, d, nullptr).gemm));
 }

@@ -36,8 +36,8 @@ GROUPMM_CUDA_ENTRY void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws
 // factors (qnum::w4_expert_factor) into factor [G].
 // Fused path, no workspace, G <= kW4FusedMaxGroups. Its default kernel, the RS form
 // (src/gemm/cuda/w4/fused_rs.cu): the consumers dequantize into wgmma's register A operand;
-// scale_warps (config rs_sw_256x128): the producer warpgroup's idle warps compute the block
-// multipliers into the stage.
+// scale_warps (config rs_sw_256x128, the default): the producer warpgroup's idle warps compute
+// the block multipliers into the stage (false: config rs_256x128, the consumers compute them).
 GROUPMM_CUDA_ENTRY void w4_fused_rs_gemm(Context& ctx, const W4Launch& l, bool scale_warps);
 // config coop_128x256 (src/gemm/cuda/w4/fused.cu): the kernel layer's grouped GEMM dequantizing
 // each stage's codes in shared memory.

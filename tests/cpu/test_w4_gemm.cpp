@@ -154,7 +154,7 @@ TEST(W4GemmCpu, ErrorsNameOpArgumentAndValue) {
   a.config = "rs_256x128";
   EXPECT_THROW_MSG(grouped_gemm(ctx, a),
                    "grouped_gemm: config='rs_256x128' must be empty, or "
-                   "with path fused 'coop_128x256', 'rs_256x128' or 'rs_sw_256x128'");
+                   "with path fused 'rs_sw_256x128', 'rs_256x128' or 'coop_128x256'");
   a.path = W4Path::fused;
   EXPECT_NO_THROW(grouped_gemm(ctx, a));
   a.config = "rs_sw_256x128";

@@ -135,14 +135,14 @@ std::vector<W4Case> cases() {
   return v;
 }
 
-// Every fused case again on the RS kernel's scale-warp variant (config rs_sw_256x128) and on the
+// Every fused case again on the RS kernel without its scale warps (config rs_256x128) and on the
 // kernel layer's variant (config coop_128x256: the producer warps dequantize into a bf16
-// shared-memory operand); the fused path's default is the RS kernel.
+// shared-memory operand); the fused path's default is the RS kernel with its scale warps.
 std::vector<W4Case> all_cases() {
   std::vector<W4Case> v = cases();
   const size_t n = v.size();
   for (const auto& [config, suffix] :
-       {std::pair<const char*, const char*>{"rs_sw_256x128", "_sw"}, {"coop_128x256", "_coop"}})
+       {std::pair<const char*, const char*>{"rs_256x128", "_rs"}, {"coop_128x256", "_coop"}})
     for (size_t i = 0; i < n; ++i)
       if (v[i].spec.path == W4Path::fused) {
         W4Case c = v[i];
@@ -154,11 +154,11 @@ std::vector<W4Case> all_cases() {
 }
 
 // The fused path's kernels after decode and prefill: v 0 decode, 1 prefill, 2 fused (the RS
-// kernel), 3 its scale-warp variant, 4 the kernel layer's variant.
+// kernel with its scale warps), 3 the RS kernel without them, 4 the kernel layer's variant.
 constexpr int kW4Variants = 5;
 void set_variant(W4Spec& s, int v) {
   s.path = v == 0 ? W4Path::decode : v == 1 ? W4Path::prefill : W4Path::fused;
-  s.config = v == 3 ? "rs_sw_256x128" : v == 4 ? "coop_128x256" : "";
+  s.config = v == 3 ? "rs_256x128" : v == 4 ? "coop_128x256" : "";
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, W4GemmGpu, ::testing::ValuesIn(all_cases()),
@@ -174,8 +174,8 @@ TEST(W4GemmGpu, AutomaticPathFollowsTheAverageRows) {
   const Want wants[] = {
       {16, 64, W4Path::decode, "w4_decode(nvfp4"},
       {16, 16 * kW4DecodeMaxAvgRows, W4Path::decode, "w4_decode(nvfp4"},
-      {16, 16 * kW4DecodeMaxAvgRows + 1, W4Path::fused, "w4_fused(nvfp4, rs_256x128)"},
-      {16, 16 * kW4FusedMaxAvgRows, W4Path::fused, "w4_fused(nvfp4, rs_256x128)"},
+      {16, 16 * kW4DecodeMaxAvgRows + 1, W4Path::fused, "w4_fused(nvfp4, rs_sw_256x128)"},
+      {16, 16 * kW4FusedMaxAvgRows, W4Path::fused, "w4_fused(nvfp4, rs_sw_256x128)"},
       {16, 16 * kW4FusedMaxAvgRows + 1, W4Path::prefill, "w4_prefill(nvfp4)+fwd_bf16_alpha"},
       // past the fused kernel's expert limit the middle range runs prefill
       {kW4FusedMaxGroups + 1, 100 * (kW4FusedMaxGroups + 1), W4Path::prefill, "w4_prefill(nvfp4)"},

@@ -1,8 +1,8 @@
 // `groupmm bench gemm --weights nvfp4|mxfp4`: the 4-bit weight grouped GEMM (decode and prefill
 // shapes) against our bf16 grouped GEMM on the same shapes, splits and (bf16) weights, in one run.
 // Per case: the path automatic picks and the time of every path (decode, prefill, fused on its
-// RS kernel, on that kernel's scale-warp variant rs_sw_256x128 and on the kernel layer's
-// coop_128x256), the bf16 engine, the automatic path's ratio
+// default RS kernel with scale warps, on the RS kernel without them (rs_256x128) and on the kernel
+// layer's coop_128x256), the bf16 engine, the automatic path's ratio
 // to it, TFLOP/s, and GB/s of the bytes the GEMM reads (the weights and scales of the experts
 // with rows, plus the activations) as a fraction of the device-to-device copy bandwidth measured
 // in the same run. Each path is validated first against the bf16 GEMM of the dequantized weights
@@ -50,6 +50,13 @@ const W4Shape kW4Cases[] = {
     {"mid_gptoss_gate_up_2048tok", 128, 5760, 2880, "top4", 2048, false, false},
     {"mid_gptoss_gate_up_4096tok", 128, 5760, 2880, "top4", 4096, false, false},
     {"prefill_gptoss_gate_up_16384tok", 128, 5760, 2880, "top4", 16384, false, false},
+    {"mid_gptoss_gate_up_1536tok", 128, 5760, 2880, "top4", 1536, false, false},
+    {"prefill_gptoss_gate_up_32768tok", 128, 5760, 2880, "top4", 32768, false, false},
+    // Qwen3's experts at 48, 64, 256 and 512 rows an expert: the crossings on a narrower shape.
+    {"mid_qwen3_48rows", 128, 1536, 2048, "balanced", 128 * 48, false, false},
+    {"mid_qwen3_64rows", 128, 1536, 2048, "balanced", 128 * 64, false, false},
+    {"mid_qwen3_256rows", 128, 1536, 2048, "balanced", 128 * 256, false, false},
+    {"mid_qwen3_512rows", 128, 1536, 2048, "balanced", 128 * 512, false, false},
 };
 
 std::vector<int64_t> w4_routing(const W4Shape& s) {
@@ -109,18 +116,18 @@ struct W4Case {
   }
 };
 
-// Every path's time (ms): decode, prefill, fused (its default, the RS kernel), fused on the RS
-// kernel's scale-warp variant (config rs_sw_256x128) and on the kernel layer's variant (config
-// coop_128x256), and the bf16 engine on bf16 weights.
+// Every path's time (ms): decode, prefill, fused (its default, the RS kernel with scale warps),
+// fused on the RS kernel without them (config rs_256x128) and on the kernel layer's variant
+// (config coop_128x256), and the bf16 engine on bf16 weights.
 constexpr int kW4Paths = 5;
 struct W4Times {
-  double decode = 0, prefill = 0, fused = 0, sw = 0, coop = 0, bf16 = 0;
+  double decode = 0, prefill = 0, fused = 0, rs = 0, coop = 0, bf16 = 0;
   double of(W4Path p) const {
     return p == W4Path::decode ? decode : p == W4Path::prefill ? prefill : fused;
   }
 };
 
-// The 4-bit GEMM on each path (`paths`: decode, prefill, fused, fused sw, fused coop) and the
+// The 4-bit GEMM on each path (`paths`: decode, prefill, fused, fused rs, fused coop) and the
 // bf16 engine.
 W4Times time_w4_case(Context& ctx, const W4GemmArgs (&paths)[kW4Paths], const GroupedGemmArgs& h,
                      int iters) {
@@ -132,7 +139,7 @@ W4Times time_w4_case(Context& ctx, const W4GemmArgs (&paths)[kW4Paths], const Gr
   for (int i = 0; i < kW4Paths; ++i)
     ms[i] = median_ms(st, 3, iters, [&](int) { grouped_gemm(ctx, paths[i]); });
   W4Times t;
-  t.decode = ms[0], t.prefill = ms[1], t.fused = ms[2], t.sw = ms[3], t.coop = ms[4];
+  t.decode = ms[0], t.prefill = ms[1], t.fused = ms[2], t.rs = ms[3], t.coop = ms[4];
   t.bf16 = median_ms(st, 3, iters, [&](int) { grouped_gemm(ctx, h); });
   return t;
 }
@@ -149,7 +156,7 @@ std::string w4_targets(const W4Shape& s, double ratio, double frac) {
 const Table kW4Table({text_col("case", 24), int_col("G", 4), int_col("M", 6), int_col("N", 5),
                       int_col("K", 5), text_col("path", 7), num_col("w4_us", 9, 1),
                       num_col("decode_us", 9, 1), num_col("prefill_us", 10, 1),
-                      num_col("fused_us", 9, 1), num_col("sw_us", 9, 1), num_col("coop_us", 9, 1),
+                      num_col("fused_us", 9, 1), num_col("rs_us", 9, 1), num_col("coop_us", 9, 1),
                       num_col("bf16_us", 9, 1), num_col("xbf16", 6, 2), num_col("TFLOP/s", 7, 1),
                       num_col("GB/s", 6, 0), num_col("of_copy", 7, 2), num_col("diff", 9, 2, 'e'),
                       Column{"targets", 0, 's', 0, true, "", "  "}});
@@ -166,11 +173,11 @@ void run_w4_case(Context& ctx, const BenchGemmOptions& o, const W4Shape& s, Quan
   a.out = c.y;
   a.splits = c.ds;
   const W4Path path = w4_gemm_path(ctx, a);
-  W4GemmArgs paths[kW4Paths] = {a, a, a, a, a};  // decode, prefill, fused, fused sw, fused coop
+  W4GemmArgs paths[kW4Paths] = {a, a, a, a, a};  // decode, prefill, fused, fused rs, fused coop
   paths[0].path = W4Path::decode;
   paths[1].path = W4Path::prefill;
   paths[2].path = paths[3].path = paths[4].path = W4Path::fused;
-  paths[3].config = "rs_sw_256x128";
+  paths[3].config = "rs_256x128";
   paths[4].config = "coop_128x256";
   GroupedGemmArgs h;
   h.a = c.x;
@@ -201,10 +208,10 @@ void run_w4_case(Context& ctx, const BenchGemmOptions& o, const W4Shape& s, Quan
   const double flops = 2.0 * double(c.M) * double(c.N) * double(c.K);
   const double ratio = t.bf16 / w4;
   kW4Table.print_row({s.name, c.G, c.M, c.N, c.K, w4_path_name(path), w4 * 1e3, t.decode * 1e3,
-                      t.prefill * 1e3, t.fused * 1e3, t.sw * 1e3, t.coop * 1e3, t.bf16 * 1e3, ratio,
+                      t.prefill * 1e3, t.fused * 1e3, t.rs * 1e3, t.coop * 1e3, t.bf16 * 1e3, ratio,
                       flops / (w4 * 1e-3) / 1e12, gbs, frac, diff, w4_targets(s, ratio, frac)},
                      ok ? "" : "  FAILED");
-  std::printf("    %s | decode: %s | prefill: %s | fused: %s | sw: %s | coop: %s | bf16: %s\n",
+  std::printf("    %s | decode: %s | prefill: %s | fused: %s | rs: %s | coop: %s | bf16: %s\n",
               gemm_config_name(ctx, a).c_str(), gemm_config_name(ctx, paths[0]).c_str(),
               gemm_config_name(ctx, paths[1]).c_str(), gemm_config_name(ctx, paths[2]).c_str(),
               gemm_config_name(ctx, paths[3]).c_str(), gemm_config_name(ctx, paths[4]).c_str(),
@@ -230,7 +237,7 @@ void run_w4_case(Context& ctx, const BenchGemmOptions& o, const W4Shape& s, Quan
                .add("decode_us", t.decode * 1e3)
                .add("prefill_us", t.prefill * 1e3)
                .add("fused_us", t.fused * 1e3)
-               .add("fused_sw_us", t.sw * 1e3)
+               .add("fused_rs_us", t.rs * 1e3)
                .add("fused_coop_us", t.coop * 1e3)
                .add("bf16_us", t.bf16 * 1e3)
                .add("bytes", bytes)

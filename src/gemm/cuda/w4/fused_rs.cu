@@ -1,6 +1,7 @@
 // The 4-bit weight GEMM's fused path in the RS form (kernels/sm90/w4_rs_gemm.cuh): the weights
 // dequantized by the consumers straight into wgmma's register operand. The fused path's default
-// kernel (W4GemmArgs::config "" or "rs_256x128") and its scale-warp variant ("rs_sw_256x128").
+// kernel, the scale-warp form (W4GemmArgs::config "" or "rs_sw_256x128"), and the form without
+// scale warps ("rs_256x128").
 // No workspace; graph safe (the splits are read on the device).
 #include <algorithm>
 #include <cmath>
@@ -16,8 +17,9 @@ namespace {
 
 // The kernels of this file, each configuration named once: 128 weight rows x 256 tokens a tile,
 // 4 stages of 36 KiB (38 with the scale warps' records), a 36 KiB epilogue buffer.
-//   rs_256x128     the consumers load the scales and compute the multipliers
-//   rs_sw_256x128  warps 1-3 of the producer warpgroup do (kScaleWarps)
+//   rs_sw_256x128  warps 1-3 of the producer warpgroup compute the block multipliers into each
+//                  stage (kScaleWarps; the default)
+//   rs_256x128     the consumers load the scales and compute the multipliers themselves
 template <QuantRecipe kRecipe, bool kScaleWarps>
 using W4RsConfig = sm90::W4RsGemmConfig<kRecipe, 256, 4, kScaleWarps>;
 static_assert(W4RsConfig<QuantRecipe::mxfp4, false>::kMaxGroups == kW4FusedMaxGroups &&
