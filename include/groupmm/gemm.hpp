@@ -256,7 +256,9 @@ struct W4GemmArgs {
   // into wgmma's register operand, 256 rows by 128 columns of y a tile, with the block
   // multipliers computed by the producer warpgroup's idle warps into each stage), "rs_256x128"
   // (the same, the consumers computing the multipliers) or "coop_128x256" (the kernel layer's
-  // producer warps dequantize into a bf16 shared-memory operand)
+  // producer warps dequantize into a bf16 shared-memory operand). Path decode only: "" (tokens
+  // a pass from the average expert: 8 up to 8 rows, 16 up to 16, else 32) or "pass8", "pass16",
+  // "pass32" (forced; an expert with more rows takes more passes)
   std::string config;
   GemmEngine engine = GemmEngine::automatic;  // automatic, or reference (CPU context)
   std::string to_string() const;

@@ -26,6 +26,11 @@ QuantizeConfig weight_config(const GroupedTensor& w) {
   return c;
 }
 
+// The decode path's forced tokens a pass (config "pass8", "pass16", "pass32"), 0 for any other.
+int decode_pass_tokens(const std::string& config) {
+  return config == "pass8" ? 8 : config == "pass16" ? 16 : config == "pass32" ? 32 : 0;
+}
+
 void check_aligned(const char* arg, const TensorView& v) {
   GROUPMM_CHECK(reinterpret_cast<uintptr_t>(v.data) % 16 == 0, kOp, ": ", arg, ".data=", v.data,
                 " must be 16-byte aligned");
@@ -104,12 +109,14 @@ GemmDims validate(const Context& ctx, const W4GemmArgs& a) {
   const int p = static_cast<int>(a.path);
   GROUPMM_CHECK(p >= 0 && p <= 3, kOp, ": path=", p,
                 " must be automatic, decode, prefill or fused");
-  GROUPMM_CHECK(a.config.empty() || ((a.config == "coop_128x256" || a.config == "rs_256x128" ||
-                                      a.config == "rs_sw_256x128") &&
-                                     a.path == W4Path::fused),
+  GROUPMM_CHECK(a.config.empty() ||
+                    ((a.config == "coop_128x256" || a.config == "rs_256x128" ||
+                      a.config == "rs_sw_256x128") &&
+                     a.path == W4Path::fused) ||
+                    (decode_pass_tokens(a.config) > 0 && a.path == W4Path::decode),
                 kOp, ": config='", a.config,
                 "' must be empty, or with path fused 'rs_sw_256x128', 'rs_256x128' or "
-                "'coop_128x256'");
+                "'coop_128x256', or with path decode 'pass8', 'pass16' or 'pass32'");
   GROUPMM_CHECK(a.path != W4Path::fused || d.G <= kW4FusedMaxGroups, kOp,
                 ": path fused runs at most ", kW4FusedMaxGroups, " experts, w.num_groups=", d.G,
                 " (use prefill)");
@@ -140,6 +147,7 @@ W4Launch make_w4_launch(const W4GemmArgs& a, const GemmDims& d) {
   l.out = a.out.data;
   l.splits = a.splits;
   l.alpha = a.alpha;
+  if (a.path == W4Path::decode) l.decode_tokens = decode_pass_tokens(a.config);
   return l;
 }
 

@@ -22,6 +22,7 @@ struct W4Launch {
   void* out = nullptr;                      // [M, N] bf16
   TensorView splits;
   float alpha = 1.0f;
+  int decode_tokens = 0;  // decode: tokens a pass (8, 16 or 32); 0: from the average expert
 };
 
 }  // namespace groupmm

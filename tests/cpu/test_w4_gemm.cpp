@@ -149,16 +149,30 @@ TEST(W4GemmCpu, ErrorsNameOpArgumentAndValue) {
                    "grouped_gemm: path fused runs at most 1024 experts, w.num_groups=1025");
   a.path = W4Path::prefill;
   EXPECT_NO_THROW(grouped_gemm(ctx, a));
-  // A kernel name only with the fused path, and only a known one.
+  // A kernel name only with its path (fused: a kernel, decode: tokens a pass), and only a known
+  // one.
   a = ok;
   a.config = "rs_256x128";
   EXPECT_THROW_MSG(grouped_gemm(ctx, a),
                    "grouped_gemm: config='rs_256x128' must be empty, or "
-                   "with path fused 'rs_sw_256x128', 'rs_256x128' or 'coop_128x256'");
+                   "with path fused 'rs_sw_256x128', 'rs_256x128' or 'coop_128x256', or with "
+                   "path decode 'pass8', 'pass16' or 'pass32'");
   a.path = W4Path::fused;
   EXPECT_NO_THROW(grouped_gemm(ctx, a));
   a.config = "rs_sw_256x128";
   EXPECT_NO_THROW(grouped_gemm(ctx, a));
+  a.config = "pass16";  // a decode pass on the fused path
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: config='pass16' must be empty");
+  a.path = W4Path::decode;
+  for (const char* c : {"pass8", "pass16", "pass32"}) {
+    a.config = c;
+    EXPECT_NO_THROW(grouped_gemm(ctx, a)) << c;
+  }
+  for (const char* c : {"pass4", "pass64", "rs_sw_256x128"}) {
+    a.config = c;
+    EXPECT_THROW_MSG(grouped_gemm(ctx, a),
+                     std::string("grouped_gemm: config='") + c + "' must be empty");
+  }
   a.config = "fast";
   EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: config='fast' must be empty");
 }

@@ -137,17 +137,25 @@ std::vector<W4Case> cases() {
 
 // Every fused case again on the RS kernel without its scale warps (config rs_256x128) and on the
 // kernel layer's variant (config coop_128x256: the producer warps dequantize into a bf16
-// shared-memory operand); the fused path's default is the RS kernel with its scale warps.
+// shared-memory operand); the fused path's default is the RS kernel with its scale warps. Every
+// decode case again with passes of 8 tokens (an expert's rows in many passes) and of 32.
 std::vector<W4Case> all_cases() {
   std::vector<W4Case> v = cases();
   const size_t n = v.size();
-  for (const auto& [config, suffix] :
-       {std::pair<const char*, const char*>{"rs_256x128", "_rs"}, {"coop_128x256", "_coop"}})
+  struct Variant {
+    W4Path path;
+    const char* config;
+    const char* suffix;
+  };
+  for (const Variant& var :
+       {Variant{W4Path::fused, "rs_256x128", "_rs"},
+        Variant{W4Path::fused, "coop_128x256", "_coop"}, Variant{W4Path::decode, "pass8", "_pass8"},
+        Variant{W4Path::decode, "pass32", "_pass32"}})
     for (size_t i = 0; i < n; ++i)
-      if (v[i].spec.path == W4Path::fused) {
+      if (v[i].spec.path == var.path) {
         W4Case c = v[i];
-        c.spec.config = config;
-        c.name += suffix;
+        c.spec.config = var.config;
+        c.name += var.suffix;
         v.push_back(c);
       }
   return v;

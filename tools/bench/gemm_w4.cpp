@@ -2,12 +2,14 @@
 // shapes) against our bf16 grouped GEMM on the same shapes, splits and (bf16) weights, in one run.
 // Per case: the path automatic picks and the time of every path (decode, prefill, fused on its
 // default RS kernel with scale warps, on the RS kernel without them (rs_256x128) and on the kernel
-// layer's coop_128x256), the bf16 engine, the automatic path's ratio
+// layer's coop_128x256; up to 64 rows an expert, decode with 8, 16 and 32 tokens a pass), the
+// bf16 engine, the automatic path's ratio
 // to it, TFLOP/s, and GB/s of the bytes the GEMM reads (the weights and scales of the experts
 // with rows, plus the activations) as a fraction of the device-to-device copy bandwidth measured
 // in the same run. Each path is validated first against the bf16 GEMM of the dequantized weights
 // (DeepGEMM's diff < 1e-3).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -118,28 +120,32 @@ struct W4Case {
 
 // Every path's time (ms): decode, prefill, fused (its default, the RS kernel with scale warps),
 // fused on the RS kernel without them (config rs_256x128) and on the kernel layer's variant
-// (config coop_128x256), and the bf16 engine on bf16 weights.
-constexpr int kW4Paths = 5;
+// (config coop_128x256), decode with passes of 8, 16 and 32 tokens forced (cases of at most
+// kPassRows rows an expert; 0 elsewhere), and the bf16 engine on bf16 weights.
+constexpr int kW4Paths = 8;
+constexpr int64_t kPassRows = 64;
 struct W4Times {
   double decode = 0, prefill = 0, fused = 0, rs = 0, coop = 0, bf16 = 0;
+  double pass[3] = {0, 0, 0};  // decode with 8, 16, 32 tokens a pass
   double of(W4Path p) const {
     return p == W4Path::decode ? decode : p == W4Path::prefill ? prefill : fused;
   }
 };
 
-// The 4-bit GEMM on each path (`paths`: decode, prefill, fused, fused rs, fused coop) and the
-// bf16 engine.
-W4Times time_w4_case(Context& ctx, const W4GemmArgs (&paths)[kW4Paths], const GroupedGemmArgs& h,
-                     int iters) {
+// The 4-bit GEMM on the first `n` of `paths` (decode, prefill, fused, fused rs, fused coop, then
+// decode with passes of 8, 16, 32 tokens) and the bf16 engine.
+W4Times time_w4_case(Context& ctx, const W4GemmArgs (&paths)[kW4Paths], int n,
+                     const GroupedGemmArgs& h, int iters) {
   size_t ws = grouped_gemm_workspace_size(ctx, h);
-  for (const W4GemmArgs& a : paths) ws = std::max(ws, grouped_gemm_workspace_size(ctx, a));
+  for (int i = 0; i < n; ++i) ws = std::max(ws, grouped_gemm_workspace_size(ctx, paths[i]));
   ctx.reserve_workspace(ws);
   cudaStream_t st = ctx.stream();
-  double ms[kW4Paths];
-  for (int i = 0; i < kW4Paths; ++i)
+  double ms[kW4Paths] = {};
+  for (int i = 0; i < n; ++i)
     ms[i] = median_ms(st, 3, iters, [&](int) { grouped_gemm(ctx, paths[i]); });
   W4Times t;
   t.decode = ms[0], t.prefill = ms[1], t.fused = ms[2], t.rs = ms[3], t.coop = ms[4];
+  for (int i = 0; i < 3; ++i) t.pass[i] = ms[5 + i];
   t.bf16 = median_ms(st, 3, iters, [&](int) { grouped_gemm(ctx, h); });
   return t;
 }
@@ -153,12 +159,25 @@ std::string w4_targets(const W4Shape& s, double ratio, double frac) {
          (frac >= 0.75 ? ", bw ok" : ", bw MISS");
 }
 
-const Table kW4Table({text_col("case", 24), int_col("G", 4), int_col("M", 6), int_col("N", 5),
-                      int_col("K", 5), text_col("path", 7), num_col("w4_us", 9, 1),
-                      num_col("decode_us", 9, 1), num_col("prefill_us", 10, 1),
-                      num_col("fused_us", 9, 1), num_col("rs_us", 9, 1), num_col("coop_us", 9, 1),
-                      num_col("bf16_us", 9, 1), num_col("xbf16", 6, 2), num_col("TFLOP/s", 7, 1),
-                      num_col("GB/s", 6, 0), num_col("of_copy", 7, 2), num_col("diff", 9, 2, 'e'),
+const Table kW4Table({text_col("case", 24),
+                      int_col("G", 4),
+                      int_col("M", 6),
+                      int_col("N", 5),
+                      int_col("K", 5),
+                      text_col("path", 7),
+                      num_col("w4_us", 9, 1),
+                      num_col("decode_us", 9, 1),
+                      num_col("prefill_us", 10, 1),
+                      num_col("fused_us", 9, 1),
+                      num_col("rs_us", 9, 1),
+                      num_col("coop_us", 9, 1),
+                      text_col("pass8/16/32", 17),
+                      num_col("bf16_us", 9, 1),
+                      num_col("xbf16", 6, 2),
+                      num_col("TFLOP/s", 7, 1),
+                      num_col("GB/s", 6, 0),
+                      num_col("of_copy", 7, 2),
+                      num_col("diff", 9, 2, 'e'),
                       Column{"targets", 0, 's', 0, true, "", "  "}});
 
 // One case: validated, timed, printed and recorded; the host time per call after the first
@@ -173,12 +192,17 @@ void run_w4_case(Context& ctx, const BenchGemmOptions& o, const W4Shape& s, Quan
   a.out = c.y;
   a.splits = c.ds;
   const W4Path path = w4_gemm_path(ctx, a);
-  W4GemmArgs paths[kW4Paths] = {a, a, a, a, a};  // decode, prefill, fused, fused rs, fused coop
-  paths[0].path = W4Path::decode;
+  // decode, prefill, fused, fused rs, fused coop, decode pass8, pass16, pass32
+  W4GemmArgs paths[kW4Paths] = {a, a, a, a, a, a, a, a};
+  paths[0].path = paths[5].path = paths[6].path = paths[7].path = W4Path::decode;
   paths[1].path = W4Path::prefill;
   paths[2].path = paths[3].path = paths[4].path = W4Path::fused;
   paths[3].config = "rs_256x128";
   paths[4].config = "coop_128x256";
+  paths[5].config = "pass8";
+  paths[6].config = "pass16";
+  paths[7].config = "pass32";
+  const int n_paths = c.M <= kPassRows * c.G ? kW4Paths : 5;
   GroupedGemmArgs h;
   h.a = c.x;
   h.b = c.w;
@@ -191,15 +215,20 @@ void run_w4_case(Context& ctx, const BenchGemmOptions& o, const W4Shape& s, Quan
   // every path computes the same products: each validated against the reference
   double diff = 0;
   bool ok = true;
-  for (const W4GemmArgs& p : paths) {
+  for (int i = 0; i < n_paths; ++i) {
     fill_bytes(c.y, 0xFF, ctx.stream());
-    grouped_gemm(ctx, p);
+    grouped_gemm(ctx, paths[i]);
     ctx.check();
     const double d = calc_diff(c.y, c.yr);
     ok = failures.check(d < 1e-3) && ok;
     diff = std::max(diff, d);
   }
-  const W4Times t = time_w4_case(ctx, paths, h, s.decode ? o.iters : std::max(3, o.iters / 4));
+  const W4Times t =
+      time_w4_case(ctx, paths, n_paths, h, s.decode ? o.iters : std::max(3, o.iters / 4));
+  const std::string passes = n_paths == kW4Paths ? detail::cat(std::lround(t.pass[0] * 1e3), "/",
+                                                               std::lround(t.pass[1] * 1e3), "/",
+                                                               std::lround(t.pass[2] * 1e3))
+                                                 : std::string("-");
   const double w4 = t.of(path);
   const double scale_bytes = double(c.N * c.K) / (recipe == QuantRecipe::nvfp4 ? 16 : 32);
   const double bytes =
@@ -207,9 +236,26 @@ void run_w4_case(Context& ctx, const BenchGemmOptions& o, const W4Shape& s, Quan
   const double gbs = bytes / (w4 * 1e-3) / 1e9, frac = gbs / copy_gbs;
   const double flops = 2.0 * double(c.M) * double(c.N) * double(c.K);
   const double ratio = t.bf16 / w4;
-  kW4Table.print_row({s.name, c.G, c.M, c.N, c.K, w4_path_name(path), w4 * 1e3, t.decode * 1e3,
-                      t.prefill * 1e3, t.fused * 1e3, t.rs * 1e3, t.coop * 1e3, t.bf16 * 1e3, ratio,
-                      flops / (w4 * 1e-3) / 1e12, gbs, frac, diff, w4_targets(s, ratio, frac)},
+  kW4Table.print_row({s.name,
+                      c.G,
+                      c.M,
+                      c.N,
+                      c.K,
+                      w4_path_name(path),
+                      w4 * 1e3,
+                      t.decode * 1e3,
+                      t.prefill * 1e3,
+                      t.fused * 1e3,
+                      t.rs * 1e3,
+                      t.coop * 1e3,
+                      passes,
+                      t.bf16 * 1e3,
+                      ratio,
+                      flops / (w4 * 1e-3) / 1e12,
+                      gbs,
+                      frac,
+                      diff,
+                      w4_targets(s, ratio, frac)},
                      ok ? "" : "  FAILED");
   std::printf("    %s | decode: %s | prefill: %s | fused: %s | rs: %s | coop: %s | bf16: %s\n",
               gemm_config_name(ctx, a).c_str(), gemm_config_name(ctx, paths[0]).c_str(),
@@ -239,6 +285,9 @@ void run_w4_case(Context& ctx, const BenchGemmOptions& o, const W4Shape& s, Quan
                .add("fused_us", t.fused * 1e3)
                .add("fused_rs_us", t.rs * 1e3)
                .add("fused_coop_us", t.coop * 1e3)
+               .add("decode_pass8_us", t.pass[0] * 1e3)
+               .add("decode_pass16_us", t.pass[1] * 1e3)
+               .add("decode_pass32_us", t.pass[2] * 1e3)
                .add("bf16_us", t.bf16 * 1e3)
                .add("bytes", bytes)
                .add("flops", flops)

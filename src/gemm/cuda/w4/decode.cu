@@ -67,13 +67,14 @@ std::string DecodeGeometry::to_string() const {
                      ", grid ", grid);
 }
 
-// Tokens per pass from the average expert; K split when the items of a balanced routing would
-// not fill the persistent grid twice; at most kMaxPartialBytes of partial sums.
+// Tokens per pass from the average expert (or forced: W4Launch::decode_tokens); K split when the
+// items of a balanced routing would not fill the persistent grid twice; at most kMaxPartialBytes
+// of partial sums.
 DecodeGeometry decode_geometry(const W4Launch& l, int sm_count) {
   const GemmDims& d = l.dims;
   DecodeGeometry geo;
   const int64_t avg = qnum::ceil_div(d.M, std::max<int64_t>(d.G, 1));
-  geo.token_tiles = avg <= 8 ? 1 : avg <= 16 ? 2 : 4;
+  geo.token_tiles = l.decode_tokens > 0 ? l.decode_tokens / 8 : avg <= 8 ? 1 : avg <= 16 ? 2 : 4;
   const int64_t tokens = 8 * geo.token_tiles;
   geo.row_groups = static_cast<int>(qnum::ceil_div(d.N, DecodeConfig::kRows));
   geo.steps = static_cast<int>(qnum::ceil_div(d.K, DecodeConfig::kStepK));
