@@ -47,7 +47,7 @@ import sys
 
 import torch
 
-import groupmm
+import groupmm  # noqa: F401  (loads the ops)
 import peers_common
 from peers_common import PeerMissing
 
