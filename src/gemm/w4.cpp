@@ -26,6 +26,16 @@ QuantizeConfig weight_config(const GroupedTensor& w) {
   return c;
 }
 
+// The fused path's kernel named by W4GemmArgs::config ("" is the default, the RS kernel with its
+// scale warps); none for a name that is not a fused kernel's.
+enum class FusedKernel { rs_sw, rs, coop, none };
+FusedKernel fused_kernel(const std::string& config) {
+  if (config.empty() || config == "rs_sw_256x128") return FusedKernel::rs_sw;
+  if (config == "rs_256x128") return FusedKernel::rs;
+  if (config == "coop_128x256") return FusedKernel::coop;
+  return FusedKernel::none;
+}
+
 // The decode path's forced tokens a pass (config "pass8", "pass16", "pass32"), 0 for any other.
 int decode_pass_tokens(const std::string& config) {
   return config == "pass8" ? 8 : config == "pass16" ? 16 : config == "pass32" ? 32 : 0;
@@ -110,9 +120,7 @@ GemmDims validate(const Context& ctx, const W4GemmArgs& a) {
   GROUPMM_CHECK(p >= 0 && p <= 3, kOp, ": path=", p,
                 " must be automatic, decode, prefill or fused");
   GROUPMM_CHECK(a.config.empty() ||
-                    ((a.config == "coop_128x256" || a.config == "rs_256x128" ||
-                      a.config == "rs_sw_256x128") &&
-                     a.path == W4Path::fused) ||
+                    (fused_kernel(a.config) != FusedKernel::none && a.path == W4Path::fused) ||
                     (decode_pass_tokens(a.config) > 0 && a.path == W4Path::decode),
                 kOp, ": config='", a.config,
                 "' must be empty, or with path fused 'rs_sw_256x128', 'rs_256x128' or "
@@ -156,11 +164,6 @@ W4Path choose_path(const W4GemmArgs& a, const GemmDims& d) {
   if (d.M <= kW4DecodeMaxAvgRows * d.G) return W4Path::decode;
   if (d.M <= kW4FusedMaxAvgRows * d.G && d.G <= kW4FusedMaxGroups) return W4Path::fused;
   return W4Path::prefill;
-}
-
-// The fused path's kernel: the RS kernel unless the args ask for the kernel layer's.
-bool fused_coop(const W4GemmArgs& a) {
-  return a.config == "coop_128x256";
 }
 
 // ---- prefill: [bf16 weights G*N*K][factors G][the bf16 GEMM's workspace] ------------------------
@@ -263,10 +266,11 @@ void grouped_gemm(Context& ctx, const W4GemmArgs& args, void* ws, size_t ws_byte
   if (path == W4Path::decode) {
     cuda::w4_decode_gemm(ctx, l, ws, ws_bytes);
   } else if (path == W4Path::fused) {
-    if (fused_coop(args))
+    const FusedKernel k = fused_kernel(args.config);
+    if (k == FusedKernel::coop)
       cuda::w4_fused_gemm(ctx, l);
     else
-      cuda::w4_fused_rs_gemm(ctx, l, args.config != "rs_256x128");
+      cuda::w4_fused_rs_gemm(ctx, l, k == FusedKernel::rs_sw);
   } else {
     const Prefill p = prefill_plan(args, d, ws);
     char* base = static_cast<char*>(ws);
@@ -282,11 +286,16 @@ std::string gemm_config_name(const Context& ctx, const W4GemmArgs& args) {
   if (ctx.device() == Device::CPU) return gemm_engine_name(GemmEngine::reference);
   const W4Path path = choose_path(args, d);
   if (path == W4Path::decode) return cuda::w4_decode_name(make_w4_launch(args, d), ctx.sm_count());
-  if (path == W4Path::fused)
-    return fused_coop(args)
-               ? cuda::w4_fused_name(make_w4_launch(args, d))
-               : std::string("w4_fused(") + recipe_name(args.w.recipe) + ", " +
-                     (args.config == "rs_256x128" ? "rs_256x128" : "rs_sw_256x128") + ")";
+  if (path == W4Path::fused) {
+    switch (fused_kernel(args.config)) {
+      case FusedKernel::coop:
+        return cuda::w4_fused_name(make_w4_launch(args, d));
+      case FusedKernel::rs:
+        return detail::cat("w4_fused(", recipe_name(args.w.recipe), ", rs_256x128)");
+      default:
+        return detail::cat("w4_fused(", recipe_name(args.w.recipe), ", rs_sw_256x128)");
+    }
+  }
   return detail::cat("w4_prefill(", recipe_name(args.w.recipe), ")+",
                      cuda::cutlass_config_name(prefill_plan(args, d, nullptr).gemm));
 }

@@ -192,16 +192,20 @@ void run_w4_case(Context& ctx, const BenchGemmOptions& o, const W4Shape& s, Quan
   a.out = c.y;
   a.splits = c.ds;
   const W4Path path = w4_gemm_path(ctx, a);
-  // decode, prefill, fused, fused rs, fused coop, decode pass8, pass16, pass32
-  W4GemmArgs paths[kW4Paths] = {a, a, a, a, a, a, a, a};
-  paths[0].path = paths[5].path = paths[6].path = paths[7].path = W4Path::decode;
-  paths[1].path = W4Path::prefill;
-  paths[2].path = paths[3].path = paths[4].path = W4Path::fused;
-  paths[3].config = "rs_256x128";
-  paths[4].config = "coop_128x256";
-  paths[5].config = "pass8";
-  paths[6].config = "pass16";
-  paths[7].config = "pass32";
+  struct PathRun {
+    W4Path path;
+    const char* config;
+  };
+  const PathRun runs[kW4Paths] = {
+      {W4Path::decode, ""},          {W4Path::prefill, ""},           {W4Path::fused, ""},
+      {W4Path::fused, "rs_256x128"}, {W4Path::fused, "coop_128x256"}, {W4Path::decode, "pass8"},
+      {W4Path::decode, "pass16"},    {W4Path::decode, "pass32"}};
+  W4GemmArgs paths[kW4Paths];
+  for (int i = 0; i < kW4Paths; ++i) {
+    paths[i] = a;
+    paths[i].path = runs[i].path;
+    paths[i].config = runs[i].config;
+  }
   const int n_paths = c.M <= kPassRows * c.G ? kW4Paths : 5;
   GroupedGemmArgs h;
   h.a = c.x;
