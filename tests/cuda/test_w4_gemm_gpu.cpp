@@ -91,9 +91,15 @@ std::vector<W4Case> cases() {
         v.push_back({s, w4_name(s) + (*tag ? std::string("_") + tag : std::string())});
         return &v.back().spec;
       };
-      add(8, make_splits(Pattern::balanced, 8, 64), 256, 512, "balanced");    // 8 tokens/pass
-      add(8, make_splits(Pattern::balanced, 8, 96), 256, 512, "balanced12");  // 16 tokens/pass
-      add(16, make_splits(Pattern::zipf, 16, 300), 384, 1024, "zipf");        // passes of 32 tokens
+      add(8, make_splits(Pattern::balanced, 8, 32), 256, 512, "balanced4");   // 8 tokens/pass
+      add(8, make_splits(Pattern::balanced, 8, 64), 256, 512, "balanced");    // 8 (16 above 8)
+      add(8, make_splits(Pattern::balanced, 8, 96), 256, 512, "balanced12");  // 16 (32 above 16)
+      // Both kinds of pass in use: experts of 0 rows, at a narrow pass, just above it, above two
+      // wide ones; then the same with K split (few items).
+      add(8, {3, 12, 0, 8, 9, 17, 1, 6}, 256, 512, "two_passes");        // 8 and 16
+      add(8, {20, 5, 16, 33, 0, 17, 12, 1}, 256, 512, "two_passes_16");  // 16 and 32
+      add(2, {2, 30}, 256, 2048, "two_passes_splitk");                   // 16 and 32, split-K
+      add(16, make_splits(Pattern::zipf, 16, 300), 384, 1024, "zipf");   // passes of 32 tokens
       add(64, top1(64, 64), 256, 256, "top1");
       for (Pattern z : {Pattern::zero_first, Pattern::zero_last})
         add(6, make_splits(z, 6, 40), 128, 256, pattern_name(z));

@@ -42,6 +42,12 @@ const W4Shape kW4Cases[] = {
     // 2880, so K is not a multiple of the kernel's 256-wide steps), 64 tokens.
     {"decode_gptoss_gate_up_64tok", 128, 5760, 2880, "top4", 64, true, false},
     {"decode_gptoss_down_64tok", 128, 2880, 2880, "top4", 64, true, false},
+    // gpt-oss at 16, 128 and 256 tokens (about 0.5, 4 and 8 rows an expert, top-4): the spread of
+    // the routing, not its mean, sets how many passes the busiest experts take.
+    {"decode_gptoss_gate_up_16tok", 128, 5760, 2880, "top4", 16, true, false},
+    {"decode_gptoss_gate_up_128tok", 128, 5760, 2880, "top4", 128, true, false},
+    {"decode_gptoss_gate_up_256tok", 128, 5760, 2880, "top4", 256, true, false},
+    {"decode_gptoss_down_256tok", 128, 2880, 2880, "top4", 256, true, false},
     {"prefill_qwen3_2048rows", 128, 1536, 2048, "balanced", 128 * 2048, false, true},
     {"prefill_dsv3_2048rows", 32, 4096, 7168, "balanced", 32 * 2048, false, true},
     // gpt-oss-120b's experts at 8192 tokens (the serving issue's prefill row), 1024, 4096 and

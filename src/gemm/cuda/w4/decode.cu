@@ -63,18 +63,27 @@ DecodeLaunch find_launch(QuantRecipe r, int token_tiles) {
 }  // namespace
 
 std::string DecodeGeometry::to_string() const {
-  return detail::cat(8 * token_tiles, " tokens/pass, ", row_groups, " row groups, split-K ", ksplit,
-                     ", grid ", grid);
+  const std::string wide =
+      wide_tiles > 0 ? detail::cat(" (", 8 * wide_tiles, " above ", 8 * token_tiles, " rows)") : "";
+  const std::string grids =
+      wide_tiles > 0 ? detail::cat(grid, " + ", wide_grid) : detail::cat(grid);
+  return detail::cat(8 * token_tiles, " tokens/pass", wide, ", ", row_groups,
+                     " row groups, split-K ", ksplit, ", grid ", grids);
 }
 
-// Tokens per pass from the average expert (or forced: W4Launch::decode_tokens); K split when the
-// items of a balanced routing would not fill the persistent grid twice; at most kMaxPartialBytes
-// of partial sums.
+// Tokens per pass from the average expert (or forced: W4Launch::decode_tokens). A pass costs
+// nearly as much for 8 rows as for 16 (the dequantization, not the rows), so an expert with more
+// rows than a pass takes wider ones: when the average expert fills more than half a pass, a
+// routing's spread leaves many experts above it, and they run as a second launch of the
+// twice-wider variant. K split when the items of a balanced routing would not fill the
+// persistent grid twice; at most kMaxPartialBytes of partial sums.
 DecodeGeometry decode_geometry(const W4Launch& l, int sm_count) {
   const GemmDims& d = l.dims;
   DecodeGeometry geo;
   const int64_t avg = qnum::ceil_div(d.M, std::max<int64_t>(d.G, 1));
   geo.token_tiles = l.decode_tokens > 0 ? l.decode_tokens / 8 : avg <= 8 ? 1 : avg <= 16 ? 2 : 4;
+  if (l.decode_tokens == 0 && geo.token_tiles < 4 && 2 * avg > 8 * geo.token_tiles)
+    geo.wide_tiles = 2 * geo.token_tiles;
   const int64_t tokens = 8 * geo.token_tiles;
   geo.row_groups = static_cast<int>(qnum::ceil_div(d.N, DecodeConfig::kRows));
   geo.steps = static_cast<int>(qnum::ceil_div(d.K, DecodeConfig::kStepK));
@@ -90,6 +99,14 @@ DecodeGeometry decode_geometry(const W4Launch& l, int sm_count) {
   geo.ksplit = static_cast<int>(qnum::ceil_div(geo.steps, geo.steps_per_split));  // none empty
   geo.item_bound = (qnum::ceil_div(d.M, tokens) + std::min(d.G, d.M)) * geo.row_groups * geo.ksplit;
   geo.grid = static_cast<int>(std::min<int64_t>(geo.item_bound, resident));
+  if (geo.wide_tiles > 0) {
+    const int64_t wide = 8 * geo.wide_tiles;
+    geo.wide_item_bound =
+        (qnum::ceil_div(d.M, wide) + std::min(d.G, d.M)) * geo.row_groups * geo.ksplit;
+    geo.wide_grid = static_cast<int>(
+        std::min<int64_t>(geo.wide_item_bound,
+                          int64_t(std::max(sm_count, 1)) * decode_blocks_per_sm(geo.wide_tiles)));
+  }
   return geo;
 }
 
@@ -113,13 +130,16 @@ size_t w4_decode_workspace_size(const W4Launch& l, int sm_count) {
 void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws, size_t) {
   const GemmDims& d = l.dims;
   const DecodeGeometry geo = decode_geometry(l, ctx.sm_count());
-  GROUPMM_CHECK(geo.item_bound + geo.grid < (int64_t(1) << 31), "grouped_gemm: M=", d.M,
-                ", N=", d.N, " gives too many decode items (", geo.item_bound, ")");
+  GROUPMM_CHECK(geo.item_bound + geo.grid < (int64_t(1) << 31) &&
+                    geo.wide_item_bound + geo.wide_grid < (int64_t(1) << 31),
+                "grouped_gemm: M=", d.M, ", N=", d.N, " gives too many decode items (",
+                std::max(geo.item_bound, geo.wide_item_bound), ")");
   GROUPMM_CHECK(d.G * d.N < (int64_t(1) << 31), "grouped_gemm: G * N = ", d.G, " * ", d.N,
                 " weight rows exceed the decode kernel's 32-bit copy coordinates");
   DecodeParams p{};
   p.plan = DecodeWorkspace::plan(ws, d.G);
-  launch_decode_plan(ctx, l, geo, p.plan);
+  int64_t* wide_item_start = DecodeWorkspace::wide_item_start(ws, d.G);
+  launch_decode_plan(ctx, l, geo, p.plan, wide_item_start);
   if (geo.grid == 0) return;  // no rows
   p.w = W4Weights::of(l);
   p.bias = static_cast<const uint16_t*>(l.bias);
@@ -155,6 +175,12 @@ void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws, size_t) {
   tp.x = make_tensor_map_2d("grouped_gemm (decode, x)", l.x, 2, d.K, d.M, d.K * 2,
                             DecodeConfig::kStepK, 8 * geo.token_tiles);
   find_launch(l.recipe, geo.token_tiles)(ctx, tp, geo.grid);
+  if (geo.wide_tiles > 0) {  // the same plan but for its item prefix sums; other output rows
+    tp.p.plan.item_start = wide_item_start;
+    tp.x = make_tensor_map_2d("grouped_gemm (decode, x)", l.x, 2, d.K, d.M, d.K * 2,
+                              DecodeConfig::kStepK, 8 * geo.wide_tiles);
+    find_launch(l.recipe, geo.wide_tiles)(ctx, tp, geo.wide_grid);
+  }
   if (geo.ksplit == 1) return;
   ReduceParams r{p.partial, p.plan, p.bias, p.out, d.M, d.N, d.G, geo.ksplit};
   const int64_t threads = d.M * (d.N / 4);

@@ -15,8 +15,9 @@ DecodeLaunch decode_launch(int token_tiles);
 
 // The launch geometry from host-known values (decode.cu).
 DecodeGeometry decode_geometry(const W4Launch& l, int sm_count);
-// The setup kernel (decode_plan.cu): plan arrays from the device splits.
+// The setup kernel (decode_plan.cu): plan arrays from the device splits; wide_item_start
+// ([G + 1]) is written when geo.wide_tiles > 0.
 void launch_decode_plan(Context& ctx, const W4Launch& l, const DecodeGeometry& geo,
-                        const DecodePlan& plan);
+                        const DecodePlan& plan, int64_t* wide_item_start);
 
 }  // namespace groupmm::cuda::w4

@@ -12,7 +12,9 @@
 // the pass's activations. Items of one expert and rows differ only in the pass and are numbered
 // consecutively, so the CTAs of an expert with more rows than one pass read its weights together
 // (the later ones from L2). A zero-row expert has no items. The persistent CTAs take items b,
-// b + grid, ...; an item runs in units of kStepK along K.
+// b + grid, ...; an item runs in units of kStepK along K. With two kinds of pass
+// (DecodeGeometry::wide_tiles) the experts above a narrow pass are items of a second launch, of
+// the wider variant, numbered by their own prefix sums.
 //
 // Copies. A unit's weights (128 rows x kStepK codes) and raw activations (kTokens x kStepK bf16)
 // arrive in a ring slot of shared memory by bulk tensor copies (TMA), which one thread issues
@@ -145,13 +147,17 @@ struct DecodeTmaParams {
   CUtensorMap x;
 };
 
-// Launch geometry (host-known: M, N, K, G, the SM count).
+// Launch geometry (host-known: M, N, K, G, the SM count). Two kinds of pass when wide_tiles > 0:
+// an expert with at most 8 * token_tiles rows takes one narrow pass, one with more takes passes
+// of 8 * wide_tiles rows, each kind in its own launch of its variant (same K split).
 struct DecodeGeometry {
   int token_tiles = 1;
+  int wide_tiles = 0;  // 0: every expert in passes of 8 * token_tiles rows
   int ksplit = 1;
   int steps = 0, steps_per_split = 0, row_groups = 0;
   int64_t item_bound = 0;  // items of any routing: sum over experts of ceil(m_g / tokens) bounded
-  int grid = 0;
+  int64_t wide_item_bound = 0;
+  int grid = 0, wide_grid = 0;
   std::string to_string() const;
 };
 
@@ -160,14 +166,19 @@ struct DecodeWorkspace {
   static constexpr size_t kAlign = 256;
   static size_t aligned(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
   static size_t plan_bytes(int64_t G) {
-    return aligned(static_cast<size_t>(3 * (G + 1)) * 8 + static_cast<size_t>(G) * 4);
+    return aligned(static_cast<size_t>(4 * (G + 1)) * 8 + static_cast<size_t>(G) * 4);
   }
   static size_t partial_bytes(int64_t M, int64_t N, int ksplit) {
     return ksplit > 1 ? aligned(static_cast<size_t>(ksplit * M * N) * 4) : 0;
   }
   static DecodePlan plan(void* ws, int64_t G) {
     int64_t* b = static_cast<int64_t*>(ws);
-    return {b, b + (G + 1), b + 2 * (G + 1), reinterpret_cast<float*>(b + 3 * (G + 1))};
+    return {b, b + (G + 1), b + 2 * (G + 1), reinterpret_cast<float*>(b + 4 * (G + 1))};
+  }
+  // The wide passes' item_start (DecodeGeometry::wide_tiles): the wide launch's plan is the plan
+  // with this array in place of item_start.
+  static int64_t* wide_item_start(void* ws, int64_t G) {
+    return static_cast<int64_t*>(ws) + 3 * (G + 1);
   }
   static float* partial(void* ws, int64_t G) {
     return reinterpret_cast<float*>(static_cast<char*>(ws) + plan_bytes(G));
