@@ -192,6 +192,16 @@ def gemm_w4_fused(dd):
         body) + f"\n{d['notes']}\n"
 
 
+def gemm_w4_decode_passes(dd):
+    d = load("gemm_w4_decode_passes_h200", dd)
+    body = [[r["case"], r["format"], f"{r['M'] / r['G']:g}", f"{r['before_us']:.1f} ({r['passes_before']})",
+             f"{r['us']:.1f} ({r['passes']})", f2(r["before_us"] / r["us"]),
+             f"{r['pass8_us']:.0f} / {r['pass16_us']:.0f} / {r['pass32_us']:.0f}"] for r in rows_of(d)]
+    return caption(d) + "\n" + table(
+        ["case", "format", "rows an expert", "one kind us (tokens a pass)", "wide passes us (tokens a pass)",
+         "speedup", "forced 8 / 16 / 32 us"], body) + f"\n{d['notes']}\n"
+
+
 def peers_triton(dd):
     d = load("peers_triton_mxfp4_h200", dd)
     return caption(d) + "\n" + table(
@@ -405,7 +415,7 @@ def python_overhead(dd):
 
 TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
-    peers_deepgemm, gemm_w4, gemm_w4_fused, peers_triton, peers_serving_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
+    peers_deepgemm, gemm_w4, gemm_w4_fused, gemm_w4_decode_passes, peers_triton, peers_serving_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
     moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, kernel_down_dgrad, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
     python_overhead, hf_backends, grouped_mm_dropin)}
 
