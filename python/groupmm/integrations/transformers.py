@@ -32,6 +32,7 @@ import torch
 import groupmm  # noqa: F401  (loads the ops)
 from groupmm.nn.grouped_linear import (INFERENCE_RECIPES, RECIPES, _GroupedLinearFn, _Quantized,
                                        _W4, split_multiple)
+from groupmm.nn.moe import _RoutedBias
 
 ops = torch.ops.groupmm
 
@@ -203,10 +204,9 @@ def experts_forward(module, hidden_states, top_k_index, top_k_weights, recipe=No
     if module.has_bias:
         # sum_j w_tj b_down[e_tj]: the router weight multiplies the down bias too (the weight is
         # applied in the activation, before the down GEMM, so the GEMM's own bias would be
-        # unweighted). One [T, E] x [E, H] product, added by unpermute after the k rows.
-        dense = torch.zeros(x.shape[0], E, dtype=torch.float32, device=x.device)
-        dense = dense.scatter_add(1, top_k_index.long(), top_k_weights.float())
-        routed_bias = (dense @ module.down_proj_bias.float()).to(x.dtype)
+        # unweighted). groupmm.nn.MoE's form (fp32 products and sum over j, rounded once), added
+        # by unpermute after the k rows.
+        routed_bias = _RoutedBias.apply(top_k_weights.float(), module.down_proj_bias, ids, x.dtype)
     return ops.unpermute(y_perm, *plan, align, 0, routed_bias)
 
 
