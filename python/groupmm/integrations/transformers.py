@@ -32,7 +32,7 @@ import torch
 import groupmm  # noqa: F401  (loads the ops)
 from groupmm.nn.grouped_linear import (INFERENCE_RECIPES, RECIPES, _GroupedLinearFn, _Quantized,
                                        _W4, split_multiple)
-from groupmm.nn.moe import _RoutedBias
+from groupmm.nn._routed_bias import RoutedBias
 
 ops = torch.ops.groupmm
 
@@ -206,7 +206,7 @@ def experts_forward(module, hidden_states, top_k_index, top_k_weights, recipe=No
         # applied in the activation, before the down GEMM, so the GEMM's own bias would be
         # unweighted). groupmm.nn.MoE's form (fp32 products and sum over j, rounded once), added
         # by unpermute after the k rows.
-        routed_bias = _RoutedBias.apply(top_k_weights.float(), module.down_proj_bias, ids, x.dtype)
+        routed_bias = RoutedBias.apply(top_k_weights.float(), module.down_proj_bias, ids, x.dtype)
     return ops.unpermute(y_perm, *plan, align, 0, routed_bias)
 
 

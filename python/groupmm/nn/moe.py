@@ -36,6 +36,7 @@ from .._meta import check_router_sizes, moe_capacity
 from . import _loaders, moe_ep
 from ._swiglu import _activation, _weighted_swiglu
 from ._recompute import again as _again
+from ._routed_bias import RoutedBias
 from .grouped_linear import GroupedLinear, _Recomputed, _resolved, split_multiple
 
 ops = torch.ops.groupmm
@@ -55,33 +56,6 @@ class _SharedLinear(GroupedLinear):
 
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-class _RoutedBias(torch.autograd.Function):
-    """y [T, H] = sum_j w_tj b[e_tj] for w [T, k] fp32, b [E, H], ids [T, k] (each row's ids
-    distinct, as the router's): the products and the sum over j in fp32, rounded once to dtype.
-    The forward gathers the k bias rows (four kernels: a decode step's layer is bound by its
-    launches); the backward's d b is a dense [T, E] fp32 matrix of w (no two adds meet in its
-    scatter) times dy, so that neither direction adds in an unspecified order (the backward of an
-    indexed gather would)."""
-
-    @staticmethod
-    def forward(ctx, w, b, ids, dtype):
-        ctx.save_for_backward(w, b, ids)
-        return (w.unsqueeze(-1) * b[ids]).sum(1).to(dtype)
-
-    @staticmethod
-    def backward(ctx, dy):
-        w, b, ids = ctx.saved_tensors
-        g = dy.float()
-        dw = db = None
-        if ctx.needs_input_grad[0]:
-            dw = torch.bmm(b[ids].float(), g.unsqueeze(-1)).squeeze(-1)
-        if ctx.needs_input_grad[1]:
-            dense = torch.zeros(ids.shape[0], b.shape[0], dtype=torch.float32, device=ids.device)
-            dense = dense.scatter_add(1, ids.long(), w.detach())
-            db = (dense.t() @ g).to(b.dtype)
-        return dw, db, None, None
 
 
 def _check_fused(*, recipe="bf16", ep_group=None, dtype, device, hidden, ffn_hidden, experts):
@@ -207,8 +181,8 @@ class MoE(torch.nn.Module):
     added to the fp32 logits), gate_up a bias [E, 2F] (gate_up.bias, added by its GEMM) and down a
     bias [E, H] (down_bias), which is weighted by the router weight like the rest of the expert's
     output: y_t gets sum_j w_tj b_down[e_tj] (fp32 products and sum over j, rounded once, added by
-    unpermute after the k rows; a dropped (t, j) adds nothing). activation (a SwiGLU, default the plain one) is
-    the experts' activation: GPT_OSS_SWIGLU is gpt-oss's clamped form on interleaved gate/up
+    unpermute after the k rows; a dropped (t, j) adds nothing). activation (a SwiGLU, default the
+    plain one) is the experts' activation: GPT_OSS_SWIGLU is gpt-oss's clamped form on interleaved gate/up
     columns. from_gpt_oss() builds gpt-oss's layer from transformers' GptOssMLP or its state dict,
     with the 16-bit weights or the checkpoint's MXFP4 blocks (recipe 'mxfp4_weight'); the router
     (softmax over the top-k logits) is score='softmax' with renormalize=True. Both need ep_group
@@ -366,9 +340,9 @@ class MoE(torch.nn.Module):
 
     def _routed_down_bias(self, ids, weights, dest_row, dtype):
         """[T, H]: sum_j w_tj b_down[e_tj] over the kept (t, j) (dest_row >= 0); see
-        _RoutedBias."""
+        RoutedBias."""
         w = torch.where(dest_row >= 0, weights, 0.0)
-        return _RoutedBias.apply(w, self.down_bias, ids, dtype)
+        return RoutedBias.apply(w, self.down_bias, ids, dtype)
 
     def _fused_gate_up(self, x, plan, cap, weights, again):
         """h, the pre-activation and probs from torch.ops.groupmm.gate_up_swiglu (x gathered

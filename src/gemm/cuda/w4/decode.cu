@@ -87,7 +87,10 @@ DecodeGeometry decode_geometry(const W4Launch& l, int sm_count) {
   const int64_t tokens = 8 * geo.token_tiles;
   geo.row_groups = static_cast<int>(qnum::ceil_div(d.N, DecodeConfig::kRows));
   geo.steps = static_cast<int>(qnum::ceil_div(d.K, DecodeConfig::kStepK));
-  const int64_t resident = int64_t(std::max(sm_count, 1)) * decode_blocks_per_sm(geo.token_tiles);
+  auto resident_ctas = [&](int tiles) {
+    return int64_t(std::max(sm_count, 1)) * decode_blocks_per_sm(tiles);
+  };
+  const int64_t resident = resident_ctas(geo.token_tiles);
   const int64_t active = std::max<int64_t>(1, std::min(d.G, d.M));
   const int64_t balanced_items =
       geo.row_groups * active * std::max<int64_t>(1, qnum::ceil_div(d.M, active * tokens));
@@ -97,15 +100,16 @@ DecodeGeometry decode_geometry(const W4Launch& l, int sm_count) {
   while (ksplit > 1 && ksplit * d.M * d.N * 4 > kMaxPartialBytes) --ksplit;
   geo.steps_per_split = static_cast<int>(qnum::ceil_div(geo.steps, ksplit));
   geo.ksplit = static_cast<int>(qnum::ceil_div(geo.steps, geo.steps_per_split));  // none empty
-  geo.item_bound = (qnum::ceil_div(d.M, tokens) + std::min(d.G, d.M)) * geo.row_groups * geo.ksplit;
+  // Items of any routing in passes of 8 * tiles rows: sum over experts of ceil(m_g / pass).
+  auto item_bound = [&](int tiles) {
+    return (qnum::ceil_div(d.M, 8 * tiles) + std::min(d.G, d.M)) * geo.row_groups * geo.ksplit;
+  };
+  geo.item_bound = item_bound(geo.token_tiles);
   geo.grid = static_cast<int>(std::min<int64_t>(geo.item_bound, resident));
   if (geo.wide_tiles > 0) {
-    const int64_t wide = 8 * geo.wide_tiles;
-    geo.wide_item_bound =
-        (qnum::ceil_div(d.M, wide) + std::min(d.G, d.M)) * geo.row_groups * geo.ksplit;
-    geo.wide_grid = static_cast<int>(
-        std::min<int64_t>(geo.wide_item_bound,
-                          int64_t(std::max(sm_count, 1)) * decode_blocks_per_sm(geo.wide_tiles)));
+    geo.wide_item_bound = item_bound(geo.wide_tiles);
+    geo.wide_grid =
+        static_cast<int>(std::min<int64_t>(geo.wide_item_bound, resident_ctas(geo.wide_tiles)));
   }
   return geo;
 }
@@ -172,13 +176,16 @@ void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws, size_t) {
   tp.p = p;
   tp.codes = make_tensor_map_2d("grouped_gemm (decode, w.data)", l.w, 1, d.K / 2, d.G * d.N,
                                 d.K / 2, DecodeConfig::kSubK / 2, DecodeConfig::kRows);
-  tp.x = make_tensor_map_2d("grouped_gemm (decode, x)", l.x, 2, d.K, d.M, d.K * 2,
-                            DecodeConfig::kStepK, 8 * geo.token_tiles);
+  // The activations in boxes of one pass's rows.
+  auto x_map = [&](int tiles) {
+    return make_tensor_map_2d("grouped_gemm (decode, x)", l.x, 2, d.K, d.M, d.K * 2,
+                              DecodeConfig::kStepK, 8 * tiles);
+  };
+  tp.x = x_map(geo.token_tiles);
   find_launch(l.recipe, geo.token_tiles)(ctx, tp, geo.grid);
   if (geo.wide_tiles > 0) {  // the same plan but for its item prefix sums; other output rows
     tp.p.plan.item_start = wide_item_start;
-    tp.x = make_tensor_map_2d("grouped_gemm (decode, x)", l.x, 2, d.K, d.M, d.K * 2,
-                              DecodeConfig::kStepK, 8 * geo.wide_tiles);
+    tp.x = x_map(geo.wide_tiles);
     find_launch(l.recipe, geo.wide_tiles)(ctx, tp, geo.wide_grid);
   }
   if (geo.ksplit == 1) return;
