@@ -19,10 +19,10 @@ chain is groupmm.integrations.transformers' experts forward with the checkpoint'
 imported): router_logits, + router bias, router (softmax, renormalized
 top-4: the softmax over the top-4 logits), permute_plan, permute (the router weights become
 per-row probs), grouped_mm_w4 gate_up (+ its bias, in the GEMM), weighted_swiglu_ex (alpha, limit,
-up + 1, interleaved; the router weight applied here), grouped_mm_w4 down, the routed down bias
-sum_j w_tj b_down[e_tj] (index_select, bmm, cast: the weight is applied before the down GEMM, so
-the GEMM's own bias would be unweighted) and unpermute (adding it): 12 op calls, each of which is
-at least one kernel launch.
+up + 1, interleaved; the router weight applied here), grouped_mm_w4 down and unpermute with the
+routed down bias sum_j w_tj b_down[e_tj] (the weight is applied before the down GEMM, so the
+GEMM's own bias would be unweighted; unpermute adds it in the same pass as the k rows): 9 op
+calls, each of which is at least one kernel launch.
 
 The peer's layer is vLLM's gpt-oss MoE on triton_kernels (vllm/model_executor/layers/fused_moe/
 gpt_oss_triton_kernels_moe.py, triton_kernel_moe_forward and triton_kernel_fused_experts; the
@@ -150,10 +150,9 @@ class GroupmmLayer:
         self.router_w, self.router_b = L["router_w"], L["router_b"].float()
         self.gu = list(ops.import_mxfp4_weights(L["gu_blocks"], L["gu_scales"], scale_layout))
         self.dn = list(ops.import_mxfp4_weights(L["dn_blocks"], L["dn_scales"], scale_layout))
-        self.gu_bias, self.dn_bias = L["gu_bias"], L["dn_bias"].float()
+        self.gu_bias, self.dn_bias = L["gu_bias"], L["dn_bias"]
 
     def __call__(self, x):
-        T, H = x.shape
         logits = ops.router_logits(x, self.router_w).add_(self.router_b)
         ids, weights = ops.router(logits, None, self.topk, "softmax", 1, 1, True)[:2]
         plan = ops.permute_plan(ids, self.E, 1, 0)
@@ -162,9 +161,7 @@ class GroupmmLayer:
                                self.path)
         h = ops.weighted_swiglu_ex(gu, probs, ALPHA, LIMIT, UP_OFFSET, True)
         y_perm = ops.grouped_mm_w4(h, self.dn, plan[3], "mxfp4", self.scale_layout, None, self.path)
-        routed_bias = torch.bmm(weights.unsqueeze(1),
-                                self.dn_bias.index_select(0, ids.view(-1)).view(T, self.topk, H))
-        return ops.unpermute(y_perm, *plan, 1, 0, routed_bias.view(T, H).to(x.dtype))
+        return ops.unpermute(y_perm, *plan, 1, 0, None, self.dn_bias, ids, weights)
 
 
 class GroupmmModule:

@@ -171,10 +171,25 @@ void moe_permute_backward(Context& ctx, const TensorView& d_x_perm, const Permut
                           const TensorView& dx, const TensorView& d_probs = TensorView(),
                           const TensorView& d_weights = TensorView(),
                           const TensorView& add = TensorView());
-// y[t] = sum_j y_perm[dest_row[t, j]] (+ add[t], last), fp32 sum in j order, rounded once: the
-// combine (unweighted: the router weight was applied inside weighted_swiglu_forward).
+// The router-weighted expert bias of a layer whose experts' second projection has a bias
+// (gpt-oss's down bias): the router weight multiplies the whole expert output, bias included,
+// but it is applied inside weighted_swiglu_forward, before that projection, so the projection's
+// own bias would be unweighted; moe_unpermute adds sum_j weights[t, j] bias[expert_ids[t, j]]
+// over the kept (t, j) instead. All three or none.
+struct RoutedBias {
+  TensorView bias;        // [E, H] in y's dtype
+  TensorView expert_ids;  // [T, k] int32: the ids the map was planned from
+  TensorView weights;     // [T, k] fp32 (the router weights)
+  bool present() const { return bias.present(); }
+};
+
+// y[t] = sum_j y_perm[dest_row[t, j]], then + weights[t, j] bias[expert_ids[t, j]] for each kept
+// j (fused multiply-add, j order) when `routed` is given, then + add[t]; all in fp32, rounded
+// once: the combine (unweighted: the router weight was applied inside weighted_swiglu_forward).
+// A kept (t, j) whose id is outside [0, E) adds no bias and reports kFaultBadIndex.
 void moe_unpermute(Context& ctx, const TensorView& y_perm, const PermuteMap& map,
-                   const TensorView& y, const TensorView& add = TensorView());
+                   const TensorView& y, const TensorView& add = TensorView(),
+                   const RoutedBias& routed = RoutedBias());
 // dy_perm[dest_row[t, j]] = dy[t]; padding and tail rows = 0.
 void moe_unpermute_backward(Context& ctx, const TensorView& dy, const PermuteMap& map,
                             const TensorView& dy_perm);

@@ -159,6 +159,9 @@ Bound bind_permute(Call& call, const at::Tensor& x, const at::Tensor& dest_row,
                    int64_t align, int64_t capacity, const std::optional<at::Tensor>& weights);
 Bound bind_unpermute(Call& call, const at::Tensor& y_perm, const at::Tensor& dest_row,
                      const at::Tensor& row_start, const at::Tensor& kept, const at::Tensor& splits,
-                     int64_t align, int64_t capacity, const std::optional<at::Tensor>& add);
+                     int64_t align, int64_t capacity, const std::optional<at::Tensor>& add,
+                     const std::optional<at::Tensor>& bias = std::nullopt,
+                     const std::optional<at::Tensor>& expert_ids = std::nullopt,
+                     const std::optional<at::Tensor>& weights = std::nullopt);
 
 }  // namespace groupmm_torch

@@ -27,7 +27,8 @@ using PermuteSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, cons
                                               const Tensor&, const Tensor&, int64_t, int64_t,
                                               const OptTensor&);
 using UnpermuteSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            const Tensor&, int64_t, int64_t, const OptTensor&);
+                            const Tensor&, int64_t, int64_t, const OptTensor&, const OptTensor&,
+                            const OptTensor&, const OptTensor&);
 using UnpermuteBwdSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                const Tensor&, int64_t, int64_t);
 
@@ -175,18 +176,37 @@ std::tuple<Tensor, Tensor> permute_autograd(c10::DispatchKeySet ks, const Tensor
   return {o[0], o[1]};
 }
 
+bool present(const OptTensor& t) {
+  return t.has_value() && t->defined();
+}
+
 struct Unpermute : torch::autograd::Function<Unpermute> {
   static Tensor forward(AutogradContext* ctx, const Tensor& y_perm, const Tensor& dest_row,
                         const Tensor& row_start, const Tensor& kept, const Tensor& splits,
-                        int64_t align, int64_t capacity, const OptTensor& add) {
-    save_map(ctx, dest_row, row_start, kept, splits, align, capacity,
-             add.has_value() && add->defined());
+                        int64_t align, int64_t capacity, const OptTensor& add,
+                        const OptTensor& bias, const OptTensor& expert_ids,
+                        const OptTensor& weights) {
+    const bool routed = present(bias);
+    if (routed) {
+      ctx->save_for_backward({dest_row, row_start, kept, splits, *bias, *expert_ids, *weights});
+      ctx->saved_data["align"] = align;
+      ctx->saved_data["capacity"] = capacity;
+      ctx->saved_data["has_extra"] = present(add);
+    } else {
+      save_map(ctx, dest_row, row_start, kept, splits, align, capacity, present(add));
+    }
+    ctx->saved_data["routed"] = routed;
     const at::AutoDispatchBelowADInplaceOrView guard;
     return GROUPMM_OP("unpermute", UnpermuteSig)
-        .call(y_perm, dest_row, row_start, kept, splits, align, capacity, add);
+        .call(y_perm, dest_row, row_start, kept, splits, align, capacity, add, bias, expert_ids,
+              weights);
   }
+  // The routed bias's gradients in fp32 from dense products, so that no sum runs in an
+  // unspecified order: d bias = W^T dy with W [T, E] the kept pairs' weights (a token's ids are
+  // distinct, as the router's: no two scattered adds meet), d weights[t, j] = <dy[t],
+  // bias[e_tj]> for a kept pair, else 0.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(8);
+    variable_list out(11);
     const Tensor& dy = grads[0];
     if (!dy.defined()) return out;
     const auto m = ctx->get_saved_variables();
@@ -194,17 +214,38 @@ struct Unpermute : torch::autograd::Function<Unpermute> {
                  .call(dy, m[0], m[1], m[2], m[3], ctx->saved_data["align"].toInt(),
                        ctx->saved_data["capacity"].toInt());
     if (ctx->saved_data["has_extra"].toBool()) out[7] = dy;
+    if (!ctx->saved_data["routed"].toBool()) return out;
+    const Tensor &bias = m[4], &ids = m[5], &w = m[6];
+    const Tensor keep = m[0].ge(0), g = dy.to(at::kFloat);
+    // needs_input_grad counts the defined tensor arguments only (y_perm, the map's four, add when
+    // given, bias, expert_ids, weights); the returned list is by argument position.
+    const size_t bias_edge = ctx->saved_data["has_extra"].toBool() ? 6 : 5;
+    if (ctx->needs_input_grad(bias_edge)) {
+      const Tensor dense =
+          at::zeros({ids.size(0), bias.size(0)}, g.options())
+              .scatter_add(1, ids.to(at::kLong), w.masked_fill(keep.logical_not(), 0));
+      out[8] = dense.t().mm(g).to(bias.scalar_type());
+    }
+    if (ctx->needs_input_grad(bias_edge + 2)) {
+      const Tensor rows = bias.index_select(0, ids.flatten().to(at::kLong))
+                              .view({ids.size(0), ids.size(1), bias.size(1)})
+                              .to(at::kFloat);
+      out[10] = at::bmm(rows, g.unsqueeze(-1)).squeeze(-1).masked_fill(keep.logical_not(), 0);
+    }
     return out;
   }
 };
 
 Tensor unpermute_autograd(c10::DispatchKeySet ks, const Tensor& y_perm, const Tensor& dest_row,
                           const Tensor& row_start, const Tensor& kept, const Tensor& splits,
-                          int64_t align, int64_t capacity, const OptTensor& add) {
-  if (!records({&y_perm}) && !records(add))
+                          int64_t align, int64_t capacity, const OptTensor& add,
+                          const OptTensor& bias, const OptTensor& expert_ids,
+                          const OptTensor& weights) {
+  if (!records({&y_perm}) && !records(add) && !records(bias) && !records(weights))
     return below_autograd(GROUPMM_OP("unpermute", UnpermuteSig), ks, y_perm, dest_row, row_start,
-                          kept, splits, align, capacity, add);
-  return Unpermute::apply(y_perm, dest_row, row_start, kept, splits, align, capacity, add);
+                          kept, splits, align, capacity, add, bias, expert_ids, weights);
+  return Unpermute::apply(y_perm, dest_row, row_start, kept, splits, align, capacity, add, bias,
+                          expert_ids, weights);
 }
 
 // ---- gate_up_swiglu -----------------------------------------------------------------------------

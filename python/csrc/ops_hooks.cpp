@@ -59,7 +59,8 @@ Bound bind_by_name(Call& call, const std::string& op, at::TensorList t, at::IntA
   }
   if (op == "unpermute") {
     need(5, 2, "[y_perm, dest_row, row_start, kept, splits] and ints [align, capacity]");
-    return bind_unpermute(call, t[0], t[1], t[2], t[3], t[4], ints[0], ints[1], std::nullopt);
+    return bind_unpermute(call, t[0], t[1], t[2], t[3], t[4], ints[0], ints[1], std::nullopt,
+                          std::nullopt, std::nullopt, std::nullopt);
   }
   TORCH_CHECK_VALUE(false, "groupmm._core_call_us: op='", op,
                     "' must be grouped_mm, grouped_mm_dgrad, grouped_mm_wgrad, group_quantize, "

@@ -269,16 +269,22 @@ Bound bind_permute(Call& call, const at::Tensor& x, const at::Tensor& dest_row,
           {xp, probs}};
 }
 
-// y [T, H] = sum over the k rows of each token in y_perm [R, H] (+ add [T, H]).
+// y [T, H] = sum over the k rows of each token in y_perm [R, H] (+ the routed bias: sum over the
+// kept (t, j) of weights [T, k] times bias [E, H] at expert_ids [T, k]) (+ add [T, H]).
 Bound bind_unpermute(Call& call, const at::Tensor& y_perm, const at::Tensor& dest_row,
                      const at::Tensor& row_start, const at::Tensor& kept, const at::Tensor& splits,
-                     int64_t align, int64_t capacity, const std::optional<at::Tensor>& add) {
+                     int64_t align, int64_t capacity, const std::optional<at::Tensor>& add,
+                     const std::optional<at::Tensor>& bias,
+                     const std::optional<at::Tensor>& expert_ids,
+                     const std::optional<at::Tensor>& weights) {
   const auto m = map_of(call, dest_row, row_start, kept, splits, align, capacity);
   const auto yp = call.in(y_perm, "y_perm"), av = call.in(add, "add");
+  const groupmm::RoutedBias rb{call.in(bias, "bias"), call.in(expert_ids, "expert_ids"),
+                               call.in(weights, "weights")};
   at::Tensor y = call.empty({m.tokens, y_perm.size(1)}, y_perm.scalar_type());
   const auto yv = call.out(y, "y");
   auto& ctx = call.ctx();
-  return {[&ctx, yp, m, yv, av] { groupmm::moe_unpermute(ctx, yp, m, yv, av); }, {y}};
+  return {[&ctx, yp, m, yv, av, rb] { groupmm::moe_unpermute(ctx, yp, m, yv, av, rb); }, {y}};
 }
 
 namespace {
@@ -347,9 +353,13 @@ std::tuple<at::Tensor, at::Tensor> permute_backward(
 
 at::Tensor unpermute(const at::Tensor& y_perm, const at::Tensor& dest_row,
                      const at::Tensor& row_start, const at::Tensor& kept, const at::Tensor& splits,
-                     int64_t align, int64_t capacity, const std::optional<at::Tensor>& add) {
+                     int64_t align, int64_t capacity, const std::optional<at::Tensor>& add,
+                     const std::optional<at::Tensor>& bias,
+                     const std::optional<at::Tensor>& expert_ids,
+                     const std::optional<at::Tensor>& weights) {
   Call call("unpermute", y_perm);
-  Bound op = bind_unpermute(call, y_perm, dest_row, row_start, kept, splits, align, capacity, add);
+  Bound op = bind_unpermute(call, y_perm, dest_row, row_start, kept, splits, align, capacity, add,
+                            bias, expert_ids, weights);
   op.run();
   call.finish();
   return op.outputs[0];

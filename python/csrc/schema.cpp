@@ -114,7 +114,8 @@ TORCH_LIBRARY(groupmm, m) {
       "(Tensor dx, Tensor d_weights)");
   m.def(
       "unpermute(Tensor y_perm, Tensor dest_row, Tensor row_start, Tensor kept, Tensor splits, "
-      "int align, int capacity, Tensor? add=None) -> Tensor");
+      "int align, int capacity, Tensor? add=None, Tensor? bias=None, Tensor? expert_ids=None, "
+      "Tensor? weights=None) -> Tensor");
   // permute + grouped_mm with w [E, 2F, H] + weighted_swiglu as one kernel-layer op (x gathered
   // inside the GEMM, the activation in its epilogue; moe_gate_up_swiglu):
   // -> h [R, F], the pre-activation [R, 2F] (empty unless pre_activation), probs [R] fp32.

@@ -245,7 +245,8 @@ def _(d_x_perm, dest_row, row_start, kept, splits, align, capacity, d_probs=None
 
 
 @register_fake("groupmm::unpermute")
-def _(y_perm, dest_row, row_start, kept, splits, align, capacity, add=None):
+def _(y_perm, dest_row, row_start, kept, splits, align, capacity, add=None, bias=None,
+      expert_ids=None, weights=None):
     return _empty(y_perm, (dest_row.shape[0], y_perm.shape[1]), y_perm.dtype)
 
 

@@ -33,8 +33,8 @@ void check_permute_map(const Context& ctx, const char* op, const PermuteMap& m);
 // Entry points both backends implement with one signature (declared in each namespace below):
 //   moe_scatter_rows: dst[dest_row[t, j]] = src[t] (+ probs[dest] = weights[t, j]), padding and
 //     tail rows 0 (moe_permute, moe_unpermute_backward);
-//   moe_gather_rows: dst[t] = sum_j src[dest_row[t, j]] + add[t] (+ d_weights[t, j] =
-//     d_probs[dest]) (moe_unpermute, moe_permute_backward);
+//   moe_gather_rows: dst[t] = sum_j src[dest_row[t, j]] (+ the routed bias) + add[t]
+//     (+ d_weights[t, j] = d_probs[dest]) (moe_unpermute, moe_permute_backward);
 //   weighted_swiglu_forward / _backward (any SwigluForm; the plain one on its own path; splits
 //     absent: every row, else the rows [0, sum) only, moe.hpp);
 //   moe_gate_up_swiglu and moe_down_dgrad_swiglu (the fused projections: CPU composes the unfused
@@ -46,7 +46,8 @@ void check_permute_map(const Context& ctx, const char* op, const PermuteMap& m);
                               const TensorView& probs);                                          \
   ENTRY void moe_gather_rows(Context& ctx, const TensorView& src, const PermuteMap& map,         \
                              const TensorView& dst, const TensorView& add,                       \
-                             const TensorView& d_probs, const TensorView& d_weights);            \
+                             const TensorView& d_probs, const TensorView& d_weights,             \
+                             const RoutedBias& routed);                                          \
   ENTRY void weighted_swiglu_forward(Context& ctx, const TensorView& gate_up,                    \
                                      const TensorView& prob, const TensorView& out,              \
                                      const SwigluForm& form, const TensorView& splits);          \

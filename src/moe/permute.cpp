@@ -1,6 +1,7 @@
 // Permute plan, permute / unpermute and their backwards: validation and backend dispatch.
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "moe/backends.hpp"
 
@@ -143,19 +144,35 @@ void scatter_op(Context& ctx, const char* op, const PermuteMap& map, const char*
 // (+ add [T, H]), and the optional d_probs [R] -> d_weights [T, k].
 void gather_op(Context& ctx, const char* op, const PermuteMap& map, const char* src_name,
                const TensorView& src, const char* dst_name, const TensorView& dst,
-               const TensorView& add, const TensorView& d_probs, const TensorView& d_weights) {
+               const TensorView& add, const TensorView& d_probs, const TensorView& d_weights,
+               const RoutedBias& routed = RoutedBias()) {
   check_permute_map(ctx, op, map);
   const DType t = check_source(ctx, op, src_name, src, map.rows);
   check_rows(ctx, op, dst_name, dst, map.tokens, src.dim(1), t);
   if (add.present()) check_rows(ctx, op, "add", add, map.tokens, src.dim(1), t);
   check_prob_pair(ctx, op, "d_probs", d_probs, {map.rows}, "d_weights", d_weights,
                   {map.tokens, map.topk});
-  check_no_alias(op, dst_name, dst, {src, add, d_probs, d_weights});
+  const bool ids = routed.expert_ids.present(), w = routed.weights.present();
+  GROUPMM_CHECK(routed.present() == ids && ids == w, op,
+                ": routed.bias, routed.expert_ids and routed.weights go together (got ",
+                routed.present() ? "bias" : "no bias", ", ", ids ? "ids" : "no ids", ", ",
+                w ? "weights" : "no weights", ")");
+  if (routed.present()) {
+    check_rows(ctx, op, "routed.bias", routed.bias, map.experts, src.dim(1), t);
+    for (auto [name, v, dt] : {std::tuple{"routed.expert_ids", &routed.expert_ids, DType::int32},
+                               std::tuple{"routed.weights", &routed.weights, DType::fp32}}) {
+      check_view(op, name, *v, dt, 2, ctx.device());
+      check_dim(op, name, *v, 0, map.tokens);
+      check_dim(op, name, *v, 1, map.topk);
+    }
+  }
+  check_no_alias(op, dst_name, dst,
+                 {src, add, d_probs, d_weights, routed.bias, routed.expert_ids, routed.weights});
   check_no_alias(op, "d_weights", d_weights, {src, add, d_probs});
   if (ctx.device() == Device::CPU)
-    cpu::moe_gather_rows(ctx, src, map, dst, add, d_probs, d_weights);
+    cpu::moe_gather_rows(ctx, src, map, dst, add, d_probs, d_weights, routed);
   else
-    cuda::moe_gather_rows(ctx, src, map, dst, add, d_probs, d_weights);
+    cuda::moe_gather_rows(ctx, src, map, dst, add, d_probs, d_weights, routed);
   ctx.after_op();
 }
 
@@ -173,8 +190,9 @@ void moe_unpermute_backward(Context& ctx, const TensorView& dy, const PermuteMap
 }
 
 void moe_unpermute(Context& ctx, const TensorView& y_perm, const PermuteMap& map,
-                   const TensorView& y, const TensorView& add) {
-  gather_op(ctx, "moe_unpermute", map, "y_perm", y_perm, "y", y, add, TensorView(), TensorView());
+                   const TensorView& y, const TensorView& add, const RoutedBias& routed) {
+  gather_op(ctx, "moe_unpermute", map, "y_perm", y_perm, "y", y, add, TensorView(), TensorView(),
+            routed);
 }
 
 void moe_permute_backward(Context& ctx, const TensorView& d_x_perm, const PermuteMap& map,

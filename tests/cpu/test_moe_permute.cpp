@@ -1,6 +1,8 @@
 // Permute plan and the four row movers on the CPU backend: hand-checked maps (dropless, padded,
 // capacity), the round trip, the adjoint identities that make the backwards right, the device-fault
 // path of a bad expert id and the validation messages.
+#include <cmath>
+
 #include "common/test_util.hpp"
 #include "base/cpu_util.hpp"
 #include "groupmm/moe.hpp"
@@ -147,6 +149,54 @@ TEST(PermuteCpu, BackwardsAreTheAdjoints) {
   EXPECT_NEAR(dot(gy, x), dot(g, dyp), 1e-4);
 }
 
+// The routed bias: y[t] = sum of the kept rows, then w_tj bias[e_tj] fused in j order for each kept
+// (t, j) only, then the addend; a kept pair with a bad id adds nothing and reports.
+TEST(PermuteCpu, UnpermuteAddsTheRoutedBiasOfTheKeptPairs) {
+  Context ctx(Device::CPU);
+  const int64_t T = 4, k = 2, E = 3, H = 5;
+  const HostMap h = plan(kIds, T, k, E, 4, 2);  // capacity 2 drops some pairs
+  const int64_t R = h.m.rows;
+  std::vector<float> yp = randn(size_t(R * H)), bias = randn(size_t(E * H)),
+                     w = randn(size_t(T * k)), add = randn(size_t(T * H)), y(size_t(T * H), NAN);
+  std::vector<int32_t> ids = kIds;
+  RoutedBias rb{host_view(bias, DType::fp32, {E, H}), host_view(ids, DType::int32, {T, k}),
+                host_view(w, DType::fp32, {T, k})};
+  moe_unpermute(ctx, host_view(yp, DType::fp32, {R, H}), h.m, host_view(y, DType::fp32, {T, H}),
+                host_view(add, DType::fp32, {T, H}), rb);
+  ctx.check();
+  int dropped = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < H; ++c) {
+      float want = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t d = h.dest[size_t(t * k + j)];
+        if (d >= 0) want += yp[size_t(d * H + c)];
+      }
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t i = size_t(t * k + j);
+        if (h.dest[i] >= 0)
+          want = std::fma(w[i], bias[size_t(ids[i] * H + c)], want);
+        else if (c == 0)
+          ++dropped;
+      }
+      want += add[size_t(t * H + c)];
+      EXPECT_EQ(y[size_t(t * H + c)], want) << t << "," << c;
+    }
+  EXPECT_GT(dropped, 0);  // the dropped pairs' bias must not be added
+  ids[1] = 7;             // kept (token 0's second pair), out of range: skipped and reported
+  ASSERT_GE(h.dest[1], 0);
+  std::vector<float> y2(size_t(T * H), NAN);
+  moe_unpermute(ctx, host_view(yp, DType::fp32, {R, H}), h.m, host_view(y2, DType::fp32, {T, H}),
+                host_view(add, DType::fp32, {T, H}), rb);
+  EXPECT_THROW_MSG(ctx.check(), "device fault in moe_unpermute (status 0x8): index out of range");
+  for (int64_t c = 0; c < H; ++c) {
+    const float want = std::fma(w[0], bias[size_t(ids[0] * H + c)],
+                                yp[size_t(h.dest[0] * H + c)] + yp[size_t(h.dest[1] * H + c)]) +
+                       add[size_t(c)];
+    EXPECT_EQ(y2[size_t(c)], want) << c;
+  }
+}
+
 TEST(PermuteCpu, ClearErrors) {
   Context ctx(Device::CPU);
   HostMap h(4, 2, 3);
@@ -167,6 +217,24 @@ TEST(PermuteCpu, ClearErrors) {
   std::vector<int32_t> ids(6);
   EXPECT_THROW_MSG(moe_permute_plan(ctx, host_view(ids, DType::int32, {3, 2}), h.m),
                    "moe_permute_plan: expert_ids.shape[0]=3 must equal 4");
+  std::vector<float> y(12), bias(9);
+  std::vector<int32_t> rid(8);
+  const TensorView YP = host_view(xp, DType::fp32, {8, 3}), Y = host_view(y, DType::fp32, {4, 3});
+  const TensorView B = host_view(bias, DType::fp32, {3, 3}),
+                   I = host_view(rid, DType::int32, {4, 2});
+  const TensorView W = host_view(w, DType::fp32, {4, 2});
+  EXPECT_THROW_MSG(moe_unpermute(ctx, YP, h.m, Y, TensorView(), RoutedBias{B, I, TensorView()}),
+                   "moe_unpermute: routed.bias, routed.expert_ids and routed.weights go together "
+                   "(got bias, ids, no weights)");
+  EXPECT_THROW_MSG(moe_unpermute(ctx, YP, h.m, Y, TensorView(),
+                                 RoutedBias{host_view(bias, DType::fp32, {1, 9}), I, W}),
+                   "moe_unpermute: routed.bias.shape[0]=1 must equal 3");
+  EXPECT_THROW_MSG(moe_unpermute(ctx, YP, h.m, Y, TensorView(),
+                                 RoutedBias{B, host_view(w, DType::fp32, {4, 2}), W}),
+                   "moe_unpermute: routed.expert_ids");
+  EXPECT_THROW_MSG(moe_unpermute(ctx, YP, h.m, Y, TensorView(),
+                                 RoutedBias{B, I, host_view(w, DType::fp32, {2, 4})}),
+                   "moe_unpermute: routed.weights.shape[0]=2 must equal 4");
 }
 
 }  // namespace

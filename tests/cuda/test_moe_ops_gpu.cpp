@@ -250,6 +250,12 @@ TEST_P(PermuteGpu, PlanAndRowMoversEqualTheCpuReference) {
   moe_unpermute(cpu, g.host, m.host, y.host);
   moe_unpermute(gpu, g.dev, m.dev, y.dev);
   y.expect_same("y (unpermute)");
+  // The routed bias (dropped pairs add none), then the addend.
+  Pair bias(c.dtype, {c.E, H}), yb(c.dtype, {T, H});
+  bias.fill_floats(randn(size_t(c.E * H)));
+  moe_unpermute(cpu, g.host, m.host, yb.host, add.host, RoutedBias{bias.host, ids.host, w.host});
+  moe_unpermute(gpu, g.dev, m.dev, yb.dev, add.dev, RoutedBias{bias.dev, ids.dev, w.dev});
+  yb.expect_same("y (unpermute, routed bias and addend)");
   moe_unpermute_backward(cpu, x.host, m.host, dyp.host);
   moe_unpermute_backward(gpu, x.dev, m.dev, dyp.dev);
   dyp.expect_same("dy_perm (unpermute backward)");
@@ -291,6 +297,35 @@ TEST(PermuteGpuFaults, BadExpertIdIsSkippedAndReported) {
   moe_permute_plan(gpu, ids.dev, m.dev);
   EXPECT_THROW_MSG(gpu.check(), "device fault in moe_permute (status 0x8): index out of range");
   EXPECT_EQ(to_host<int32_t>(m.dest.dev)[13], -1);
+}
+
+// unpermute's routed bias given an id outside [0, E) for a kept pair: that term skipped (as on the
+// CPU), the fault reported.
+TEST(PermuteGpuFaults, RoutedBiasBadIdIsSkippedAndReported) {
+  GROUPMM_REQUIRE_GPU();
+  Context cpu(Device::CPU), gpu(Device::CUDA);
+  PermuteCase c{"bad", 40, 2, 4, 1, 0, 8, 0, DType::bf16};
+  MapPair m(c.T, c.k, c.E, c.align, c.capacity);
+  auto idv = make_ids(c);
+  Pair ids(DType::int32, {c.T, c.k});
+  std::copy(idv.begin(), idv.end(), ids.h<int32_t>());
+  ids.upload();
+  moe_permute_plan(cpu, ids.host, m.host);
+  moe_permute_plan(gpu, ids.dev, m.dev);
+  ids.h<int32_t>()[13] = -3;
+  ids.upload();
+  const int64_t R = m.host.rows;
+  Pair yp(c.dtype, {R, c.H}), bias(c.dtype, {c.E, c.H}), w(DType::fp32, {c.T, c.k}),
+      y(c.dtype, {c.T, c.H});
+  yp.fill_floats(randn(size_t(R * c.H)));
+  bias.fill_floats(randn(size_t(c.E * c.H)));
+  w.fill_floats(randn(size_t(c.T * c.k)));
+  moe_unpermute(cpu, yp.host, m.host, y.host, TensorView(),
+                RoutedBias{bias.host, ids.host, w.host});
+  moe_unpermute(gpu, yp.dev, m.dev, y.dev, TensorView(), RoutedBias{bias.dev, ids.dev, w.dev});
+  EXPECT_THROW_MSG(gpu.check(), "device fault in moe_unpermute (status 0x8): index out of range");
+  EXPECT_THROW_MSG(cpu.check(), "device fault in moe_unpermute (status 0x8): index out of range");
+  y.expect_same("y (the bad pair's bias skipped)");
 }
 
 // ---- weighted SwiGLU

@@ -156,6 +156,43 @@ def test_permute_unpermute_round_trip_and_grads(device, align):
     torch.testing.assert_close(weights.grad, d.float())
 
 
+@pytest.mark.parametrize("capacity,with_add", [(0, False), (3, True)])
+def test_unpermute_routed_bias_values_and_grads(device, capacity, with_add):
+    """unpermute's routed bias (gpt-oss's down bias): y[t] = the k rows + sum over the kept (t, j)
+    of w_tj bias[e_tj] (+ add); a dropped pair adds neither. Gradients of y_perm, add, bias and
+    weights against the float64 formula."""
+    T, E, k, H = 23, 6, 2, 24
+    torch.manual_seed(1)
+    ids = torch.stack([torch.randperm(E, device=device)[:k] for _ in range(T)]).int()
+    ids[:8, 0] = 4  # expert 4 over its capacity when there is one
+    plan = ops.permute_plan(ids, E, 1, capacity)
+    keep = (plan[0] >= 0).double()
+    assert capacity == 0 or not bool(keep.all())
+    R = int(plan[3].sum())
+    yp = torch.randn(R, H, device=device, requires_grad=True)
+    bias = torch.randn(E, H, device=device, requires_grad=True)
+    w = torch.rand(T, k, device=device, requires_grad=True)
+    add = torch.randn(T, H, device=device, requires_grad=True) if with_add else None
+    y = ops.unpermute(yp, *plan, 1, capacity, add, bias, ids, w)
+    d = plan[0].long().clamp_min(0)
+    leaves = [t.detach().double().requires_grad_() for t in (yp, bias, w)]
+    ref = ((leaves[0][d] + leaves[2][..., None] * leaves[1][ids.long()]) * keep[..., None]).sum(1)
+    if with_add:
+        ref_add = add.detach().double().requires_grad_()
+        ref = ref + ref_add
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref.backward(dy.double())
+    for got, want, name in ((yp.grad, leaves[0].grad, "y_perm"), (bias.grad, leaves[1].grad, "bias"),
+                            (w.grad, leaves[2].grad, "weights")):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, msg=name)
+    if with_add:
+        torch.testing.assert_close(add.grad.double(), ref_add.grad, rtol=1e-6, atol=1e-6)
+    with pytest.raises(Exception, match="routed.bias, routed.expert_ids and routed.weights go together"):
+        ops.unpermute(yp.detach(), *plan, 1, capacity, None, bias.detach(), ids)
+
+
 @pytest.mark.parametrize("align,capacity,pre", [(1, 0, True), (16, 0, False), (1, 3, True)])
 def test_gate_up_swiglu_equals_the_separate_ops(device, align, capacity, pre):
     """The kernel-layer op (x gathered inside the GEMM, the activation in its epilogue) is bit for

@@ -32,7 +32,6 @@ import torch
 import groupmm  # noqa: F401  (loads the ops)
 from groupmm.nn.grouped_linear import (INFERENCE_RECIPES, RECIPES, _GroupedLinearFn, _Quantized,
                                        _W4, split_multiple)
-from groupmm.nn._routed_bias import RoutedBias
 
 ops = torch.ops.groupmm
 
@@ -200,14 +199,11 @@ def experts_forward(module, hidden_states, top_k_index, top_k_weights, recipe=No
     else:
         h = ops.weighted_swiglu_ex(gu, probs, alpha, limit, up_offset, interleaved)
     y_perm = _linear(module, recipe, h, "down_proj", None, splits)
-    routed_bias = None
-    if module.has_bias:
-        # sum_j w_tj b_down[e_tj]: the router weight multiplies the down bias too (the weight is
-        # applied in the activation, before the down GEMM, so the GEMM's own bias would be
-        # unweighted). groupmm.nn.MoE's form (fp32 products and sum over j, rounded once), added
-        # by unpermute after the k rows.
-        routed_bias = RoutedBias.apply(top_k_weights.float(), module.down_proj_bias, ids, x.dtype)
-    return ops.unpermute(y_perm, *plan, align, 0, routed_bias)
+    # sum_j w_tj b_down[e_tj]: the router weight multiplies the down bias too (the weight is
+    # applied in the activation, before the down GEMM, so the GEMM's own bias would be
+    # unweighted); unpermute adds it after the k rows.
+    routed = (module.down_proj_bias, ids, top_k_weights.float()) if module.has_bias else ()
+    return ops.unpermute(y_perm, *plan, align, 0, None, *routed)
 
 
 def _keyed(recipe):

@@ -36,7 +36,6 @@ from .._meta import check_router_sizes, moe_capacity
 from . import _loaders, moe_ep
 from ._swiglu import _activation, _weighted_swiglu
 from ._recompute import again as _again
-from ._routed_bias import RoutedBias
 from .grouped_linear import GroupedLinear, _Recomputed, _resolved, split_multiple
 
 ops = torch.ops.groupmm
@@ -180,9 +179,9 @@ class MoE(torch.nn.Module):
     bias (default False): the biases of gpt-oss's layer. The router gets a bias [E] (router.bias,
     added to the fp32 logits), gate_up a bias [E, 2F] (gate_up.bias, added by its GEMM) and down a
     bias [E, H] (down_bias), which is weighted by the router weight like the rest of the expert's
-    output: y_t gets sum_j w_tj b_down[e_tj] (fp32 products and sum over j, rounded once, added by
-    unpermute after the k rows; a dropped (t, j) adds nothing). activation (a SwiGLU, default the
-    plain one) is the experts' activation: GPT_OSS_SWIGLU is gpt-oss's clamped form on interleaved gate/up
+    output: y_t gets sum_j w_tj b_down[e_tj] (unpermute adds it after the k rows, fused products in
+    fp32; a dropped (t, j) adds nothing). activation (a SwiGLU, default the plain one) is
+    the experts' activation: GPT_OSS_SWIGLU is gpt-oss's clamped form on interleaved gate/up
     columns. from_gpt_oss() builds gpt-oss's layer from transformers' GptOssMLP or its state dict,
     with the 16-bit weights or the checkpoint's MXFP4 blocks (recipe 'mxfp4_weight'); the router
     (softmax over the top-k logits) is score='softmax' with renormalize=True. Both need ep_group
@@ -332,17 +331,10 @@ class MoE(torch.nn.Module):
             sgu = self.shared_up(x, is_first_microbatch)
             rs = _again(ops.swiglu, sgu) if again else None
             add = self.shared_down(ops.swiglu(sgu), is_first_microbatch, recompute_input=rs)
-        if self.down_bias is not None:
-            routed = self._routed_down_bias(ids, weights, plan[0], x.dtype)
-            add = routed if add is None else add + routed
-        y = ops.unpermute(y_perm, *plan, self.align, cap, add)
+        # gpt-oss's down bias, weighted by the router weight: added by unpermute over the kept pairs.
+        routed = () if self.down_bias is None else (self.down_bias, ids, weights)
+        y = ops.unpermute(y_perm, *plan, self.align, cap, add, *routed)
         return y, (aux + z).squeeze(0)
-
-    def _routed_down_bias(self, ids, weights, dest_row, dtype):
-        """[T, H]: sum_j w_tj b_down[e_tj] over the kept (t, j) (dest_row >= 0); see
-        RoutedBias."""
-        w = torch.where(dest_row >= 0, weights, 0.0)
-        return RoutedBias.apply(w, self.down_bias, ids, dtype)
 
     def _fused_gate_up(self, x, plan, cap, weights, again):
         """h, the pre-activation and probs from torch.ops.groupmm.gate_up_swiglu (x gathered

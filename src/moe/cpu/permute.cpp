@@ -1,6 +1,7 @@
 // CPU reference of the permute plan and the four row movers: plain loops in (token, choice) order.
 // Sums are fp32 in choice order (then the addend), like the CUDA kernels, so results agree bit for
 // bit.
+#include <cmath>
 #include <vector>
 
 #include "moe/backends.hpp"
@@ -57,12 +58,19 @@ void moe_scatter_rows(Context&, const TensorView& src, const PermuteMap& m, cons
     }
 }
 
-// dst[t] = sum_j src[dest_row[t, j]] (+ add[t]); d_weights[t, j] = d_probs[dest_row[t, j]] or 0.
-void moe_gather_rows(Context&, const TensorView& src, const PermuteMap& m, const TensorView& dst,
-                     const TensorView& add, const TensorView& d_probs,
-                     const TensorView& d_weights) {
+// dst[t] = sum_j src[dest_row[t, j]] (+ sum_j w_tj bias[e_tj], fma) (+ add[t]); d_weights[t, j] =
+// d_probs[dest_row[t, j]] or 0.
+void moe_gather_rows(Context& ctx, const TensorView& src, const PermuteMap& m,
+                     const TensorView& dst, const TensorView& add, const TensorView& d_probs,
+                     const TensorView& d_weights, const RoutedBias& routed) {
   const int64_t H = src.dim(1);
   const int32_t* dest = m.dest_row.ptr<int32_t>();
+  const int32_t* ids = routed.present() ? routed.expert_ids.ptr<int32_t>() : nullptr;
+  if (ids != nullptr)
+    for (int64_t i = 0; i < m.tokens * m.topk; ++i)
+      if (dest[i] >= 0 && (ids[i] < 0 || ids[i] >= m.experts))
+        report_fault_host(ctx.status(), kFaultBadIndex, OpId::moe_unpermute, int32_t(i / m.topk),
+                          ids[i]);
   for (int64_t t = 0; t < m.tokens; ++t) {
     for (int64_t h = 0; h < H; ++h) {
       float acc = 0.0f;
@@ -70,6 +78,12 @@ void moe_gather_rows(Context&, const TensorView& src, const PermuteMap& m, const
         const int64_t d = dest[t * m.topk + j];
         if (d >= 0) acc += load_f(src, d * H + h);
       }
+      if (ids != nullptr)
+        for (int64_t j = 0; j < m.topk; ++j) {
+          const int64_t i = t * m.topk + j, e = ids[i];
+          if (dest[i] >= 0 && e >= 0 && e < m.experts)
+            acc = std::fma(routed.weights.ptr<float>()[i], load_f(routed.bias, e * H + h), acc);
+        }
       if (add.present()) acc += load_f(add, t * H + h);
       store_f(dst, t * H + h, acc);
     }

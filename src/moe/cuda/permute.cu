@@ -4,7 +4,8 @@
 //     each to its k destination rows; extra CTAs zero the padding and tail rows. Every buffer row
 //     is written exactly once (the plan gives each kept entry its own row), so no atomics.
 //   gather (moe_unpermute, moe_permute_backward): a CTA sums each token's k source rows in choice
-//     order in fp32 (+ the addend last) and rounds once: the CPU reference's order, bit for bit.
+//     order in fp32 (then the routed bias's k products, fused, and the addend last) and rounds
+//     once: the CPU reference's order, bit for bit.
 // Rows shorter than a CTA share it (rows_per_cta rows of threads_per_row threads).
 #include <algorithm>
 
@@ -35,6 +36,10 @@ struct MoverParams {
   float* probs;              // scatter: [R] or null
   const float* d_probs;      // gather: [R] or null
   float* d_weights;          // gather: [T, k] or null
+  const void* bias;          // gather: the routed bias [E, H] or null (then ids, rw too)
+  const int32_t* ids;        // gather: [T, k]
+  const float* rw;           // gather: [T, k] router weights
+  StatusBlock* status;
   int64_t T, k, E, align, rows;
   int vecs;  // vectors per row
   int rows_per_cta, threads_per_row;
@@ -146,6 +151,26 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverPara
             for (int n = 0; n < N; ++n) acc[u][n] += E::to_float(buf[b][u].v[n]);
           }
     }
+    if (p.bias != nullptr) {  // the routed bias after the k rows, j order (the CPU's order)
+      const P* __restrict__ bias = static_cast<const P*>(p.bias);
+      for (int64_t j = 0; j < p.k; ++j) {
+        const int64_t i = t * p.k + j, e = p.ids[i];
+        if (dest[j] < 0) continue;
+        if (e < 0 || e >= p.E) {
+          if (v0 == lv) report_fault(p.status, kFaultBadIndex, OpId::moe_unpermute, int32_t(t), e);
+          continue;
+        }
+        const float w = p.rw[i];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int64_t v = v0 + u * step;
+          if (v >= V) break;
+          const P b = bias[e * V + v];
+#pragma unroll
+          for (int n = 0; n < N; ++n) acc[u][n] = fmaf(w, E::to_float(b.v[n]), acc[u][n]);
+        }
+      }
+    }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t v = v0 + u * step;
@@ -207,7 +232,8 @@ void launch(Context& ctx, DType t, int64_t H, MoverParams p) {
     using E = decltype(e);
     constexpr int kVec = kVec16<E>;
     const bool vec = H % kVec == 0 && aligned16(p.src) && aligned16(p.dst) &&
-                     (p.add == nullptr || aligned16(p.add));
+                     (p.add == nullptr || aligned16(p.add)) &&
+                     (p.bias == nullptr || aligned16(p.bias));
     const int64_t V = vec ? H / kVec : H;
     p.vecs = int(V);
     p.rows_per_cta = int(std::max<int64_t>(1, MoverConfig::kThreads / std::max<int64_t>(V, 1)));
@@ -244,9 +270,15 @@ void moe_scatter_rows(Context& ctx, const TensorView& src, const PermuteMap& m,
 
 void moe_gather_rows(Context& ctx, const TensorView& src, const PermuteMap& m,
                      const TensorView& dst, const TensorView& add, const TensorView& d_probs,
-                     const TensorView& d_weights) {
+                     const TensorView& d_weights, const RoutedBias& routed) {
   MoverParams p = base_params(m, src, dst);
   p.add = add.present() ? add.data : nullptr;
+  if (routed.present()) {
+    p.bias = routed.bias.data;
+    p.ids = routed.expert_ids.ptr<int32_t>();
+    p.rw = routed.weights.ptr<float>();
+    p.status = ctx.status();
+  }
   p.d_probs = d_probs.present() ? d_probs.ptr<float>() : nullptr;
   p.d_weights = d_weights.present() ? d_weights.ptr<float>() : nullptr;
   launch<false>(ctx, src.dtype, src.dim(1), p);
