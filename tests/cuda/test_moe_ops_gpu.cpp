@@ -117,6 +117,16 @@ INSTANTIATE_TEST_SUITE_P(
                                  false, false, false, 1.0f},
                       RouterCase{"e1_t1", 1, 1, 1, RouterScore::softmax, 1, 1, false, false, true,
                                  true, false, 1.0f},
+                      // One chunk of tokens (at most kRouterChunkTokens): one launch writes the
+                      // counts and losses; nine tokens take the finalize kernel.
+                      RouterCase{"gptoss_t5", 5, 128, 4, RouterScore::softmax, 1, 1, true, false,
+                                 true, true, false, 1.0f},
+                      RouterCase{"t8_sigmoid_bias", 8, 64, 6, RouterScore::sigmoid, 1, 1, false,
+                                 true, true, false, false, 1.0f},
+                      RouterCase{"t3_losses_off", 3, 32, 2, RouterScore::softmax, 1, 1, true, false,
+                                 false, false, false, 1.0f},
+                      RouterCase{"t9_two_chunks", 9, 64, 6, RouterScore::softmax, 1, 1, true, false,
+                                 true, true, false, 1.0f},
                       RouterCase{"t0", 0, 16, 2, RouterScore::softmax, 1, 1, false, false, true,
                                  true, false, 1.0f}),
     [](const auto& info) { return std::string(info.param.name); });
@@ -281,7 +291,15 @@ INSTANTIATE_TEST_SUITE_P(
                       // One 16-byte vector per row: fewer lanes per row (1-2) than choices, so
                       // the gather's lanes write several d_weights each.
                       PermuteCase{"k6_h8", 333, 6, 16, 1, 0, 8, 0, DType::bf16},
-                      PermuteCase{"k5_h16_pad", 210, 5, 16, 16, 0, 16, 2, DType::bf16}),
+                      PermuteCase{"k5_h16_pad", 210, 5, 16, 16, 0, 16, 2, DType::bf16},
+                      // Decode batches: one launch plans them, and the gather splits each row
+                      // over several CTAs (gpt-oss's rows: 360 vectors).
+                      PermuteCase{"gptoss_t1", 1, 4, 128, 1, 0, 2880, 0, DType::bf16},
+                      PermuteCase{"gptoss_t8", 8, 4, 128, 1, 0, 2880, 0, DType::bf16},
+                      // The three-launch plan: more chunks than the one-CTA plan's warps, and
+                      // more counters than its shared memory holds.
+                      PermuteCase{"t4097_k2", 4097, 2, 64, 1, 0, 16, 0, DType::bf16},
+                      PermuteCase{"e512_t2048", 2048, 4, 512, 1, 0, 8, 0, DType::bf16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(PermuteGpuFaults, BadExpertIdIsSkippedAndReported) {
@@ -375,6 +393,7 @@ struct FormCase {
   DType t;
   int64_t I;
   SwigluLayout layout;
+  int64_t M = 1037;  // rows (a few: the forward splits each row over several warps)
 };
 
 class WeightedSwigluFormGpu : public ::testing::TestWithParam<FormCase> {};
@@ -384,7 +403,7 @@ TEST_P(WeightedSwigluFormGpu, MatchesCpuEveryOutputWrittenAndDeterministic) {
   GROUPMM_REQUIRE_GPU();
   const FormCase c = GetParam();
   const SwigluForm form{1.702f, 7.0f, 1.0f, c.layout};
-  const int64_t M = 1037, I = c.I;
+  const int64_t M = c.M, I = c.I;
   Context cpu(Device::CPU), gpu(Device::CUDA);
   Pair gu(c.t, {M, 2 * I}), p(DType::fp32, {M}), out(c.t, {M, I}), dout(c.t, {M, I}),
       dgu(c.t, {M, 2 * I}), dp(DType::fp32, {M});
@@ -422,10 +441,14 @@ INSTANTIATE_TEST_SUITE_P(
                       FormCase{DType::fp32, 768, SwigluLayout::interleaved},
                       FormCase{DType::fp32, 13, SwigluLayout::interleaved},
                       FormCase{DType::bf16, 768, SwigluLayout::halves},
-                      FormCase{DType::fp32, 13, SwigluLayout::halves}),
+                      FormCase{DType::fp32, 13, SwigluLayout::halves},
+                      FormCase{DType::bf16, 2880, SwigluLayout::interleaved, 1},  // gpt-oss decode
+                      FormCase{DType::bf16, 2880, SwigluLayout::interleaved, 4},
+                      FormCase{DType::bf16, 13, SwigluLayout::halves, 3},
+                      FormCase{DType::bf16, 768, SwigluLayout::halves, 20000}),  // a warp a row
     [](const auto& info) {
       return detail::cat(dtype_name(info.param.t), "_I", info.param.I, "_",
-                         swiglu_layout_name(info.param.layout));
+                         swiglu_layout_name(info.param.layout), "_M", info.param.M);
     });
 
 // Graph safe: captured forward + backward replay to the eager bits.

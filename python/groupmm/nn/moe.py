@@ -334,7 +334,14 @@ class MoE(torch.nn.Module):
         # gpt-oss's down bias, weighted by the router weight: added by unpermute over the kept pairs.
         routed = () if self.down_bias is None else (self.down_bias, ids, weights)
         y = ops.unpermute(y_perm, *plan, self.align, cap, add, *routed)
-        return y, (aux + z).squeeze(0)
+        return y, self._router_loss(aux, z)
+
+    def _router_loss(self, aux, z):
+        """aux + z as a 0-d tensor. A loss whose coefficient is 0 is written 0 by the router op and
+        gets no gradient from it, so the other is returned alone (no add launched: decode
+        batches)."""
+        aux_c, z_c = self.router_cfg[5], self.router_cfg[6]
+        return (aux if z_c == 0 else z if aux_c == 0 else aux + z).squeeze(0)
 
     def _fused_gate_up(self, x, plan, cap, weights, again):
         """h, the pre-activation and probs from torch.ops.groupmm.gate_up_swiglu (x gathered

@@ -206,4 +206,4 @@ def forward(moe, x, is_first_microbatch, again):
         rs = _again(ops.swiglu, sgu) if again else None
         shared = moe.shared_down(ops.swiglu(sgu), is_first_microbatch, recompute_input=rs)
     y = ops.ep_combine(plan, y_g, None, shared)
-    return y, (aux + z).squeeze(0)
+    return y, moe._router_loss(aux, z)

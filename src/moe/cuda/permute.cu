@@ -6,7 +6,9 @@
 //   gather (moe_unpermute, moe_permute_backward): a CTA sums each token's k source rows in choice
 //     order in fp32 (then the routed bias's k products, fused, and the addend last) and rounds
 //     once: the CPU reference's order, bit for bit.
-// Rows shorter than a CTA share it (rows_per_cta rows of threads_per_row threads).
+// Rows shorter than a CTA share it (rows_per_cta rows of threads_per_row threads). With few tokens
+// the gather also splits each row's vectors over col_chunks CTAs (decode batches: one token's row
+// would otherwise be one CTA's serial loop); each vector is still one thread's sum in choice order.
 #include <algorithm>
 
 #include "moe/backends.hpp"
@@ -22,6 +24,7 @@ struct MoverConfig {
   static constexpr int kBatch = 8;     // gather: source rows whose loads are issued together
   static constexpr int kScatterU = 4;  // scatter: vectors of a row per thread, loaded together
   static constexpr int kZeroCtasPerSm = 2;
+  static constexpr int kGatherCtasPerSm = 2;  // gather: below this, rows split over CTAs
   static_assert(kThreads % 32 == 0, "whole warps");
 };
 
@@ -44,6 +47,7 @@ struct MoverParams {
   int vecs;  // vectors per row
   int rows_per_cta, threads_per_row;
   int64_t token_ctas;  // CTAs [0, token_ctas) move tokens; the rest zero rows (scatter)
+  int col_chunks = 1;  // gather: CTAs a token block's rows are split over (vector-interleaved)
 };
 
 template <class E, int N>
@@ -111,19 +115,22 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverPara
   constexpr int B = MoverConfig::kBatch / kU;  // choices per batch
   static_assert(MoverConfig::kBatch % kU == 0, "whole batches");
   const int r = threadIdx.x / p.threads_per_row, lv = threadIdx.x % p.threads_per_row;
-  const int64_t t = int64_t(blockIdx.x) * p.rows_per_cta + r;
+  const int64_t chunk = blockIdx.x % p.col_chunks;
+  const int64_t t = int64_t(blockIdx.x / p.col_chunks) * p.rows_per_cta + r;
   if (r >= p.rows_per_cta || t >= p.T) return;
   const P* __restrict__ src = static_cast<const P*>(p.src);
   const P* __restrict__ add = static_cast<const P*>(p.add);
   P* __restrict__ dst = static_cast<P*>(p.dst);
   const int64_t V = p.vecs, step = p.threads_per_row;
   const int32_t* dest = p.dest_row + t * p.k;
-  // d_weights: lane j loads choice j's d_prob before the row's loads and stores it after them, so
-  // the k gathers overlap the row (one lane gathering them after the row kept every CTA alive k
-  // load latencies longer). With more choices than lanes per row, the extra ones are done last.
-  const bool dw = p.d_weights != nullptr && lv < p.k;
+  // d_weights (chunk 0's): lane j loads choice j's d_prob before the row's loads and stores it
+  // after them, so the k gathers overlap the row (one lane gathering them after the row kept every
+  // CTA alive k load latencies longer). With more choices than lanes per row, the extra ones are
+  // done last.
+  const bool dw = p.d_weights != nullptr && lv < p.k && chunk == 0;
   const float dw0 = dw && dest[lv] >= 0 ? p.d_probs[dest[lv]] : 0.0f;
-  for (int64_t v0 = lv; v0 < V; v0 += step * kU) {
+  const int64_t first = lv + chunk * step * kU;  // the thread's first vector
+  for (int64_t v0 = first; v0 < V; v0 += step * kU * p.col_chunks) {
     float acc[kU][N];
 #pragma unroll
     for (int u = 0; u < kU; ++u)
@@ -153,22 +160,36 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverPara
     }
     if (p.bias != nullptr) {  // the routed bias after the k rows, j order (the CPU's order)
       const P* __restrict__ bias = static_cast<const P*>(p.bias);
-      for (int64_t j = 0; j < p.k; ++j) {
-        const int64_t i = t * p.k + j, e = p.ids[i];
-        if (dest[j] < 0) continue;
-        if (e < 0 || e >= p.E) {
-          if (v0 == lv) report_fault(p.status, kFaultBadIndex, OpId::moe_unpermute, int32_t(t), e);
-          continue;
-        }
-        const float w = p.rw[i];
+      for (int64_t j0 = 0; j0 < p.k; j0 += B) {
+        P buf[B][kU];
+        bool ok[B][kU];
+        float w[B];
 #pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int64_t v = v0 + u * step;
-          if (v >= V) break;
-          const P b = bias[e * V + v];
+        for (int b = 0; b < B; ++b) {  // the batch's bias rows load together, as the rows above
+          const int64_t j = j0 + b, i = t * p.k + j;
+          int64_t e = j < p.k && dest[j] >= 0 ? p.ids[i] : -1;
+          if (j < p.k && dest[j] >= 0 && (e < 0 || e >= p.E)) {
+            if (v0 == first)
+              report_fault(p.status, kFaultBadIndex, OpId::moe_unpermute, int32_t(t), e);
+            e = -1;
+          }
+          w[b] = e >= 0 ? p.rw[i] : 0.0f;
 #pragma unroll
-          for (int n = 0; n < N; ++n) acc[u][n] = fmaf(w, E::to_float(b.v[n]), acc[u][n]);
+          for (int u = 0; u < kU; ++u) {
+            const int64_t v = v0 + u * step;
+            ok[b][u] = e >= 0 && v < V;
+            if (ok[b][u]) buf[b][u] = bias[e * V + v];
+          }
         }
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+#pragma unroll
+          for (int u = 0; u < kU; ++u)
+            if (ok[b][u]) {
+#pragma unroll
+              for (int n = 0; n < N; ++n)
+                acc[u][n] = fmaf(w[b], E::to_float(buf[b][u].v[n]), acc[u][n]);
+            }
       }
     }
 #pragma unroll
@@ -194,16 +215,25 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverPara
 }
 
 // Vectors per thread of a gather: enough to keep kBatch loads in flight for top-k (k >= 8: one).
+// Fewer token CTAs than kGatherCtasPerSm an SM split each row over more CTAs, up to one pass of
+// the row's vectors each.
 template <class E, int N>
-void launch_gather(const MoverParams& p, unsigned grid, cudaStream_t s) {
+void launch_gather(Context& ctx, MoverParams p) {
   constexpr int kThreads = MoverConfig::kThreads;
+  const int kU = N == 1 || p.k >= 8 ? 1 : (p.k >= 4 ? 2 : (p.k >= 2 ? 4 : 8));
+  const int64_t passes = qnum::ceil_div(int64_t(p.vecs), int64_t(p.threads_per_row) * kU);
+  const int64_t want = int64_t(ctx.sm_count()) * MoverConfig::kGatherCtasPerSm;
+  p.col_chunks = int(std::clamp<int64_t>(want / std::max<int64_t>(p.token_ctas, 1), 1,
+                                         std::max<int64_t>(passes, 1)));
+  const unsigned grid = grid_size(p.token_ctas * p.col_chunks);
+  cudaStream_t s = ctx.stream();
   if constexpr (N == 1) {  // the unaligned fallback, not tuned
     gather_kernel<E, N, 1><<<grid, kThreads, 0, s>>>(p);
-  } else if (p.k >= 8) {
+  } else if (kU == 1) {
     gather_kernel<E, N, 1><<<grid, kThreads, 0, s>>>(p);
-  } else if (p.k >= 4) {
+  } else if (kU == 2) {
     gather_kernel<E, N, 2><<<grid, kThreads, 0, s>>>(p);
-  } else if (p.k >= 2) {
+  } else if (kU == 4) {
     gather_kernel<E, N, 4><<<grid, kThreads, 0, s>>>(p);
   } else {
     gather_kernel<E, N, 8><<<grid, kThreads, 0, s>>>(p);
@@ -242,17 +272,17 @@ void launch(Context& ctx, DType t, int64_t H, MoverParams p) {
     const int64_t zero_ctas = kScatter ? int64_t(ctx.sm_count()) * MoverConfig::kZeroCtasPerSm : 0;
     const int64_t ctas = p.token_ctas + zero_ctas;
     if (ctas == 0) return;
-    const unsigned grid = grid_size(ctas);
     if constexpr (kScatter) {
+      const unsigned grid = grid_size(ctas);
       if (vec)
         scatter_kernel<E, kVec><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
       else
         scatter_kernel<E, 1><<<grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
     } else {
       if (vec)
-        launch_gather<E, kVec>(p, grid, ctx.stream());
+        launch_gather<E, kVec>(ctx, p);
       else
-        launch_gather<E, 1>(p, grid, ctx.stream());
+        launch_gather<E, 1>(ctx, p);
     }
     GROUPMM_CHECK_LAUNCH();
   });

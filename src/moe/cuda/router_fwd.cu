@@ -55,6 +55,13 @@ struct RouterFwdParams {
   int E, k, n_group, topk_group;
   bool softmax_score, renorm, aux, z;
   float scale;
+  // One chunk (T <= kRouterChunkTokens): the CTA writes what the finalize would (its sums over one
+  // chunk are the partials themselves; the aux sum in its thread order and tree), no second launch.
+  bool single = false;
+  int32_t* counts = nullptr;
+  float* aux_loss = nullptr;  // null when not given (written 0 when given with the loss off)
+  float* z_loss = nullptr;    // likewise
+  float aux_scale = 0.0f, z_scale = 0.0f;
 };
 
 // Group-limited selection (n_group > 1): returns the bit mask of the kept groups. sel holds the
@@ -179,6 +186,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) router_fwd_kernel(RouterFwdPara
   __syncthreads();
   // The chunk's partials, in token order.
   const int nt = p.T - t0 < Cfg::kWarps ? int(p.T - t0) : Cfg::kWarps;
+  float aux_acc = 0.0f;  // single: sum_e psum_e * counts_e, as the finalize's last CTA adds it
   for (int e = threadIdx.x; e < p.E; e += Cfg::kThreads) {
     int cnt = 0;
     float psum = 0.0f;
@@ -186,14 +194,29 @@ __global__ void __launch_bounds__(Cfg::kThreads) router_fwd_kernel(RouterFwdPara
       cnt += hits[w * p.E + e];
       if (p.aux) psum += terms[w * p.E + e];
     }
-    p.ws.part_counts[e * p.NC + c] = cnt;
-    if (p.aux) p.ws.part_psum[e * p.NC + c] = psum;
+    if (p.single) {
+      p.counts[e] = cnt;
+      aux_acc = fmaf(psum, float(cnt), aux_acc);
+    } else {
+      p.ws.part_counts[e * p.NC + c] = cnt;
+      if (p.aux) p.ws.part_psum[e * p.NC + c] = psum;
+    }
   }
+  float zacc = 0.0f;
   if (p.z && threadIdx.x == 0) {
-    float zacc = 0.0f;
     for (int w = 0; w < nt; ++w) zacc += z_terms[w];
-    p.ws.part_z[c] = zacc;
+    if (!p.single) p.ws.part_z[c] = zacc;
   }
+  if (!p.single) return;
+  static_assert(Cfg::kThreads == FinalizeConfig::kThreads, "the finalize's reduction tree");
+  if (p.aux) {
+    __shared__ typename cub::BlockReduce<float, Cfg::kThreads>::TempStorage tmp;
+    const float sum = cub::BlockReduce<float, Cfg::kThreads>(tmp).Sum(aux_acc);
+    if (threadIdx.x == 0 && p.aux_loss != nullptr) *p.aux_loss = sum * p.aux_scale;
+  } else if (threadIdx.x == 0 && p.aux_loss != nullptr) {
+    *p.aux_loss = 0.0f;
+  }
+  if (threadIdx.x == 0 && p.z_loss != nullptr) *p.z_loss = p.z ? zacc * p.z_scale : 0.0f;
 }
 
 struct FinalizeParams {
@@ -244,7 +267,7 @@ __global__ void __launch_bounds__(FinalizeConfig::kThreads)
   if (p.aux_on) {
     float acc = 0.0f;  // sum_e psum_e * counts_e, thread-strided then a fixed tree
     for (int i = threadIdx.x; i < p.E; i += FinalizeConfig::kThreads)
-      acc += __ldcg(p.ws.psum + i) * float(__ldcg(p.counts + i));
+      acc = fmaf(__ldcg(p.ws.psum + i), float(__ldcg(p.counts + i)), acc);
     using Reduce = cub::BlockReduce<float, FinalizeConfig::kThreads>;
     const float s = Reduce(tmp.f).Sum(acc);
     __syncthreads();
@@ -283,6 +306,21 @@ void moe_router_forward(Context& ctx, const RouterConfig& cfg, const RouterArgs&
   p.aux = cfg.aux_loss_coeff != 0;
   p.z = cfg.z_loss_coeff != 0;
   p.scale = cfg.scaling_factor;
+  const double Td = double(T);
+  const float aux_scale =
+      T == 0 ? 0.0f : float(double(cfg.aux_loss_coeff) * double(E) / (double(cfg.topk) * Td * Td));
+  const float z_scale = T == 0 ? 0.0f : float(double(cfg.z_loss_coeff) / Td);
+  int32_t* counts = a.counts.ptr<int32_t>();
+  float* aux_loss = a.aux_loss.present() ? a.aux_loss.ptr<float>() : nullptr;
+  float* z_loss = a.z_loss.present() ? a.z_loss.ptr<float>() : nullptr;
+  if (NC == 1) {
+    p.single = true;
+    p.counts = counts;
+    p.aux_loss = aux_loss;
+    p.z_loss = z_loss;
+    p.aux_scale = aux_scale;
+    p.z_scale = z_scale;
+  }
   if (NC > 0) {
     static_assert(Cfg::kWarps == kRouterChunkTokens, "one warp per token of a chunk");
     const size_t smem = size_t(Cfg::kWarps * E) * (sizeof(float) + 1);  // <= 40 KiB (E <= 1024)
@@ -292,20 +330,19 @@ void moe_router_forward(Context& ctx, const RouterConfig& cfg, const RouterArgs&
     });
     GROUPMM_CHECK_LAUNCH();
   }
+  if (p.single) return;
   GROUPMM_CHECK_CUDA(cudaMemsetAsync(p.ws.ticket, 0, sizeof(unsigned), ctx.stream()));
   FinalizeParams f{};
   f.ws = p.ws;
-  f.counts = a.counts.ptr<int32_t>();
-  f.aux_loss = a.aux_loss.present() ? a.aux_loss.ptr<float>() : nullptr;
-  f.z_loss = a.z_loss.present() ? a.z_loss.ptr<float>() : nullptr;
+  f.counts = counts;
+  f.aux_loss = aux_loss;
+  f.z_loss = z_loss;
   f.aux_on = p.aux;
   f.z_on = p.z;
   f.NC = NC;
   f.E = int(E);
-  const double Td = double(T);
-  f.aux_scale =
-      T == 0 ? 0.0f : float(double(cfg.aux_loss_coeff) * double(E) / (double(cfg.topk) * Td * Td));
-  f.z_scale = T == 0 ? 0.0f : float(double(cfg.z_loss_coeff) / Td);
+  f.aux_scale = aux_scale;
+  f.z_scale = z_scale;
   router_finalize_kernel<<<unsigned(E), FinalizeConfig::kThreads, 0, ctx.stream()>>>(f);
   GROUPMM_CHECK_LAUNCH();
 }

@@ -1,6 +1,8 @@
 // CUDA router-weighted SwiGLU (plain, or with a SwigluForm: gpt-oss's clamp, alpha, up offset and
 // interleaved gate/up pairs): one warp per row (grid-stride over rows), 16-byte vectors of the
 // gate and up halves (interleaved: two consecutive vectors of pairs, de-interleaved in registers).
+// With fewer rows than the GPU has warps, the forward splits each row over `chunks` warps
+// (vector-interleaved): at decode batches one warp's serial walk of a row was the kernel's time.
 // The backward's dprob is the row's sum of dout * swiglu in a fixed order: each lane adds its
 // vectors (lane-strided) element by element, then a butterfly, so it is deterministic run to run
 // and independent of the grid. Element math: swiglu_backends.hpp's weighted_swiglu_* and
@@ -39,6 +41,7 @@ struct WeightedSwigluParams {
   bool splits64 = false;
   int64_t G = 0;
   StatusBlock* status = nullptr;
+  int64_t chunks = 1;  // warps per row (forward; the backward's dprob sums a row in one warp)
 };
 
 // The rows this call computes: M, or min(sum of the splits, M) with splits (the splits rule of
@@ -96,8 +99,10 @@ __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
   const int64_t warps = int64_t(gridDim.x) * WeightedSwigluConfig::kWarps;
   const int64_t V = p.I / N;
   const int64_t M = rows_to_compute(p);
-  for (int64_t m = int64_t(blockIdx.x) * WeightedSwigluConfig::kWarps + threadIdx.x / 32; m < M;
-       m += warps) {
+  const int64_t chunks = kBackward ? 1 : p.chunks;
+  for (int64_t q = int64_t(blockIdx.x) * WeightedSwigluConfig::kWarps + threadIdx.x / 32;
+       q < M * chunks; q += warps) {
+    const int64_t m = q / chunks, chunk = q % chunks;
     const P* __restrict__ row =
         reinterpret_cast<const P*>(static_cast<const S*>(p.gate_up) + m * 2 * p.I);
     const P* __restrict__ dout =
@@ -147,7 +152,7 @@ __global__ void __launch_bounds__(WeightedSwigluConfig::kThreads)
       }
     };
 #pragma unroll 2
-    for (int64_t v = lane; v < V; v += 32) {
+    for (int64_t v = chunk * 32 + lane; v < V; v += 32 * chunks) {
       P d{};
       if constexpr (kBackward) d = dout[v];
       if constexpr (kInterleaved)
@@ -170,14 +175,22 @@ void launch(Context& ctx, DType t, const WeightedSwigluParams& p, const SwigluFo
     constexpr int kVec = kVec16<E>;
     const bool vec = p.I % kVec == 0 && aligned16(p.gate_up) && aligned16(p.out) &&
                      (p.dout == nullptr || aligned16(p.dout));
-    // At least one block with splits: it reports the faults of a sum above M = 0.
-    const int64_t want = std::max<int64_t>(qnum::ceil_div(p.M, WeightedSwigluConfig::kWarps),
-                                           p.splits != nullptr ? 1 : 0);
+    // The forward's warps per row: enough for every warp the grid can hold, at most one pass.
     constexpr int kT = WeightedSwigluConfig::kThreads;
+    WeightedSwigluParams q = p;
+    if (!kBackward && p.M > 0) {
+      const int64_t warps = int64_t(ctx.sm_count()) * WeightedSwigluConfig::kBlocksPerSm *
+                            WeightedSwigluConfig::kWarps;
+      const int64_t passes = qnum::ceil_div(p.I / (vec ? kVec : 1), int64_t(32));
+      q.chunks = std::clamp<int64_t>(warps / p.M, 1, std::max<int64_t>(passes, 1));
+    }
+    // At least one block with splits: it reports the faults of a sum above M = 0.
+    const int64_t want = std::max<int64_t>(
+        qnum::ceil_div(p.M * q.chunks, WeightedSwigluConfig::kWarps), p.splits != nullptr ? 1 : 0);
     auto kernel = vec ? weighted_swiglu_kernel<E, kVec, kBackward, kForm, kInterleaved>
                       : weighted_swiglu_kernel<E, 1, kBackward, kForm, kInterleaved>;
     const unsigned grid = resident_grid(ctx, kernel, kT, want, WeightedSwigluConfig::kBlocksPerSm);
-    kernel<<<grid, kT, 0, ctx.stream()>>>(p, ElemMath<kForm>{f});
+    kernel<<<grid, kT, 0, ctx.stream()>>>(q, ElemMath<kForm>{f});
     GROUPMM_CHECK_LAUNCH();
   });
 }
