@@ -16,7 +16,7 @@ groupmm.nn.MoE.from_gpt_oss on the checkpoint's tensors (recipe 'mxfp4_weight', 
 imported as they are), called under torch.no_grad(). --groupmm-layer ops times the same layer as
 the chain of public ops the module runs, with --path and --scale-layout for the 4-bit GEMMs (the
 chain is groupmm.integrations.transformers' experts forward with the checkpoint's MXFP4 weights
-imported): router_logits, + router bias, router (softmax, renormalized
+imported): router_logits (+ the router bias, in the op), router (softmax, renormalized
 top-4: the softmax over the top-4 logits), permute_plan, permute (the router weights become
 per-row probs), grouped_mm_w4 gate_up (+ its bias, in the GEMM), weighted_swiglu_ex (alpha, limit,
 up + 1, interleaved; the router weight applied here), grouped_mm_w4 down and unpermute with the
@@ -147,13 +147,13 @@ class GroupmmLayer:
 
     def __init__(self, L, topk, scale_layout, path):
         self.E, self.topk, self.scale_layout, self.path = L["router_w"].shape[0], topk, scale_layout, path
-        self.router_w, self.router_b = L["router_w"], L["router_b"].float()
+        self.router_w, self.router_b = L["router_w"], L["router_b"]
         self.gu = list(ops.import_mxfp4_weights(L["gu_blocks"], L["gu_scales"], scale_layout))
         self.dn = list(ops.import_mxfp4_weights(L["dn_blocks"], L["dn_scales"], scale_layout))
         self.gu_bias, self.dn_bias = L["gu_bias"], L["dn_bias"]
 
     def __call__(self, x):
-        logits = ops.router_logits(x, self.router_w).add_(self.router_b)
+        logits = ops.router_logits(x, self.router_w, self.router_b)
         ids, weights = ops.router(logits, None, self.topk, "softmax", 1, 1, True)[:2]
         plan = ops.permute_plan(ids, self.E, 1, 0)
         x_perm, probs = ops.permute(x, *plan, 1, 0, weights)

@@ -70,11 +70,13 @@ struct RouterConfig {
   std::string to_string() const;
 };
 
-// logits [T, E] = x [T, H] W_r [E, H]^T. x and w bf16 or fp16 (one dtype; fp32 too on a CPU
-// context); logits fp32; fp32 accumulation (cuBLAS on CUDA, loops on CPU). Row-major, contiguous.
-// Uses ctx's workspace for cuBLAS (moe_router_logits_workspace_size: reserve it before capture).
+// logits [T, E] = x [T, H] W_r [E, H]^T (+ bias [E], optional, in x's dtype: added to each fp32
+// sum). x and w bf16 or fp16 (one dtype; fp32 too on a CPU context); logits fp32; fp32
+// accumulation (on CUDA: one kernel, the bias in it, for T <= 16; cuBLAS above; loops on CPU).
+// Row-major, contiguous. Uses ctx's workspace for cuBLAS (moe_router_logits_workspace_size:
+// reserve it before capture).
 void moe_router_logits(Context& ctx, const TensorView& x, const TensorView& w,
-                       const TensorView& logits);
+                       const TensorView& logits, const TensorView& bias = {});
 // Backward of moe_router_logits with g = d_logits rounded to x's dtype ([T, E] scratch in ctx's
 // workspace):  dx (+)= g W_r   [T, H] in x's dtype;   dw (+)= g^T x   [E, H] fp32 or x's dtype.
 // Either output may be absent (skipped): delayed wgrad calls it again with dw only. accumulate_*

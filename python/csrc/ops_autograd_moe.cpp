@@ -16,7 +16,7 @@ namespace {
 
 using WSwigluBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                  const OptTensor&);
-using LogitsSig = Tensor(const Tensor&, const Tensor&);
+using LogitsSig = Tensor(const Tensor&, const Tensor&, const OptTensor&);
 using LogitsBwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&);
 using Router5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 using RouterSig = Router5(const Tensor&, const OptTensor&, int64_t, c10::string_view, int64_t,
@@ -34,24 +34,36 @@ using UnpermuteBwdSig = Tensor(const Tensor&, const Tensor&, const Tensor&, cons
 
 // ---- router -------------------------------------------------------------------------------------
 
+// d bias = the fp32 column sums of d_logits, in the bias's dtype (what autograd gave the add of a
+// promoted bias before the op took it).
 struct RouterLogits : torch::autograd::Function<RouterLogits> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w,
+                        const OptTensor& bias) {
     ctx->save_for_backward({x, w});
+    if (bias.has_value() && bias->defined())
+      ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias->scalar_type());
     const at::AutoDispatchBelowADInplaceOrView guard;
-    return GROUPMM_OP("router_logits", LogitsSig).call(x, w);
+    return GROUPMM_OP("router_logits", LogitsSig).call(x, w, bias);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return {Tensor(), Tensor()};
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
     const auto saved = ctx->get_saved_variables();
     auto [dx, dw] =
         GROUPMM_OP("router_logits_backward", LogitsBwdSig).call(grads[0], saved[0], saved[1]);
-    return {ctx->needs_input_grad(0) ? dx : Tensor(), ctx->needs_input_grad(1) ? dw : Tensor()};
+    // needs_input_grad counts the defined tensor arguments only (the bias's edge is 2 when given);
+    // the returned list is by argument position.
+    Tensor db;
+    if (ctx->saved_data.count("bias_dtype") != 0 && ctx->needs_input_grad(2))
+      db = grads[0].sum(0).to(static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt()));
+    return {ctx->needs_input_grad(0) ? dx : Tensor(), ctx->needs_input_grad(1) ? dw : Tensor(), db};
   }
 };
 
-Tensor router_logits_autograd(c10::DispatchKeySet ks, const Tensor& x, const Tensor& w) {
-  if (!records({&x, &w})) return below_autograd(GROUPMM_OP("router_logits", LogitsSig), ks, x, w);
-  return RouterLogits::apply(x, w);
+Tensor router_logits_autograd(c10::DispatchKeySet ks, const Tensor& x, const Tensor& w,
+                              const OptTensor& bias) {
+  if (!records({&x, &w}) && !records(bias))
+    return below_autograd(GROUPMM_OP("router_logits", LogitsSig), ks, x, w, bias);
+  return RouterLogits::apply(x, w, bias);
 }
 
 struct Router : torch::autograd::Function<Router> {

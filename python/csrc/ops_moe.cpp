@@ -377,19 +377,20 @@ at::Tensor unpermute_backward(const at::Tensor& dy, const at::Tensor& dest_row,
   return dyp;
 }
 
-// logits [T, E] fp32 = x [T, H] w [E, H]^T (moe_router_logits: what nn::MoE's router runs).
-// The core op uses the Context's workspace (cuBLAS on CUDA), reserved here: eager calls grow it
-// before a capture needs it.
-at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w) {
+// logits [T, E] fp32 = x [T, H] w [E, H]^T (+ bias [E]) (moe_router_logits: what nn::MoE's router
+// runs). The core op uses the Context's workspace (cuBLAS on CUDA), reserved here: eager calls grow
+// it before a capture needs it.
+at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w,
+                         const std::optional<at::Tensor>& bias) {
   Call call("router_logits", x);
   TORCH_CHECK_VALUE(x.dim() == 2 && w.dim() == 2,
                     "groupmm.router_logits: x must be [T, H] and w [E, H]; got ", x.sizes(),
                     " and ", w.sizes());
-  const auto xv = call.in(x, "x"), wv = call.in(w, "w");
+  const auto xv = call.in(x, "x"), wv = call.in(w, "w"), bv = call.in(bias, "bias");
   at::Tensor logits = call.empty({x.size(0), w.size(0)}, at::kFloat);
   auto& ctx = call.ctx();
   ctx.reserve_workspace(groupmm::moe_router_logits_workspace_size(ctx, x.size(0), w.size(0)));
-  groupmm::moe_router_logits(ctx, xv, wv, call.out(logits, "logits"));
+  groupmm::moe_router_logits(ctx, xv, wv, call.out(logits, "logits"), bv);
   call.finish();
   return logits;
 }

@@ -90,8 +90,9 @@ TORCH_LIBRARY(groupmm, m) {
       "weighted_swiglu_ex_backward(Tensor dout, Tensor gate_up, Tensor prob, float alpha=1.0, "
       "float? limit=None, float up_offset=0.0, bool interleaved=False) -> "
       "(Tensor dgate_up, Tensor dprob)");
-  // the router's logits GEMM (moe_router_logits): x [T, H] bf16/fp16, w [E, H] -> [T, E] fp32
-  m.def("router_logits(Tensor x, Tensor w) -> Tensor");
+  // the router's logits GEMM (moe_router_logits): x [T, H] bf16/fp16, w [E, H], bias [E] (x's
+  // dtype, added to each fp32 sum) -> [T, E] fp32
+  m.def("router_logits(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("router_logits_backward(Tensor d_logits, Tensor x, Tensor w) -> (Tensor dx, Tensor dw)");
   m.def(
       "router(Tensor logits, Tensor? expert_bias, int topk, str score='softmax', int n_group=1, "

@@ -181,7 +181,7 @@ def _(logits, expert_bias, topk, score="softmax", n_group=1, topk_group=1, renor
 
 
 @register_fake("groupmm::router_logits")
-def _(x, w):
+def _(x, w, bias=None):
     return _empty(x, (x.shape[0], w.shape[0]), torch.float32)
 
 

@@ -62,7 +62,7 @@ void check_permute_map(const Context& ctx, const char* op, const PermuteMap& m);
 
 namespace groupmm::cpu {
 void moe_router_logits(Context& ctx, const TensorView& x, const TensorView& w,
-                       const TensorView& logits);
+                       const TensorView& bias, const TensorView& logits);
 void moe_router_logits_backward(Context& ctx, const TensorView& d_logits, const TensorView& x,
                                 const TensorView& w, const TensorView& dx, const TensorView& dw,
                                 bool accumulate_dx, bool accumulate_dw);
@@ -73,12 +73,12 @@ GROUPMM_MOE_ROW_OPS()
 }  // namespace groupmm::cpu
 
 namespace groupmm::cuda {
-// cuBLAS GEMMs of the router (src/moe/cuda/router_gemm.cu); workspace = cuBLAS workspace + the
-// rounded d_logits.
+// GEMMs of the router (src/moe/cuda/router_gemm.cu); workspace = cuBLAS workspace + the rounded
+// d_logits.
 GROUPMM_CUDA_ENTRY size_t moe_router_logits_workspace_size(int64_t tokens, int64_t experts);
 GROUPMM_CUDA_ENTRY void moe_router_logits(Context& ctx, const TensorView& x, const TensorView& w,
-                                          const TensorView& logits, void* workspace,
-                                          size_t workspace_bytes);
+                                          const TensorView& bias, const TensorView& logits,
+                                          void* workspace, size_t workspace_bytes);
 GROUPMM_CUDA_ENTRY void moe_router_logits_backward(Context& ctx, const TensorView& d_logits,
                                                    const TensorView& x, const TensorView& w,
                                                    const TensorView& dx, const TensorView& dw,

@@ -96,19 +96,23 @@ size_t moe_router_logits_workspace_size(const Context& ctx, int64_t tokens, int6
 }
 
 void moe_router_logits(Context& ctx, const TensorView& x, const TensorView& w,
-                       const TensorView& logits) {
+                       const TensorView& logits, const TensorView& bias) {
   const char* op = "moe_router_logits";
-  check_gemm_operands(ctx, op, x, w);
+  const DType t = check_gemm_operands(ctx, op, x, w);
   check_view(op, "logits", logits, DType::fp32, 2, ctx.device());
   check_dim(op, "logits", logits, 0, x.dim(0));
   check_dim(op, "logits", logits, 1, w.dim(0));
+  if (bias.present()) {
+    check_view(op, "bias", bias, t, 1, ctx.device());
+    check_dim(op, "bias", bias, 0, w.dim(0));
+  }
   if (ctx.device() == Device::CPU) {
-    cpu::moe_router_logits(ctx, x, w, logits);
+    cpu::moe_router_logits(ctx, x, w, bias, logits);
   } else {
     size_t bytes = 0;
     const size_t need = cuda::moe_router_logits_workspace_size(x.dim(0), w.dim(0));
     void* ws = moe_workspace(ctx, op, need, nullptr, bytes, "moe_router_logits_workspace_size");
-    cuda::moe_router_logits(ctx, x, w, logits, ws, bytes);
+    cuda::moe_router_logits(ctx, x, w, bias, logits, ws, bytes);
   }
   ctx.after_op();
 }

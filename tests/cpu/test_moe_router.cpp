@@ -225,6 +225,31 @@ TEST(RouterCpu, LogitsGemmAndItsBackward) {
   EXPECT_EQ(dw, (std::vector<float>{3, 4, 5, 6, 2, 3, 2, 1}));
 }
 
+TEST(RouterCpu, LogitsGemmAddsTheBiasToEachSum) {
+  // fp32 sums + the bias promoted from x's dtype: bf16 operands whose products and sums are exact.
+  Context ctx(Device::CPU);
+  const int64_t T = 2, H = 3, E = 2;
+  const std::vector<float> xf = {1, 2, -1, 0.5f, 0, 4}, wf = {1, 1, 1, -2, 0.25f, 3},
+                           bf = {0.5f, -1.25f};
+  std::vector<uint16_t> x(6), w(6), b(2);
+  for (size_t i = 0; i < 6; ++i) x[i] = float_to_bf16_bits(xf[i]), w[i] = float_to_bf16_bits(wf[i]);
+  for (size_t i = 0; i < 2; ++i) b[i] = float_to_bf16_bits(bf[i]);
+  std::vector<float> logits(4, -7.0f);
+  moe_router_logits(ctx, host_view(x, DType::bf16, {T, H}), host_view(w, DType::bf16, {E, H}),
+                    host_view(logits, DType::fp32, {T, E}), host_view(b, DType::bf16, {E}));
+  // x w^T = [[2, -4.5], [4.5, 11]], then + b
+  EXPECT_EQ(logits, (std::vector<float>{2.5f, -5.75f, 5.0f, 9.75f}));
+  std::vector<float> b32(2);
+  EXPECT_THROW_MSG(
+      moe_router_logits(ctx, host_view(x, DType::bf16, {T, H}), host_view(w, DType::bf16, {E, H}),
+                        host_view(logits, DType::fp32, {T, E}), host_view(b32, DType::fp32, {E})),
+      "moe_router_logits: bias.dtype=fp32 must be bf16");
+  EXPECT_THROW_MSG(
+      moe_router_logits(ctx, host_view(x, DType::bf16, {T, H}), host_view(w, DType::bf16, {E, H}),
+                        host_view(logits, DType::fp32, {T, E}), host_view(b, DType::bf16, {1})),
+      "moe_router_logits: bias.shape[0]=1 must equal 2");
+}
+
 TEST(RouterCpu, LogitsGemmNamesItsInput) {
   // x in another dtype or size than the router weight: named from x's side, with both values.
   Context ctx(Device::CPU);

@@ -176,30 +176,55 @@ TEST(RouterGpuSpecialValues, SelectionEqualsTheCpuReference) {
   }
 }
 
-TEST(RouterGemmGpu, LogitsAndBackwardMatchCpu) {
+struct LogitsCase {
+  int64_t T, H, E;
+  bool bias;
+};
+
+class RouterGemmGpu : public ::testing::TestWithParam<LogitsCase> {};
+
+TEST_P(RouterGemmGpu, LogitsAndBackwardMatchCpu) {
   GROUPMM_REQUIRE_GPU();
-  const int64_t T = 333, H = 256, E = 24;
+  const LogitsCase c = GetParam();
+  const int64_t T = c.T, H = c.H, E = c.E;
   Context cpu(Device::CPU), gpu(Device::CUDA);
   Pair x(DType::bf16, {T, H}), w(DType::bf16, {E, H}), l(DType::fp32, {T, E}),
-      dl(DType::fp32, {T, E}), dx(DType::bf16, {T, H}), dw(DType::fp32, {E, H});
+      dl(DType::fp32, {T, E}), dx(DType::bf16, {T, H}), dw(DType::fp32, {E, H}),
+      b(DType::bf16, {E});
   x.fill_floats(randn(size_t(T * H)));
   w.fill_floats(randn(size_t(E * H), 0.05f));
+  b.fill_floats(randn(size_t(E)));
   dl.fill_floats(randn(size_t(T * E)));
   dx.fill_floats(randn(size_t(T * H)));  // accumulated into
   dw.fill_floats(randn(size_t(E * H)));
-  moe_router_logits(cpu, x.host, w.host, l.host);
-  moe_router_logits(gpu, x.dev, w.dev, l.dev);
+  moe_router_logits(cpu, x.host, w.host, l.host, c.bias ? b.host : TensorView());
+  moe_router_logits(gpu, x.dev, w.dev, l.dev, c.bias ? b.dev.view() : TensorView());
   auto f = [](const Pair& p) {
     auto b = p.dev_bytes();
     return cpu::to_floats(TensorView(b.data(), p.host.dtype, Device::CPU, {p.host.numel()}));
   };
   EXPECT_LE(rel_error(f(l), cpu::to_floats(l.host)), 1e-5);
+  const auto first = l.dev_bytes();  // a fixed order: the same bits again
+  moe_router_logits(gpu, x.dev, w.dev, l.dev, c.bias ? b.dev.view() : TensorView());
+  EXPECT_EQ(l.dev_bytes(), first);
   moe_router_logits_backward(cpu, dl.host, x.host, w.host, dx.host, dw.host, true, true);
   moe_router_logits_backward(gpu, dl.dev, x.dev, w.dev, dx.dev, dw.dev, true, true);
   EXPECT_LE(rel_error(f(dx), cpu::to_floats(dx.host)), 1e-2);
   EXPECT_LE(rel_error(f(dw), cpu::to_floats(dw.host)), 1e-5);
   EXPECT_NO_THROW(gpu.check());
 }
+
+// cuBLAS (+ the bias's kernel) above 16 tokens, the one-kernel path up to 16 (16-byte vectors, or
+// single elements when H % 8 != 0).
+INSTANTIATE_TEST_SUITE_P(
+    Cases, RouterGemmGpu,
+    ::testing::Values(LogitsCase{333, 256, 24, false}, LogitsCase{333, 256, 24, true},
+                      LogitsCase{17, 264, 24, true}, LogitsCase{1, 2880, 128, true},
+                      LogitsCase{16, 2880, 128, false}, LogitsCase{5, 13, 7, true}),
+    [](const auto& info) {
+      const LogitsCase& c = info.param;
+      return detail::cat("T", c.T, "_H", c.H, "_E", c.E, c.bias ? "_bias" : "");
+    });
 
 // ---- permute plan and row movers ----------------------------------------------------------------
 struct PermuteCase {

@@ -133,6 +133,11 @@ std::vector<W4Case> cases() {
       W4Spec* b = add(8, make_splits(Pattern::random_odd, 8, 50), 256, 256, "bias_alpha");
       b->bias = true;
       b->alpha = 0.5f;
+      // Split K with a bias over both kinds of pass (3 and 9 rows): the CTA with a tile's last
+      // ticket adds the K ranges, the factor and the bias; the wide launch has its own tickets.
+      W4Spec* kb = add(2, {3, 9}, 384, 2048, "splitk_bias");
+      kb->bias = true;
+      kb->alpha = 0.5f;
       W4Spec* sw = add(8, make_splits(Pattern::zipf, 8, 60), 256, 512, "swizzled");
       sw->layout = ScaleLayout::swizzled;
       W4Spec* wide = add(4, make_splits(Pattern::balanced, 4, 24), 128, 256, "wide");

@@ -42,6 +42,31 @@ def test_weighted_swiglu_values_and_grads(device):
     torch.testing.assert_close(prob.grad, refs[1].grad, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("T", [1, 5, 40])  # on CUDA: the one-kernel path up to 16 tokens, cuBLAS above
+def test_router_logits_bias_values_and_grads(device, T):
+    E, H = 24, 72
+    bf = dict(device=device, dtype=torch.bfloat16)
+    x = torch.randn(T, H, **bf, requires_grad=True)
+    w = (torch.randn(E, H, **bf) * 0.1).requires_grad_()
+    b = torch.randn(E, **bf, requires_grad=True)
+    out = ops.router_logits(x, w, b)
+    assert out.dtype == torch.float32
+    refs = [t.detach().float().requires_grad_() for t in (x, w, b)]
+    ref = refs[0] @ refs[1].t() + refs[2]
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # without the bias: the same sums, the bias not added
+    torch.testing.assert_close(ops.router_logits(x, w) + b.float(), out, rtol=0, atol=1e-6)
+    dl = torch.randn_like(out)
+    out.backward(dl)
+    ref.backward(dl.bfloat16().float())  # dx and dw round d_logits to x's dtype first
+    assert b.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(b.grad, dl.sum(0).bfloat16())
+    torch.testing.assert_close(x.grad.float(), refs[0].grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(w.grad.float(), refs[1].grad, rtol=2e-2, atol=2e-2)
+    with pytest.raises(RuntimeError, match=r"moe_router_logits: bias.shape\[0\]=3 must equal 24"):
+        ops.router_logits(x, w, torch.zeros(3, **bf))
+
+
 def ref_gpt_oss_gate(gate_up, alpha, limit, up_offset, interleaved):
     """transformers' GptOssExperts._apply_gate (interleaved) / the halves form of the others."""
     g, u = (gate_up[..., ::2], gate_up[..., 1::2]) if interleaved else gate_up.chunk(2, dim=-1)

@@ -86,6 +86,8 @@ def samples(device):
                                                                "aux_loss_coeff": 0.01}),
         ("router_backward", (logits, ids, counts, torch.randn(T, k, device=device)), {}),
         ("router_logits", (grad(xt), grad(torch.randn(E, H, **bf))), {}),
+        ("router_logits", (grad(xt), grad(torch.randn(E, H, **bf)), grad(torch.randn(E, **bf))),
+         {}),
         ("router_logits_backward", (logits, xt, torch.randn(E, H, **bf)), {}),
         ("permute_plan", (ids, E, 4, 0), {}),
         ("permute", (grad(xt), *plan, 4, 0, grad(weights)), {}),

@@ -304,10 +304,9 @@ class MoE(torch.nn.Module):
         again = self.recompute and torch.is_grad_enabled() and not torch.compiler.is_compiling()
         if self.ep is not None:
             return moe_ep.forward(self, x, is_first_microbatch, again)
-        # fp32 logits from the 16-bit inputs (the core's moe_router_logits, as nn::MoE's router).
-        logits = ops.router_logits(x, self.router.weight)
-        if self.router.bias is not None:  # promoted to fp32 inside the add (one kernel, exact)
-            logits = logits + self.router.bias
+        # fp32 logits from the 16-bit inputs (the core's moe_router_logits, as nn::MoE's router),
+        # the router bias added to each fp32 sum inside the op.
+        logits = ops.router_logits(x, self.router.weight, self.router.bias)
         ids, weights, counts, aux, z = ops.router(logits, self.expert_bias, self.topk,
                                                   *self.router_cfg)
         if self.tokens_per_expert is not None and self.training and torch.is_grad_enabled():

@@ -167,7 +167,7 @@ def _local_ids(splits, rows, tail=False):
 def forward(moe, x, is_first_microbatch, again):
     """The expert-parallel step of groupmm.nn.MoE (moe.MoE.forward calls it): returns (y, aux)."""
     ep = moe.ep
-    logits = ops.router_logits(x, moe.router.weight)
+    logits = ops.router_logits(x, moe.router.weight, moe.router.bias)
     ids, weights, counts, aux, z = ops.router(logits, moe.expert_bias, moe.topk, *moe.router_cfg)
     if moe.tokens_per_expert is not None and moe.training and torch.is_grad_enabled():
         with torch.no_grad():

@@ -34,13 +34,18 @@ void matmul(const TensorView& out, int64_t rows, int64_t cols, int64_t inner, A&
 
 }  // namespace
 
-void moe_router_logits(Context&, const TensorView& x, const TensorView& w,
+void moe_router_logits(Context&, const TensorView& x, const TensorView& w, const TensorView& bias,
                        const TensorView& logits) {
   const int64_t T = x.dim(0), H = x.dim(1), E = w.dim(0);
   const std::vector<float> X = to_floats(x), W = to_floats(w);
   matmul(
       logits, T, E, H, [&](int64_t t, int64_t h) { return X[size_t(t * H + h)]; },
       [&](int64_t h, int64_t e) { return W[size_t(e * H + h)]; }, false);
+  if (!bias.present()) return;
+  const std::vector<float> B = to_floats(bias);  // each fp32 sum + the promoted bias
+  float* l = logits.ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e) l[t * E + e] += B[size_t(e)];
 }
 
 void moe_router_logits_backward(Context&, const TensorView& d_logits, const TensorView& x,
