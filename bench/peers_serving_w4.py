@@ -52,6 +52,11 @@ possibly warm when the batch is small and repeated; this is the decode loop's st
 cold-cache figure); every round replays both graphs in alternating order; a figure is the median
 over --rounds rounds of the mean over --reps layers.
 
+--kernels adds each side's breakdown: the kernels of one layer (torch.profiler over one replay of
+a graph of --reps layers; device time by kernel name, divided by --reps), printed after each batch
+and kept in the rows (<side>_kernels: [name, launches a layer, us a layer]); the smoke run prints
+the operators of the CPU layer instead (self time of eager calls).
+
 GPU only for timing; on a machine without CUDA it runs a smoke test instead (4 experts, top-2,
 hidden 64 through groupmm's CPU backend, both forms of groupmm's layer, against the float64 layer)
 and reports the peer unavailable. Without triton_kernels it times groupmm alone and says why.
@@ -256,6 +261,54 @@ class PeerLayer:
 
 # ---- the runs -----------------------------------------------------------------------------------
 
+def kernel_breakdown(fn, reps):
+    """[[name, launches a layer, us a layer]], most time first: on CUDA the kernels of one replay
+    of a graph of `reps` calls of fn (torch.profiler's device time; the graph is captured on a side
+    stream after two eager calls there, as time_graphs does); on the CPU the operators of `reps`
+    eager calls (self time)."""
+    from torch.profiler import ProfilerActivity, profile
+    agg = {}
+    if torch.cuda.is_available():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            for _ in range(reps):
+                fn()
+        g.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            g.replay()
+            torch.cuda.synchronize()
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                a = agg.setdefault(e.name, [0, 0.0])
+                a[0] += 1
+                a[1] += e.device_time_total
+    else:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(reps):
+                fn()
+        for e in prof.key_averages():
+            if e.self_cpu_time_total > 0:
+                agg[e.key] = [e.count, e.self_cpu_time_total]
+    rows = [[name, n / reps, us / reps] for name, (n, us) in agg.items()]
+    return sorted(rows, key=lambda r: -r[2])
+
+
+def print_breakdown(label, rows, what):
+    calls = "launches" if what == "kernels" else "calls"
+    print(f"       {what} a layer, {label}: {sum(r[1] for r in rows):.0f} {calls}, "
+          f"{sum(r[2] for r in rows):.1f} us")
+    for name, n, us in rows:
+        print(f"         {us:8.1f} us  x{n:4.1f}  {name[:96]}")
+
+
 def smoke(args):
     """CPU: groupmm's layer at tiny sizes against the float64 layer, every token. Returns the rows."""
     E, topk, H, F_ = 4, 2, 64, 64
@@ -272,6 +325,9 @@ def smoke(args):
         stats = {}
         ref = ref_layer(x, L, topk, list(range(tokens)), stats)
         for form, layer in layers.items():
+            if args.kernels and tokens == 3:
+                print_breakdown(f"groupmm {form}", kernel_breakdown(lambda: layer(x), 2),
+                                "operators")
             err = rel_diff(layer(x), ref, keep)
             ok = err is None or err < TOLERANCE
             print(f"E={E} top-{topk} H={H} F={F_} tokens {tokens}  cpu smoke  groupmm {form} vs "
@@ -351,6 +407,11 @@ def run_gpu(args):
         for key in ("peer_error", "groupmm_error"):
             if key in row:
                 print(f"       {key}: {row[key]}")
+        if args.kernels:
+            for side, fn in fns.items():
+                if f"{side}_error" not in row:
+                    row[f"{side}_kernels"] = kernel_breakdown(fn, args.reps)
+                    print_breakdown(side, row[f"{side}_kernels"], "kernels")
     print(f"diff: max |y_groupmm - y_peer| / max |y_peer|; g-ref: groupmm against the float64 layer "
           f"(first {REF_TOKENS} tokens); both over the tokens not ambiguous (ambig: 4th-5th logit gap "
           f"under {AMBIGUOUS:g} max|logit|); above {TOLERANCE:g} fails. peer/g > 1: groupmm faster.")
@@ -376,6 +437,8 @@ def main():
     ap.add_argument("--groupmm-layer", default="module", choices=["module", "ops"],
                     help="groupmm.nn.MoE.from_gpt_oss (default) or the chain of ops it runs (which "
                          "takes --path and --scale-layout)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="each side's kernels a layer (torch.profiler; CPU smoke: its operators)")
     peers_w4.add_common_options(ap, 20, "layers")
     args = ap.parse_args()
     return peers_common.finish(args, "triton_kernels", smoke, run_gpu, load_peer)

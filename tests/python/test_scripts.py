@@ -107,9 +107,13 @@ def test_peers_serving_w4_smoke(tmp_path):
     out = tmp_path / "serving_w4.json"
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "peers_serving_w4.py"),
-                           "--json", str(out)], capture_output=True, text=True, env=env, timeout=300)
+                           "--json", str(out), "--kernels"], capture_output=True, text=True,
+                          env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("cpu smoke") == 6
+    # --kernels: the CPU layer's operators, both forms, the ops chain's GEMMs among them
+    assert proc.stdout.count("operators a layer, groupmm ") == 2
+    assert "groupmm::grouped_mm_w4" in proc.stdout
     assert "peer triton_kernels: unavailable (" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
     assert [(r["tokens"], r["groupmm_layer"]) for r in rows] == [
