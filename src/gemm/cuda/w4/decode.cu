@@ -6,6 +6,7 @@
 #include "kernels/common/launch.cuh"
 #include "kernels/common/splits_scan.cuh"
 #include "kernels/common/tma.cuh"
+#include "kernels/common/warp_search.cuh"
 #include "gemm/cuda/w4/decode.cuh"
 
 namespace groupmm::cuda::w4 {
@@ -27,32 +28,43 @@ struct ReduceParams {
 };
 
 // y = bf16(sum over K ranges, in order, of the partial sums * factor_g + bias), 4 columns per
-// thread (N % 8 == 0). Rows past the splits' sum are left unwritten.
+// thread (N % 8 == 0). CTA (x, y) takes columns [4 x kThreads, +4 kThreads) of rows y, y +
+// gridDim.y,
+// ...: a warp's lanes share their row, so the expert is a warp-parallel search
+// (find_expert_warp: two rounds of loads for 128 experts, where one thread's search took seven),
+// and the partial sums' loads are issued before it. Rows past the splits' sum are left
+// unwritten.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) w4_reduce_kernel(ReduceParams p) {
-  const int64_t per_row = p.N / 4;
-  const int64_t i = int64_t(blockIdx.x) * Cfg::kThreads + threadIdx.x;
-  const int64_t row = i / per_row, n = (i % per_row) * 4;
-  if (row >= p.plan.start[p.G]) return;
-  const int64_t g = find_expert(p.plan.start, p.G, row);
-  float4 s = *reinterpret_cast<const float4*>(p.partial + row * p.N + n);
-  for (int ks = 1; ks < p.ksplit; ++ks) {
-    const float4 v = *reinterpret_cast<const float4*>(p.partial + (ks * p.M + row) * p.N + n);
-    s.x += v.x;
-    s.y += v.y;
-    s.z += v.z;
-    s.w += v.w;
-  }
-  const float f = p.plan.factor[g];
-  float v[4] = {s.x * f, s.y * f, s.z * f, s.w * f};
-  uint16_t o[4];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t n = (int64_t(blockIdx.x) * Cfg::kThreads + threadIdx.x) * 4;
+  const bool in = n < p.N;
+  const int64_t rows = p.plan.start[p.G];
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (in) {
+      s = *reinterpret_cast<const float4*>(p.partial + row * p.N + n);
+      for (int ks = 1; ks < p.ksplit; ++ks) {
+        const float4 v = *reinterpret_cast<const float4*>(p.partial + (ks * p.M + row) * p.N + n);
+        s.x += v.x;
+        s.y += v.y;
+        s.z += v.z;
+        s.w += v.w;
+      }
+    }
+    const int64_t g = find_expert_warp(p.plan.start, p.G, row, lane);  // all 32 lanes
+    if (!in) continue;
+    const float f = p.plan.factor[g];
+    float v[4] = {s.x * f, s.y * f, s.z * f, s.w * f};
+    uint16_t o[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (p.bias != nullptr) v[j] += bf16_bits_to_float(p.bias[g * p.N + n + j]);
-    o[j] = float_to_bf16_bits(v[j]);
+    for (int j = 0; j < 4; ++j) {
+      if (p.bias != nullptr) v[j] += bf16_bits_to_float(p.bias[g * p.N + n + j]);
+      o[j] = float_to_bf16_bits(v[j]);
+    }
+    *reinterpret_cast<uint2*>(p.out + row * p.N + n) =
+        make_uint2(o[0] | (uint32_t(o[1]) << 16), o[2] | (uint32_t(o[3]) << 16));
   }
-  *reinterpret_cast<uint2*>(p.out + row * p.N + n) =
-      make_uint2(o[0] | (uint32_t(o[1]) << 16), o[2] | (uint32_t(o[3]) << 16));
 }
 
 DecodeLaunch find_launch(QuantRecipe r, int token_tiles) {
@@ -190,9 +202,9 @@ void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws, size_t) {
   }
   if (geo.ksplit == 1) return;
   ReduceParams r{p.partial, p.plan, p.bias, p.out, d.M, d.N, d.G, geo.ksplit};
-  const int64_t threads = d.M * (d.N / 4);
-  const auto blocks = static_cast<unsigned>(qnum::ceil_div(threads, ReduceConfig::kThreads));
-  w4_reduce_kernel<ReduceConfig><<<blocks, ReduceConfig::kThreads, 0, ctx.stream()>>>(r);
+  const dim3 grid(static_cast<unsigned>(qnum::ceil_div(d.N / 4, int64_t(ReduceConfig::kThreads))),
+                  static_cast<unsigned>(std::clamp<int64_t>(d.M, 1, 65535)));
+  w4_reduce_kernel<ReduceConfig><<<grid, ReduceConfig::kThreads, 0, ctx.stream()>>>(r);
   GROUPMM_CHECK_LAUNCH();
 }
 
