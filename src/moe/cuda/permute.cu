@@ -10,6 +10,7 @@
 // the gather also splits each row's vectors over col_chunks CTAs (decode batches: one token's row
 // would otherwise be one CTA's serial loop); each vector is still one thread's sum in choice order.
 #include <algorithm>
+#include <type_traits>
 
 #include "moe/backends.hpp"
 #include "moe/cuda/moe_common.cuh"
@@ -108,8 +109,9 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) scatter_kernel(MoverPar
 // kU vectors of a row per thread and kBatch / kU choices per batch: kBatch loads in flight per
 // thread whatever k is (with one vector per thread, top-2 kept only two 16-byte loads in flight;
 // see docs/decisions.md, "MoE movers: several vectors per thread in the gather"). Each element
-// still sums its choices in order.
-template <class E, int N, int kU>
+// still sums its choices in order. kBias: with the routed bias (p.bias), an instantiation of its
+// own, so that the bias's batch of loads does not take registers from the plain gather.
+template <class E, int N, int kU, bool kBias>
 __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverParams p) {
   using P = ElementVec<E, N>;
   constexpr int B = MoverConfig::kBatch / kU;  // choices per batch
@@ -158,7 +160,7 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_kernel(MoverPara
             for (int n = 0; n < N; ++n) acc[u][n] += E::to_float(buf[b][u].v[n]);
           }
     }
-    if (p.bias != nullptr) {  // the routed bias after the k rows, j order (the CPU's order)
+    if constexpr (kBias) {  // the routed bias after the k rows, j order (the CPU's order)
       const P* __restrict__ bias = static_cast<const P*>(p.bias);
       for (int64_t j0 = 0; j0 < p.k; j0 += B) {
         P buf[B][kU];
@@ -227,16 +229,23 @@ void launch_gather(Context& ctx, MoverParams p) {
                                          std::max<int64_t>(passes, 1)));
   const unsigned grid = grid_size(p.token_ctas * p.col_chunks);
   cudaStream_t s = ctx.stream();
+  auto launch = [&](auto u) {
+    constexpr int kUs = decltype(u)::value;
+    if (p.bias != nullptr)
+      gather_kernel<E, N, kUs, true><<<grid, kThreads, 0, s>>>(p);
+    else
+      gather_kernel<E, N, kUs, false><<<grid, kThreads, 0, s>>>(p);
+  };
   if constexpr (N == 1) {  // the unaligned fallback, not tuned
-    gather_kernel<E, N, 1><<<grid, kThreads, 0, s>>>(p);
+    launch(std::integral_constant<int, 1>{});
   } else if (kU == 1) {
-    gather_kernel<E, N, 1><<<grid, kThreads, 0, s>>>(p);
+    launch(std::integral_constant<int, 1>{});
   } else if (kU == 2) {
-    gather_kernel<E, N, 2><<<grid, kThreads, 0, s>>>(p);
+    launch(std::integral_constant<int, 2>{});
   } else if (kU == 4) {
-    gather_kernel<E, N, 4><<<grid, kThreads, 0, s>>>(p);
+    launch(std::integral_constant<int, 4>{});
   } else {
-    gather_kernel<E, N, 8><<<grid, kThreads, 0, s>>>(p);
+    launch(std::integral_constant<int, 8>{});
   }
 }
 
