@@ -14,8 +14,8 @@
 // e2m1(c) * 2^-126 exactly (the subnormal code 1 lands on the bf16 subnormal 2^-127). One bf16x2
 // multiply by a per-block multiplier M (bf16(2^126 * block scale), split in two factors where one
 // would overflow) then gives the weights above; the product is exact, so it equals the rule's value
-// rounded to bf16, which is the value itself. tests/cpu/test_w4_numerics.cpp checks every (code,
-// scale) pair on the host, tests/cuda/test_w4_numerics_gpu.cu on the device.
+// rounded to bf16, which is the value itself. The W4Numerics tests of tests/cpu/test_w4_formats.cpp
+// check every (code, scale) pair on the host, tests/cuda/test_w4_numerics_gpu.cu on the device.
 // The multiply must come before the tensor core sees the weights: raw words are subnormal or tiny,
 // and a decode variant that fed them to the mma directly (block scales applied to the
 // accumulator) gave wrong sums (see docs/decisions.md, "4-bit decode: block scales applied to the
@@ -70,14 +70,36 @@ GROUPMM_HD uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 GROUPMM_HD uint32_t e2m1_raw_pair(uint32_t X) {
   return (X & 0x80008000u) | ((X >> 6) & 0x01C001C0u);
 }
+// e2m1_raw_pair(q << 4p) for a pair of codes at nibble p (0 or 1) of both 16-bit halves of q, in
+// fewer integer-pipe operations: masked alone, one multiply by 2^(12 - 4p) + 2^(6 - 4p) makes the
+// copy that puts the signs at bits 15, 31 and the copy that puts the magnitudes at 8..6, 24..22
+// (the copies share no bit, so the sum carries nothing), and a second mask keeps those bits. The
+// multiply runs on the FMA pipe, the masks on the ALU pipe, which the rest of the conversion
+// keeps busy.
+GROUPMM_HD uint32_t e2m1_raw_pair_at(uint32_t q, uint32_t nibble_mask, uint32_t shifts) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  // mul.lo with a register operand: an IMAD, not shifts and adds on the ALU pipe.
+  asm("mul.lo.u32 %0, %1, %2;" : "=r"(d) : "r"(q & nibble_mask), "r"(shifts));
+  return d & 0x81C081C0u;
+#else
+  return ((q & nibble_mask) * shifts) & 0x81C081C0u;
+#endif
+}
 // The raw bf16x2 words of a word of 8 codes (code i in nibble i): r[i] holds codes 3 - i (low
-// half) and 7 - i (high half). The GEMM's K order follows this permutation (its activations are
-// permuted the same way, w4_x_pairs).
+// half) and 7 - i (high half), the bits of e2m1_raw_pair(q << 4i). The GEMM's K order follows
+// this permutation (its activations are permuted the same way, w4_x_pairs).
 GROUPMM_HD void e2m1x8_raw(uint32_t q, uint32_t (&r)[4]) {
-  r[0] = e2m1_raw_pair(q);
-  r[1] = e2m1_raw_pair(q << 4);
-  r[2] = e2m1_raw_pair(q << 8);
-  r[3] = e2m1_raw_pair(q << 12);
+#if defined(__CUDA_ARCH__)
+  // q >> 8 on the FMA pipe: codes 2, 3, 6, 7 to nibbles 0, 1 of the halves.
+  const uint32_t h = __umulhi(q, 1u << 24);
+#else
+  const uint32_t h = q >> 8;
+#endif
+  r[0] = e2m1_raw_pair_at(h, 0x00F000F0u, 0x104u);   // codes 3, 7
+  r[1] = e2m1_raw_pair_at(h, 0x000F000Fu, 0x1040u);  // codes 2, 6
+  r[2] = e2m1_raw_pair_at(q, 0x00F000F0u, 0x104u);   // codes 1, 5
+  r[3] = e2m1_raw_pair_at(q, 0x000F000Fu, 0x1040u);  // codes 0, 4
 }
 // The raw bf16x2 of the two codes of byte b (b < 256): the low nibble (the even K element) in the
 // low half, the high nibble in the high half, in natural K order (the RS GEMM's A registers:

@@ -298,6 +298,29 @@ TEST(W4Numerics, GemmWeightsEqualTheRuleForEveryCodeAndScale) {
   }
 }
 
+// The conversion's bit placement (masks and one multiply a pair of codes) equals the direct
+// placement e2m1_raw_pair(q << 4i) for every code at every nibble, whatever the other nibbles hold
+// (a carry between the multiply's two copies would show here), and for random words.
+TEST(W4Numerics, RawPairsEqualTheDirectPlacement) {
+  auto check = [](uint32_t q) {
+    uint32_t r[4];
+    qnum::e2m1x8_raw(q, r);
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(r[i], qnum::e2m1_raw_pair(q << (4 * i))) << std::hex << q;
+  };
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state >> 32);
+  };
+  for (int nibble = 0; nibble < 8; ++nibble)
+    for (uint32_t c = 0; c < 16; ++c)
+      for (uint32_t background : {0u, 0xFFFFFFFFu, 0x77777777u, 0x88888888u, next(), next()}) {
+        const uint32_t mask = 0xFu << (4 * nibble);
+        check((background & ~mask) | (c << (4 * nibble)));
+      }
+  for (int k = 0; k < 200000; ++k) check(next());
+}
+
 // The RS GEMM's form: every byte (two codes, the low nibble the even K element) times every block
 // multiplier gives the rule's values in natural order.
 TEST(W4Numerics, BytePairsEqualTheRuleForEveryByteAndScale) {

@@ -1,7 +1,10 @@
 // The GEMM form of 4-bit weights (numerics/w4.hpp) on the device, where it runs bf16x2
 // multiplies (mul.rn.bf16x2: bf16 subnormal raw codes must survive) and cvt.rn.bf16x2.f32:
 // every (code, scale byte) pair of both formats, both mxfp4 multiplier forms and the two-byte
-// nvfp4 form, against the host rule.
+// nvfp4 form, against the host rule; the bit placement against the host's direct one.
+#include <random>
+#include <vector>
+
 #include "common/test_util.hpp"
 #include "numerics/w4.hpp"
 
@@ -51,6 +54,40 @@ TEST(W4NumericsGpu, WeightsEqualTheRuleForEveryCodeAndScale) {
           }
     }
   }
+}
+
+// The device's bit placement (masks, IMAD and IMAD.HI) against the host's direct placement
+// e2m1_raw_pair(q << 4i): every code at every nibble over varied neighbours, and random words.
+__global__ void w4_raw_kernel(const uint32_t* q, uint32_t* out, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= n) return;
+  uint32_t r[4];
+  qnum::e2m1x8_raw(q[i], r);
+  for (int k = 0; k < 4; ++k) out[4 * i + k] = r[k];
+}
+
+TEST(W4NumericsGpu, RawPairsEqualTheDirectPlacement) {
+  GROUPMM_REQUIRE_GPU();
+  std::vector<uint32_t> words;
+  std::mt19937 gen(7);
+  for (int nibble = 0; nibble < 8; ++nibble)
+    for (uint32_t c = 0; c < 16; ++c)
+      for (uint32_t bg :
+           {0u, 0xFFFFFFFFu, 0x77777777u, 0x88888888u, uint32_t(gen()), uint32_t(gen())})
+        words.push_back((bg & ~(0xFu << (4 * nibble))) | (c << (4 * nibble)));
+  while (words.size() < (size_t(1) << 18)) words.push_back(uint32_t(gen()));
+  const int n = static_cast<int>(words.size());
+  Tensor dq = Tensor::empty({n}, DType::int32, Device::CUDA);
+  Tensor dr = Tensor::empty({4 * int64_t(n)}, DType::int32, Device::CUDA);
+  copy(dq, TensorView(words.data(), DType::int32, Device::CPU, {n}));
+  w4_raw_kernel<<<(n + 255) / 256, 256>>>(dq.ptr<uint32_t>(), dr.ptr<uint32_t>(), n);
+  GROUPMM_CHECK_LAUNCH();
+  std::vector<uint32_t> got(size_t(4) * size_t(n));
+  copy(TensorView(got.data(), DType::int32, Device::CPU, {4 * int64_t(n)}), dr);
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < 4; ++k)
+      ASSERT_EQ(got[size_t(4 * i + k)], qnum::e2m1_raw_pair(words[size_t(i)] << (4 * k)))
+          << std::hex << words[size_t(i)] << " pair " << k;
 }
 
 }  // namespace
