@@ -28,12 +28,10 @@ struct ReduceParams {
 };
 
 // y = bf16(sum over K ranges, in order, of the partial sums * factor_g + bias), 4 columns per
-// thread (N % 8 == 0). CTA (x, y) takes columns [4 x kThreads, +4 kThreads) of rows y, y +
-// gridDim.y,
-// ...: a warp's lanes share their row, so the expert is a warp-parallel search
-// (find_expert_warp: two rounds of loads for 128 experts, where one thread's search took seven),
-// and the partial sums' loads are issued before it. Rows past the splits' sum are left
-// unwritten.
+// thread (N % 8 == 0). CTA (x, y) takes the columns [4 kThreads x, 4 kThreads (x + 1)) of the
+// rows y, y + gridDim.y, ...; a warp's lanes share their row, so its expert is a warp-parallel
+// search (find_expert_warp: two rounds of loads for 128 experts where one thread's search took
+// seven), issued after the partial sums' loads. Rows past the splits' sum are left unwritten.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) w4_reduce_kernel(ReduceParams p) {
   const int lane = static_cast<int>(threadIdx.x % 32);
