@@ -31,7 +31,7 @@ inline constexpr SuiteShape kGemmSuite[] = {
     {"contiguous_4x8192", 4, 32768, 4096, 7168},     {"mixtral_gate_up", 8, 16384, 28672, 4096},
     {"mixtral_down", 8, 16384, 4096, 14336},         {"qwen3_gate_up", 128, 65536, 1536, 2048},
     {"qwen3_down", 128, 65536, 2048, 768},           {"qwen3_decode", 128, 1024, 1536, 2048},
-    {"llama4_scout_gate_up", 16, 8192, 16384, 5120},
+    {"llama4_scout_gate_up", 16, 8192, 16384, 5120}, {"dsv3_decode", 32, 256, 4096, 7168},
 };
 
 // The harder cases of the 16-bit engine (`bench gemm --suite ragged|fine`), bf16 only.
