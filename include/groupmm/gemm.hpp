@@ -228,7 +228,10 @@ std::string gemm_config_name(const Context& ctx, const QuantizedGemmArgs& args);
 // (W4GemmArgs::path forces one; docs/performance.md, gemm_w4_fused, has the crossings). All are
 // exact up to fp32 summation order.
 // Experts with no rows never read their weights (every path). Rows past sum(splits) are left
-// unwritten; splits faults as grouped_gemm.
+// unwritten; splits faults as grouped_gemm. splits_total at_most (as GroupedGemmArgs): sum(splits)
+// may stop short of M, the rows past it are neither read nor written (every path but the fused
+// coop_128x256 kernel, which takes exact splits); expected_rows sizes the path and the decode
+// pass by the rows the splits are expected to reach instead of M.
 // Shapes and alignment: x and out bf16 (fp16 activations are not served: MXFP4 scales span
 // 2^+-127, past fp16's range), K a multiple of 32 (both formats), N a multiple of 8, M, N, K
 // below 2^31; 16-byte aligned x, out, w.data and bias (nvfp4 scales: 2-byte aligned). bias [G, N]
@@ -261,6 +264,10 @@ struct W4GemmArgs {
   // "pass32" (forced; an expert with more rows takes more passes)
   std::string config;
   GemmEngine engine = GemmEngine::automatic;  // automatic, or reference (CPU context)
+  // As GroupedGemmArgs: at_most lets sum(splits) stop short of M (rows past it neither read nor
+  // written); expected_rows (at_most only, in [1, M]; 0: M) is what the path choice sizes by.
+  SplitsTotal splits_total = SplitsTotal::exact;
+  int64_t expected_rows = 0;
   std::string to_string() const;
 };
 

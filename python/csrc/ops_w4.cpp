@@ -100,7 +100,8 @@ groupmm::W4Path path_of(c10::string_view p) {
 // y [M, N] bf16 = x_g dequant(W_g)^T (+ b_g), x [M, K] bf16.
 at::Tensor grouped_mm_w4(const at::Tensor& x, at::TensorList w, const at::Tensor& splits,
                          c10::string_view recipe, c10::string_view scale_layout,
-                         const std::optional<at::Tensor>& bias, c10::string_view path) {
+                         const std::optional<at::Tensor>& bias, c10::string_view path,
+                         c10::string_view splits_total, int64_t expected_rows) {
   const char* op = "grouped_mm_w4";
   Call call(op, x);
   TORCH_CHECK_VALUE(x.dim() == 2, "groupmm.", op, ": x must be [M, K]; got ", x.sizes());
@@ -110,6 +111,8 @@ at::Tensor grouped_mm_w4(const at::Tensor& x, at::TensorList w, const at::Tensor
   a.splits = call.in(splits, "splits");
   a.bias = call.in(bias, "bias");
   a.path = path_of(path);
+  a.splits_total = splits_total_of(splits_total, op);
+  a.expected_rows = expected_rows;  // validated by the core (at_most only, at most the rows)
   at::Tensor y = call.empty({x.size(0), a.w.data.dim(1)}, at::kBFloat16);
   a.out = call.out(y, "out");
   auto& ctx = call.ctx();

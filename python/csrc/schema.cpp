@@ -60,7 +60,8 @@ TORCH_LIBRARY(groupmm, m) {
       "(Tensor data, Tensor scale_inv, Tensor global_scale)");
   m.def(
       "grouped_mm_w4(Tensor x, Tensor[] w, Tensor splits, str recipe, str scale_layout='plain', "
-      "Tensor? bias=None, str path='automatic') -> Tensor");
+      "Tensor? bias=None, str path='automatic', str splits_total='exact', int expected_rows=0) "
+      "-> Tensor");
   m.def(
       "import_mxfp4_weights(Tensor blocks, Tensor scales, str scale_layout='plain') -> "
       "(Tensor data, Tensor scale_inv)");

@@ -364,7 +364,8 @@ def _(w, recipe, scale_layout="plain"):
 
 
 @register_fake("groupmm::grouped_mm_w4")
-def _(x, w, splits, recipe, scale_layout="plain", bias=None, path="automatic"):
+def _(x, w, splits, recipe, scale_layout="plain", bias=None, path="automatic",
+      splits_total="exact", expected_rows=0):
     return _empty(x, (x.shape[0], w[0].shape[1]), torch.bfloat16)
 
 

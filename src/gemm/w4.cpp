@@ -125,6 +125,15 @@ GemmDims validate(const Context& ctx, const W4GemmArgs& a) {
                 kOp, ": config='", a.config,
                 "' must be empty, or with path fused 'rs_sw_256x128', 'rs_256x128' or "
                 "'coop_128x256', or with path decode 'pass8', 'pass16' or 'pass32'");
+  const bool at_most = a.splits_total == SplitsTotal::at_most;
+  GROUPMM_CHECK(a.splits_total == SplitsTotal::exact || at_most, kOp,
+                ": splits_total=", static_cast<int>(a.splits_total), " must be exact or at_most");
+  GROUPMM_CHECK(a.expected_rows == 0 || (at_most && a.expected_rows > 0 && a.expected_rows <= d.M),
+                kOp, ": expected_rows=", a.expected_rows,
+                " must be 0, or with splits_total=at_most in [1, M_total=", d.M, "]");
+  GROUPMM_CHECK(!at_most || fused_kernel(a.config) != FusedKernel::coop, kOp,
+                ": config='coop_128x256' takes exact splits (splits_total=at_most runs on the "
+                "default fused kernel)");
   GROUPMM_CHECK(a.path != W4Path::fused || d.G <= kW4FusedMaxGroups, kOp,
                 ": path fused runs at most ", kW4FusedMaxGroups, " experts, w.num_groups=", d.G,
                 " (use prefill)");
@@ -154,15 +163,19 @@ W4Launch make_w4_launch(const W4GemmArgs& a, const GemmDims& d) {
   l.bias = a.bias.present() ? a.bias.data : nullptr;
   l.out = a.out.data;
   l.splits = a.splits;
+  l.splits_at_most = a.splits_total == SplitsTotal::at_most;
+  l.expected_rows = a.expected_rows;
   l.alpha = a.alpha;
   if (a.path == W4Path::decode) l.decode_tokens = decode_pass_tokens(a.config);
   return l;
 }
 
+// By the rows the splits are expected to reach (expected_rows, else M).
 W4Path choose_path(const W4GemmArgs& a, const GemmDims& d) {
   if (a.path != W4Path::automatic) return a.path;
-  if (d.M <= kW4DecodeMaxAvgRows * d.G) return W4Path::decode;
-  if (d.M <= kW4FusedMaxAvgRows * d.G && d.G <= kW4FusedMaxGroups) return W4Path::fused;
+  const int64_t rows = a.expected_rows > 0 ? a.expected_rows : d.M;
+  if (rows <= kW4DecodeMaxAvgRows * d.G) return W4Path::decode;
+  if (rows <= kW4FusedMaxAvgRows * d.G && d.G <= kW4FusedMaxGroups) return W4Path::fused;
   return W4Path::prefill;
 }
 
@@ -191,6 +204,8 @@ Prefill prefill_plan(const W4GemmArgs& a, const GemmDims& d, void* ws) {
   g.out = a.out.data;
   g.bias = a.bias.present() ? a.bias.data : nullptr;
   g.splits = a.splits;
+  g.splits_at_most = a.splits_total == SplitsTotal::at_most;
+  g.expected_rows = a.expected_rows;
   if (a.w.recipe == QuantRecipe::nvfp4) {
     g.recipe = QuantRecipe::nvfp4;
     g.scale_b = base ? reinterpret_cast<const float*>(base + p.wide_bytes) : nullptr;
@@ -222,10 +237,12 @@ const char* w4_path_name(W4Path p) {
 }
 
 std::string W4GemmArgs::to_string() const {
-  return detail::cat("W4GemmArgs(x=", x.to_string(), ", w=", w.to_string(),
-                     ", out=", out.to_string(), ", splits=", splits.to_string(),
-                     ", bias=", bias.to_string(), ", alpha=", alpha, ", path=", w4_path_name(path),
-                     ", config=", config, ", engine=", gemm_engine_name(engine), ")");
+  return detail::cat(
+      "W4GemmArgs(x=", x.to_string(), ", w=", w.to_string(), ", out=", out.to_string(),
+      ", splits=", splits.to_string(), ", bias=", bias.to_string(), ", alpha=", alpha,
+      ", path=", w4_path_name(path), ", config=", config, ", engine=", gemm_engine_name(engine),
+      splits_total == SplitsTotal::at_most ? ", splits_total=at_most" : "",
+      expected_rows > 0 ? detail::cat(", expected_rows=", expected_rows) : std::string(), ")");
 }
 
 GemmDims validate_gemm_args(const Context& ctx, const W4GemmArgs& args) {

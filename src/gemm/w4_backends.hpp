@@ -21,6 +21,8 @@ struct W4Launch {
   const void* bias = nullptr;               // [G, N] bf16 or null
   void* out = nullptr;                      // [M, N] bf16
   TensorView splits;
+  bool splits_at_most = false;  // SplitsTotal::at_most: a short sum of splits is no fault
+  int64_t expected_rows = 0;    // the rows the splits are expected to reach (0: dims.M)
   float alpha = 1.0f;
   int decode_tokens = 0;  // decode: tokens a pass (8, 16 or 32); 0: from the average expert
 };

@@ -12,7 +12,12 @@ namespace {
 class W4Executor final : public LinearExecutor {
  public:
   W4Executor(Context& ctx, const GroupedLinearConfig& c, QuantRecipe r, std::string name)
-      : name_(std::move(name)), G_(c.experts), N_(c.out_features), K_(c.in_features) {
+      : name_(std::move(name)),
+        G_(c.experts),
+        N_(c.out_features),
+        K_(c.in_features),
+        total_(c.splits_total),
+        expected_(c.expected_rows) {
     cfg_.recipe = r;
     cfg_.direction = QuantDirection::rowwise;
     cfg_.scale_layout = ScaleLayout::plain;
@@ -77,11 +82,15 @@ class W4Executor final : public LinearExecutor {
     a.out = y;
     a.splits = splits;
     a.bias = bias;
+    a.splits_total = total_;
+    a.expected_rows = std::min(expected_, x.dim(0));  // capped at the call's rows
     return a;
   }
 
   std::string name_;
   int64_t G_, N_, K_;
+  SplitsTotal total_;
+  int64_t expected_;
   QuantizeConfig cfg_;
   QuantizedBuffers buf_;
   bool weights_valid_ = false;
@@ -98,9 +107,6 @@ class W4Recipe final : public LinearRecipe {
                                                 const GroupedLinearConfig& cfg) const override {
     GROUPMM_CHECK(cfg.dtype == DType::bf16, name(), ": dtype=", dtype_name(cfg.dtype),
                   " must be bf16 (the 4-bit weight GEMM takes and writes bf16)");
-    GROUPMM_CHECK(
-        cfg.splits_total == SplitsTotal::exact, name(),
-        ": splits_total=at_most is not served (the 4-bit weight GEMM takes exact splits)");
     const RecipeTraits t = recipe_traits(recipe_);
     GROUPMM_CHECK(cfg.in_features % t.in_features_multiple == 0 &&
                       cfg.out_features % t.out_features_multiple == 0,

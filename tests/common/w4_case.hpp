@@ -3,6 +3,8 @@
 // suites.
 #pragma once
 
+#include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -91,6 +93,51 @@ struct W4Device {
 
   std::vector<float> result() const { return cpu_floats(out); }
 };
+
+// The at-most splits mode (W4GemmArgs::splits_total): the GEMM over a buffer of M = S + tail rows
+// whose tail is NaN, out poisoned, against exact splits over the S rows on the same device (the
+// at-most call expects S rows, so both size their path and kernels by S): the experts' rows equal
+// (bit for bit at tol 0, else within tol), out's tail rows untouched, no fault; then a sum one
+// past M is reported. S must be > 0.
+inline void check_w4_at_most(Device dev, const W4Spec& s, int64_t tail, double tol) {
+  const int64_t S = w4_rows(s), M = S + tail;
+  const std::string what = w4_name(s) + " tail " + std::to_string(tail);
+  const W4Inputs in = make_w4_inputs(s);
+  Context ctx(dev);
+  W4Device exact(ctx, s, in);
+  std::vector<float> xm = in.x;
+  xm.resize(size_t(M * s.K), std::numeric_limits<float>::quiet_NaN());
+  Tensor x = make_input(xm, DType::bf16, {M, s.K}, dev);
+  Tensor out = Tensor::empty({M, s.N}, DType::bf16, dev);
+  fill_bytes(out, 0xFF, ctx.stream());
+  W4GemmArgs a = exact.args(s);
+  a.x = x;
+  a.out = out;
+  a.splits_total = SplitsTotal::at_most;
+  a.expected_rows = S;
+  grouped_gemm(ctx, a);
+  EXPECT_EQ(ctx.take_status().bits, 0u) << what;
+  grouped_gemm(ctx, exact.args(s));
+  EXPECT_EQ(ctx.take_status().bits, 0u) << what;
+  const std::vector<uint8_t> got = bytes_of(out), want = bytes_of(exact.out);
+  const size_t cut = size_t(S * s.N * 2);
+  if (tol == 0) {
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << what << ": the experts' rows";
+  } else {
+    std::vector<float> g = cpu_floats(out);
+    g.resize(size_t(S * s.N));
+    EXPECT_LE(rel_error(g, exact.result()), tol) << what << ": the experts' rows";
+  }
+  for (size_t i = cut; i < got.size(); ++i)
+    ASSERT_EQ(got[i], 0xFF) << what << ": out byte " << i << " past the sum was written";
+  // A sum one past M: reported.
+  std::vector<int64_t> over = s.splits;
+  over.back() += tail + 1;
+  copy(exact.splits, TensorView(over.data(), DType::int64, Device::CPU, {s.G}), ctx.stream());
+  a.expected_rows = 0;
+  grouped_gemm(ctx, a);
+  EXPECT_NE(ctx.take_status().bits, 0u) << what << ": a sum past M";
+}
 
 // A GroupedLinear with an inference recipe of 4-bit weights.
 inline nn::GroupedLinearConfig w4_layer_config(QuantRecipe r, int64_t G, int64_t K, int64_t N,

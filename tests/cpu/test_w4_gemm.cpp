@@ -80,6 +80,19 @@ TEST(W4GemmCpu, RowsPastTheSplitsStayUnwritten) {
   for (int64_t n = 0; n < s.N; ++n) EXPECT_TRUE(std::isnan(y[size_t(2 * s.N + n)]));
 }
 
+TEST(W4GemmCpu, AtMostSplitsComputeTheExpertsRowsOnly) {
+  for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4}) {
+    W4Spec s;
+    s.recipe = r;
+    s.G = 4;
+    s.N = 40;
+    s.K = 96;
+    s.splits = {3, 0, 5, 1};
+    s.bias = true;
+    for (int64_t tail : {int64_t(0), int64_t(7)}) check_w4_at_most(Device::CPU, s, tail, 0.0);
+  }
+}
+
 TEST(W4GemmCpu, ErrorsNameOpArgumentAndValue) {
   W4Spec s;
   s.G = 2;
@@ -175,6 +188,26 @@ TEST(W4GemmCpu, ErrorsNameOpArgumentAndValue) {
   }
   a.config = "fast";
   EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: config='fast' must be empty");
+  // expected_rows only with at-most splits, within the rows; the coop kernel takes exact splits
+  a = ok;
+  a.expected_rows = 4;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a),
+                   "grouped_gemm: expected_rows=4 must be 0, or with splits_total=at_most in [1, "
+                   "M_total=8]");
+  a.splits_total = SplitsTotal::at_most;
+  EXPECT_NO_THROW(grouped_gemm(ctx, a));
+  a.expected_rows = 9;
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: expected_rows=9 must be 0");
+  a.expected_rows = 0;
+  a.path = W4Path::fused;
+  a.config = "coop_128x256";
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a),
+                   "grouped_gemm: config='coop_128x256' takes exact splits (splits_total=at_most "
+                   "runs on the default fused kernel)");
+  a.config = "";
+  EXPECT_NO_THROW(grouped_gemm(ctx, a));
+  a.splits_total = static_cast<SplitsTotal>(5);
+  EXPECT_THROW_MSG(grouped_gemm(ctx, a), "grouped_gemm: splits_total=5 must be exact or at_most");
 }
 
 // ---- GroupedLinear inference recipes ------------------------------------------------------------
@@ -216,6 +249,32 @@ TEST(W4GroupedLinearCpu, ForwardIsTheW4GemmOfTheQuantizedWeights) {
     }
     layer.import_weights(ctx, views);
     EXPECT_EQ(cpu_floats(layer.forward(ctx, x, splits)), reference()) << "after import_weights";
+  }
+}
+
+// splits_total = at_most (and expected_rows): y's rows equal an exact layer's with the same weights
+// over the experts' rows; rows past the sum untouched, the input tail (NaN) never read.
+TEST(W4GroupedLinearCpu, AtMostRunsTheExpertsRowsOnly) {
+  for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4}) {
+    Context ctx(Device::CPU);
+    nn::GroupedLinearConfig c = w4_layer(r, true);
+    nn::GroupedLinear exact(ctx, c);
+    c.splits_total = SplitsTotal::at_most;
+    c.expected_rows = 12;
+    nn::GroupedLinear short_sum(ctx, c);
+    std::vector<int64_t> sp = {4, 0, 7};
+    Tensor splits = clone_to(TensorView(sp.data(), DType::int64, Device::CPU, {3}), Device::CPU);
+    std::vector<float> xv = randn(11 * 64);
+    xv.resize(16 * 64, std::numeric_limits<float>::quiet_NaN());
+    Tensor x = make_input(xv, DType::bf16, {16, 64}, Device::CPU);
+    fill_bytes(short_sum.forward(ctx, x, splits), 0xFF);  // the layer's own y, poisoned
+    const std::vector<uint8_t> y = bytes_of(short_sum.forward(ctx, x, splits));
+    EXPECT_EQ(ctx.take_status().bits, 0u);
+    const std::vector<uint8_t> want = bytes_of(
+        exact.forward(ctx, TensorView(x.data(), DType::bf16, Device::CPU, {11, 64}), splits));
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), y.begin())) << recipe_name(r);
+    for (size_t i = want.size(); i < y.size(); ++i)
+      ASSERT_EQ(y[i], 0xFF) << recipe_name(r) << ": y byte " << i << " past the sum";
   }
 }
 

@@ -213,6 +213,36 @@ TEST(W4GemmGpu, AutomaticPathFollowsTheAverageRows) {
   }
 }
 
+// At-most splits (rows past the sum neither read nor written) on each path: decode (one pass,
+// wide passes, split K), fused and prefill, against exact splits over the experts' rows.
+TEST(W4GemmGpu, AtMostSplitsComputeTheExpertsRowsOnly) {
+  GROUPMM_REQUIRE_GPU();
+  struct Case {
+    W4Path path;
+    std::vector<int64_t> splits;
+    int64_t tail;
+  };
+  const Case cases[] = {
+      {W4Path::decode, {3, 0, 5, 1, 8, 2, 0, 7}, 37},  // 8-token passes
+      {W4Path::decode, {30, 0, 9, 2}, 64},             // wider passes above a pass
+      {W4Path::decode, {2, 1}, 5},                     // few items: split K
+      {W4Path::fused, {100, 0, 37, 200}, 300},
+      {W4Path::prefill, {64, 0, 129, 7}, 90},
+  };
+  for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4})
+    for (const Case& c : cases) {
+      W4Spec s;
+      s.recipe = r;
+      s.path = c.path;
+      s.G = int64_t(c.splits.size());
+      s.N = 256;
+      s.K = 512;
+      s.splits = c.splits;
+      s.bias = true;
+      check_w4_at_most(Device::CUDA, s, c.tail, 0.0);
+    }
+}
+
 // A captured GEMM (each path) replays with new routings exactly as eager runs compute them.
 TEST(W4GemmGpuGraph, ReplayWithNewSplitsMatchesEager) {
   GROUPMM_REQUIRE_GPU();

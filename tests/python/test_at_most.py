@@ -217,8 +217,45 @@ def test_grouped_linear_at_most(recipe, delay_wgrad):
         assert same(at_most.bias.grad, exact.bias.grad)
 
 
+@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp4"])
+def test_w4_gemm_at_most(recipe):
+    """grouped_mm_w4 over a poisoned tail: the experts' rows equal exact mode's, the rest of y is
+    never written, and expected_rows changes nothing on the CPU."""
+    G, K, N = len(SPLITS), 64, 48
+    sp = splits_t()
+    w = (0.05 * torch.randn(G, N, K)).to(torch.bfloat16)
+    qw = ops.group_quantize_w4(w, recipe)
+    x = torch.randn(M, K).to(torch.bfloat16)
+    b = torch.randn(G, N).to(torch.bfloat16)
+    with filled():
+        y = ops.grouped_mm_w4(poisoned(x, S), qw, sp, recipe, bias=b, splits_total="at_most",
+                              expected_rows=S)
+    ye = ops.grouped_mm_w4(x[:S], qw, sp, recipe, bias=b)
+    assert same(y[:S], ye) and untouched(y[S:])
+    with pytest.raises(RuntimeError,
+                       match="expected_rows=5 must be 0, or with splits_total=at_most"):
+        ops.grouped_mm_w4(x[:S], qw, sp, recipe, expected_rows=5)
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4_weight", "mxfp4_weight"])
+def test_w4_grouped_linear_at_most(recipe):
+    """The 4-bit weight recipes (forward only) take at-most splits as the training ones do."""
+    G, K, N = len(SPLITS), 64, 48
+    sp = splits_t()
+    exact = groupmm.nn.GroupedLinear(G, K, N, recipe=recipe)
+    at_most = groupmm.nn.GroupedLinear(G, K, N, recipe=recipe, splits_total="at_most",
+                                       expected_rows=S)
+    at_most.load_state_dict(exact.state_dict())
+    x = torch.randn(M, K).to(torch.bfloat16)
+    with torch.no_grad():
+        with filled():
+            y = at_most(poisoned(x, S), sp)
+        ye = exact(x[:S], sp)
+    assert same(y[:S], ye) and untouched(y[S:])
+
+
 def test_grouped_linear_splits_total_checks():
     with pytest.raises(ValueError, match="splits_total='roughly' must be"):
         groupmm.nn.GroupedLinear(2, 32, 32, splits_total="roughly")
-    with pytest.raises(ValueError, match="needs a training recipe"):
-        groupmm.nn.GroupedLinear(2, 32, 32, recipe="mxfp4_weight", splits_total="at_most")
+    with pytest.raises(ValueError, match="expected_rows=4 must be 0, or > 0 with"):
+        groupmm.nn.GroupedLinear(2, 32, 32, recipe="mxfp4_weight", expected_rows=4)

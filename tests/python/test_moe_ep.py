@@ -427,6 +427,44 @@ def test_capacity_mode_leaves_the_padding_rows_out(world1, monkeypatch, recipe, 
         "with exact splits the poisoned tail should have reached a gradient"
 
 
+class _W4Calls:
+    """torch.ops.groupmm as the layers' executors see it, recording the keyword arguments of each
+    4-bit weight GEMM."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(ops, name)
+
+    def grouped_mm_w4(self, *args, **kw):
+        self.calls.append(kw)
+        return ops.grouped_mm_w4(*args, **kw)
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4_weight", "mxfp4_weight"])
+def test_capacity_mode_w4_experts_leave_the_padding_rows_out(world1, monkeypatch, recipe):
+    """The 4-bit weight recipes (serving: forward only) in capacity mode: both expert GEMMs run
+    with at-most splits and expect T k rows, and a NaN tail of the received buffer changes
+    nothing in y (the clean step's bits, finite)."""
+    torch.manual_seed(7)
+    T, hidden, ffn = 16, 64, 32
+    _, ep = _blocks(1, torch.bfloat16, recipe, 0, False, "softmax", "capacity", None, 2.0, hidden,
+                    ffn, group=world1)
+    assert ep.gate_up.splits_total == ep.down.splits_total == "at_most"
+    x = torch.randn(T, hidden).to(torch.bfloat16)
+    with torch.no_grad():
+        clean, _ = ep(x)
+        calls = _W4Calls()
+        monkeypatch.setattr(groupmm.nn._executors, "ops", calls)
+        monkeypatch.setattr(groupmm.nn.moe_ep, "ops", _PoisonedTail())
+        y, _ = ep(x)
+    assert torch.equal(y, clean) and torch.isfinite(y.float()).all()
+    assert len(calls.calls) == 2
+    for kw in calls.calls:
+        assert kw["splits_total"] == "at_most" and kw["expected_rows"] == T * K, kw
+
+
 @pytest.mark.parametrize("recipe,dtype,hidden,ffn,shared,factor", [
     ("bf16", torch.float32, 16, 8, 6, 2.0), ("bf16", torch.bfloat16, 16, 8, 6, 0.5),
     ("fp8_current", torch.bfloat16, 32, 16, 0, 2.0), ("mxfp8", torch.bfloat16, 32, 32, 32, 2.0)])

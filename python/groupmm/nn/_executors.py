@@ -168,8 +168,9 @@ class _W4(_CachedWeights):
     def _quantize_weights(self, w):
         return ops.group_quantize_w4(w, self.format)
 
-    def forward(self, x, qw, bias, splits, expected=0):  # exact splits only: expected is 0
-        return ops.grouped_mm_w4(x, qw, splits, self.format, bias=bias), None
+    def forward(self, x, qw, bias, splits, expected=0):
+        return ops.grouped_mm_w4(x, qw, splits, self.format, bias=bias, splits_total=self.total,
+                                 expected_rows=expected), None
 
     def dgrad(self, dy, state, splits, need_dx, expected=0):
         raise RuntimeError(

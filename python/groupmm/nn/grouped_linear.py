@@ -128,8 +128,8 @@ class GroupedLinear(torch.nn.Module):
     == x.shape[0]) or 'at_most' (sum(splits) <= x.shape[0]: the rows past the sum belong to no
     expert and are neither read nor written: y's rows there, and dx's in backward, are left as
     allocated (uninitialized); a sum above the rows is a device fault). For buffers sized for a
-    bound, such as expert-parallel capacity mode's. Training recipes only (the 4-bit weight GEMM
-    takes exact splits).
+    bound, such as expert-parallel capacity mode's. Every recipe (the 4-bit weight ones forward
+    only, as always).
 
     expected_rows (the C++ GroupedLinearConfig::expected_rows; splits_total='at_most' only): the
     rows the splits are expected to sum to (e.g. T*k routed rows in expert parallelism's capacity
@@ -159,9 +159,6 @@ class GroupedLinear(torch.nn.Module):
         self._exec = self._make_executor(recipe, dtype, grad_dtype, pow2_scales)
         _check(splits_total in ("exact", "at_most"), recipe,
                f"splits_total='{splits_total}' must be 'exact' or 'at_most'")
-        _check(splits_total == "exact" or recipe in TRAINING_RECIPES, recipe,
-               "splits_total='at_most' needs a training recipe (the 4-bit weight GEMM takes "
-               "exact splits)")
         self.splits_total = self._exec.total = splits_total
         _check_expected(expected_rows, splits_total, f"groupmm.nn.GroupedLinear(recipe='{recipe}')")
         self.expected_rows = int(expected_rows)

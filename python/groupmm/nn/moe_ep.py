@@ -18,8 +18,8 @@ Capacity mode: the grouped buffer is sized for the budget (R * C_e rows), the ro
 entries received a zero tail. The expert layers run with splits_total='at_most' over
 plan.splits_at_most() (the splits without the tail) and weighted_swiglu takes the same splits, so
 the tail is neither read nor computed, and the rows of y_grouped, dx_grouped and d_probs there are
-left unwritten; ep_combine and ep_dispatch_backward read only the entries' rows. (The 4-bit weight
-recipes' GEMM takes exact splits: there the tail is computed as before.) The expert GEMMs expect
+left unwritten; ep_combine and ep_dispatch_backward read only the entries' rows (every recipe,
+the 4-bit weight ones included). The expert GEMMs expect
 T*k rows (expected_rows, capped at the buffer's rows: a rank receives its share of the T*k routed
 rows on average, whatever the budget holds), as nn::MoE's capacity layers expect max_tokens * topk:
 their kernel choice only.
@@ -36,7 +36,6 @@ import math
 import torch
 
 from ._recompute import again as _again
-from .grouped_linear import TRAINING_RECIPES
 
 ops = torch.ops.groupmm
 
@@ -118,8 +117,8 @@ class ExpertParallel:
 
     def splits_total(self, recipe):
         """The expert layers' splits rule: 'at_most' in capacity mode (the budget's padding rows
-        are not computed), where the recipe's GEMMs take it (not the 4-bit weight ones)."""
-        return "at_most" if self.mode == "capacity" and recipe in TRAINING_RECIPES else "exact"
+        are not computed; every recipe's GEMM takes it), else 'exact'."""
+        return "at_most" if self.mode == "capacity" else "exact"
 
     def group(self, device):
         key = str(device)

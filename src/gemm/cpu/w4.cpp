@@ -26,7 +26,7 @@ void w4_gemm(Context& ctx, const W4GemmArgs& a, const GemmDims& d) {
             qnum::dequant_value(L, geom, g, n, k, false, codes, a.w.scale_inv.data, per_expert);
   }
   grouped_gemm_dequantized(ctx, GemmPass::forward, to_floats(a.x), W, a.splits, d, a.alpha, 0.0f,
-                           a.bias, a.out, 1, false);
+                           a.bias, a.out, 1, a.splits_total == SplitsTotal::at_most);
 }
 
 }  // namespace groupmm::cpu

@@ -354,6 +354,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   sa.G = p.G;
   sa.row_bound = p.M;
   sa.expected_total = p.M;
+  sa.total_at_most = p.splits_at_most;
   sa.status = blockIdx.x == 0 ? p.status : nullptr;
   sa.op = OpId::grouped_gemm;
   const auto totals = scan_splits<Config::kThreads, 1>(

@@ -22,6 +22,7 @@ struct W4RsParams {
   const float* s_enc;     // nvfp4: [G]
   const void* splits;
   bool splits64;
+  bool splits_at_most;  // a sum of splits short of M is no fault (rows past it untouched)
   bool scale_swizzled;
   bool scale_words;  // a stage's scale bytes of a row are one aligned 2- (mxfp4) or 4-byte word
   float alpha;

@@ -86,11 +86,14 @@ std::string DecodeGeometry::to_string() const {
 // rows than a pass takes wider ones: when the average expert fills more than half a pass, a
 // routing's spread leaves many experts above it, and they run as a second launch of the
 // twice-wider variant. K split when the items of a balanced routing would not fill the
-// persistent grid twice; at most kMaxPartialBytes of partial sums.
+// persistent grid twice; at most kMaxPartialBytes of partial sums. The pass and the split are
+// sized by the rows the splits are expected to reach (W4Launch::expected_rows, else M); the
+// bounds (items, partial sums) by M.
 DecodeGeometry decode_geometry(const W4Launch& l, int sm_count) {
   const GemmDims& d = l.dims;
   DecodeGeometry geo;
-  const int64_t avg = qnum::ceil_div(d.M, std::max<int64_t>(d.G, 1));
+  const int64_t rows = l.expected_rows > 0 ? l.expected_rows : d.M;
+  const int64_t avg = qnum::ceil_div(rows, std::max<int64_t>(d.G, 1));
   geo.token_tiles = l.decode_tokens > 0 ? l.decode_tokens / 8 : avg <= 8 ? 1 : avg <= 16 ? 2 : 4;
   if (l.decode_tokens == 0 && geo.token_tiles < 4 && 2 * avg > 8 * geo.token_tiles)
     geo.wide_tiles = 2 * geo.token_tiles;
@@ -101,9 +104,9 @@ DecodeGeometry decode_geometry(const W4Launch& l, int sm_count) {
     return int64_t(std::max(sm_count, 1)) * decode_blocks_per_sm(tiles);
   };
   const int64_t resident = resident_ctas(geo.token_tiles);
-  const int64_t active = std::max<int64_t>(1, std::min(d.G, d.M));
+  const int64_t active = std::max<int64_t>(1, std::min(d.G, rows));
   const int64_t balanced_items =
-      geo.row_groups * active * std::max<int64_t>(1, qnum::ceil_div(d.M, active * tokens));
+      geo.row_groups * active * std::max<int64_t>(1, qnum::ceil_div(rows, active * tokens));
   int64_t ksplit = 1;
   if (balanced_items < 2 * resident)
     ksplit = std::min<int64_t>(geo.steps, qnum::ceil_div(2 * resident, balanced_items));

@@ -62,6 +62,7 @@ void launch_decode_plan(Context& ctx, const W4Launch& l, const DecodeGeometry& g
   p.splits.G = l.dims.G;
   p.splits.row_bound = l.dims.M;
   p.splits.expected_total = l.dims.M;
+  p.splits.total_at_most = l.splits_at_most;
   p.splits.status = ctx.status();
   p.splits.op = OpId::grouped_gemm;
   p.plan = plan;

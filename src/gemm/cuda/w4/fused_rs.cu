@@ -37,6 +37,7 @@ void launch_rs(Context& ctx, const W4Launch& l) {
   p.s_enc = l.s_enc;
   p.splits = l.splits.data;
   p.splits64 = l.splits.dtype == DType::int64;
+  p.splits_at_most = l.splits_at_most;
   p.scale_swizzled = l.L.swizzled;
   {
     // swizzled rows start 4-byte aligned and keep 4 columns together; plain rows of scale_ld
