@@ -39,15 +39,21 @@ std::vector<float> direct(const W4Spec& s, const W4Inputs& in, const Quantized& 
   return y;
 }
 
+// Four experts (one without rows), N and K off every tile, a bias.
+W4Spec small_spec(QuantRecipe r) {
+  W4Spec s;
+  s.recipe = r;
+  s.G = 4;
+  s.N = 40;
+  s.K = 96;
+  s.splits = {3, 0, 5, 1};
+  s.bias = true;
+  return s;
+}
+
 TEST(W4GemmCpu, ReferenceMatchesTheFormatRule) {
   for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4}) {
-    W4Spec s;
-    s.recipe = r;
-    s.G = 4;
-    s.N = 40;
-    s.K = 96;
-    s.splits = {3, 0, 5, 1};
-    s.bias = true;
+    W4Spec s = small_spec(r);
     s.alpha = 0.75f;
     const W4Inputs in = make_w4_inputs(s);
     Context ctx(Device::CPU);
@@ -81,16 +87,9 @@ TEST(W4GemmCpu, RowsPastTheSplitsStayUnwritten) {
 }
 
 TEST(W4GemmCpu, AtMostSplitsComputeTheExpertsRowsOnly) {
-  for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4}) {
-    W4Spec s;
-    s.recipe = r;
-    s.G = 4;
-    s.N = 40;
-    s.K = 96;
-    s.splits = {3, 0, 5, 1};
-    s.bias = true;
-    for (int64_t tail : {int64_t(0), int64_t(7)}) check_w4_at_most(Device::CPU, s, tail, 0.0);
-  }
+  for (QuantRecipe r : {QuantRecipe::nvfp4, QuantRecipe::mxfp4})
+    for (int64_t tail : {int64_t(0), int64_t(7)})
+      check_w4_at_most(Device::CPU, small_spec(r), tail, 0.0);
 }
 
 TEST(W4GemmCpu, ErrorsNameOpArgumentAndValue) {
