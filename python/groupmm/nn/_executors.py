@@ -161,6 +161,8 @@ class _W4(_CachedWeights):
     """nvfp4_weight, mxfp4_weight (w4_recipe.cpp): the weights quantized once (rowwise, plain
     scales), the 4-bit weight GEMM; forward only."""
 
+    total = "exact"  # the layer's splits_total (the GEMM's rule over the grouped rows)
+
     def __init__(self, recipe):
         self.name, self.format = recipe, recipe.split("_")[0]
         self.weights = _WeightCache(recipe, self._quantize_weights)
