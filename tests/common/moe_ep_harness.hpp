@@ -1,8 +1,8 @@
 // nn::MoE with expert parallelism against the one-rank block, for the CPU and GPU suites: R ranks
 // as threads over an in-process group (host, or one GPU's stream), each an EP MoE block with the
 // one-rank block's parameters (router and shared expert copied, its slice of the experts), a
-// forward and backward (and backward_dw) on its own tokens; the one-rank block runs the global
-// tokens (rank 0's, then rank 1's, ...).
+// forward and backward (and backward_dw) on its own tokens, or the forward alone (inference
+// recipes); the one-rank block runs the global tokens (rank 0's, then rank 1's, ...).
 #pragma once
 
 #include "common/ep_harness.hpp"
@@ -28,7 +28,7 @@ inline std::vector<float> values(const TensorView& v) {
 }
 
 inline StepOut step(Context& ctx, MoE& m, const std::vector<float>& x, const std::vector<float>& dy,
-                    int64_t T) {
+                    int64_t T, bool forward_only = false) {
   const MoEConfig& c = m.config();
   const Device dev = ctx.device();
   Tensor xt = ep_harness::upload(x, c.dtype, {T, c.hidden}, dev, ctx.stream());
@@ -36,6 +36,10 @@ inline StepOut step(Context& ctx, MoE& m, const std::vector<float>& x, const std
   StepOut o;
   o.y = floats_of(m.forward(ctx, xt));
   o.weights = floats_of(m.router_weights());
+  if (forward_only) {
+    o.status = ctx.take_status().bits;
+    return o;
+  }
   o.dx = floats_of(m.backward(ctx, dyt));
   m.backward_dw(ctx);
   o.wr_grad = values(m.router_weight_grad());
@@ -96,6 +100,7 @@ struct Case {
   ep::EpCapacity cap;
   std::vector<int64_t> tokens;  // per rank
   int64_t chunks = 1;           // ep.chunks of the EP blocks (overlap)
+  bool forward_only = false;    // the forward alone (the 4-bit weight recipes: inference)
 };
 
 struct Result {
@@ -129,7 +134,7 @@ inline Result run_case(const Case& c, Device dev, uint64_t seed) {
   MoEConfig oc = c.cfg;
   oc.max_tokens = std::max<int64_t>(T_all, 1);
   MoE one(ctx, oc);
-  res.one = step(ctx, one, x_all, dy_all, T_all);
+  res.one = step(ctx, one, x_all, dy_all, T_all, c.forward_only);
   // The EP blocks get the one-rank block's parameters (a step changes grads, not weights).
   run_ranks(
       R,
@@ -143,7 +148,8 @@ inline Result run_case(const Case& c, Device dev, uint64_t seed) {
         ec.ep.chunks = c.chunks;
         MoE m(rctx, ec);
         copy_params(rctx, m, one);
-        res.rank[size_t(r)] = step(rctx, m, xs[size_t(r)], dys[size_t(r)], c.tokens[size_t(r)]);
+        res.rank[size_t(r)] =
+            step(rctx, m, xs[size_t(r)], dys[size_t(r)], c.tokens[size_t(r)], c.forward_only);
       },
       dev, stream);
   return res;

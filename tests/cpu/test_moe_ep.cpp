@@ -93,6 +93,35 @@ TEST(MoeEpCpu, Bf16MainGradDelayedWgradMatchesOneRank) {
     }
 }
 
+// The 4-bit weight recipes (serving: forward only) over ranks: y bit for bit the one-rank block's
+// in both modes; in capacity mode the expert layers run at-most splits over the budget (a sum
+// short of the buffer's rows is no fault).
+TEST(MoeEpCpu, W4RecipesForwardMatchesOneRank) {
+  for (auto recipe : {nn::nvfp4_weight_recipe(), nn::mxfp4_weight_recipe()})
+    for (ep::EpMode mode : {ep::EpMode::throughput, ep::EpMode::capacity}) {
+      MoEConfig cfg = block(DType::bf16);
+      cfg.hidden = 64;
+      cfg.ffn_hidden = 32;
+      cfg.shared_ffn_hidden = 32;
+      cfg.recipe = recipe;
+      const int R = 2;
+      Case c{cfg, R, mode, ep::EpCapacity{12, 0}, {5, 8}};
+      c.forward_only = true;
+      SCOPED_TRACE(recipe->name() + " " + ep::ep_mode_name(mode));
+      const Result res = run_case(c, Device::CPU, seed_for("moe_ep_w4") + uint64_t(int(mode)));
+      EXPECT_EQ(res.one.status, 0u);
+      int64_t first_token = 0;
+      for (int r = 0; r < R; ++r) {
+        const StepOut& o = res.rank[size_t(r)];
+        const int64_t T = c.tokens[size_t(r)];
+        EXPECT_EQ(o.status, 0u) << "rank " << r;
+        EXPECT_TRUE(ep_harness::same_bits(o.y, rows_of(res.one.y, first_token, T, cfg.hidden)))
+            << "rank " << r << " y";
+        first_token += T;
+      }
+    }
+}
+
 TEST(MoeEpCpu, CapacityOverflowIsReportedAndFinite) {
   // One row a peer: every rank with tokens overflows; the step still completes (dropped slots
   // contribute nothing) and reports kFaultEpCapacity.
