@@ -70,20 +70,24 @@ GROUPMM_HD uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 GROUPMM_HD uint32_t e2m1_raw_pair(uint32_t X) {
   return (X & 0x80008000u) | ((X >> 6) & 0x01C001C0u);
 }
-// e2m1_raw_pair(q << 4p) for a pair of codes at nibble p (0 or 1) of both 16-bit halves of q, in
-// fewer integer-pipe operations: masked alone, one multiply by 2^(12 - 4p) + 2^(6 - 4p) makes the
-// copy that puts the signs at bits 15, 31 and the copy that puts the magnitudes at 8..6, 24..22
-// (the copies share no bit, so the sum carries nothing), and a second mask keeps those bits. The
-// multiply runs on the FMA pipe, the masks on the ALU pipe, which the rest of the conversion
-// keeps busy.
-GROUPMM_HD uint32_t e2m1_raw_pair_at(uint32_t q, uint32_t nibble_mask, uint32_t shifts) {
+// e2m1_raw_pair(q << 4 kP) for a pair of codes at nibble kP (0 or 1) of both 16-bit halves of q,
+// in fewer integer-pipe operations: masked alone, one multiply by 2^(12 - 4 kP) + 2^(6 - 4 kP)
+// makes the copy that puts the signs at bits 15, 31 and the copy that puts the magnitudes at
+// 8..6, 24..22 (the copies share no bit, so the sum carries nothing), and a second mask keeps
+// those bits. The multiply runs on the FMA pipe, the masks on the ALU pipe, which the rest of the
+// conversion keeps busy.
+template <int kP>
+GROUPMM_HD uint32_t e2m1_raw_pair_at(uint32_t q) {
+  static_assert(kP == 0 || kP == 1, "a code pair at nibble 0 or 1 of the halves");
+  constexpr uint32_t kMask = 0x000F000Fu << (4 * kP);
+  constexpr uint32_t kShifts = (1u << (12 - 4 * kP)) + (1u << (6 - 4 * kP));
 #if defined(__CUDA_ARCH__)
   uint32_t d;
   // mul.lo with a register operand: an IMAD, not shifts and adds on the ALU pipe.
-  asm("mul.lo.u32 %0, %1, %2;" : "=r"(d) : "r"(q & nibble_mask), "r"(shifts));
+  asm("mul.lo.u32 %0, %1, %2;" : "=r"(d) : "r"(q & kMask), "r"(kShifts));
   return d & 0x81C081C0u;
 #else
-  return ((q & nibble_mask) * shifts) & 0x81C081C0u;
+  return ((q & kMask) * kShifts) & 0x81C081C0u;
 #endif
 }
 // The raw bf16x2 words of a word of 8 codes (code i in nibble i): r[i] holds codes 3 - i (low
@@ -96,10 +100,10 @@ GROUPMM_HD void e2m1x8_raw(uint32_t q, uint32_t (&r)[4]) {
 #else
   const uint32_t h = q >> 8;
 #endif
-  r[0] = e2m1_raw_pair_at(h, 0x00F000F0u, 0x104u);   // codes 3, 7
-  r[1] = e2m1_raw_pair_at(h, 0x000F000Fu, 0x1040u);  // codes 2, 6
-  r[2] = e2m1_raw_pair_at(q, 0x00F000F0u, 0x104u);   // codes 1, 5
-  r[3] = e2m1_raw_pair_at(q, 0x000F000Fu, 0x1040u);  // codes 0, 4
+  r[0] = e2m1_raw_pair_at<1>(h);  // codes 3, 7
+  r[1] = e2m1_raw_pair_at<0>(h);  // codes 2, 6
+  r[2] = e2m1_raw_pair_at<1>(q);  // codes 1, 5
+  r[3] = e2m1_raw_pair_at<0>(q);  // codes 0, 4
 }
 // The raw bf16x2 of the two codes of byte b (b < 256): the low nibble (the even K element) in the
 // low half, the high nibble in the high half, in natural K order (the RS GEMM's A registers:
