@@ -35,6 +35,10 @@ struct GemmLaunch {
 
 GemmLaunch make_launch(const GroupedGemmArgs& args, const GemmDims& dims);
 
+// Every grouped GEMM's expected_rows rule (GroupedGemmArgs, QuantizedGemmArgs, W4GemmArgs): 0, or
+// with at-most splits in [1, M]; the error names op, the value and M.
+void check_expected_rows(const char* op, SplitsTotal total, int64_t expected_rows, int64_t M);
+
 }  // namespace groupmm
 
 namespace groupmm::cpu {

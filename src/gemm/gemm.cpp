@@ -130,10 +130,7 @@ GemmDims validate_gemm_args(const Context& ctx, const GroupedGemmArgs& a) {
   GROUPMM_CHECK(!a.zero_tail || a.pass != GemmPass::wgrad, op,
                 ": zero_tail is for forward and dgrad (wgrad's out [G, N, K] has no row tail)");
   GROUPMM_CHECK(d.M <= INT32_MAX, op, ": M_total=", d.M, " must fit int32");
-  GROUPMM_CHECK(a.expected_rows == 0 || (a.splits_total == SplitsTotal::at_most &&
-                                         a.expected_rows > 0 && a.expected_rows <= d.M),
-                op, ": expected_rows=", a.expected_rows,
-                " must be 0, or with splits_total=at_most in [1, M_total=", d.M, "]");
+  check_expected_rows(op, a.splits_total, a.expected_rows, d.M);
 
   GemmEngine e = a.engine;
   GROUPMM_CHECK(a.config.empty() || (dev == Device::CUDA && e != GemmEngine::cublas_loop), op,
@@ -162,6 +159,13 @@ std::string GemmLaunch::to_string() const {
       splits_at_most ? ", splits at most M" : "",
       expected_rows > 0 ? detail::cat(", expected rows ", expected_rows) : std::string(),
       config.empty() ? "" : ", config=" + config, ")");
+}
+
+void check_expected_rows(const char* op, SplitsTotal total, int64_t expected_rows, int64_t M) {
+  GROUPMM_CHECK(expected_rows == 0 ||
+                    (total == SplitsTotal::at_most && expected_rows > 0 && expected_rows <= M),
+                op, ": expected_rows=", expected_rows,
+                " must be 0, or with splits_total=at_most in [1, M_total=", M, "]");
 }
 
 GemmLaunch make_launch(const GroupedGemmArgs& a, const GemmDims& d) {

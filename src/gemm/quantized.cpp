@@ -139,10 +139,7 @@ Resolved resolve(const Context& ctx, const QuantizedGemmArgs& a) {
   GROUPMM_CHECK(d.G >= 1, kOp, ": number of groups G=", d.G, " must be >= 1");
   check_splits(kOp, a.splits, d.G, dev);
   GROUPMM_CHECK(d.M <= INT32_MAX, kOp, ": M_total=", d.M, " must fit int32");
-  GROUPMM_CHECK(a.expected_rows == 0 || (a.splits_total == SplitsTotal::at_most &&
-                                         a.expected_rows > 0 && a.expected_rows <= d.M),
-                kOp, ": expected_rows=", a.expected_rows,
-                " must be 0, or with splits_total=at_most in [1, M_total=", d.M, "]");
+  check_expected_rows(kOp, a.splits_total, a.expected_rows, d.M);
   if (a.bias.present()) {
     GROUPMM_CHECK(a.pass == GemmPass::forward, kOp, ": bias is only valid for the forward pass");
     check_view(kOp, "bias", a.bias, DType::bf16, 2, dev);

@@ -128,9 +128,7 @@ GemmDims validate(const Context& ctx, const W4GemmArgs& a) {
   const bool at_most = a.splits_total == SplitsTotal::at_most;
   GROUPMM_CHECK(a.splits_total == SplitsTotal::exact || at_most, kOp,
                 ": splits_total=", static_cast<int>(a.splits_total), " must be exact or at_most");
-  GROUPMM_CHECK(a.expected_rows == 0 || (at_most && a.expected_rows > 0 && a.expected_rows <= d.M),
-                kOp, ": expected_rows=", a.expected_rows,
-                " must be 0, or with splits_total=at_most in [1, M_total=", d.M, "]");
+  check_expected_rows(kOp, a.splits_total, a.expected_rows, d.M);
   GROUPMM_CHECK(!at_most || fused_kernel(a.config) != FusedKernel::coop, kOp,
                 ": config='coop_128x256' takes exact splits (splits_total=at_most runs on the "
                 "default fused kernel)");
