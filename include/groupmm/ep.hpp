@@ -48,7 +48,8 @@
 //   plan is not graph safe: a CUDA plan is built by kernels, exchanges the counts device to device
 //   and synchronizes once, to read them (no host pass over the tokens; past E / R = 1021 or
 //   R = 511 the host code builds it from the ids read on the host); the CPU plan is host loops.
-//   The movers allocate their staging buffers (stream-ordered) per call.
+//   The movers allocate their staging buffers (stream-ordered) per call, for the rows other ranks
+//   send or get only (none at R = 1: a rank's own rows are read in place).
 // - *capacity* (ep_capacity_plan_create once, ep_capacity_plan every step): a host-known capacity
 //   per peer, EpCapacity{rows_per_peer C, entries_per_peer C_e}. Every buffer is sized from it and
 //   allocated once, in the plan; each exchange moves fixed blocks (C rows, or C_e entries, per
@@ -253,8 +254,9 @@ struct EpPlan {
   Tensor slot_entry;     // [T, k] back-receive row of (t, j) (-1: no expert / dropped)
   // Capacity mode only: the in-band metadata blocks [R, 1 + C k] int32 (count, then the local
   // expert of each slot of each row, -1 elsewhere), the plan kernels' scratch (CUDA), and the
-  // staging buffers every mover uses: rows ([R * max(C, C_e)] rows of stage_row_bytes) and fp32
-  // values (weights [R C k] and d_weights [R C_e]), each side.
+  // staging buffers every mover uses: rows ([(R - 1) max(C, C_e)] rows of stage_row_bytes: every
+  // peer's block but the rank's own, which the movers read in place) and fp32 values (weights
+  // [R C k] and d_weights [R C_e]), each side.
   Tensor meta_send, meta_recv, scratch;
   Tensor stage_send, stage_recv, stage_aux_send, stage_aux_recv;
   int64_t stage_row_bytes = 0;

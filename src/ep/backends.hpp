@@ -29,10 +29,12 @@ GROUPMM_HD float dot_lane_partial(int lane, int64_t n, A a, B b) {
 
 namespace groupmm::ep {
 
-// The rows a mover's receive side reads. Receive row r lies at staged + r * stride, except in the
-// rank's own block [own_lo, own_lo + own_n): those rows were neither packed nor exchanged
-// (movers.hpp, pack_others_and_exchange), and receive row own_lo + i is read in place as row
-// own_idx[i] of own_src (own_stride bytes a row; own_idx[i] < 0: no row). own_n = 0: all staged.
+// The rows a mover's receive side reads. The rank's own block [own_lo, own_lo + own_n) was neither
+// packed nor exchanged (movers.hpp, pack_others_and_exchange): receive row own_lo + i is read in
+// place as row own_idx[i] of own_src (own_stride bytes a row; own_idx[i] < 0: no row). The other
+// receive rows are staged without a hole for it: row r < own_lo at staged + r * stride, row
+// r >= own_lo + own_n at staged + (r - own_n) * stride, so the staging holds only the rows other
+// ranks sent. own_n = 0: every row staged, row r at staged + r * stride.
 struct RecvRows {
   const void* staged = nullptr;
   int64_t stride = 0;
@@ -49,7 +51,7 @@ struct RecvRows {
       const int64_t s = own_idx[i];
       return s >= 0 ? static_cast<const char*>(own_src) + s * own_stride : nullptr;
     }
-    return static_cast<const char*>(staged) + r * stride;
+    return static_cast<const char*>(staged) + (i < 0 ? r : r - own_n) * stride;
   }
 };
 

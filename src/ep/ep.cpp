@@ -186,7 +186,8 @@ EpPlan ep_capacity_plan_create(Context& ctx, const Transport& tr, const EpConfig
   p.meta_recv = ints(R * (1 + C * k));
   if (d == Device::CUDA) p.scratch = detail::byte_buffer(ctx, cuda::ep_capacity_scratch_bytes(p));
   p.stage_row_bytes = dtype_storage_bytes(row_dtype, cfg.hidden);
-  const int64_t stage_rows = R * std::max(C, Ce);
+  // Every peer's block but the rank's own: no mover stages that one (movers.hpp).
+  const int64_t stage_rows = (R - 1) * std::max(C, Ce);
   p.stage_send = detail::byte_buffer(ctx, stage_rows * p.stage_row_bytes);
   p.stage_recv = detail::byte_buffer(ctx, stage_rows * p.stage_row_bytes);
   const int64_t aux = R * std::max(C * k, Ce) * int64_t(sizeof(float));

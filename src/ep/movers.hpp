@@ -25,6 +25,8 @@ struct Stage {
 // row, one value per back entry): the capacity plan's buffers, or fresh ones (stream-ordered).
 Stage row_stage(Context& ctx, const EpPlan& p, int64_t send_rows, int64_t recv_rows,
                 int64_t row_bytes);
+// The staging of the forward route's rows (others_rows of each side).
+Stage forward_stage(Context& ctx, const Transport& tr, const EpPlan& p, int64_t row_bytes);
 Stage aux_stage(Context& ctx, const EpPlan& p);
 
 // One all-to-all along a route: per-peer counts and offsets in units of `unit` bytes.
@@ -42,14 +44,27 @@ struct Route {
 Route forward_route(const EpPlan& p);
 Route back_route(const EpPlan& p);
 
+// The rows of a route's count vector (send_count or recv_count) other than the rank's own block:
+// what its staging holds, since no mover stages the own block.
+inline int64_t others_rows(const std::vector<int64_t>& count, int me) {
+  int64_t n = 0;
+  for (size_t q = 0; q < count.size(); ++q) n += q == size_t(me) ? 0 : count[q];
+  return n;
+}
+
 // Packs every row a route sends but the rank's own block, and exchanges them: pack(dst, first, n)
 // writes send rows [first, first + n) at dst, rows of `unit` bytes. The own block (send rows
 // [send_offset[me], + mine), which are receive rows [recv_offset[me], + mine)) is neither packed
 // nor exchanged: the receive side reads it in place (own_rows), one pass over those rows where
-// packing them was two (at R = 1 they are every row). Returns the own block's first send row.
+// packing them was two (at R = 1 they are every row). Neither side's staging keeps a hole for
+// it: the send rows after it are packed `mine` rows earlier, and the receive rows after it land
+// `mine` rows earlier (RecvRows' layout), so each staging holds others_rows(...) rows; with
+// compact_recv false they land at their receive offsets instead (for pack_and_exchange). Returns
+// the own block's first send row.
 template <class Pack>
 int64_t pack_others_and_exchange(Context& ctx, Transport& tr, const Route& r, void* send,
-                                 void* recv, int64_t unit, const Pack& pack) {
+                                 void* recv, int64_t unit, const Pack& pack,
+                                 bool compact_recv = true) {
   const size_t me = size_t(tr.rank()), R = r.send_count.size();
   const int64_t at = r.send_offset[me], mine = r.send_count[me];
   const int64_t total = r.send_offset[R - 1] + r.send_count[R - 1];
@@ -57,10 +72,16 @@ int64_t pack_others_and_exchange(Context& ctx, Transport& tr, const Route& r, vo
                 " rows but expects ", r.recv_count[me], " (an inconsistent plan)");
   char* s = static_cast<char*>(send);
   pack(s, int64_t(0), at);
-  pack(s + (at + mine) * unit, at + mine, total - at - mine);
-  std::vector<int64_t> sc = r.send_count, rc = r.recv_count;
+  pack(s + at * unit, at + mine, total - at - mine);
+  // Offsets grow with the peer (the blocks lie in rank order), so the blocks past the own one are
+  // the peers past me.
+  std::vector<int64_t> sc = r.send_count, so = r.send_offset, rc = r.recv_count, ro = r.recv_offset;
   sc[me] = rc[me] = 0;
-  exchange(ctx, tr, send, sc, r.send_offset, recv, rc, r.recv_offset, unit);
+  for (size_t q = me + 1; q < R; ++q) {
+    so[q] -= mine;
+    if (compact_recv) ro[q] -= mine;
+  }
+  exchange(ctx, tr, send, sc, so, recv, rc, ro, unit);
   return at;
 }
 
@@ -72,11 +93,12 @@ RecvRows own_rows(const Route& r, int me, const void* recv, int64_t unit, const 
 
 // Packs and exchanges every row of a route, the rank's own block packed straight into the
 // receive buffer, where the exchange would have put it (for receive sides that read the buffer
-// later, when the own block's source may be gone: the chunked movers, the fp32 values).
+// later, when the own block's source may be gone: the chunked movers, the fp32 values). The
+// receive buffer holds every receive row at its offset; the send staging others_rows(...).
 template <class Pack>
 void pack_and_exchange(Context& ctx, Transport& tr, const Route& r, void* send, void* recv,
                        int64_t unit, const Pack& pack) {
-  const int64_t at = pack_others_and_exchange(ctx, tr, r, send, recv, unit, pack);
+  const int64_t at = pack_others_and_exchange(ctx, tr, r, send, recv, unit, pack, false);
   const size_t me = size_t(tr.rank());
   pack(static_cast<char*>(recv) + r.recv_offset[me] * unit, at, r.send_count[me]);
 }
