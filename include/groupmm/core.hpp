@@ -122,8 +122,17 @@ struct TensorView {
 };
 
 // ================================================================================================
-// Tensor: owning, stream-ordered device allocation (cudaMallocAsync) or host memory
+// Tensor: owning, stream-ordered device allocation or host memory
 // ================================================================================================
+
+// Device Tensors are allocated stream-ordered from a memory pool of groupmm's own per device (not
+// the device's default pool, whose settings stay the process's), which keeps the memory freed
+// Tensors leave for later ones: an op that synchronizes does not give it back to the driver and map
+// it again (the throughput EP plan synchronizes every step). That reserve is at most the largest
+// set of Tensors alive at once; release_cached_device_memory() returns the part no Tensor uses to
+// the driver (as torch.cuda.empty_cache does for torch's allocator). Memory the PyTorch package's
+// ops return comes from torch's allocator, not from these pools.
+void release_cached_device_memory();
 
 class Tensor {
  public:

@@ -54,5 +54,14 @@ def check(device=None):
     ops.check_status(torch.empty(0, device=device))
 
 
-__all__ = ["ops", "nn", "check", "moe_capacity", "permuted_rows", "recipe_traits", "grouped_mm",
+def empty_cache():
+    """Returns to the driver the device memory groupmm's own pools keep for its internal buffers
+    (expert-parallel plans and staging, workspaces) that no live buffer uses, as
+    torch.cuda.empty_cache() does for torch's allocator. The pools keep freed memory for reuse, so
+    that a step that synchronizes (the throughput EP plan) does not map its buffers again every
+    step; the tensors groupmm's ops return come from torch's allocator and are not affected."""
+    ops.empty_cache()
+
+
+__all__ = ["ops", "nn", "check", "empty_cache", "moe_capacity", "permuted_rows", "recipe_traits", "grouped_mm",
            "scaled_grouped_mm"]

@@ -1,6 +1,8 @@
 // TensorView, Tensor (owning), copies, GroupedTensor printing, validation helpers.
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "groupmm/core.hpp"
 
@@ -51,16 +53,58 @@ std::string TensorView::to_string() const {
 }
 
 // ---- Tensor ------------------------------------------------------------------------------------
-static void* allocate(size_t bytes, Device d, cudaStream_t stream) {
+namespace {
+
+// Device Tensors come from a stream-ordered pool of groupmm's own per device, which keeps the
+// memory its Tensors free for the next ones (release threshold: no limit). The device's default
+// pool, whose settings belong to the process, returns everything above its threshold (0 unless
+// someone set it) to the driver at the next synchronization: an op that synchronizes every step
+// (the throughput EP plan) would then map its buffers afresh every step. The pools are created on
+// first use and live as long as the process; release_cached_device_memory() trims them.
+std::mutex g_pools_mutex;
+std::vector<cudaMemPool_t> g_pools;  // by device ordinal; null: not created yet
+
+cudaMemPool_t device_pool(cudaStream_t stream) {
+  int dev = 0;
+  GROUPMM_CHECK_CUDA(cudaStreamGetDevice(stream, &dev));
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  if (size_t(dev) >= g_pools.size()) g_pools.resize(size_t(dev) + 1, nullptr);
+  cudaMemPool_t& pool = g_pools[size_t(dev)];
+  if (pool == nullptr) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t created = nullptr;
+    GROUPMM_CHECK_CUDA(cudaMemPoolCreate(&created, &props));
+    uint64_t keep = UINT64_MAX;
+    const cudaError_t e = cudaMemPoolSetAttribute(created, cudaMemPoolAttrReleaseThreshold, &keep);
+    if (e != cudaSuccess) cudaMemPoolDestroy(created);
+    GROUPMM_CHECK_CUDA(e);
+    pool = created;
+  }
+  return pool;
+}
+
+void* allocate(size_t bytes, Device d, cudaStream_t stream) {
   if (bytes == 0) return nullptr;
   void* p = nullptr;
   if (d == Device::CUDA) {
-    GROUPMM_CHECK_CUDA(cudaMallocAsync(&p, bytes, stream));
+    GROUPMM_CHECK_CUDA(cudaMallocFromPoolAsync(&p, bytes, device_pool(stream), stream));
   } else {
     p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
     GROUPMM_CHECK(p != nullptr, "Tensor: host allocation of ", bytes, " bytes failed");
   }
   return p;
+}
+
+}  // namespace
+
+void release_cached_device_memory() {
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  for (cudaMemPool_t pool : g_pools)
+    if (pool != nullptr) GROUPMM_CHECK_CUDA(cudaMemPoolTrimTo(pool, 0));
 }
 
 Tensor Tensor::empty(std::initializer_list<int64_t> dims, DType t, Device d, cudaStream_t stream) {

@@ -1,6 +1,6 @@
 // Context on the GPU: a stream capturing a CUDA graph is refused with a clear error before any
 // call that would invalidate the capture (the capture then ends cleanly), and the same stream
-// gets its Context as usual once the capture is over.
+// gets its Context as usual once the capture is over. Device Tensors' memory pool.
 #include "common/test_util.hpp"
 
 namespace groupmm::test {
@@ -23,6 +23,35 @@ TEST(ContextGpu, RefusesAStreamThatIsCapturing) {
     Context ctx(Device::CUDA, stream);
     ctx.check();
   }
+  cudaStreamDestroy(stream);
+}
+
+// Device Tensors come from groupmm's pool, which keeps freed memory across a synchronization (the
+// device's default pool gives it back to the driver there) until release_cached_device_memory().
+TEST(ContextGpu, FreedTensorsStayPooledAcrossASynchronizeUntilReleased) {
+  GROUPMM_REQUIRE_GPU();
+  cudaStream_t stream;
+  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto free_bytes = [] {
+    size_t free_b = 0, total_b = 0;
+    GROUPMM_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    return int64_t(free_b);
+  };
+  constexpr int64_t kBytes = int64_t(1) << 30;
+  GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+  release_cached_device_memory();
+  const int64_t before = free_bytes();
+  { Tensor t = Tensor::empty({kBytes / 4}, DType::int32, Device::CUDA, stream); }  // freed
+  GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+  const int64_t pooled = free_bytes();
+  EXPECT_GE(before - pooled, kBytes) << "the freed GiB went back to the driver at the synchronize";
+  {
+    Tensor again = Tensor::empty({kBytes / 4}, DType::int32, Device::CUDA, stream);
+    EXPECT_LE(pooled - free_bytes(), kBytes / 16) << "the pooled GiB was not reused";
+  }
+  GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+  release_cached_device_memory();
+  EXPECT_GE(free_bytes() - pooled, kBytes) << "release_cached_device_memory() kept the GiB";
   cudaStreamDestroy(stream);
 }
 

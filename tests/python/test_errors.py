@@ -344,3 +344,14 @@ def test_dropin_offs_faults_name_offs():
     with pytest.raises(RuntimeError, match=r"^groupmm.grouped_mm: offs=\[4, 10\] .*splits run "
                        r"past the buffer"):
         groupmm.grouped_mm(a, b, torch.tensor([4, 10], dtype=torch.int32))
+
+
+def test_empty_cache_releases_groupmm_pools_and_ops_still_run():
+    # The mechanism (freed memory kept across a synchronization, then released) is tested in C++
+    # (ContextGpu.FreedTensorsStayPooledAcrossASynchronizeUntilReleased); here the package's call.
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        x = torch.randn(8, 16, device=device, dtype=torch.bfloat16)
+        before = groupmm.ops.swiglu(x)
+        assert groupmm.empty_cache() is None
+        torch.testing.assert_close(groupmm.ops.swiglu(x), before, rtol=0, atol=0)

@@ -156,7 +156,9 @@ def test_every_op_is_covered():
     # check_status is a host-side sync (tested in test_errors.py), not a tensor op; the two
     # timing hooks return host / device microseconds (eager only; smoke-tested by the bench
     # scripts' tests); recipe_traits takes and returns no tensor (test_recipes.py).
-    host = {"check_status", "_core_call_us", "_core_layer_step_us", "recipe_traits"}
+    # empty_cache releases groupmm's pooled device memory (test_errors.py).
+    host = {"check_status", "_core_call_us", "_core_layer_step_us", "recipe_traits",
+            "empty_cache"}
     # The expert-parallel ops are collectives over a process group that take custom classes
     # (EpGroup, EpPlan): eager only, no fake kernels; test_moe_ep.py tests them, and
     # ep_nccl_unique_id (host bytes for a CUDA EpGroup).
