@@ -187,6 +187,10 @@ std::string format_us(double us) {
 
 double available_bytes(Device d) {
   if (d == Device::CUDA) {
+    // What groupmm's device pools keep from earlier cases is this process's to reuse: give it back
+    // first, so that the driver counts it free.
+    GROUPMM_CHECK_CUDA(cudaDeviceSynchronize());
+    release_cached_device_memory();
     size_t free_b = 0, total_b = 0;
     GROUPMM_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
     return double(free_b);

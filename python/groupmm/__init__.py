@@ -63,5 +63,5 @@ def empty_cache():
     ops.empty_cache()
 
 
-__all__ = ["ops", "nn", "check", "empty_cache", "moe_capacity", "permuted_rows", "recipe_traits", "grouped_mm",
-           "scaled_grouped_mm"]
+__all__ = ["ops", "nn", "check", "empty_cache", "moe_capacity", "permuted_rows", "recipe_traits",
+           "grouped_mm", "scaled_grouped_mm"]
