@@ -92,6 +92,7 @@ struct RankOut {
   std::vector<float> probs;  // RunOpts::probs only
   std::vector<int32_t> splits;
   std::vector<int64_t> sent_bytes;  // of the dispatch's exchange
+  int64_t stage_bytes = 0;          // capacity mode: the plan's row staging, each side
   int64_t rows = 0;
   int64_t entries = 0;  // the grouped rows holding entries (sum of plan.entry_splits())
   uint32_t status = 0;
@@ -202,6 +203,7 @@ inline RankOut run_rank(Context& ctx, ep::Transport& tr, const EpConfig& cfg, co
   const TensorView none;
   ep::ep_dispatch(ctx, tr, plan, x, xg, o.probs ? w.view() : none, o.probs ? probs.view() : none);
   if (auto* in = dynamic_cast<ep::InProcessTransport*>(&tr)) out.sent_bytes = in->last_sent_bytes();
+  out.stage_bytes = plan.stage_send.view().present() ? plan.stage_send.nbytes() : 0;
   out.rows = plan.rows;
   out.splits = ints_of(plan.splits);
   for (int32_t v : ints_of(plan.entry_splits())) out.entries += v;

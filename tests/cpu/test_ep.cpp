@@ -2,8 +2,9 @@
 // transport: R simulated ranks as threads, checked against a one-rank reference over all tokens
 // (the global token order is rank 0's tokens, then rank 1's, ...), both a plain loop reference
 // that knows capacity drops and the one-rank moe ops (moe_permute, moe_permute_backward); the
-// bytes each rank sends (a row crosses to a rank once); capacity mode against throughput mode and
-// with overflow; the validation messages.
+// bytes each rank sends (a row crosses to a rank once) and a capacity plan's staging (the other
+// ranks' blocks only); capacity mode against throughput mode and with overflow; the validation
+// messages.
 #include "common/ep_harness.hpp"
 #include "groupmm/moe.hpp"
 
@@ -135,6 +136,16 @@ void check_case(const EpConfig& cfg, uint64_t seed, const RunOpts& o, Routing ro
   const int64_t R = cfg.ranks, k = cfg.topk, El = cfg.experts / R;
   for (int64_t r = 0; r < R; ++r) {
     EXPECT_EQ(got[size_t(r)].status, 0u) << "rank " << r;
+    if (o.mode == EpMode::capacity) {
+      // The row staging holds every peer's block but the rank's own (the movers read that one in
+      // place): none at R = 1 (one int32 granule, so that the buffer exists).
+      const int64_t C = o.cap.rows_per_peer;
+      const int64_t Ce = o.cap.entries_per_peer > 0 ? o.cap.entries_per_peer : C * k;
+      EXPECT_EQ(
+          got[size_t(r)].stage_bytes,
+          std::max<int64_t>((R - 1) * std::max(C, Ce) * dtype_storage_bytes(o.dt, cfg.hidden), 4))
+          << "rank " << r;
+    }
     if (o.mode != EpMode::throughput) continue;
     // A row crosses to a rank once: rank r sends q each token with an expert on q exactly once;
     // its own rows do not go through the transport (packed in place: 0 bytes to itself).
