@@ -250,6 +250,7 @@ struct EpPlan {
   // Index arrays (int32, -1 = none), on the Context's device:
   Tensor send_token;     // [send_total] token of each forward send row
   Tensor grouped_entry;  // [rows] received row * k + slot of each grouped row (-1: a zero tail row)
+  Tensor entry_grouped;  // [recv_total * k] its inverse (-1: a slot with no entry here)
   Tensor back_grouped;   // [back_send_total] grouped row of each entry sent back
   Tensor slot_entry;     // [T, k] back-receive row of (t, j) (-1: no expert / dropped)
   // Capacity mode only: the in-band metadata blocks [R, 1 + C k] int32 (count, then the local

@@ -67,6 +67,16 @@ struct RecvRows {
   ENTRY void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride,                   \
                                     const RecvRows& src, const int32_t* idx, int64_t n,            \
                                     int64_t div, int64_t row_bytes, bool zero_missing);            \
+  /* dst + g * dst_stride gets row_bytes of src.row(r) for every receive row r < n and slot j < k  \
+     with g = map[r k + j] >= 0 (a row without a source row is skipped; dst rows no entry names    \
+     are left alone): the unpack of ep_dispatch and of the combine backward's dy as one read of    \
+     each receive row for its up to k grouped rows (map: EpPlan::entry_grouped). */                \
+  ENTRY void ep_scatter_rows(Context& ctx, void* dst, int64_t dst_stride, const RecvRows& src,     \
+                             const int32_t* map, int64_t n, int64_t k, int64_t row_bytes);         \
+  /* out[i] = -1 for i < n_out, then out[idx[j]] = j for every j < n_in with idx[j] >= 0 (those    \
+     values distinct and < n_out): an index map inverted (EpPlan::entry_grouped). */               \
+  ENTRY void ep_invert_index(Context& ctx, int32_t* out, int64_t n_out, const int32_t* idx,        \
+                             int64_t n_in);                                                        \
   /* out[t] = sum_j w[t, j] * rows.row(slot_entry[t, j]) (w absent: unweighted) in fp32, j order,  \
      then + add[t] when add is given (out's dtype, [T, H]), rounded once to out's dtype; rows are  \
      H of out's dtype. */                                                                          \
@@ -131,6 +141,9 @@ GROUPMM_CUDA_ENTRY void ep_throughput_plan_recv(Context& ctx, EpPlan& plan,
 namespace detail {
 // A byte buffer on ctx's device (stream-ordered on CUDA), at least `bytes` long, 16-byte aligned.
 Tensor byte_buffer(Context& ctx, int64_t bytes);
+// Fills plan.entry_grouped [recv_total k] (allocated) from plan.grouped_entry: the receive side's
+// map from each received row's slot to its grouped row. Graph safe.
+void fill_entry_grouped(Context& ctx, EpPlan& plan);
 // The throughput plan built by host code on any device (a CUDA Context: the ids are read on the
 // host and the arrays uploaded): the CPU backend's plan, and the reference the device-built plan
 // is tested against bit for bit. Same contract as ep_dispatch_plan.

@@ -99,6 +99,7 @@ void plan(const char* op, const Context& ctx, const EpPlan& p, const Transport& 
   bool ok = p.send_rows.size() == R && p.recv_rows.size() == R && p.back_send.size() == R &&
             p.back_recv.size() == R && p.splits.view().device == ctx.device() &&
             p.splits.numel() == p.local_experts && p.grouped_entry.numel() == p.rows &&
+            p.entry_grouped.numel() == std::max<int64_t>(p.recv_total * p.cfg.topk, 1) &&
             p.slot_entry.numel() == p.tokens * p.cfg.topk;
   if (p.mode == EpMode::capacity)
     ok = ok && p.stage_send.view().present() && p.stage_row_bytes > 0 &&
@@ -122,6 +123,14 @@ Tensor byte_buffer(Context& ctx, int64_t bytes) {
   // int32 elements: 4-byte granules; allocations are 256-byte aligned on both devices.
   return Tensor::empty({std::max<int64_t>((bytes + 3) / 4, 1)}, DType::int32, ctx.device(),
                        ctx.stream());
+}
+
+void fill_entry_grouped(Context& ctx, EpPlan& p) {
+  const int64_t n = p.recv_total * p.cfg.topk;
+  int32_t* out = p.entry_grouped.ptr<int32_t>();
+  const int32_t* idx = p.grouped_entry.ptr<int32_t>();
+  ctx.device() == Device::CPU ? cpu::ep_invert_index(ctx, out, n, idx, p.rows)
+                              : cuda::ep_invert_index(ctx, out, n, idx, p.rows);
 }
 }  // namespace detail
 
@@ -180,6 +189,7 @@ EpPlan ep_capacity_plan_create(Context& ctx, const Transport& tr, const EpConfig
   p.splits_at_most = Tensor::empty({El}, DType::int32, d, ctx.stream());
   p.send_token = ints(R * C);
   p.grouped_entry = Tensor::empty({p.rows}, DType::int32, d, ctx.stream());
+  p.entry_grouped = ints(R * C * k);
   p.back_grouped = ints(R * Ce);
   p.slot_entry = Tensor::empty({tokens, k}, DType::int32, d, ctx.stream());
   p.meta_send = ints(R * (1 + C * k));
@@ -212,6 +222,7 @@ void ep_capacity_plan(Context& ctx, Transport& tr, const TensorView& expert_ids,
   tr.all_to_all_v(plan.meta_send.data(), counts.data(), offsets.data(), plan.meta_recv.data(),
                   counts.data(), offsets.data(), ctx.stream());
   cpu ? cpu::ep_capacity_plan_recv(ctx, plan) : cuda::ep_capacity_plan_recv(ctx, plan);
+  detail::fill_entry_grouped(ctx, plan);
   ctx.after_op();
 }
 

@@ -130,6 +130,20 @@ Stage aux_stage(Context& ctx, const EpPlan& p) {
 
 namespace {
 
+// The receive rows into the grouped rows [p.rows, row_bytes]: a scatter (each receive row read
+// once for its up to k grouped rows) where the rows no entry names may stay as they were
+// (throughput plans have none; capacity plans without zero_tail leave their tail), else the
+// gather over every grouped row, which zeroes the tail.
+void unpack_rows(Context& ctx, const EpPlan& p, void* grouped, const RecvRows& recv,
+                 int64_t row_bytes) {
+  if (p.mode == EpMode::throughput || !p.cap.zero_tail)
+    GROUPMM_EP_CALL(ctx, ep_scatter_rows, ctx, grouped, row_bytes, recv,
+                    p.entry_grouped.ptr<int32_t>(), p.recv_total, p.cfg.topk, row_bytes);
+  else
+    GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, grouped, row_bytes, recv,
+                    p.grouped_entry.ptr<int32_t>(), p.rows, p.cfg.topk, row_bytes, true);
+}
+
 void exchange_back(Context& ctx, Transport& tr, const EpPlan& p, const void* send, void* recv,
                    int64_t unit) {
   exchange(ctx, tr, send, p.back_send, p.back_send_offsets, recv, p.back_recv, p.back_recv_offsets,
@@ -205,8 +219,7 @@ void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& p, const TensorView&
       ctx, tr, forward_route(p), x.data, p.send_token.ptr<int32_t>(), st.send, st.recv, rb);
   // A row two local experts need was received once; it is copied into both groups here.
   const int32_t* entry = p.grouped_entry.ptr<int32_t>();
-  GROUPMM_EP_CALL(ctx, ep_gather_rows_strided, ctx, x_grouped.data, rb, recv, entry, p.rows,
-                  p.cfg.topk, rb, p.cap.zero_tail);
+  unpack_rows(ctx, p, x_grouped.data, recv, rb);
   if (with_probs) {  // each grouped row's weight: its entry (row * k + slot) in the received k-rows
     Stage aux = aux_stage(ctx, p);
     weights_forward(ctx, tr, p, weights, aux);
@@ -278,11 +291,15 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
     aux = aux_stage(ctx, p);
     weights_forward(ctx, tr, p, weights, aux);
   }
-  // Expert side: d_y_grouped, and one d_weight per entry (written over the sent weights).
+  // Expert side: d_y_grouped, and one d_weight per entry (written over the sent weights). Without
+  // weights it is the dispatch's unpack of dy.
   float* dw_send = weighted ? static_cast<float*>(aux.send) : nullptr;
-  GROUPMM_EP_CALL(ctx, ep_combine_backward_expert, ctx, p, recv,
-                  static_cast<const float*>(aux.recv), y_grouped, d_y_grouped, dw_send,
-                  p.cap.zero_tail);
+  if (weighted)
+    GROUPMM_EP_CALL(ctx, ep_combine_backward_expert, ctx, p, recv,
+                    static_cast<const float*>(aux.recv), y_grouped, d_y_grouped, dw_send,
+                    p.cap.zero_tail);
+  else
+    unpack_rows(ctx, p, d_y_grouped.data, recv, rb);
   if (weighted) values_home(ctx, tr, p, aux, d_weights, nullptr);  // dropped slots get 0
   ctx.after_op();
 }

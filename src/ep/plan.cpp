@@ -309,6 +309,13 @@ EpPlan device_plan(Context& ctx, Transport& tr, const EpConfig& cfg, const Tenso
   return p;
 }
 
+// Both builds end here: the receive side's inverse map (grouped row of each received slot).
+void add_entry_grouped(Context& ctx, EpPlan& p) {
+  p.entry_grouped = Tensor::empty({std::max<int64_t>(p.recv_total * p.cfg.topk, 1)}, DType::int32,
+                                  ctx.device(), ctx.stream());
+  detail::fill_entry_grouped(ctx, p);
+}
+
 }  // namespace
 
 EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
@@ -316,11 +323,16 @@ EpPlan ep_dispatch_plan(Context& ctx, Transport& tr, const EpConfig& cfg,
   check_args("ep_dispatch_plan", ctx, tr, cfg, expert_ids);
   if (device_built(ctx, cfg, expert_ids.dim(0))) {
     EpPlan p = device_plan(ctx, tr, cfg, expert_ids);
+    const auto t0 = std::chrono::steady_clock::now();
+    add_entry_grouped(ctx, p);
+    p.host_us +=
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     ctx.after_op();
     return p;
   }
   const auto t0 = std::chrono::steady_clock::now();  // host code throughout: all of it counts
   EpPlan p = host_plan(ctx, tr, cfg, expert_ids);
+  add_entry_grouped(ctx, p);
   p.host_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   ctx.after_op();
@@ -332,6 +344,7 @@ EpPlan ep_dispatch_plan_host(Context& ctx, Transport& tr, const EpConfig& cfg,
                              const TensorView& expert_ids) {
   check_args("ep_dispatch_plan", ctx, tr, cfg, expert_ids);
   EpPlan p = host_plan(ctx, tr, cfg, expert_ids);
+  add_entry_grouped(ctx, p);
   ctx.after_op();
   return p;
 }

@@ -1,6 +1,8 @@
 // Expert-parallel row movers on the CPU backend (the reference): the byte gather that packs and
-// unpacks every exchange (strided for FP8 dispatch's packed rows), and the home rank's fixed-order
+// unpacks the exchanges (strided for FP8 dispatch's packed rows), the scatter that unpacks a
+// received row into its grouped rows, the inverse of an index map, and the home rank's fixed-order
 // sum (groupmm/ep.hpp, ep/backends.hpp).
+#include <algorithm>
 #include <cstring>
 
 #include "ep/backends.hpp"
@@ -28,6 +30,24 @@ void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx
                     int64_t div, int64_t row_bytes, bool zero_missing) {
   ep_gather_rows_strided(ctx, dst, row_bytes, RecvRows::plain(src, row_bytes), idx, n, div,
                          row_bytes, zero_missing);
+}
+
+void ep_scatter_rows(Context&, void* dst, int64_t dst_stride, const RecvRows& src,
+                     const int32_t* map, int64_t n, int64_t k, int64_t row_bytes) {
+  char* d = static_cast<char*>(dst);
+  for (int64_t r = 0; r < n; ++r) {
+    const char* s = src.row(r);
+    if (s == nullptr) continue;
+    for (int64_t j = 0; j < k; ++j)
+      if (map[r * k + j] >= 0)
+        std::memcpy(d + int64_t(map[r * k + j]) * dst_stride, s, size_t(row_bytes));
+  }
+}
+
+void ep_invert_index(Context&, int32_t* out, int64_t n_out, const int32_t* idx, int64_t n_in) {
+  std::fill(out, out + n_out, -1);
+  for (int64_t j = 0; j < n_in; ++j)
+    if (idx[j] >= 0) out[idx[j]] = int32_t(j);
 }
 
 void ep_weighted_sum(Context&, const TensorView& out, const RecvRows& rows,

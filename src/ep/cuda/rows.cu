@@ -2,6 +2,8 @@
 //   gather: dst row i = src row idx[i] / div (a receive row: staged, or the rank's own block read
 //     in place), as bytes in the widest vector the row length, the strides and the pointers allow
 //     (every pack and unpack of ep_dispatch / ep_combine / the backwards);
+//   scatter: each receive row read once and written to the grouped rows its slots name (the
+//     unpacks of ep_dispatch and of the combine backward's dy); the inverse of an index map;
 //   weighted sum: the home rank's out[t] = sum_j w[t, j] * rows[slot_entry[t, j]] (+ add[t]) in
 //     fp32, slot order, rounded once (__fmul_rn / __fadd_rn: never an fma, like the CPU's two
 //     roundings).
@@ -44,6 +46,53 @@ void launch_gather(Context& ctx, GatherParams p, int64_t n, int64_t row_bytes, i
   p.geo.fit(ctx, gather_rows_kernel<V>);
   gather_rows_kernel<V><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
   GROUPMM_CHECK_LAUNCH();
+}
+
+struct ScatterParams {
+  void* dst;
+  RecvRows src;
+  const int32_t* map;  // [n, k]: the grouped row of each receive row's slot, -1: none
+  int64_t k;
+  int64_t dst_stride;  // in vectors (launch_scatter sets it)
+  RowGeometry geo;     // the n receive rows
+};
+
+// One read of each receive row, written to each grouped row its slots name.
+template <class V>
+__global__ void __launch_bounds__(MoverConfig::kThreads) scatter_rows_kernel(ScatterParams p) {
+  V* __restrict__ dst = static_cast<V*>(p.dst);
+  const int64_t nv = p.geo.vecs, step = p.geo.threads_per_row;
+  p.geo.for_each_row([&](int64_t r, int lane) {
+    const V* row = reinterpret_cast<const V*>(p.src.row(r));
+    if (row == nullptr) return;
+    const int32_t* m = p.map + r * p.k;
+    for (int64_t v = lane; v < nv; v += step) {
+      const V x = row[v];
+      for (int64_t j = 0; j < p.k; ++j) {
+        const int64_t g = m[j];
+        if (g >= 0) dst[g * p.dst_stride + v] = x;
+      }
+    }
+  });
+}
+
+template <class V>
+void launch_scatter(Context& ctx, ScatterParams p, int64_t n, int64_t row_bytes,
+                    int64_t dst_stride) {
+  p.geo = RowGeometry(ctx, n, row_bytes / int64_t(sizeof(V)));
+  p.dst_stride = dst_stride / int64_t(sizeof(V));
+  if (p.geo.grid == 0) return;
+  p.geo.fit(ctx, scatter_rows_kernel<V>);
+  scatter_rows_kernel<V><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+  GROUPMM_CHECK_LAUNCH();
+}
+
+__global__ void __launch_bounds__(PlanLaunch::kThreads)
+    invert_index_kernel(int32_t* out, const int32_t* idx, int64_t n_in) {
+  for (int64_t j = grid_stride_start(); j < n_in; j += grid_stride()) {
+    const int32_t g = idx[j];
+    if (g >= 0) out[g] = int32_t(j);
+  }
 }
 
 struct SumParams {
@@ -108,6 +157,30 @@ void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const R
     launch_gather<uint32_t>(ctx, p, n, row_bytes, dst_stride);
   else
     launch_gather<uint8_t>(ctx, p, n, row_bytes, dst_stride);
+}
+
+void ep_scatter_rows(Context& ctx, void* dst, int64_t dst_stride, const RecvRows& src,
+                     const int32_t* map, int64_t n, int64_t k, int64_t row_bytes) {
+  ScatterParams p{dst, src, map, k, 0, RowGeometry(ctx, 0, 0)};
+  const auto fits = [&](size_t v) {
+    return row_bytes % int64_t(v) == 0 && dst_stride % int64_t(v) == 0 && aligned_to(dst, v) &&
+           recv_rows_aligned(src, v);
+  };
+  if (fits(16))
+    launch_scatter<uint4>(ctx, p, n, row_bytes, dst_stride);
+  else if (fits(4))
+    launch_scatter<uint32_t>(ctx, p, n, row_bytes, dst_stride);
+  else
+    launch_scatter<uint8_t>(ctx, p, n, row_bytes, dst_stride);
+}
+
+void ep_invert_index(Context& ctx, int32_t* out, int64_t n_out, const int32_t* idx, int64_t n_in) {
+  if (n_out > 0)
+    GROUPMM_CHECK_CUDA(cudaMemsetAsync(out, 0xFF, size_t(n_out) * sizeof(int32_t), ctx.stream()));
+  if (n_in == 0) return;
+  invert_index_kernel<<<PlanLaunch::grid(ctx, n_in), PlanLaunch::kThreads, 0, ctx.stream()>>>(
+      out, idx, n_in);
+  GROUPMM_CHECK_LAUNCH();
 }
 
 void ep_gather_rows(Context& ctx, void* dst, const void* src, const int32_t* idx, int64_t n,
