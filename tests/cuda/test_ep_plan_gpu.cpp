@@ -4,7 +4,8 @@
 // bit, over the harness's corner cases (a rank with no tokens, a rank that receives nothing, a
 // token naming one expert twice, every token on one expert, T = 0 everywhere), int32 and int64
 // ids, many tokens (several chunks of the ranking), and the largest local expert count the
-// rankings hold; then whole EP steps on either plan, bit for bit; and the bad-id message.
+// rankings hold (and each plan's entry_grouped, grouped_entry inverted); then whole EP steps on
+// either plan, bit for bit; and the bad-id message.
 #include "common/ep_harness.hpp"
 
 namespace groupmm::test {
@@ -20,6 +21,7 @@ struct PlanDump {
   std::vector<int64_t> splits_host, send_rows, send_offsets, recv_rows, recv_offsets;
   std::vector<int64_t> back_send, back_send_offsets, back_recv, back_recv_offsets;
   std::vector<int32_t> splits, send_token, grouped_entry, back_grouped, slot_entry;
+  std::vector<int32_t> entry_grouped;  // [recv_total * k]
   uint32_t status = 0;
 };
 
@@ -53,6 +55,13 @@ PlanDump dump(const ep::EpPlan& p) {
   d.grouped_entry = used(p.grouped_entry, p.rows);
   d.back_grouped = used(p.back_grouped, p.back_send_total);
   d.slot_entry = used(p.slot_entry, p.tokens * p.cfg.topk);
+  d.entry_grouped = used(p.entry_grouped, p.recv_total * p.cfg.topk);
+  // entry_grouped is grouped_entry inverted (the device kernel's result, checked on the host):
+  // each grouped row's entry maps back to it, and every other slot is -1.
+  std::vector<int32_t> inverse(d.entry_grouped.size(), -1);
+  for (int64_t g = 0; g < p.rows; ++g)
+    if (d.grouped_entry[size_t(g)] >= 0) inverse[size_t(d.grouped_entry[size_t(g)])] = int32_t(g);
+  EXPECT_EQ(d.entry_grouped, inverse) << "entry_grouped is not grouped_entry inverted";
   return d;
 }
 
@@ -78,6 +87,7 @@ void expect_same_plans(const PlanDump& got, const PlanDump& want) {
   EXPECT_EQ(got.grouped_entry, want.grouped_entry);
   EXPECT_EQ(got.back_grouped, want.back_grouped);
   EXPECT_EQ(got.slot_entry, want.slot_entry);
+  EXPECT_EQ(got.entry_grouped, want.entry_grouped);
   EXPECT_EQ(got.status, 0u);
   EXPECT_EQ(want.status, 0u);
 }

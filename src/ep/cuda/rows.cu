@@ -57,20 +57,21 @@ struct ScatterParams {
   RowGeometry geo;     // the n receive rows
 };
 
-// One read of each receive row, written to each grouped row its slots name.
+// One read of each receive row, written to each grouped row its slots name (a row's vectors and k
+// are far below 2^31: 32-bit counters).
 template <class V>
 __global__ void __launch_bounds__(MoverConfig::kThreads) scatter_rows_kernel(ScatterParams p) {
   V* __restrict__ dst = static_cast<V*>(p.dst);
-  const int64_t nv = p.geo.vecs, step = p.geo.threads_per_row;
+  const int nv = int(p.geo.vecs), step = p.geo.threads_per_row, k = int(p.k);
   p.geo.for_each_row([&](int64_t r, int lane) {
     const V* row = reinterpret_cast<const V*>(p.src.row(r));
     if (row == nullptr) return;
-    const int32_t* m = p.map + r * p.k;
-    for (int64_t v = lane; v < nv; v += step) {
+    const int32_t* m = p.map + r * k;
+    for (int v = lane; v < nv; v += step) {
       const V x = row[v];
-      for (int64_t j = 0; j < p.k; ++j) {
-        const int64_t g = m[j];
-        if (g >= 0) dst[g * p.dst_stride + v] = x;
+      for (int j = 0; j < k; ++j) {
+        const int32_t g = m[j];
+        if (g >= 0) dst[int64_t(g) * p.dst_stride + v] = x;
       }
     }
   });
