@@ -144,35 +144,36 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) weighted_sum_kernel(Sum
 
 }  // namespace
 
-void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const RecvRows& src,
-                            const int32_t* idx, int64_t n, int64_t div, int64_t row_bytes,
-                            bool zero_missing) {
-  GatherParams p{dst, src, idx, div, zero_missing, 0, RowGeometry(ctx, 0, 0)};
+// Calls launch(V{}) with the widest vector type V (16, 4 or 1 bytes) that the row length, the
+// destination's stride and pointer, and the receive rows allow.
+template <class Launch>
+void with_row_vector(int64_t row_bytes, int64_t dst_stride, const void* dst, const RecvRows& src,
+                     const Launch& launch) {
   const auto fits = [&](size_t v) {
     return row_bytes % int64_t(v) == 0 && dst_stride % int64_t(v) == 0 && aligned_to(dst, v) &&
            recv_rows_aligned(src, v);
   };
   if (fits(16))
-    launch_gather<uint4>(ctx, p, n, row_bytes, dst_stride);
+    launch(uint4{});
   else if (fits(4))
-    launch_gather<uint32_t>(ctx, p, n, row_bytes, dst_stride);
+    launch(uint32_t{});
   else
-    launch_gather<uint8_t>(ctx, p, n, row_bytes, dst_stride);
+    launch(uint8_t{});
+}
+
+void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const RecvRows& src,
+                            const int32_t* idx, int64_t n, int64_t div, int64_t row_bytes,
+                            bool zero_missing) {
+  const GatherParams p{dst, src, idx, div, zero_missing, 0, RowGeometry(ctx, 0, 0)};
+  with_row_vector(row_bytes, dst_stride, dst, src,
+                  [&](auto v) { launch_gather<decltype(v)>(ctx, p, n, row_bytes, dst_stride); });
 }
 
 void ep_scatter_rows(Context& ctx, void* dst, int64_t dst_stride, const RecvRows& src,
                      const int32_t* map, int64_t n, int64_t k, int64_t row_bytes) {
-  ScatterParams p{dst, src, map, k, 0, RowGeometry(ctx, 0, 0)};
-  const auto fits = [&](size_t v) {
-    return row_bytes % int64_t(v) == 0 && dst_stride % int64_t(v) == 0 && aligned_to(dst, v) &&
-           recv_rows_aligned(src, v);
-  };
-  if (fits(16))
-    launch_scatter<uint4>(ctx, p, n, row_bytes, dst_stride);
-  else if (fits(4))
-    launch_scatter<uint32_t>(ctx, p, n, row_bytes, dst_stride);
-  else
-    launch_scatter<uint8_t>(ctx, p, n, row_bytes, dst_stride);
+  const ScatterParams p{dst, src, map, k, 0, RowGeometry(ctx, 0, 0)};
+  with_row_vector(row_bytes, dst_stride, dst, src,
+                  [&](auto v) { launch_scatter<decltype(v)>(ctx, p, n, row_bytes, dst_stride); });
 }
 
 void ep_invert_index(Context& ctx, int32_t* out, int64_t n_out, const int32_t* idx, int64_t n_in) {
