@@ -19,7 +19,7 @@ struct GatherParams {
   const int32_t* idx;
   int64_t div;
   bool zero_missing;
-  int64_t dst_stride;  // in vectors (launch_gather sets it)
+  int64_t dst_stride;  // in vectors (launch_mover sets it)
   RowGeometry geo;
 };
 
@@ -38,13 +38,16 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) gather_rows_kernel(Gath
   });
 }
 
-template <class V>
-void launch_gather(Context& ctx, GatherParams p, int64_t n, int64_t row_bytes, int64_t dst_stride) {
+// Sets a byte mover's geometry (n rows of row_bytes in vectors V) and destination stride, and
+// launches it (nothing for 0 rows).
+template <class V, class Params>
+void launch_mover(Context& ctx, void (*kernel)(Params), Params p, int64_t n, int64_t row_bytes,
+                  int64_t dst_stride) {
   p.geo = RowGeometry(ctx, n, row_bytes / int64_t(sizeof(V)));
   p.dst_stride = dst_stride / int64_t(sizeof(V));
   if (p.geo.grid == 0) return;
-  p.geo.fit(ctx, gather_rows_kernel<V>);
-  gather_rows_kernel<V><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
+  p.geo.fit(ctx, kernel);
+  kernel<<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
   GROUPMM_CHECK_LAUNCH();
 }
 
@@ -53,7 +56,7 @@ struct ScatterParams {
   RecvRows src;
   const int32_t* map;  // [n, k]: the grouped row of each receive row's slot, -1: none
   int64_t k;
-  int64_t dst_stride;  // in vectors (launch_scatter sets it)
+  int64_t dst_stride;  // in vectors (launch_mover sets it)
   RowGeometry geo;     // the n receive rows
 };
 
@@ -75,17 +78,6 @@ __global__ void __launch_bounds__(MoverConfig::kThreads) scatter_rows_kernel(Sca
       }
     }
   });
-}
-
-template <class V>
-void launch_scatter(Context& ctx, ScatterParams p, int64_t n, int64_t row_bytes,
-                    int64_t dst_stride) {
-  p.geo = RowGeometry(ctx, n, row_bytes / int64_t(sizeof(V)));
-  p.dst_stride = dst_stride / int64_t(sizeof(V));
-  if (p.geo.grid == 0) return;
-  p.geo.fit(ctx, scatter_rows_kernel<V>);
-  scatter_rows_kernel<V><<<p.geo.grid, MoverConfig::kThreads, 0, ctx.stream()>>>(p);
-  GROUPMM_CHECK_LAUNCH();
 }
 
 __global__ void __launch_bounds__(PlanLaunch::kThreads)
@@ -165,15 +157,19 @@ void ep_gather_rows_strided(Context& ctx, void* dst, int64_t dst_stride, const R
                             const int32_t* idx, int64_t n, int64_t div, int64_t row_bytes,
                             bool zero_missing) {
   const GatherParams p{dst, src, idx, div, zero_missing, 0, RowGeometry(ctx, 0, 0)};
-  with_row_vector(row_bytes, dst_stride, dst, src,
-                  [&](auto v) { launch_gather<decltype(v)>(ctx, p, n, row_bytes, dst_stride); });
+  with_row_vector(row_bytes, dst_stride, dst, src, [&](auto v) {
+    using V = decltype(v);
+    launch_mover<V>(ctx, gather_rows_kernel<V>, p, n, row_bytes, dst_stride);
+  });
 }
 
 void ep_scatter_rows(Context& ctx, void* dst, int64_t dst_stride, const RecvRows& src,
                      const int32_t* map, int64_t n, int64_t k, int64_t row_bytes) {
   const ScatterParams p{dst, src, map, k, 0, RowGeometry(ctx, 0, 0)};
-  with_row_vector(row_bytes, dst_stride, dst, src,
-                  [&](auto v) { launch_scatter<decltype(v)>(ctx, p, n, row_bytes, dst_stride); });
+  with_row_vector(row_bytes, dst_stride, dst, src, [&](auto v) {
+    using V = decltype(v);
+    launch_mover<V>(ctx, scatter_rows_kernel<V>, p, n, row_bytes, dst_stride);
+  });
 }
 
 void ep_invert_index(Context& ctx, int32_t* out, int64_t n_out, const int32_t* idx, int64_t n_in) {
