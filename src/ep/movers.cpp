@@ -114,9 +114,10 @@ void check_no_alias(const char* op, const char* out, const TensorView& o,
                   " may not alias ", name);
 }
 
-Stage forward_stage(Context& ctx, const Transport& tr, const EpPlan& p, int64_t row_bytes) {
-  return row_stage(ctx, p, others_rows(p.send_rows, tr.rank()), others_rows(p.recv_rows, tr.rank()),
-                   row_bytes);
+Stage route_stage(Context& ctx, const EpPlan& p, const Route& r, int me, int64_t row_bytes,
+                  bool with_recv) {
+  return row_stage(ctx, p, others_rows(r.send_count, me),
+                   with_recv ? others_rows(r.recv_count, me) : 0, row_bytes);
 }
 
 Stage aux_stage(Context& ctx, const EpPlan& p) {
@@ -193,8 +194,7 @@ void values_home(Context& ctx, Transport& tr, const EpPlan& p, const Stage& aux,
 void back_and_sum(Context& ctx, Transport& tr, const EpPlan& p, const TensorView& rows,
                   const float* w, const TensorView& out, const TensorView& add) {
   const int64_t rb = dtype_storage_bytes(rows.dtype, p.cfg.hidden);
-  const int me = tr.rank();
-  Stage st = row_stage(ctx, p, others_rows(p.back_send, me), others_rows(p.back_recv, me), rb);
+  Stage st = route_stage(ctx, p, back_route(p), tr.rank(), rb);
   const RecvRows back = gather_others_and_exchange(
       ctx, tr, back_route(p), rows.data, p.back_grouped.ptr<int32_t>(), st.send, st.recv, rb);
   GROUPMM_EP_CALL(ctx, ep_weighted_sum, ctx, out, back, p.slot_entry.ptr<int32_t>(), w, p.cfg.topk,
@@ -214,7 +214,7 @@ void ep_dispatch(Context& ctx, Transport& tr, const EpPlan& p, const TensorView&
   check_no_alias(op, "x_grouped", x_grouped, {{"x", &x}, {"weights", &weights}});
   check_no_alias(op, "probs", probs, {{"x", &x}, {"weights", &weights}, {"x_grouped", &x_grouped}});
   const int64_t rb = dtype_storage_bytes(t, p.cfg.hidden);
-  Stage st = forward_stage(ctx, tr, p, rb);
+  Stage st = route_stage(ctx, p, forward_route(p), tr.rank(), rb);
   const RecvRows recv = gather_others_and_exchange(
       ctx, tr, forward_route(p), x.data, p.send_token.ptr<int32_t>(), st.send, st.recv, rb);
   // A row two local experts need was received once; it is copied into both groups here.
@@ -283,7 +283,7 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
                   {"d_y_grouped", &d_y_grouped}});
   // dy (and the k weights) of each token go to its expert ranks along the dispatch's route.
   const int64_t rb = dtype_storage_bytes(t, H);
-  Stage st = forward_stage(ctx, tr, p, rb);
+  Stage st = route_stage(ctx, p, forward_route(p), tr.rank(), rb);
   const RecvRows recv = gather_others_and_exchange(
       ctx, tr, forward_route(p), dy.data, p.send_token.ptr<int32_t>(), st.send, st.recv, rb);
   Stage aux;
@@ -380,7 +380,7 @@ GroupedTensor ep_dispatch_fp8(Context& ctx, Transport& tr, const EpPlan& p,
                   {"x_grouped.scale_inv", &x_grouped.scale_inv}});
   // Pack: one wire row per sent token, the H fp8 bytes then its H / 128 fp32 scales (padded to 16
   // bytes), so data and scales travel in one exchange.
-  Stage st = forward_stage(ctx, tr, p, wire);
+  Stage st = route_stage(ctx, p, forward_route(p), tr.rank(), wire);
   const char* recv = static_cast<const char*>(st.recv);
   const int32_t* tok = p.send_token.ptr<int32_t>();
   const Route fwd = forward_route(p);

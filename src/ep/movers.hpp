@@ -25,8 +25,6 @@ struct Stage {
 // row, one value per back entry): the capacity plan's buffers, or fresh ones (stream-ordered).
 Stage row_stage(Context& ctx, const EpPlan& p, int64_t send_rows, int64_t recv_rows,
                 int64_t row_bytes);
-// The staging of the forward route's rows (others_rows of each side).
-Stage forward_stage(Context& ctx, const Transport& tr, const EpPlan& p, int64_t row_bytes);
 Stage aux_stage(Context& ctx, const EpPlan& p);
 
 // One all-to-all along a route: per-peer counts and offsets in units of `unit` bytes.
@@ -51,6 +49,11 @@ inline int64_t others_rows(const std::vector<int64_t>& count, int me) {
   for (size_t q = 0; q < count.size(); ++q) n += q == size_t(me) ? 0 : count[q];
   return n;
 }
+
+// The row staging of one route for rank `me`: others_rows of its send side and (with_recv) of its
+// receive side, the rows pack_others_and_exchange stages.
+Stage route_stage(Context& ctx, const EpPlan& p, const Route& r, int me, int64_t row_bytes,
+                  bool with_recv = true);
 
 // Packs every row a route sends but the rank's own block, and exchanges them: pack(dst, first, n)
 // writes send rows [first, first + n) at dst, rows of `unit` bytes. The own block (send rows

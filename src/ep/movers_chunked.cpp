@@ -32,7 +32,8 @@ void chunk_rows_home(Context& ctx, Transport& tr, const EpChunkedPlan& cp, int64
                      const TensorView& rows, DType t) {
   const EpPlan& p = cp.plans[size_t(c)];
   const int64_t rb = dtype_storage_bytes(t, p.cfg.hidden);
-  Stage st = row_stage(ctx, p, others_rows(p.back_send, tr.rank()), 0, rb);
+  Stage st =
+      route_stage(ctx, p, back_route(p), tr.rank(), rb, false);  // received into cp.back_rows
   char* recv = static_cast<char*>(cp.back_rows.data()) + cp.back_base[size_t(c)] * rb;
   gather_and_exchange(ctx, tr, back_route(p), rows.data, p.back_grouped.ptr<int32_t>(), st.send,
                       recv, rb);
