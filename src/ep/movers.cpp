@@ -380,10 +380,10 @@ GroupedTensor ep_dispatch_fp8(Context& ctx, Transport& tr, const EpPlan& p,
                   {"x_grouped.scale_inv", &x_grouped.scale_inv}});
   // Pack: one wire row per sent token, the H fp8 bytes then its H / 128 fp32 scales (padded to 16
   // bytes), so data and scales travel in one exchange.
-  Stage st = route_stage(ctx, p, forward_route(p), tr.rank(), wire);
+  const Route fwd = forward_route(p);
+  Stage st = route_stage(ctx, p, fwd, tr.rank(), wire);
   const char* recv = static_cast<const char*>(st.recv);
   const int32_t* tok = p.send_token.ptr<int32_t>();
-  const Route fwd = forward_route(p);
   pack_others_and_exchange(
       ctx, tr, fwd, st.send, st.recv, wire, [&](void* dst, int64_t first, int64_t n) {
         char* d = static_cast<char*>(dst);
