@@ -140,7 +140,7 @@ std::string w4_decode_name(const W4Launch& l, int sm_count) {
 
 size_t w4_decode_workspace_size(const W4Launch& l, int sm_count) {
   const DecodeGeometry geo = decode_geometry(l, sm_count);
-  return DecodeWorkspace::plan_bytes(l.dims.G) +
+  return DecodeWorkspace::plan_bytes(l.dims.G) + DecodeWorkspace::xp_bytes(l.dims.M, geo.steps) +
          DecodeWorkspace::partial_bytes(l.dims.M, l.dims.N, geo.ksplit);
 }
 
@@ -156,12 +156,13 @@ void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws, size_t) {
   DecodeParams p{};
   p.plan = DecodeWorkspace::plan(ws, d.G);
   int64_t* wide_item_start = DecodeWorkspace::wide_item_start(ws, d.G);
-  launch_decode_plan(ctx, l, geo, p.plan, wide_item_start);
+  uint16_t* xp = DecodeWorkspace::xp(ws, d.G);
+  launch_decode_plan(ctx, l, geo, p.plan, wide_item_start, xp);
   if (geo.grid == 0) return;  // no rows
   p.w = W4Weights::of(l);
   p.bias = static_cast<const uint16_t*>(l.bias);
   p.out = static_cast<uint16_t*>(l.out);
-  p.partial = geo.ksplit > 1 ? DecodeWorkspace::partial(ws, d.G) : nullptr;
+  p.partial = geo.ksplit > 1 ? DecodeWorkspace::partial(ws, d.G, d.M, geo.steps) : nullptr;
   p.M = d.M;
   p.N = d.N;
   p.K = d.K;
@@ -189,9 +190,12 @@ void w4_decode_gemm(Context& ctx, const W4Launch& l, void* ws, size_t) {
   tp.p = p;
   tp.codes = make_tensor_map_2d("grouped_gemm (decode, w.data)", l.w, 1, d.K / 2, d.G * d.N,
                                 d.K / 2, DecodeConfig::kSubK / 2, DecodeConfig::kRows);
-  // The activations in boxes of one pass's rows.
+  // The activations in fragment order ([steps * M, kStepK]), in boxes of one pass's rows.
+  GROUPMM_CHECK(int64_t(geo.steps) * d.M < (int64_t(1) << 31), "grouped_gemm: M=", d.M, ", K=", d.K,
+                " exceed the decode kernel's 32-bit activation coordinates");
   auto x_map = [&](int tiles) {
-    return make_tensor_map_2d("grouped_gemm (decode, x)", l.x, 2, d.K, d.M, d.K * 2,
+    return make_tensor_map_2d("grouped_gemm (decode, x)", xp, 2, DecodeConfig::kStepK,
+                              int64_t(geo.steps) * d.M, DecodeConfig::kXRowBytes,
                               DecodeConfig::kStepK, 8 * tiles);
   };
   tp.x = x_map(geo.token_tiles);

@@ -16,8 +16,8 @@ DecodeLaunch decode_launch(int token_tiles);
 // The launch geometry from host-known values (decode.cu).
 DecodeGeometry decode_geometry(const W4Launch& l, int sm_count);
 // The setup kernel (decode_plan.cu): plan arrays from the device splits; wide_item_start
-// ([G + 1]) is written when geo.wide_tiles > 0.
+// ([G + 1]) is written when geo.wide_tiles > 0; xp: x in fragment order (DecodeWorkspace::xp).
 void launch_decode_plan(Context& ctx, const W4Launch& l, const DecodeGeometry& geo,
-                        const DecodePlan& plan, int64_t* wide_item_start);
+                        const DecodePlan& plan, int64_t* wide_item_start, uint16_t* xp);
 
 }  // namespace groupmm::cuda::w4

@@ -1,9 +1,9 @@
 // The 4-bit weight decode GEMM (gemm.hpp, W4GemmArgs, path decode): its fixed configuration, its
 // variants, the device plan and the kernel arguments. The parts:
 //   decode_config.cuh  this file
-//   decode_plan.cu     the setup kernel: splits -> per-expert rows, work items, fp32 factors
-//   decode_kernel.cuh  the kernel: items, the copies, the activation stage, the mma loop, the
-//                      epilogue
+//   decode_plan.cu     the setup kernel: splits -> per-expert rows, work items, fp32 factors;
+//                      the activations in fragment order
+//   decode_kernel.cuh  the kernel: items, the copies, the mma loop, the epilogue
 //   decode.cu          host side: geometry, tensor maps, launches, the split-K reduction kernel
 //   decode_<format>.cu the variants of one weight format
 //
@@ -16,22 +16,25 @@
 // (DecodeGeometry::wide_tiles) the experts above a narrow pass are items of a second launch, of
 // the wider variant, numbered by their own prefix sums.
 //
-// Copies. A unit's weights (128 rows x kStepK codes) and raw activations (kTokens x kStepK bf16)
-// arrive in a ring slot of shared memory by bulk tensor copies (TMA), which one thread issues
-// kDepth - 1 units ahead; a barrier per slot counts the bytes. So the threads spend neither
-// instructions nor registers on weight loads (the kernel is bound by instruction issue: a unit's
-// dequantization and mma are most of its instructions); only the scale bytes go through
-// registers, one unit ahead. Past K, M or the last weight row the copies fill zeros; the weight
-// rows of the next expert and the activation rows of the next pass that a box also covers only
-// reach outputs that are never stored (y columns past N, y rows past the pass).
+// Copies. A unit's weights (128 rows x kStepK codes) and activations (kTokens x kStepK bf16, in
+// B-fragment order, below) arrive in a ring slot of shared memory by bulk tensor copies (TMA),
+// which one thread issues kDepth - 1 units ahead; a barrier per slot counts the bytes, and a CTA
+// barrier closing each unit frees its slot. So the threads spend neither instructions nor
+// registers on weight loads (the kernel is bound by instruction issue: a unit's dequantization
+// and mma are most of its instructions); only the scale bytes go through registers, one unit
+// ahead. Past K, M or the last weight row the copies fill zeros; the weight rows of the next
+// expert and the activation rows that a box also covers (of the next pass, or the next step's
+// first rows) only reach outputs that are never stored (y columns past N, y rows past the pass).
 //
 // A warp owns 16 rows of the item (one m16n8k16 tile along N): lane (gid, t) = (lane / 4,
 // lane % 4) reads rows gid and gid + 8, at K offsets 128 i + 32 t of the unit (16 bytes each; a
 // sub-block's rows are 64 bytes apart in the slot, so a quarter warp reads 128 contiguous
 // bytes). The K order inside a 128-wide sub-block is permuted (qnum::e2m1x8_raw): logical
-// columns 2t.. of mma (j, h) are the codes of thread t's word j. Every thread stages its share of
-// the activations in that order (qnum::w4_x_pairs), one 16-byte B fragment per (sub-block, word,
-// token, t), so a warp's B load is 512 contiguous bytes.
+// columns 2t.. of mma (j, h) are the codes of thread t's word j. The setup kernel writes the
+// activations in that order once per call (qnum::w4_x_pairs; DecodeWorkspace::xp): a row's step
+// is 8 chunks (sub-block, word) of four 16-byte B fragments (t), the chunks rotated by the row, so
+// a unit's box of kTokens rows lands as 512-byte rows and a warp's B load of one chunk (8 tokens x
+// 4 t) touches every bank once a quarter warp.
 #pragma once
 
 #include <cuda.h>
@@ -46,15 +49,18 @@ namespace groupmm::cuda::w4 {
 struct DecodeConfig {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kWarpRows = 16;              // one mma tile of W rows per warp
-  static constexpr int kRows = kWarps * kWarpRows;  // W rows per item
-  static constexpr int kThreadK = 32;               // codes per 16-byte load
-  static constexpr int kSubK = 4 * kThreadK;        // K per sub-block: 4 lanes per row
-  static constexpr int kSubs = 2;                   // sub-blocks per step
-  static constexpr int kStepK = kSubs * kSubK;      // K per step
-  static constexpr int kWords = kThreadK / 8;       // 32-bit code words per load
-  static constexpr int kPieceK = 8;                 // activations per 16-byte staging piece
-  static constexpr int kPiecesPerToken = kStepK / kPieceK;
+  static constexpr int kWarpRows = 16;                      // one mma tile of W rows per warp
+  static constexpr int kRows = kWarps * kWarpRows;          // W rows per item
+  static constexpr int kThreadK = 32;                       // codes per 16-byte load
+  static constexpr int kSubK = 4 * kThreadK;                // K per sub-block: 4 lanes per row
+  static constexpr int kSubs = 2;                           // sub-blocks per step
+  static constexpr int kStepK = kSubs * kSubK;              // K per step
+  static constexpr int kWords = kThreadK / 8;               // 32-bit code words per load
+  static constexpr int kPieceK = 8;                         // activations per 16-byte B fragment
+  static constexpr int kChunks = kSubs * kWords;            // (sub-block, word) chunks of a step
+  static constexpr int kChunkBytes = 4 * kPieceK * 2;       // a chunk of a row: t = 0..3
+  static constexpr int kXRowBytes = kChunks * kChunkBytes;  // a row's step: kStepK bf16
+  static_assert(kChunks == 8 && kXRowBytes == kStepK * 2, "8 chunks a step: a 3-bit rotation");
   static_assert(kWarpRows == 16, "one m16n8k16 A tile (16 rows) per warp");
   static_assert(kSubK == 128 && kWords == 4, "4 lanes x 32 codes per row and sub-block");
   static_assert(kStepK % 32 == 0, "steps hold whole mxfp4 blocks");
@@ -63,11 +69,11 @@ struct DecodeConfig {
 
 // Ring slots and CTAs per SM of the variant with kTokenTiles token tiles, within an SM's 227 KiB
 // of shared memory. The most warps that fit without spilling win (three CTAs, two with 32 tokens
-// whose accumulators spill at three); then the deepest ring that still fits them (see
-// docs/decisions.md, "4-bit decode: weights fed by the TMA unit" and "4-bit decode: four CTAs
-// per SM (not kept)").
-constexpr int decode_depth(int token_tiles) {
-  return token_tiles == 1 ? 3 : 2;
+// whose accumulators spill at three); then the deepest ring that still fits them: three slots
+// for every variant (see docs/decisions.md, "4-bit decode: weights fed by the TMA unit" and
+// "4-bit decode: four CTAs per SM (not kept)").
+constexpr int decode_depth(int /*token_tiles*/) {
+  return 3;
 }
 constexpr int decode_blocks_per_sm(int token_tiles) {
   return token_tiles == 4 ? 2 : 3;
@@ -81,18 +87,14 @@ struct DecodeVariant {
   static constexpr int kTokenTiles = kTokenTiles_;
   static constexpr int kTokens = 8 * kTokenTiles;
   static constexpr bool kNvfp4 = kRecipe == QuantRecipe::nvfp4;
-  static constexpr int kBlockK = kNvfp4 ? 16 : 32;                // codes per scale
-  static constexpr int kPieces = kTokens * Cfg::kPiecesPerToken;  // staging pieces per step
-  static constexpr int kPiecesPerThread = kPieces / Cfg::kThreads;
+  static constexpr int kBlockK = kNvfp4 ? 16 : 32;               // codes per scale
   static constexpr int kStageBytes = kTokens * Cfg::kStepK * 2;  // bf16 activations of a unit
   static_assert(kRecipe == QuantRecipe::nvfp4 || kRecipe == QuantRecipe::mxfp4, "4-bit weights");
   static_assert(kTokenTiles == 1 || kTokenTiles == 2 || kTokenTiles == 4, "8, 16 or 32 tokens");
-  static_assert(kPieces % Cfg::kThreads == 0, "every thread stages whole pieces");
 };
 
 // The shared memory of a variant: kDepth slots = [sub-block 0: 128 rows x 64 code bytes]
-// [sub-block 1][raw activations], then the two permuted activation stages, then one barrier
-// per slot.
+// [sub-block 1][activations: kTokens rows of kXRowBytes], then one barrier per slot.
 template <class V, int kDepth_ = decode_depth(V::kTokenTiles),
           int kMinBlocks_ = decode_blocks_per_sm(V::kTokenTiles)>
 struct DecodeShape {
@@ -103,17 +105,19 @@ struct DecodeShape {
   static constexpr int kSubBytes = Cfg::kRows * kRowBytes;
   static constexpr int kCodeBytes = Cfg::kSubs * kSubBytes;
   static constexpr int kSlotBytes = kCodeBytes + V::kStageBytes;
-  static constexpr int kStage16 = V::kStageBytes / 16;
   static constexpr int kRingBytes = kDepth * kSlotBytes;
-  static constexpr int kSmemBytes = kRingBytes + 2 * V::kStageBytes + kDepth * 8;
+  static constexpr int kSmemBytes = kRingBytes + kDepth * 8;
   static_assert(kRowBytes == 64 && Cfg::kThreadK / 2 == 16,
                 "a lane's codes: 16 of a row's 64 bytes");
   static_assert(kSubBytes % 128 == 0 && V::kStageBytes % 128 == 0, "copies land 128-byte aligned");
+  static_assert(kCodeBytes % 512 == 0 && kSlotBytes % 512 == 0,
+                "activation boxes 512-byte aligned (the chunk rotation's XOR)");
   static_assert(kDepth >= 2, "one slot in use, one being filled");
   static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "the CTAs fit an SM");
 };
 
-// Per-expert arrays in the workspace, written by the setup kernel (decode_plan.cu).
+// Per-expert arrays in the workspace, written by the setup kernel (decode_plan.cu) with the
+// activations in fragment order (DecodeWorkspace::xp).
 struct DecodePlan {
   int64_t* start;       // [G + 1] clamped first row; [G]: the rows covered (min(sum, M))
   int64_t* rows;        // [G] clamped rows
@@ -139,8 +143,9 @@ struct DecodeParams {
 };
 
 // The kernel's arguments: DecodeParams and the tensor maps of the codes ([G * N, K / 2] bytes,
-// boxes of 128 rows x 64 bytes) and of the activations ([M, K] bf16, boxes of kTokens rows x
-// kStepK), made on the host for each call (they hold the pointers, not the splits).
+// boxes of 128 rows x 64 bytes) and of the activations in fragment order ([steps * M, kStepK]
+// bf16, boxes of kTokens rows), made on the host for each call (they hold the pointers, not the
+// splits).
 struct DecodeTmaParams {
   DecodeParams p;
   CUtensorMap codes;
@@ -161,12 +166,19 @@ struct DecodeGeometry {
   std::string to_string() const;
 };
 
-// Workspace layout (each part 256-byte aligned): plan arrays, then split-K partial sums.
+// Workspace layout (each part 256-byte aligned): plan arrays, the activations in fragment order,
+// then split-K partial sums.
 struct DecodeWorkspace {
   static constexpr size_t kAlign = 256;
   static size_t aligned(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
   static size_t plan_bytes(int64_t G) {
     return aligned(static_cast<size_t>(4 * (G + 1)) * 8 + static_cast<size_t>(G) * 4);
+  }
+  // x in B-fragment order: [steps][M][kChunks][4] 16-byte pieces; chunk c = 4 i + j of row r sits
+  // at position c ^ (r % 8) of the row's step and holds the 8 activations at K = step * kStepK +
+  // i * kSubK + t * kThreadK + j * kPieceK (t = 0..3) in w4_x_pairs order; zeros past K.
+  static size_t xp_bytes(int64_t M, int steps) {
+    return aligned(static_cast<size_t>(steps) * DecodeConfig::kStepK * M * 2);
   }
   static size_t partial_bytes(int64_t M, int64_t N, int ksplit) {
     return ksplit > 1 ? aligned(static_cast<size_t>(ksplit * M * N) * 4) : 0;
@@ -180,8 +192,11 @@ struct DecodeWorkspace {
   static int64_t* wide_item_start(void* ws, int64_t G) {
     return static_cast<int64_t*>(ws) + 3 * (G + 1);
   }
-  static float* partial(void* ws, int64_t G) {
-    return reinterpret_cast<float*>(static_cast<char*>(ws) + plan_bytes(G));
+  static uint16_t* xp(void* ws, int64_t G) {
+    return reinterpret_cast<uint16_t*>(static_cast<char*>(ws) + plan_bytes(G));
+  }
+  static float* partial(void* ws, int64_t G, int64_t M, int steps) {
+    return reinterpret_cast<float*>(static_cast<char*>(ws) + plan_bytes(G) + xp_bytes(M, steps));
   }
 };
 

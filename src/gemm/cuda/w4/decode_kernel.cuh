@@ -56,6 +56,7 @@ struct Item {
   ItemPlace pl;
   const uint8_t* sc;  // row gid of the warp (row gid + 8: DecodeParams::scale_row8 on)
   int kleft[2];       // rows gid, gid + 8: K left after the thread's first code (0 past N)
+  uint32_t xoff;      // the thread's B fragment of chunk 0 and token gid in a slot's activations
 };
 
 template <class V>
@@ -75,6 +76,8 @@ __device__ __forceinline__ Item thread_item(const DecodeParams& p, int id, int w
              : p.w.scales;
   it.kleft[0] = ok ? static_cast<int>(p.K) - k0 : 0;
   it.kleft[1] = n + 8 < p.N ? it.kleft[0] : 0;
+  // Token gid's row of the box is x row row0 + gid, its chunks rotated by that row (xp's layout).
+  it.xoff = gid * Cfg::kXRowBytes + t * 16 + (((it.pl.row0 + gid) & 7) * Cfg::kChunkBytes);
   return it;
 }
 
@@ -91,7 +94,7 @@ __device__ __forceinline__ void fetch_unit(const DecodeTmaParams& P, const ItemP
   for (int i = 0; i < Cfg::kSubs; ++i)
     tma_load_2d(slot + i * S::kSubBytes, &P.codes, (step * Cfg::kStepK + i * Cfg::kSubK) / 2, row,
                 full);
-  tma_load_2d(slot + S::kCodeBytes, &P.x, step * Cfg::kStepK, it.row0, full);
+  tma_load_2d(slot + S::kCodeBytes, &P.x, 0, step * static_cast<int>(P.p.M) + it.row0, full);
 }
 
 // The producer's cursor, kDepth - 1 units ahead of the threads' (warp 0 keeps it).
@@ -136,24 +139,6 @@ __device__ __forceinline__ void load_scales(const DecodeParams& p, const Item& i
   }
 }
 
-// The permuted activation stage from a slot's raw copy ([kTokens][kStepK] bf16): piece (token,
-// K offset 128 i + 32 t + 8 j) goes to B fragment ((i * 4 + j) * kTokens + token) * 4 + t,
-// permuted like the weights' raw words. Each thread permutes its own pieces; the CTA barrier
-// after it publishes the stage.
-template <class V>
-__device__ __forceinline__ void stage_x(uint4* stage, const uint4* raw, int tid) {
-#pragma unroll
-  for (int q = 0; q < V::kPiecesPerThread; ++q) {
-    const int piece = tid + q * Cfg::kThreads;
-    const int token = piece / Cfg::kPiecesPerToken, k8 = piece % Cfg::kPiecesPerToken;
-    const int i = k8 >> 4, t = (k8 >> 2) & 3, j = k8 & 3;
-    const uint4 v = raw[piece];
-    uint32_t o[4];
-    qnum::w4_x_pairs(v.x, v.y, v.z, v.w, o);
-    stage[((i * 4 + j) * V::kTokens + token) * 4 + t] = make_uint4(o[0], o[1], o[2], o[3]);
-  }
-}
-
 // ---- the multiply -----------------------------------------------------------------------------
 // The weights of one unit for one thread: rows gid, gid + 8, sub-blocks i (16 bytes each, from
 // the slot), and their scale bytes.
@@ -162,13 +147,23 @@ struct StepRegs {
   uint32_t s[2][Cfg::kSubs];
 };
 
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
-// acc += the unit's weights x activations. kTwo (mxfp4): scales past 2^1 need two multipliers.
+// acc += the unit's weights x activations. xa: the shared address of the thread's B fragment of
+// chunk 0 and token gid in the slot (DecodeWorkspace::xp); chunk c's is xa ^ (c * 64), token
+// gid + 8 k's 512 k bytes on. kTwo (mxfp4): scales past 2^1 need two multipliers.
 template <class V, bool kTwo>
-__device__ __forceinline__ void multiply(const StepRegs& r, const uint4* stage, int lane,
+__device__ __forceinline__ void multiply(const StepRegs& r, uint32_t xa,
                                          float (&acc)[V::kTokenTiles][4]) {
 #pragma unroll
   for (int i = 0; i < Cfg::kSubs; ++i) {
@@ -195,7 +190,7 @@ __device__ __forceinline__ void multiply(const StepRegs& r, const uint4* stage, 
       }
 #pragma unroll
       for (int c = 0; c < V::kTokenTiles; ++c) {
-        const uint4 b = stage[((i * 4 + j) * V::kTokens + c * 8) * 4 + lane];
+        const uint4 b = lds128((xa ^ ((i * 4 + j) * Cfg::kChunkBytes)) + c * 8 * Cfg::kXRowBytes);
         mma_bf16_16816(acc[c], a0[0], a1[0], a0[1], a1[1], b.x, b.y);
         mma_bf16_16816(acc[c], a0[2], a1[2], a0[3], a1[3], b.z, b.w);
       }
@@ -237,10 +232,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, S::kMinBlocks)
   const DecodeParams& p = P.p;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, t = lane & 3;
-  extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* ring = smem;                                           // [kDepth] slots
-  uint4* stage = reinterpret_cast<uint4*>(smem + S::kRingBytes);  // [2][kStage16] permuted x
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kRingBytes + 2 * V::kStageBytes);
+  // 1024-byte aligned: the slots' activation boxes then start at multiples of 512 bytes, so a
+  // chunk's XOR (multiply) stays inside the thread's 512-byte token row.
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint8_t* ring = smem;                                                // [kDepth] slots
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kRingBytes);  // [kDepth] one a slot
   if (tid == 0) {
     tma_prefetch_map(&P.codes);
     tma_prefetch_map(&P.x);
@@ -248,7 +244,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, S::kMinBlocks)
     for (int d = 0; d < S::kDepth; ++d) mbar_init(&full[d], 1);
     mbar_init_fence();
   }
-  pdl_wait();  // the plan kernel
+  pdl_wait();  // the plan kernel (plan arrays and the activations in fragment order)
   __syncthreads();
   const int total = static_cast<int>(p.plan.item_start[p.G]);
   int id = static_cast<int>(blockIdx.x);
@@ -257,7 +253,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, S::kMinBlocks)
 
   // Unit u (the CTA's u-th item step) lives in slot u % kDepth, its barrier's phase u / kDepth.
   // Units 0 .. kDepth - 2 are in flight before the loop; unit u issues unit u + kDepth - 1 into
-  // the slot the barrier closing unit u - 1 freed.
+  // the slot the CTA barrier closing unit u - 1 freed.
   Fetcher<V, S> f{id, 0, total, {}};
   if (warp == 0) {
     f.it = place_item<V>(p, id, lane);
@@ -266,15 +262,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, S::kMinBlocks)
   Item it = thread_item<V>(p, id, warp, lane);
   ScaleRegs ra, rb;
   load_scales<V>(p, it, 0, ra);
-  mbar_wait(&full[0], 0);
-  stage_x<V>(stage, reinterpret_cast<const uint4*>(slot(0) + S::kCodeBytes), tid);
-  __syncthreads();
 
   float acc[V::kTokenTiles][4] = {};
   int s = 0;
   uint32_t u = 0;
-  // One unit: refill the freed slot, load the next unit's scales, multiply this unit from its
-  // slot and stage, stage the next unit's activations, one CTA barrier. False after the last.
+  // One unit: refill the slot unit u - 1 freed, load the next unit's scales, wait for this unit's
+  // bytes, multiply, one CTA barrier. False after the last.
   auto unit = [&](const ScaleRegs& cur, ScaleRegs& nxt) {
     if (warp == 0 && f.live()) {
       const uint32_t v = u + S::kDepth - 1;
@@ -289,8 +282,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, S::kMinBlocks)
     }
     const bool more = nid < total;
     if (more) load_scales<V>(p, nit, ns, nxt);
-    // Unit u's slot is complete: every thread waited on its barrier to stage its activations
-    // (in unit u - 1, or before the loop), and the codes arrive on the same barrier phase.
+    mbar_wait(&full[u % S::kDepth], (u / S::kDepth) & 1);
     if (it.pl.n0 + warp * Cfg::kWarpRows < p.N) {  // warp-uniform: rows past N have no work
       const uint8_t* codes = slot(u) + (warp * Cfg::kWarpRows + gid) * S::kRowBytes + t * 16;
       StepRegs r;
@@ -301,9 +293,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, S::kMinBlocks)
         r.s[0][i] = cur.s[0][i];
         r.s[1][i] = cur.s[1][i];
       }
-      const uint4* st = stage + (u & 1) * S::kStage16;
+      const uint32_t xa = smem_addr(slot(u) + S::kCodeBytes) + it.xoff;
       if constexpr (V::kNvfp4) {
-        multiply<V, false>(r, st, lane, acc);
+        multiply<V, false>(r, xa, acc);
       } else {
         bool two = false;
 #pragma unroll
@@ -312,20 +304,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, S::kMinBlocks)
           for (int i = 0; i < Cfg::kSubs; ++i)
             two = two || qnum::w4_mxfp4_needs_two(static_cast<uint8_t>(r.s[row][i]));
         if (__any_sync(0xFFFFFFFFu, two)) {  // rare: a block amax above 12
-          multiply<V, true>(r, st, lane, acc);
+          multiply<V, true>(r, xa, acc);
         } else {
-          multiply<V, false>(r, st, lane, acc);
+          multiply<V, false>(r, xa, acc);
         }
       }
       if (s + 1 == it.pl.nsteps) store_item<V>(p, it, warp, gid, t, acc);
     }
-    if (more) {
-      const uint32_t v = u + 1;
-      mbar_wait(&full[v % S::kDepth], (v / S::kDepth) & 1);
-      stage_x<V>(stage + (v & 1) * S::kStage16,
-                 reinterpret_cast<const uint4*>(slot(v) + S::kCodeBytes), tid);
-    }
-    __syncthreads();
+    __syncthreads();  // every warp done with the slot before unit u + 1 refills it
     it = nit;
     id = nid;
     s = ns;
