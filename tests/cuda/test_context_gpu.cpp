@@ -37,21 +37,32 @@ TEST(ContextGpu, FreedTensorsStayPooledAcrossASynchronizeUntilReleased) {
     GROUPMM_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
     return int64_t(free_b);
   };
-  constexpr int64_t kBytes = int64_t(1) << 30;
+  // The driver's free count, not the pool's own counters: what the test is about is memory the
+  // driver got back. Earlier tests may leave live Tensors in the pool's chunks, whose free parts
+  // release cannot return, so a GiB may be partly served from those: the checks compare the
+  // free count while the GiB is alive with the counts after it is freed, not with one GiB.
+  constexpr int64_t kBytes = int64_t(1) << 30, kSlack = kBytes / 16;
   GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
   release_cached_device_memory();
   const int64_t before = free_bytes();
-  { Tensor t = Tensor::empty({kBytes / 4}, DType::int32, Device::CUDA, stream); }  // freed
+  int64_t mapped = 0, alive = 0;
+  {
+    Tensor t = Tensor::empty({kBytes / 4}, DType::int32, Device::CUDA, stream);
+    alive = free_bytes();
+    mapped = before - alive;  // what the GiB took from the driver
+  }                           // freed
+  ASSERT_GE(mapped, kBytes / 2) << "the GiB came from memory the pool kept: nothing to test";
   GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
   const int64_t pooled = free_bytes();
-  EXPECT_GE(before - pooled, kBytes) << "the freed GiB went back to the driver at the synchronize";
+  EXPECT_LE(pooled - alive, kSlack) << "the freed GiB went back to the driver at the synchronize";
   {
     Tensor again = Tensor::empty({kBytes / 4}, DType::int32, Device::CUDA, stream);
-    EXPECT_LE(pooled - free_bytes(), kBytes / 16) << "the pooled GiB was not reused";
+    EXPECT_LE(pooled - free_bytes(), kSlack) << "the pooled GiB was not reused";
   }
   GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
   release_cached_device_memory();
-  EXPECT_GE(free_bytes() - pooled, kBytes) << "release_cached_device_memory() kept the GiB";
+  EXPECT_GE(free_bytes() - pooled, mapped - kSlack)
+      << "release_cached_device_memory() kept the GiB";
   cudaStreamDestroy(stream);
 }
 
