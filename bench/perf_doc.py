@@ -205,18 +205,18 @@ def gemm_w4_decode_passes(dd):
 def peers_triton(dd):
     d = load("peers_triton_mxfp4_h200", dd)
     return caption(d) + "\n" + table(
-        ["tokens", "triton_kernels gate_up / down", "groupmm gate_up / down", "groupmm / peer speed",
-         "max rel. diff"],
-        [[r["tokens"], r["peer"], r["groupmm"], r["ratio"], r["max_rel_diff"]] for r in rows_of(d)]) + \
-        f"\n{d['notes']}\n"
+        ["run", "tokens", "triton_kernels gate_up / down", "groupmm gate_up / down",
+         "groupmm / peer speed", "max rel. diff"],
+        [[r["run"], r["tokens"], r["peer"], r["groupmm"], r["ratio"], r["max_rel_diff"]]
+         for r in rows_of(d)]) + f"\n{d['notes']}\n"
 
 
 def peers_serving_triton(dd):
     d = load("peers_serving_triton_h200", dd)
     return caption(d) + "\n" + table(
-        ["tokens", "active experts", "groupmm us", "triton_kernels layer us", "groupmm / peer speed",
-         "max rel. diff (ambiguous tokens)"],
-        [[r["tokens"], r["active_experts"], f"{r['groupmm_us']:.1f}", f"{r['peer_us']:.1f}", f2(r["ratio"]),
+        ["run", "tokens", "active experts", "groupmm us", "triton_kernels layer us",
+         "groupmm / peer speed", "max rel. diff (ambiguous tokens)"],
+        [[r["run"], r["tokens"], r["active_experts"], f"{r['groupmm_us']:.1f}", f"{r['peer_us']:.1f}", f2(r["ratio"]),
           f"{r['max_rel_diff']:.1e} ({r['ambiguous']})"] for r in rows_of(d)]) + f"\n{d['notes']}\n"
 
 
@@ -363,9 +363,9 @@ def ep_scaling(dd):
 def ep_overlap(dd):
     d = load("ep_overlap_h200x2", dd)
     return caption(d) + "\n" + table(
-        ["run", "case", "R", "exchange us", "experts us", "step, 1 chunk", "step, 2 chunks",
-         "exposed us", "exposed / exchange"],
-        [[r["run"], r["case"], r["R"], r["exchange_us"], r["experts_us"], r["step1_us"],
+        ["run", "case", "R", "chunks", "exchange us", "experts us", "step, 1 chunk",
+         "step, chunked", "exposed us", "exposed / exchange"],
+        [[r["run"], r["case"], r["R"], r.get("chunks", 2), r["exchange_us"], r["experts_us"], r["step1_us"],
           r["stepn_us"], r["exposed_us"], f2(r["exposed_us"] / r["exchange_us"])]
          for r in rows_of(d)])
 
