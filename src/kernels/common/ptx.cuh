@@ -29,6 +29,18 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// ---- shared memory -----------------------------------------------------------------------------
+// 16 bytes at the shared address `addr` (16-byte aligned) by ld.shared: the generic loads the
+// compiler makes of a pointer it cannot prove shared take longer. Volatile: ordered after the
+// (volatile) barrier waits that publish the data.
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+
 // A contiguous run of global memory into L2 (a hint: nothing waits for it). bytes: a multiple of
 // 16, src 16-byte aligned, the range inside one allocation.
 __device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {

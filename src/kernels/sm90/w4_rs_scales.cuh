@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "groupmm/core.hpp"
+#include "kernels/common/ptx.cuh"
 #include "kernels/common/tma.cuh"
 #include "kernels/sm90/gathered_gemm.cuh"
 #include "numerics/quantize_layout.hpp"
@@ -34,16 +35,9 @@ struct W4RsParams {
 
 namespace w4rs {
 
-// 16 bytes of shared memory at generic address `a` by ld.shared (the generic loads the compiler
-// makes of a pointer it cannot prove shared take longer). Volatile: ordered after the stage's
-// barrier wait, which is volatile too.
+// 16 bytes of shared memory at generic address `a` (ld_shared_v4).
 __device__ __forceinline__ uint4 lds128(const void* a) {
-  uint4 v;
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(a));
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(s));
-  return v;
+  return ld_shared_v4(smem_addr(a));
 }
 
 // One row's scale bytes of a stage: mxfp4 two (blocks 2 kb, 2 kb + 1: slices 0-1, 2-3), nvfp4

@@ -72,9 +72,7 @@ struct DecodeConfig {
 // whose accumulators spill at three); then the deepest ring that still fits them: three slots
 // for every variant (see docs/decisions.md, "4-bit decode: weights fed by the TMA unit" and
 // "4-bit decode: four CTAs per SM (not kept)").
-constexpr int decode_depth(int /*token_tiles*/) {
-  return 3;
-}
+constexpr int kDecodeDepth = 3;
 constexpr int decode_blocks_per_sm(int token_tiles) {
   return token_tiles == 4 ? 2 : 3;
 }
@@ -95,7 +93,7 @@ struct DecodeVariant {
 
 // The shared memory of a variant: kDepth slots = [sub-block 0: 128 rows x 64 code bytes]
 // [sub-block 1][activations: kTokens rows of kXRowBytes], then one barrier per slot.
-template <class V, int kDepth_ = decode_depth(V::kTokenTiles),
+template <class V, int kDepth_ = kDecodeDepth,
           int kMinBlocks_ = decode_blocks_per_sm(V::kTokenTiles)>
 struct DecodeShape {
   using Cfg = DecodeConfig;

@@ -147,14 +147,6 @@ struct StepRegs {
   uint32_t s[2][Cfg::kSubs];
 };
 
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr));
-  return v;
-}
-
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
@@ -190,7 +182,8 @@ __device__ __forceinline__ void multiply(const StepRegs& r, uint32_t xa,
       }
 #pragma unroll
       for (int c = 0; c < V::kTokenTiles; ++c) {
-        const uint4 b = lds128((xa ^ ((i * 4 + j) * Cfg::kChunkBytes)) + c * 8 * Cfg::kXRowBytes);
+        const uint4 b =
+            ld_shared_v4((xa ^ ((i * 4 + j) * Cfg::kChunkBytes)) + c * 8 * Cfg::kXRowBytes);
         mma_bf16_16816(acc[c], a0[0], a1[0], a0[1], a1[1], b.x, b.y);
         mma_bf16_16816(acc[c], a0[2], a1[2], a0[3], a1[3], b.z, b.w);
       }
