@@ -286,21 +286,19 @@ void ep_combine_backward(Context& ctx, Transport& tr, const EpPlan& p, const Ten
   Stage st = route_stage(ctx, p, forward_route(p), tr.rank(), rb);
   const RecvRows recv = gather_others_and_exchange(
       ctx, tr, forward_route(p), dy.data, p.send_token.ptr<int32_t>(), st.send, st.recv, rb);
-  Stage aux;
-  if (weighted) {
-    aux = aux_stage(ctx, p);
-    weights_forward(ctx, tr, p, weights, aux);
-  }
-  // Expert side: d_y_grouped, and one d_weight per entry (written over the sent weights). Without
-  // weights it is the dispatch's unpack of dy.
-  float* dw_send = weighted ? static_cast<float*>(aux.send) : nullptr;
-  if (weighted)
-    GROUPMM_EP_CALL(ctx, ep_combine_backward_expert, ctx, p, recv,
-                    static_cast<const float*>(aux.recv), y_grouped, d_y_grouped, dw_send,
-                    p.cap.zero_tail);
-  else
+  if (!weighted) {  // the dispatch's unpack of dy
     unpack_rows(ctx, p, d_y_grouped.data, recv, rb);
-  if (weighted) values_home(ctx, tr, p, aux, d_weights, nullptr);  // dropped slots get 0
+    ctx.after_op();
+    return;
+  }
+  // Expert side: d_y_grouped, and one d_weight per entry (written over the sent weights), which
+  // go home (dropped slots get 0).
+  const Stage aux = aux_stage(ctx, p);
+  weights_forward(ctx, tr, p, weights, aux);
+  GROUPMM_EP_CALL(ctx, ep_combine_backward_expert, ctx, p, recv,
+                  static_cast<const float*>(aux.recv), y_grouped, d_y_grouped,
+                  static_cast<float*>(aux.send), p.cap.zero_tail);
+  values_home(ctx, tr, p, aux, d_weights, nullptr);
   ctx.after_op();
 }
 
