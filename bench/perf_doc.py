@@ -202,6 +202,16 @@ def gemm_w4_decode_passes(dd):
          "speedup", "forced 8 / 16 / 32 us"], body) + f"\n{d['notes']}\n"
 
 
+def gemm_w4_decode_ctas(dd):
+    d = load("gemm_w4_decode_ctas_h200", dd)
+    body = [[r["format"], r["case"], r["timing"], f"{r['three_ctas_us']:.1f}", f"{r['two_ctas_us']:.1f}",
+             f2(r["three_ctas_us"] / r["two_ctas_us"]),
+             "" if r["two_ctas_4_slots_us"] is None else f"{r['two_ctas_4_slots_us']:.1f}"] for r in rows_of(d)]
+    return caption(d) + "\n" + table(
+        ["format", "case", "timing", "three CTAs an SM us", "two CTAs us", "speedup", "two CTAs, four slots us"],
+        body) + f"\n{d['notes']}\n"
+
+
 def peers_triton(dd):
     d = load("peers_triton_mxfp4_h200", dd)
     return caption(d) + "\n" + table(
@@ -415,7 +425,7 @@ def python_overhead(dd):
 
 TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
-    peers_deepgemm, gemm_w4, gemm_w4_fused, gemm_w4_decode_passes, peers_triton, peers_serving_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
+    peers_deepgemm, gemm_w4, gemm_w4_fused, gemm_w4_decode_passes, gemm_w4_decode_ctas, peers_triton, peers_serving_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
     moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, kernel_down_dgrad, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
     python_overhead, hf_backends, grouped_mm_dropin)}
 

@@ -68,13 +68,15 @@ struct DecodeConfig {
 };
 
 // Ring slots and CTAs per SM of the variant with kTokenTiles token tiles, within an SM's 227 KiB
-// of shared memory. The most warps that fit without spilling win (three CTAs, two with 32 tokens
-// whose accumulators spill at three); then the deepest ring that still fits them: three slots
-// for every variant (see docs/decisions.md, "4-bit decode: weights fed by the TMA unit" and
-// "4-bit decode: four CTAs per SM (not kept)").
+// of shared memory. The most warps that fit without spilling win: three CTAs with 8 tokens, two
+// with 16 and 32, which spill at three (80 registers hold neither the 32-token accumulators nor
+// the 16-token ones beside the scales); then the deepest ring that still fits them: three slots
+// for every variant, a fourth gains nothing at two CTAs (see docs/decisions.md, "4-bit decode:
+// weights fed by the TMA unit", "4-bit decode: four CTAs per SM (not kept)" and "4-bit decode:
+// two CTAs an SM for 16-token passes").
 constexpr int kDecodeDepth = 3;
 constexpr int decode_blocks_per_sm(int token_tiles) {
-  return token_tiles == 4 ? 2 : 3;
+  return token_tiles == 1 ? 3 : 2;
 }
 
 // A variant: the weight format and the tokens of a pass (8 per mma N tile).
