@@ -305,12 +305,29 @@ def moe_dense_bound(dd):
 
 def moe_bench_bound(dd):
     d = load("moe_bench_bound_h200", dd)
-    base = {r["case"]: r["fb_us"] for r in rows_of(d, recipe="bf16")}
+    base = {(r["run"], r["case"]): r["fb_us"] for r in rows_of(d, recipe="bf16")}
     return caption(d) + "\n" + table(
-        ["case", "recipe", "fwd us (bound)", "share", "fwd + bwd us (bound)", "share", "f+b vs bf16"],
-        [[r["case"], r["recipe"], f"{r['fwd_us']} ({r['bound_fwd_us']})", pct(r["bound_fwd_us"] / r["fwd_us"]),
-          f"{r['fb_us']} ({r['bound_fb_us']})", pct(r["bound_fb_us"] / r["fb_us"]),
-          f"{base[r['case']] / r['fb_us']:.2f}x"] for r in rows_of(d)])
+        ["run", "case", "recipe", "fwd us (bound)", "share", "fwd + bwd us (bound)", "share", "f+b vs bf16"],
+        [[r["run"], r["case"], r["recipe"], f"{r['fwd_us']} ({r['bound_fwd_us']})",
+          pct(r["bound_fwd_us"] / r["fwd_us"]), f"{r['fb_us']} ({r['bound_fb_us']})",
+          pct(r["bound_fb_us"] / r["fb_us"]), f"{base[(r['run'], r['case'])] / r['fb_us']:.2f}x"]
+         for r in rows_of(d)])
+
+
+def moe_stages_recipes(dd):
+    d = load("moe_stages_recipes_h200", dd)
+    recipes = ("bf16", "fp8_block", "fp8_current")
+
+    def cell(r, rec, way):
+        v = r[f"{rec}_{way}_us"]
+        if v is None:
+            return ""
+        b = r[f"bf16_{way}_us"]
+        return f"{v:.1f}" if rec == "bf16" else f"{v:.1f} ({b / v:.2f}x)"
+    return caption(d) + "\n" + table(
+        ["stage"] + [f"{rec} fwd us" for rec in recipes] + [f"{rec} bwd us" for rec in recipes],
+        [[r["stage"]] + [cell(r, rec, "fwd") for rec in recipes] + [cell(r, rec, "bwd") for rec in recipes]
+         for r in rows_of(d)]) + f"\n{d['notes']}\n"
 
 
 def kernel_gate_up(dd):
@@ -426,7 +443,7 @@ def python_overhead(dd):
 TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
     peers_deepgemm, gemm_w4, gemm_w4_fused, gemm_w4_decode_passes, gemm_w4_decode_ctas, peers_triton, peers_serving_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
-    moe_block, moe_dense_bound, moe_bench_bound, kernel_gate_up, kernel_down_dgrad, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
+    moe_block, moe_dense_bound, moe_bench_bound, moe_stages_recipes, kernel_gate_up, kernel_down_dgrad, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
     python_overhead, hf_backends, grouped_mm_dropin)}
 
 MARK = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- end -->)", re.S)
