@@ -229,6 +229,40 @@ def register(recipe="bf16"):
     return KEY
 
 
+# ---- Llama 4: its MoE layer replaced whole ------------------------------------------------------
+
+class Llama4MoE(torch.nn.Module):
+    """A Llama 4 decoder layer's feed_forward on groupmm: `moe` (a groupmm.nn.MoE built by
+    MoE.from_transformers from the layer's Llama4TextMoe) over the flattened tokens, returning
+    (y in the input's shape, the block's router loss) where Llama4TextMoe returns (y, router
+    logits); the decoder layer keeps the first."""
+
+    def __init__(self, moe):
+        super().__init__()
+        self.moe = moe
+
+    def forward(self, hidden_states):
+        y, aux = self.moe(hidden_states.reshape(-1, hidden_states.shape[-1]))
+        return y.view(hidden_states.shape), aux
+
+
+def replace_llama4_moe(model, **kw):
+    """Replaces every Llama4TextMoe in `model` (transformers' Llama 4, whose Llama4TextExperts
+    run their own bmm over every expert and do not go through the experts interface) by
+    Llama4MoE(groupmm.nn.MoE.from_transformers(layer, **kw)): the same routing (sigmoid of the
+    top-k logits scaling the experts' inputs) and weights, the shared expert included, on groupmm's
+    ops; kw goes to from_transformers (recipe, dtype, align, recompute, ...). The model's state
+    dict then holds the blocks' keys (`feed_forward.moe.router.weight`, ...), not Llama 4's.
+    Returns the number of layers replaced."""
+    from groupmm.nn import MoE
+    targets = [(parent, name, child) for parent in model.modules()
+               for name, child in parent.named_children()
+               if type(child).__name__ == "Llama4TextMoe"]
+    for parent, name, child in targets:
+        setattr(parent, name, Llama4MoE(MoE.from_transformers(child, **kw)))
+    return len(targets)
+
+
 register()
 
-__all__ = ["register", "experts_forward", "KEY"]
+__all__ = ["register", "experts_forward", "KEY", "Llama4MoE", "replace_llama4_moe"]

@@ -84,8 +84,10 @@ def from_transformers(cls, layer, dtype, device, **kw):
 
     def refuse(why):
         raise NotImplementedError(f"groupmm.nn.MoE.from_transformers: {name}: {why}")
+    if name == "Llama4TextMoe":
+        return _from_llama4(cls, layer, refuse, dtype, device, **kw)
     if name not in _SOFTMAX_TOPK_BLOCKS:
-        refuse("not a layer this block expresses (GptOssMLP, DeepseekV3MoE, "
+        refuse("not a layer this block expresses (GptOssMLP, DeepseekV3MoE, Llama4TextMoe, "
                f"{', '.join(_SOFTMAX_TOPK_BLOCKS)})" + (
                    "; Qwen2-MoE's shared expert is scaled by a sigmoid gate of its own, which "
                    "the block's shared expert has not" if name == "Qwen2MoeSparseMoeBlock"
@@ -110,6 +112,37 @@ def from_transformers(cls, layer, dtype, device, **kw):
         moe.router.weight.copy_(gate.weight)
         _copy_weight(moe.gate_up, experts.gate_up_proj, f"{name}.experts.gate_up_proj")
         _copy_weight(moe.down, experts.down_proj, f"{name}.experts.down_proj")
+    return moe
+
+
+def _from_llama4(cls, layer, refuse, dtype, device, **kw):
+    """Llama 4's layer: router [E, H] without bias, the top-k logits' sigmoids as weights (no
+    renormalization) scaling the experts' input rows, experts stored (in, out): gate_up_proj
+    [E, H, 2F] (gate columns first) and down_proj [E, F, H], a shared SwiGLU expert added."""
+    experts, router, shared = layer.experts, layer.router, layer.shared_expert
+    for what, act in (("experts'", experts.act_fn), ("shared expert's", shared.activation_fn)):
+        if type(act).__name__ not in ("SiLU", "SiLUActivation"):
+            refuse(f"the {what} activation is {type(act).__name__}; the block's is SwiGLU (SiLU)")
+    if router.bias is not None:
+        refuse("a router bias (Llama 4's router has none)")
+    E, H = router.weight.shape
+    F = experts.gate_up_proj.shape[2] // 2
+    Fs = shared.gate_proj.weight.shape[0]
+    if tuple(experts.gate_up_proj.shape) != (E, H, 2 * F) or \
+            tuple(experts.down_proj.shape) != (E, F, H):
+        refuse(f"expert weights {list(experts.gate_up_proj.shape)} and "
+               f"{list(experts.down_proj.shape)}; Llama 4's are [E, H, 2F] and [E, F, H]")
+    moe = cls(H, F, E, int(layer.top_k), shared_ffn_hidden=Fs, score="sigmoid",
+              renormalize=False, router_on_input=True, dtype=dtype, device=device, **kw)
+    name = type(layer).__name__
+    with torch.no_grad():
+        moe.router.weight.copy_(router.weight)
+        _copy_weight(moe.gate_up, experts.gate_up_proj.transpose(1, 2),
+                     f"{name}.experts.gate_up_proj")
+        _copy_weight(moe.down, experts.down_proj.transpose(1, 2), f"{name}.experts.down_proj")
+        _copy_weight(moe.shared_up, torch.cat((shared.gate_proj.weight, shared.up_proj.weight)),
+                     f"{name}.shared_expert.gate_proj / up_proj")
+        _copy_weight(moe.shared_down, shared.down_proj.weight, f"{name}.shared_expert.down_proj")
     return moe
 
 

@@ -135,6 +135,13 @@ class _FusedGateUpFn(torch.autograd.Function):
         return dx, dweights, dw, None, None, None, None, None, None, None, None
 
 
+def _permute_weighted(x, *args):
+    """permute's rows times their router weight (router_on_input): the weight rounded to x's dtype,
+    then the product (transformers' Llama4TextMoe order). Padding rows stay zero."""
+    rows, probs = ops.permute(x, *args)
+    return rows * probs.to(rows.dtype).unsqueeze(1)
+
+
 class MoE(torch.nn.Module):
     """y [T, H] = sum_j w_tj * expert_{e_tj}(x_t) (+ shared expert(x_t)), top-k routing.
 
@@ -175,6 +182,15 @@ class MoE(torch.nn.Module):
     read directly (its own forward, and forward hooks on it, do not run); its delay_wgrad and
     accumulate_into_main_grad are honoured. torch.compile traces it (delay_wgrad excepted, as for
     the layers).
+
+    router_on_input (default False): the router weight scales each expert's input row instead of
+    its activation, as Llama 4 routes: expert(w_tj x_t) where the block computes w_tj expert(x_t).
+    With a SwiGLU the two differ (the weight passes the nonlinearity). The permuted rows are
+    multiplied by their router weight, rounded to x's dtype first (as transformers' Llama4TextMoe
+    does), before the gate_up layer, and the activation is the plain SwiGLU; d weight comes from
+    that product. Needs the plain activation, bias=False, fused_gate_up=False and no ep_group
+    (ValueError otherwise). from_transformers() builds Llama 4's layer (Llama4TextMoe: sigmoid of
+    the top-k logits, no renormalization, a shared expert).
 
     bias (default False): the biases of gpt-oss's layer. The router gets a bias [E] (router.bias,
     added to the fp32 logits), gate_up a bias [E, 2F] (gate_up.bias, added by its GEMM) and down a
@@ -222,11 +238,22 @@ class MoE(torch.nn.Module):
                  scaling_factor=1.0, expert_bias=False, capacity_factor=0.0, align=None,
                  recipe="bf16", delay_wgrad=False, recompute=True, dtype=torch.bfloat16,
                  device=None, ep_group=None, ep_mode="throughput", ep_capacity=None,
-                 fused_gate_up=False, bias=False, activation=None):
+                 fused_gate_up=False, bias=False, activation=None, router_on_input=False):
         super().__init__()
         self.recompute = bool(recompute)
         self.fused_gate_up = bool(fused_gate_up)
         self.activation = _activation(activation)
+        self.router_on_input = bool(router_on_input)
+        if self.router_on_input:
+            conflict = [what for what, on in (
+                ("bias=True", bool(bias)),
+                (f"activation={self.activation}", not self.activation.plain),
+                ("fused_gate_up=True", self.fused_gate_up),
+                ("ep_group", ep_group is not None)) if on]
+            if conflict:
+                raise ValueError(f"groupmm.nn.MoE(router_on_input=True): {', '.join(conflict)}: "
+                                 "the input-weighted form takes the plain SwiGLU without biases, "
+                                 "the separate ops and no expert parallelism")
         gpt_oss_form = bool(bias) or not self.activation.plain
         if gpt_oss_form and (ep_group is not None or self.fused_gate_up):
             what = "ep_group" if ep_group is not None else "fused_gate_up=True"
@@ -318,12 +345,21 @@ class MoE(torch.nn.Module):
         act, act_args = _weighted_swiglu(self.activation)
         if self.fused_gate_up:
             h, gu, probs = self._fused_gate_up(x, plan, cap, weights, again)
+        elif self.router_on_input:
+            x_in = _permute_weighted(x, *plan, self.align, cap, weights)
+            rx = _again(_permute_weighted, x, *plan, self.align, cap, weights) if again else None
+            gu = self.gate_up(x_in, splits, is_first_microbatch, recompute_input=rx)
+            act, act_args = ops.swiglu, ()
+            h = act(gu)
         else:
             x_perm, probs = ops.permute(x, *plan, self.align, cap, weights)
             rx = _again(ops.permute, x, *plan, self.align, cap, weights, part=0) if again else None
             gu = self.gate_up(x_perm, splits, is_first_microbatch, recompute_input=rx)
             h = act(gu, probs, *act_args)
-        rh = _again(act, gu, probs, *act_args) if again else None
+        if self.router_on_input:
+            rh = _again(act, gu) if again else None
+        else:
+            rh = _again(act, gu, probs, *act_args) if again else None
         y_perm = self.down(h, splits, is_first_microbatch, recompute_input=rh)
         add = None
         if shared_on:
@@ -403,7 +439,9 @@ class MoE(torch.nn.Module):
     @classmethod
     def from_transformers(cls, layer, *, dtype=None, device=None, **kw):
         """The block equal to a transformers MoE layer (a decoder layer's `mlp`), its weights
-        copied: GptOssMLP (from_gpt_oss), DeepseekV3MoE (from_deepseek_v3), and the softmax top-k
+        copied: GptOssMLP (from_gpt_oss), DeepseekV3MoE (from_deepseek_v3), Llama4TextMoe (a
+        decoder layer's `feed_forward`: router_on_input=True, score='sigmoid' without
+        renormalization, the shared expert), and the softmax top-k
         blocks Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock and OlmoeSparseMoeBlock (router
         `gate` [E, H] without bias, softmax scores, the top-k weights renormalized as the layer's
         norm_topk_prob says (Mixtral: always), experts.gate_up_proj [E, 2F, H] with gate rows
