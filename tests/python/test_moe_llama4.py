@@ -137,3 +137,20 @@ def test_model_with_replaced_layers_matches(device):
         assert calc_diff(logits_g, logits_e) < 1e-3
         for n in kept:
             assert calc_diff(grads_g[n], grads_e[n]) < 1e-3, n
+
+
+def test_quantized_recipe_close_to_bf16():
+    """The input-weighted rows go through a quantized recipe's layers (fp8_current quantizes the
+    weighted rows): y and dx within FP8's error of the bf16 block on the same weights (the bounds
+    of the FP8 backend tests, test_hf_experts)."""
+    layer, x = layer_and_input(2, dtype=torch.bfloat16, tokens=32)
+    results = []
+    for recipe in ("bf16", "fp8_current"):
+        moe = MoE.from_transformers(layer, recipe=recipe)
+        assert moe.router_on_input and moe.recipe == recipe
+        xr = x.clone().requires_grad_()
+        y, _ = moe(xr)
+        y.float().square().sum().backward()
+        results.append((y.detach(), xr.grad))
+    (y_b, dx_b), (y_q, dx_q) = results
+    assert 0 < calc_diff(y_q, y_b) < 5e-3 and 0 < calc_diff(dx_q, dx_b) < 1e-2
