@@ -15,12 +15,13 @@ replaced whole: groupmm.integrations.transformers.replace_llama4_moe(model) (doc
 """
 
 import argparse
-import time
 
 import torch
 from transformers import Llama4ForCausalLM, Llama4TextConfig
 
 from groupmm.integrations.transformers import replace_llama4_moe
+
+from hf_train_generate import train_then_generate
 
 
 def config(real):
@@ -55,25 +56,8 @@ def main(argv=None):
                 w.normal_(0, 0.02)
     replaced = replace_llama4_moe(model, recipe=args.recipe)
     print(f"{replaced} MoE layers on groupmm (recipe {args.recipe})")
-    cfg = model.config
     batch, seq = (4, 2048) if args.real else (4, 64)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    for step in range(args.steps):
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=dev)
-        t = time.perf_counter()
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        print(f"step {step}: loss {losses[-1]:.4f}  {1e3 * (time.perf_counter() - t):.1f} ms")
-    model.eval()
-    with torch.no_grad():
-        prompt = torch.randint(0, cfg.vocab_size, (2, 8), device=dev)
-        out = model.generate(prompt, max_new_tokens=8, do_sample=False)
-    print("generated:", out[:, 8:].tolist())
-    return losses
+    return train_then_generate(model, args.steps, batch, seq, dev)
 
 
 if __name__ == "__main__":

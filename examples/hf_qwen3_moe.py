@@ -15,12 +15,13 @@ groupmm.integrations.transformers (docs/integrations.md); --recipe picks an FP8 
 """
 
 import argparse
-import time
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
 import groupmm.integrations.transformers  # noqa: F401  (registers "groupmm")
+
+from hf_train_generate import train_then_generate
 
 
 def config(real):
@@ -48,25 +49,8 @@ def main(argv=None):
     key = "groupmm" if args.recipe == "bf16" else f"groupmm_{args.recipe}"
     model = AutoModelForCausalLM.from_config(config(args.real), experts_implementation=key,
                                              dtype=torch.bfloat16).to(dev)
-    cfg = model.config
     batch, seq = (4, 2048) if args.real else (4, 64)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    for step in range(args.steps):
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=dev)
-        t = time.perf_counter()
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        print(f"step {step}: loss {losses[-1]:.4f}  {1e3 * (time.perf_counter() - t):.1f} ms")
-    model.eval()
-    with torch.no_grad():
-        prompt = torch.randint(0, cfg.vocab_size, (2, 8), device=dev)
-        out = model.generate(prompt, max_new_tokens=8, do_sample=False)
-    print("generated:", out[:, 8:].tolist())
-    return losses
+    return train_then_generate(model, args.steps, batch, seq, dev)
 
 
 if __name__ == "__main__":

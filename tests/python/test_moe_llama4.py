@@ -161,9 +161,15 @@ def test_example_trains_and_generates():
     model."""
     import importlib.util
     import os
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "hf_llama4_moe.py")
-    spec = importlib.util.spec_from_file_location("hf_llama4_moe", path)
+    import sys
+    examples = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+    spec = importlib.util.spec_from_file_location(
+        "hf_llama4_moe", os.path.join(examples, "hf_llama4_moe.py"))
     example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    sys.path.insert(0, examples)  # its shared loop, hf_train_generate.py, as a script finds it
+    try:
+        spec.loader.exec_module(example)
+    finally:
+        sys.path.remove(examples)
     losses = example.main(["--steps", "2", "--device", "cpu"])
     assert len(losses) == 2 and all(4 < loss < 8 for loss in losses)  # about ln(512) = 6.2

@@ -33,10 +33,10 @@ import numbers
 import torch
 
 from .._meta import check_router_sizes, moe_capacity
-from . import _loaders, moe_ep
+from . import _fused_gate_up as _fused, _loaders, moe_ep
 from ._swiglu import _activation, _weighted_swiglu
 from ._recompute import again as _again
-from .grouped_linear import GroupedLinear, _Recomputed, _resolved, split_multiple
+from .grouped_linear import GroupedLinear, split_multiple
 
 ops = torch.ops.groupmm
 
@@ -52,87 +52,6 @@ class _SharedLinear(GroupedLinear):
     def forward(self, x, is_first_microbatch=None, recompute_input=None):
         splits = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
         return super().forward(x, splits, is_first_microbatch, recompute_input)
-
-
-_FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def _check_fused(*, recipe="bf16", ep_group=None, dtype, device, hidden, ffn_hidden, experts):
-    """The settings fused_gate_up takes (the C++ MoEConfig::fused_gate_up's rules: the
-    high-precision recipe, no expert parallelism; on CUDA what moe_gate_up_swiglu_supported
-    takes). Raises ValueError naming the conflicting setting."""
-    def refuse(what):
-        raise ValueError(f"groupmm.nn.MoE(fused_gate_up=True): {what}")
-    if recipe != "bf16":
-        refuse(f"recipe='{recipe}' must be 'bf16' (the fused gate_up projection runs the "
-               "high-precision GEMM; the quantized and 4-bit recipes run the separate ops)")
-    if ep_group is not None:
-        refuse("ep_group must be None (expert parallelism moves the permuted rows between "
-               "ranks: there is no permuted copy of x to skip)")
-    if dtype not in _FUSED_DTYPES:
-        refuse(f"dtype={dtype} must be torch.bfloat16, torch.float16 or torch.float32 (CPU)")
-    if device is not None and torch.device(device).type == "cuda":
-        if dtype == torch.float32:
-            refuse("dtype=torch.float32 runs on the CPU only (the CUDA kernel takes bf16 / fp16)")
-        if hidden % 8 or ffn_hidden % 64 or experts > 1024:
-            refuse(f"hidden={hidden}, ffn_hidden={ffn_hidden}, experts={experts}: the CUDA "
-                   "kernel needs hidden % 8 == 0, ffn_hidden % 64 == 0 and experts <= 1024")
-
-
-class _FusedGateUpFn(torch.autograd.Function):
-    """gate_up_swiglu for a gate_up layer that takes its weight gradient itself (delay_wgrad:
-    queued for backward_dw(); accumulate_into_main_grad: added into main_grad). Backward is the op's
-    C++ formula (ops_autograd_moe.cpp) op for op, with the wgrad run by the layer's executor on the
-    permuted rows of x, gathered when it runs: in backward_dw() with recompute (nothing kept but
-    the block input and the routing), else in backward (kept until backward_dw())."""
-
-    @staticmethod
-    def forward(ctx, x, weights, w, dest_row, row_start, kept, splits, align, cap, layer, again):
-        h, gu, probs = ops.gate_up_swiglu(x, dest_row, row_start, kept, splits, align, cap,
-                                          weights, w, True)
-        ctx.save_for_backward(x, w, gu, probs, dest_row, row_start, kept, splits)
-        ctx.align, ctx.cap, ctx.layer, ctx.again = align, cap, layer, again
-        ctx.set_materialize_grads(False)  # an unused output adds nothing (no zeros)
-        return h, gu, probs
-
-    @staticmethod
-    def backward(ctx, dh, d_gu, d_probs):
-        x, w, gu, probs, *plan = ctx.saved_tensors
-        layer, align, cap, splits = ctx.layer, ctx.align, ctx.cap, plan[3]
-        need_x, need_weights, need_w = ctx.needs_input_grad[:3]
-        dgu = dprobs = None
-        if dh is not None:
-            dgu, dprobs = ops.weighted_swiglu_backward(dh, gu, probs)
-        if d_gu is not None:
-            dgu = d_gu if dgu is None else dgu + d_gu
-        if d_probs is not None:
-            dprobs = d_probs if dprobs is None else dprobs + d_probs
-        dx = dweights = None
-        expected = layer._expected(gu.shape[0])
-        if need_x or (need_weights and dprobs is not None):
-            if need_x and dgu is not None:
-                dxp, _ = layer._exec.dgrad(dgu, (None, w), splits, True, expected)
-            else:  # d weights only: permute's backward reads no row of it
-                dxp = x.new_zeros(gu.shape[0], x.shape[1])
-            dx, dweights = ops.permute_backward(dxp, *plan, align, cap,
-                                                dprobs if need_weights else None)
-            dx = dx if need_x else None
-            dweights = dweights if need_weights and dprobs is not None else None
-        dw = None
-        if need_w and dgu is not None:
-            xd = x.detach()
-            if ctx.again and layer.delay_wgrad:
-                rows = _Recomputed(_again(ops.permute, xd, *plan, align, cap, part=0),
-                                   layer._exec, splits)
-            else:
-                rows = layer._exec.input_state(ops.permute(xd, *plan, align, cap)[0], splits)
-            state = (rows, w)
-            if layer.delay_wgrad:
-                layer._pending_wgrad.append((dgu, state, splits, expected))
-            else:
-                dw = layer._exec.wgrad(dgu, _resolved(state), splits, layer._main_grad(),
-                                       expected)
-        return dx, dweights, dw, None, None, None, None, None, None, None, None
 
 
 def _permute_weighted(x, *args):
@@ -261,7 +180,7 @@ class MoE(torch.nn.Module):
                              f"{what} takes neither expert biases nor another activation than the "
                              "plain SwiGLU (bias=False, activation=None)")
         if self.fused_gate_up:
-            _check_fused(recipe=recipe, ep_group=ep_group, dtype=dtype, device=device,
+            _fused.check(recipe=recipe, ep_group=ep_group, dtype=dtype, device=device,
                          hidden=hidden, ffn_hidden=ffn_hidden, experts=experts)
         split = split_multiple(recipe)
         align = split if align is None else align
@@ -344,22 +263,21 @@ class MoE(torch.nn.Module):
         splits = plan[3]
         act, act_args = _weighted_swiglu(self.activation)
         if self.fused_gate_up:
-            h, gu, probs = self._fused_gate_up(x, plan, cap, weights, again)
-        elif self.router_on_input:
+            h, gu, probs = _fused.gate_up_swiglu(self, x, plan, cap, weights, again)
+            act_in = (gu, probs, *act_args)
+        elif self.router_on_input:  # the weight on the rows: the plain SwiGLU after gate_up
             x_in = _permute_weighted(x, *plan, self.align, cap, weights)
             rx = _again(_permute_weighted, x, *plan, self.align, cap, weights) if again else None
             gu = self.gate_up(x_in, splits, is_first_microbatch, recompute_input=rx)
-            act, act_args = ops.swiglu, ()
-            h = act(gu)
+            act, act_in = ops.swiglu, (gu,)
+            h = act(*act_in)
         else:
             x_perm, probs = ops.permute(x, *plan, self.align, cap, weights)
             rx = _again(ops.permute, x, *plan, self.align, cap, weights, part=0) if again else None
             gu = self.gate_up(x_perm, splits, is_first_microbatch, recompute_input=rx)
-            h = act(gu, probs, *act_args)
-        if self.router_on_input:
-            rh = _again(act, gu) if again else None
-        else:
-            rh = _again(act, gu, probs, *act_args) if again else None
+            act_in = (gu, probs, *act_args)
+            h = act(*act_in)
+        rh = _again(act, *act_in) if again else None
         y_perm = self.down(h, splits, is_first_microbatch, recompute_input=rh)
         add = None
         if shared_on:
@@ -377,28 +295,6 @@ class MoE(torch.nn.Module):
         batches)."""
         aux_c, z_c = self.router_cfg[5], self.router_cfg[6]
         return (aux if z_c == 0 else z if aux_c == 0 else aux + z).squeeze(0)
-
-    def _fused_gate_up(self, x, plan, cap, weights, again):
-        """h, the pre-activation and probs from torch.ops.groupmm.gate_up_swiglu (x gathered
-        inside the GEMM, no permuted copy of x): through the op's own autograd formula, or, when
-        the gate_up layer handles its weight gradient itself (delay_wgrad, main_grad), through
-        _FusedGateUpFn, which hands it the wgrad's operands."""
-        layer = self.gate_up
-        w = layer.weight
-        if x.is_cuda:
-            _check_fused(dtype=x.dtype, device=x.device, hidden=w.shape[2],
-                         ffn_hidden=w.shape[1] // 2, experts=w.shape[0])
-        if not torch.is_grad_enabled():  # inference: no pre-activation kept
-            return ops.gate_up_swiglu(x, *plan, self.align, cap, weights, w)
-        if not (layer.delay_wgrad or layer.accumulate_into_main_grad):
-            # The registered op's formula: no Python in backward, traceable by torch.compile.
-            return ops.gate_up_swiglu(x, *plan, self.align, cap, weights, w, True)
-        if layer.delay_wgrad and torch.compiler.is_compiling():
-            raise RuntimeError(
-                "groupmm.nn.MoE(fused_gate_up=True, delay_wgrad=True) is eager-only: its backward "
-                "queues the gate_up wgrad operands for backward_dw() (a side effect that a "
-                "compiled backward cannot make); compile with delay_wgrad=False")
-        return _FusedGateUpFn.apply(x, weights, w, *plan, self.align, cap, layer, again)
 
     @property
     def local_experts(self):
