@@ -14,14 +14,12 @@ replaced whole: groupmm.integrations.transformers.replace_llama4_moe(model) (doc
 --recipe picks an FP8 recipe (fp8_current, fp8_block: GPU or CPU reference, bf16 models).
 """
 
-import argparse
-
 import torch
 from transformers import Llama4ForCausalLM, Llama4TextConfig
 
 from groupmm.integrations.transformers import replace_llama4_moe
 
-from hf_train_generate import train_then_generate
+from hf_train_generate import parse_args, train_then_generate
 
 
 def config(real):
@@ -41,14 +39,8 @@ def config(real):
 
 def main(argv=None):
     """Trains; returns the losses."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--real", action="store_true", help="Llama 4 Scout layer sizes (GPU)")
-    p.add_argument("--recipe", default="bf16", choices=["bf16", "fp8_current", "fp8_block"])
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = p.parse_args(argv)
-    torch.manual_seed(0)
-    dev = torch.device(args.device)
+    args = parse_args(argv, __doc__, "Llama 4 Scout layer sizes (GPU)")
+    dev = args.device
     model = Llama4ForCausalLM(config(args.real)).to(device=dev, dtype=torch.bfloat16)
     with torch.no_grad():  # transformers initializes the experts to zero: give them weights
         for name, w in model.named_parameters():

@@ -14,14 +14,12 @@ groupmm.integrations.transformers (docs/integrations.md); --recipe picks an FP8 
 (fp8_current, fp8_block: GPU or CPU reference, bf16 models).
 """
 
-import argparse
-
 import torch
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
 import groupmm.integrations.transformers  # noqa: F401  (registers "groupmm")
 
-from hf_train_generate import train_then_generate
+from hf_train_generate import parse_args, train_then_generate
 
 
 def config(real):
@@ -38,14 +36,8 @@ def config(real):
 
 def main(argv=None):
     """Trains; returns the losses."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--real", action="store_true", help="Qwen3-30B-A3B layer sizes (GPU)")
-    p.add_argument("--recipe", default="bf16", choices=["bf16", "fp8_current", "fp8_block"])
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = p.parse_args(argv)
-    torch.manual_seed(0)
-    dev = torch.device(args.device)
+    args = parse_args(argv, __doc__, "Qwen3-30B-A3B layer sizes (GPU)")
+    dev = args.device
     key = "groupmm" if args.recipe == "bf16" else f"groupmm_{args.recipe}"
     model = AutoModelForCausalLM.from_config(config(args.real), experts_implementation=key,
                                              dtype=torch.bfloat16).to(dev)

@@ -1,9 +1,24 @@
-"""The loop the transformers examples share (hf_qwen3_moe.py, hf_llama4_moe.py): a few AdamW
-steps on random tokens, printing each loss and its time, then greedy generate()."""
+"""What the transformers examples share (hf_qwen3_moe.py, hf_llama4_moe.py): their command line,
+and the loop: a few AdamW steps on random tokens, printing each loss and its time, then greedy
+generate()."""
 
+import argparse
 import time
 
 import torch
+
+
+def parse_args(argv, doc, real_help):
+    """--real, --recipe, --steps, --device of an example whose docstring is `doc`; seeds torch."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--real", action="store_true", help=real_help)
+    p.add_argument("--recipe", default="bf16", choices=["bf16", "fp8_current", "fp8_block"])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    args.device = torch.device(args.device)
+    torch.manual_seed(0)
+    return args
 
 
 def train_then_generate(model, steps, batch, seq, device):
