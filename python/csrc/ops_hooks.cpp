@@ -87,8 +87,12 @@ double core_call_us(c10::string_view op, at::TensorList tensors, at::IntArrayRef
 
 std::shared_ptr<const groupmm::nn::LinearRecipe> layer_recipe(c10::string_view r,
                                                               std::optional<at::ScalarType> grad,
-                                                              bool pow2) {
+                                                              bool pow2, bool hp_wgrad) {
   namespace nn = groupmm::nn;
+  TORCH_CHECK_VALUE(!hp_wgrad || r == "fp8_current" || r == "fp8_block" || r == "mxfp8",
+                    "groupmm._core_grouped_linear: high_precision_wgrad=True needs recipe "
+                    "fp8_current, fp8_block or mxfp8, not '",
+                    std::string(r), "'");
   if (r == "bf16") return nn::high_precision_recipe();
   if (r == "nvfp4_weight") return nn::nvfp4_weight_recipe();
   if (r == "mxfp4_weight") return nn::mxfp4_weight_recipe();
@@ -99,6 +103,7 @@ std::shared_ptr<const groupmm::nn::LinearRecipe> layer_recipe(c10::string_view r
   o.grad_dtype =
       to_groupmm(grad.value_or(at::kFloat8_e4m3fn), "_core_grouped_linear", "grad_dtype");
   o.pow2_scales = pow2;
+  o.high_precision_wgrad = hp_wgrad;
   return nn::quantized_recipe(recipe_of(r, "_core_grouped_linear"), o);
 }
 
@@ -130,7 +135,7 @@ struct CoreLayer {
   CoreLayer(Call& call, const at::Tensor& x_t, const at::Tensor& splits_t, const at::Tensor& weight,
             const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& dy_t,
             c10::string_view recipe, bool delay_wgrad, bool main_grad,
-            std::optional<at::ScalarType> grad_dtype, bool pow2_scales) {
+            std::optional<at::ScalarType> grad_dtype, bool pow2_scales, bool hp_wgrad) {
     TORCH_CHECK_VALUE(weight.dim() == 3 && x_t.dim() == 2,
                       "groupmm._core_grouped_linear: weight must be [G, N, K] and x [M, K]");
     namespace nn = groupmm::nn;
@@ -143,7 +148,7 @@ struct CoreLayer {
     cfg.delay_wgrad = delay_wgrad;
     cfg.accumulate_into_main_grad = main_grad;
     cfg.max_tokens = std::max<int64_t>(x_t.size(0), 1);
-    cfg.recipe = layer_recipe(recipe, grad_dtype, pow2_scales);
+    cfg.recipe = layer_recipe(recipe, grad_dtype, pow2_scales, hp_wgrad);
     layer = std::make_unique<nn::GroupedLinear>(call.ctx(), cfg);
     import_into(call, *layer, weight, bias);
     x = call.in(x_t, "x");
@@ -173,10 +178,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> core_grouped_linear(
     const at::Tensor& x, const at::Tensor& splits, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& dy,
     c10::string_view recipe, bool delay_wgrad, bool main_grad,
-    std::optional<at::ScalarType> grad_dtype, bool pow2_scales) {
+    std::optional<at::ScalarType> grad_dtype, bool pow2_scales, bool high_precision_wgrad) {
   Call call("_core_grouped_linear", x);
   CoreLayer l(call, x, splits, weight, bias, dy, recipe, delay_wgrad, main_grad, grad_dtype,
-              pow2_scales);
+              pow2_scales, high_precision_wgrad);
   const auto [y, dx] = l.step(call.ctx());
   const bool grads = dy.has_value();
   std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> out{
@@ -199,7 +204,7 @@ double core_layer_step_us(const at::Tensor& x, const at::Tensor& splits, const a
   Call call("_core_layer_step_us", x);
   auto& ctx = call.ctx();
   CoreLayer l(call, x, splits, weight, bias, dy, recipe, delay_wgrad, main_grad, std::nullopt,
-              false);
+              false, false);
   for (int64_t i = 0; i < warmup; ++i) l.step(ctx);
   std::vector<double> us;
   const bool cuda = ctx.device() == groupmm::Device::CUDA;
@@ -260,7 +265,7 @@ MoeOut core_moe(const at::Tensor& x, const at::Tensor& router_weight, const at::
   c.capacity_factor = capacity_factor;
   c.pad_align = align;
   c.dtype = to_groupmm(x.scalar_type(), "_core_moe", "x");
-  c.recipe = layer_recipe(recipe, std::nullopt, false);
+  c.recipe = layer_recipe(recipe, std::nullopt, false, false);
   nn::MoE moe(ctx, c);
   groupmm::copy(moe.router_weight(), call.in(router_weight, "router_weight"), ctx.stream());
   import_into(call, moe.gate_up(), gate_up, std::nullopt);

@@ -156,7 +156,7 @@ TORCH_LIBRARY(groupmm, m) {
   m.def(
       "_core_grouped_linear(Tensor x, Tensor splits, Tensor weight, Tensor? bias, Tensor? dy, "
       "str recipe='bf16', bool delay_wgrad=False, bool main_grad=False, "
-      "ScalarType? grad_dtype=None, bool pow2_scales=False) -> "
+      "ScalarType? grad_dtype=None, bool pow2_scales=False, bool high_precision_wgrad=False) -> "
       "(Tensor y, Tensor dx, Tensor dw, Tensor db)");
   m.def(
       "_core_layer_step_us(Tensor x, Tensor splits, Tensor weight, Tensor? bias, Tensor dy, "

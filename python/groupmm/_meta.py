@@ -385,7 +385,7 @@ def _(data, scale_inv, scale_layout="plain"):
 
 @register_fake("groupmm::_core_grouped_linear")
 def _(x, splits, weight, bias, dy, recipe="bf16", delay_wgrad=False, main_grad=False,
-      grad_dtype=None, pow2_scales=False):
+      grad_dtype=None, pow2_scales=False, high_precision_wgrad=False):
     G, N, K = weight.shape
     gdt = torch.float32 if main_grad else weight.dtype
     absent = _empty(x, (0,), torch.float32)

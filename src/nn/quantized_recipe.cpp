@@ -1,6 +1,6 @@
 // GroupedLinear's quantized recipes (fp8_current, fp8_block, mxfp8): grouped quantization of x, W
 // and dy into executor-owned buffers sized for max_tokens, and the quantized grouped GEMMs over
-// them. Built only from public ops.
+// them (wgrad: the bf16 GEMM of dy and x with high_precision_wgrad). Built only from public ops.
 #include <algorithm>
 
 #include "groupmm/dbias.hpp"
@@ -61,14 +61,18 @@ class QuantizedExecutor final : public LinearExecutor {
                     const QuantizedRecipeOptions& o)
       : w_rows_(c.experts * c.out_features),
         fuse_dbias_(c.bias && !c.accumulate_into_main_grad),
+        hp_wgrad_(o.high_precision_wgrad),
         total_(c.splits_total),
         expected_(c.expected_rows) {
     QuantizeConfig base;
     base.recipe = r;
     base.pow2_scales = o.pow2_scales;
     base.direction = QuantDirection::both;
-    QuantizeConfig w = base, g = base;
+    QuantizeConfig w = base;
     w.block_2d = r == QuantRecipe::fp8_block;
+    // A 16-bit wgrad reads the bf16 x and dy: their columnwise copies are never made.
+    if (hp_wgrad_) base.direction = QuantDirection::rowwise;
+    QuantizeConfig g = base;
     g.fp8_dtype = o.grad_dtype;
     const Device d = ctx.device();
     const int64_t G = c.experts, N = c.out_features, K = c.in_features, T = c.max_tokens;
@@ -90,9 +94,14 @@ class QuantizedExecutor final : public LinearExecutor {
                                                                   weights(), v.y, *s, T, v.bias)));
       need = std::max(need, grouped_gemm_workspace_size(ctx, gemm(GemmPass::dgrad, dy_.view(T, *s),
                                                                   weights(), v.dx, *s, T)));
-      QuantizedGemmArgs wg = gemm(GemmPass::wgrad, dy_.view(T, *s), x_.view(T, *s), v.dw, *s, T);
-      wg.beta = v.dw.dtype == DType::fp32 ? 1.0f : 0.0f;
-      need = std::max(need, grouped_gemm_workspace_size(ctx, wg));
+      const float beta = v.dw.dtype == DType::fp32 ? 1.0f : 0.0f;
+      if (hp_wgrad_) {
+        need = std::max(need, grouped_gemm_workspace_size(ctx, wgrad16(v.dy, v.x, v.dw, *s, beta)));
+      } else {
+        QuantizedGemmArgs wg = gemm(GemmPass::wgrad, dy_.view(T, *s), x_.view(T, *s), v.dw, *s, T);
+        wg.beta = beta;
+        need = std::max(need, grouped_gemm_workspace_size(ctx, wg));
+      }
       if (v.db.present())
         need = std::max(need, group_dbias_workspace_size(ctx, T, v.dy.dim(1), v.db.dim(0)));
     }
@@ -123,10 +132,15 @@ class QuantizedExecutor final : public LinearExecutor {
 
   void wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const TensorView& splits,
              const TensorView& dw, const TensorView& db, bool accumulate) override {
-    QuantizedGemmArgs a = gemm(GemmPass::wgrad, dy_.view(dy.dim(0), splits),
-                               x_.view(x.dim(0), splits), dw, splits, dy.dim(0));
-    a.beta = accumulate ? 1.0f : 0.0f;
-    grouped_gemm(ctx, a);
+    const float beta = accumulate ? 1.0f : 0.0f;
+    if (hp_wgrad_) {
+      grouped_gemm(ctx, wgrad16(dy, x, dw, splits, beta));
+    } else {
+      QuantizedGemmArgs a = gemm(GemmPass::wgrad, dy_.view(dy.dim(0), splits),
+                                 x_.view(x.dim(0), splits), dw, splits, dy.dim(0));
+      a.beta = beta;
+      grouped_gemm(ctx, a);
+    }
     if (!db.present()) return;
     if (fuse_dbias_) {
       copy(db, db_, ctx.stream());  // computed with dy's quantization
@@ -156,10 +170,26 @@ class QuantizedExecutor final : public LinearExecutor {
     return q;
   }
 
+  // high_precision_wgrad: the bf16 wgrad GEMM, as the high-precision recipe runs it.
+  GroupedGemmArgs wgrad16(const TensorView& dy, const TensorView& x, const TensorView& dw,
+                          const TensorView& splits, float beta) const {
+    GroupedGemmArgs g;
+    g.pass = GemmPass::wgrad;
+    g.a = dy;
+    g.b = x;
+    g.out = dw;
+    g.splits = splits;
+    g.beta = beta;
+    g.splits_total = total_;
+    g.expected_rows = std::min(expected_, dy.dim(0));
+    return g;
+  }
+
   QuantSlot x_, w_, dy_;
   int64_t w_rows_;  // G * N
   Tensor db_;       // dy's bias gradient from the fused quantization, until wgrad
   bool fuse_dbias_;
+  bool hp_wgrad_;      // QuantizedRecipeOptions::high_precision_wgrad
   SplitsTotal total_;  // of the activations' quantizers, the GEMMs and dbias
   int64_t expected_;   // GroupedLinearConfig::expected_rows (the GEMMs' kernel choice)
   bool weights_valid_ = false;
@@ -180,9 +210,9 @@ class QuantizedRecipe final : public LinearRecipe {
                   "quantized_recipe: fp8_block gradients are fp8e4m3 (the block GEMMs' operands)");
   }
   std::string name() const override {
-    return detail::cat(recipe_name(recipe_),
-                       opt_.grad_dtype == DType::fp8e5m2 ? "(e5m2 grads)" : "",
-                       opt_.pow2_scales ? "(pow2 scales)" : "");
+    return detail::cat(
+        recipe_name(recipe_), opt_.grad_dtype == DType::fp8e5m2 ? "(e5m2 grads)" : "",
+        opt_.pow2_scales ? "(pow2 scales)" : "", opt_.high_precision_wgrad ? "(bf16 wgrad)" : "");
   }
   QuantRecipe quantization() const override { return recipe_; }
   std::unique_ptr<LinearExecutor> make_executor(Context& ctx,

@@ -119,6 +119,34 @@ TEST_P(QuantizedLayerCpu, WeightsAreCachedUntilChanged) {
   }
 }
 
+// high_precision_wgrad: forward and dgrad are the FP8 recipe's, bit for bit; dW is the bf16
+// layer's (the same 16-bit GEMM of the same dy and x), bit for bit; db as on every recipe.
+TEST_P(QuantizedLayerCpu, HighPrecisionWgradIsTheBf16Wgrad) {
+  const QuantRecipe r = GetParam();
+  Context ctx(Device::CPU);
+  nn::QuantizedRecipeOptions o;
+  o.high_precision_wgrad = true;
+  for (bool main_grad : {false, true}) {
+    for (bool delay : {false, true}) {
+      GroupedLinear hp(ctx, layer_cfg(nn::quantized_recipe(r, o), main_grad, delay));
+      GroupedLinear q(ctx, layer_cfg(nn::quantized_recipe(r), main_grad));
+      GroupedLinear h(ctx, layer_cfg(nullptr, main_grad));  // same seed: same weights
+      std::vector<int64_t> splits = {160, 0, 48, 96};
+      auto x = bf16_randn(304 * 256), dy = bf16_randn(304 * 384, 0.1f);
+      const Step a = run_step(hp, ctx, x, dy, splits);
+      const Step fp8 = run_step(q, ctx, x, dy, splits), bf16 = run_step(h, ctx, x, dy, splits);
+      const std::string what =
+          std::string(recipe_name(r)) + (main_grad ? " main_grad" : "") + (delay ? " delay" : "");
+      EXPECT_EQ(a.y, fp8.y) << what;
+      EXPECT_EQ(a.dx, fp8.dx) << what;
+      EXPECT_EQ(a.dw, bf16.dw) << what;
+      EXPECT_NE(a.dw, fp8.dw) << what << ": the FP8 wgrad ran";
+      EXPECT_EQ(a.db, bf16.db) << what;
+    }
+  }
+  EXPECT_NE(nn::quantized_recipe(r, o)->name().find("bf16 wgrad"), std::string::npos);
+}
+
 INSTANTIATE_TEST_SUITE_P(Recipes, QuantizedLayerCpu,
                          ::testing::Values(QuantRecipe::fp8_current, QuantRecipe::fp8_block,
                                            QuantRecipe::mxfp8),

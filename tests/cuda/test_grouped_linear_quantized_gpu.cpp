@@ -78,16 +78,47 @@ TEST_P(QuantizedLayerGpu, MatchesCpuLayerAndBf16) {
   }
 }
 
-// forward + backward + backward_dw, W's quantization included, in one graph; three routings.
+// high_precision_wgrad on the GPU: y and dx are the FP8 layer's and dW the bf16 layer's, bit for
+// bit (the same kernels on the same operands), into the fp32 main grad, delayed wgrad.
+TEST_P(QuantizedLayerGpu, HighPrecisionWgradIsTheBf16Wgrad) {
+  GROUPMM_REQUIRE_GPU();
+  const QuantRecipe r = GetParam();
+  const int64_t G = 12, K = 256, N = 640, M = 1536;
+  Context ctx(Device::CUDA);
+  nn::QuantizedRecipeOptions o;
+  o.high_precision_wgrad = true;
+  GroupedLinearConfig hc = cfg(r, G, K, N, M, true);
+  hc.recipe = nn::quantized_recipe(r, o);
+  GroupedLinear hp(ctx, hc), q(ctx, cfg(r, G, K, N, M, true));
+  GroupedLinear h(ctx, cfg(QuantRecipe::none, G, K, N, M, true));
+  std::vector<int64_t> s = align_splits(make_splits(Pattern::quarter_empty, G, M), 16);
+  Tensor x = bf16_input(M, K, 1.0f, Device::CUDA), dy = bf16_input(M, N, 0.1f, Device::CUDA);
+  Tensor ds = clone_to(host_view(s, DType::int64, {G}), Device::CUDA);
+  const Outs a = step(ctx, hp, x, ds, dy), fp8 = step(ctx, q, x, ds, dy);
+  const Outs bf16 = step(ctx, h, x, ds, dy);
+  EXPECT_EQ(a.y, fp8.y);
+  EXPECT_EQ(a.dx, fp8.dx);
+  EXPECT_EQ(a.dw, bf16.dw);
+  EXPECT_NE(a.dw, fp8.dw) << "the FP8 wgrad ran";
+  EXPECT_EQ(a.db, bf16.db);
+}
+
+// forward + backward + backward_dw, W's quantization included, in one graph; three routings;
+// the recipe as it is and with high_precision_wgrad.
 TEST_P(QuantizedLayerGpu, WholeStepInOneGraphEqualsEager) {
   GROUPMM_REQUIRE_GPU();
   const QuantRecipe r = GetParam();
   const int64_t G = 16, K = 256, N = 384, M = 3072;
   cudaStream_t stream;
   GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  {
+  for (const bool hp_wgrad : {false, true}) {
+    SCOPED_TRACE(hp_wgrad ? "high_precision_wgrad" : "FP8 wgrad");
     Context ctx(Device::CUDA, stream);
-    GroupedLinear l(ctx, cfg(r, G, K, N, M, true));
+    GroupedLinearConfig c = cfg(r, G, K, N, M, true);
+    nn::QuantizedRecipeOptions o;
+    o.high_precision_wgrad = hp_wgrad;
+    c.recipe = nn::quantized_recipe(r, o);
+    GroupedLinear l(ctx, c);
     Tensor x = bf16_input(M, K, 1.0f, Device::CUDA), dy = bf16_input(M, N, 0.1f, Device::CUDA);
     Tensor ds = Tensor::empty({G}, DType::int64, Device::CUDA, stream);
     std::vector<int64_t> first = align_splits(make_splits(Pattern::balanced, G, M), 16);

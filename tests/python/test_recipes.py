@@ -68,6 +68,43 @@ def test_e5m2_gradients_and_pow2_scales_match_the_core_layer(recipe):
     assert not torch.equal(got[1], e4m3[1])  # the option changes dx: it was really applied
 
 
+@pytest.mark.parametrize("recipe", TRAINING[1:])
+@pytest.mark.parametrize("main_grad,delay", [(False, False), (True, False), (False, True)])
+def test_high_precision_wgrad_matches_the_core_layer(recipe, main_grad, delay):
+    kw = dict(high_precision_wgrad=True, accumulate_into_main_grad=main_grad, delay_wgrad=delay)
+    layer, x, dy, splits = layer_and_inputs(recipe, **kw)
+    got = package_step(layer, x, dy, splits)
+    assert_same_bits(got, core_step(layer, x, dy, splits, high_precision_wgrad=True))
+
+
+@pytest.mark.parametrize("recipe", TRAINING[1:])
+def test_high_precision_wgrad_is_the_bf16_wgrad(device, recipe):
+    # y, dx: the FP8 layer's; dW: the bf16 layer's (the same 16-bit GEMM of the same dy and x);
+    # db: every recipe's. Bit for bit, on the CPU and on the GPU.
+    hp, x, dy, splits = layer_and_inputs(recipe, device, high_precision_wgrad=True)
+    fp8 = groupmm.nn.GroupedLinear(G, K, N, recipe=recipe, device=device)
+    bf16 = groupmm.nn.GroupedLinear(G, K, N, device=device)
+    for other in (fp8, bf16):
+        other.load_state_dict(hp.state_dict())
+    got, q, h = (package_step(m, x, dy, splits) for m in (hp, fp8, bf16))
+    assert torch.equal(got[0], q[0]) and torch.equal(got[1], q[1])
+    assert torch.equal(got[2], h[2]) and not torch.equal(got[2], q[2])
+    assert torch.equal(got[3], h[3])
+
+
+def test_high_precision_wgrad_needs_a_quantized_training_recipe():
+    for recipe in ("bf16", "mxfp4_weight"):
+        with pytest.raises(ValueError, match=f"recipe='{recipe}'\\): high_precision_wgrad=True "
+                           "applies to the quantized training recipes"):
+            groupmm.nn.GroupedLinear(G, K, N, recipe=recipe, high_precision_wgrad=True)
+    with pytest.raises(ValueError, match="high_precision_wgrad=True needs recipe fp8_current"):
+        layer, x, dy, splits = layer_and_inputs("bf16")
+        core_step(layer, x, dy, splits, high_precision_wgrad=True)
+    moe = groupmm.nn.MoE(K, N, G, 2, recipe="fp8_block", high_precision_wgrad=True)
+    for layer in (moe.gate_up, moe.down):
+        assert layer._exec.hp_wgrad and layer._exec.direction == "rowwise"
+
+
 @pytest.mark.parametrize("recipe", ["nvfp4_weight", "mxfp4_weight"])
 def test_inference_recipe_matches_the_core_layer_and_refuses_backward(recipe):
     layer, x, _, splits = layer_and_inputs(recipe)

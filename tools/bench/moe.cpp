@@ -71,7 +71,9 @@ std::vector<MoeBenchCase> moe_bench_cases(const BenchMoeOptions& o) {
         s.hidden = std::max(s.hidden, w), s.ffn_hidden = std::max(s.ffn_hidden, w);
         if (s.shared_ffn_hidden > 0) s.shared_ffn_hidden = std::max(s.shared_ffn_hidden, w);
       }
-      out.back().cfg.recipe = nn::quantized_recipe(r);
+      nn::QuantizedRecipeOptions ro;
+      ro.high_precision_wgrad = o.high_precision_wgrad;
+      out.back().cfg.recipe = nn::quantized_recipe(r, ro);
       out.back().cfg.pad_align = recipe_traits(r).split_multiple;
     }
   }
@@ -241,6 +243,10 @@ void check_moe_options(const BenchMoeOptions& o, const CLI::App& app) {
       (given("--ranks") || given("--rank") || given("--id-file") || given("--capacity-factor")))
     throw UsageError(
         "--ranks, --rank, --id-file and --capacity-factor need --ep capacity|throughput");
+  if (o.high_precision_wgrad && o.recipe == "bf16")
+    throw UsageError(
+        "--high-precision-wgrad needs a quantized --recipe (the bf16 recipe's wgrad "
+        "is already 16-bit)");
   if (!o.ep.empty() && o.recipe != "bf16")
     throw UsageError("--recipe " + o.recipe +
                      " does not apply to --ep (the EP block runs unpadded "
@@ -315,6 +321,9 @@ void add_bench_moe_options(CLI::App& app, BenchMoeCommand& cmd) {
   add_iters(app, o.iters, "timed runs per measurement, median (default 20; --cpu: 1)");
   add_choice(app, "--recipe", o.recipe, {"bf16", "fp8_current", "fp8_block", "mxfp8"},
              "the expert linears' recipe (quantized: experts padded to its split multiple)");
+  app.add_flag("--high-precision-wgrad", o.high_precision_wgrad,
+               "with a quantized --recipe: wgrad as the bf16 GEMM, forward and dgrad in FP8 "
+               "(QuantizedRecipeOptions::high_precision_wgrad)");
   app.add_flag("--cpu", o.cpu, "smoke run on the CPU reference backend (tiny shapes)");
   app.add_flag("--fused-gate-up", o.fused_gate_up,
                "the block's gate_up projection and weighted SwiGLU as one kernel-layer op "

@@ -57,7 +57,9 @@ struct BenchMoeOptions {
   std::string recipe = "bf16";
   bool cpu = false;            // smoke run on the CPU reference backend (tiny shapes, wall clock)
   bool fused_gate_up = false;  // MoEConfig::fused_gate_up for every case
-  std::string json;            // write the results here (bench/peers_torch_moe.py reads them)
+  // QuantizedRecipeOptions::high_precision_wgrad for a quantized recipe (wgrad in bf16)
+  bool high_precision_wgrad = false;
+  std::string json;  // write the results here (bench/peers_torch_moe.py reads them)
   // Expert parallelism (nn::MoE over ranks, moe_ep.cpp): ep "capacity" or "throughput" runs
   // every case as one rank of a group with E / R local experts and T tokens a rank; "" = one GPU,
   // no EP. The group as in `bench ep` (common/ep_group.hpp); with cpu, `ranks` (default 2)

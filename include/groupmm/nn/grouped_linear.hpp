@@ -131,13 +131,15 @@ std::shared_ptr<const LinearRecipe> high_precision_recipe(
     GemmEngine engine = GemmEngine::automatic);
 
 // Quantized recipes: the layer's three GEMMs on quantized operands (gemm.hpp, QuantizedGemmArgs).
-//   forward  x is quantized in both directions (rowwise for this GEMM, columnwise kept for wgrad);
+//   forward  x is quantized in both directions (rowwise for this GEMM, columnwise kept for wgrad;
+//            rowwise only with high_precision_wgrad, which keeps the bf16 x instead);
 //            W is quantized once in both directions (rowwise for forward, columnwise for dgrad;
 //            128x128 blocks for fp8_block) and reused until weights_changed(), so micro-batches
 //            share it. Under a CUDA graph, W's quantization is part of the graph only when the
 //            cache was invalid at capture: call weights_changed() before capturing a training
 //            step (the optimizer changes W every step); leave it valid for inference graphs.
-//   backward dy is quantized in both directions, with the bias gradient fused into that pass
+//   backward dy is quantized in both directions (rowwise only with high_precision_wgrad), with
+//            the bias gradient fused into that pass
 //            when the bias grad is written (not accumulated); dgrad reads dy rowwise and W
 //            columnwise; wgrad reads the columnwise copies of dy and x (so splits must be
 //            multiples of recipe_traits(recipe).split_multiple, 16 for fp8_current and
@@ -151,6 +153,12 @@ std::shared_ptr<const LinearRecipe> high_precision_recipe(
 struct QuantizedRecipeOptions {
   DType grad_dtype = DType::fp8e4m3;  // dy: fp8e4m3, or fp8e5m2 (fp8_current and mxfp8)
   bool pow2_scales = false;           // fp8_current, fp8_block: power-of-two scales
+  // wgrad as the 16-bit GEMM of dy and x (the layer's bf16 operands, what the high-precision
+  // recipe runs), forward and dgrad still FP8: TransformerEngine's
+  // override_linear_precision=(False, False, True). x and dy are then quantized rowwise only (no
+  // columnwise copies). Pays where the FP8 wgrad is not faster than the bf16 one, e.g. fp8_block
+  // on fine-grained experts (performance.md).
+  bool high_precision_wgrad = false;
 };
 std::shared_ptr<const LinearRecipe> quantized_recipe(QuantRecipe recipe,
                                                      QuantizedRecipeOptions options = {});

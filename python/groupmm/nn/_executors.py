@@ -108,12 +108,15 @@ class _CachedWeights:
 class _Quantized(_CachedWeights):
     """fp8_current, fp8_block, mxfp8 (quantized_recipe.cpp): x and dy quantized in both directions
     (rowwise for forward / dgrad, columnwise kept for wgrad), W in both (128x128 blocks for
-    fp8_block), plain scales; dy in grad_dtype."""
+    fp8_block), plain scales; dy in grad_dtype. high_precision_wgrad: x and dy rowwise only, and
+    wgrad is the 16-bit one (_HighPrecision's) on the bf16 x and dy."""
 
     total = "exact"  # the layer's splits_total (activations and the GEMMs over them)
 
-    def __init__(self, recipe, grad_dtype, pow2_scales):
+    def __init__(self, recipe, grad_dtype, pow2_scales, high_precision_wgrad=False):
         self.recipe, self.grad_dtype, self.pow2 = recipe, grad_dtype, pow2_scales
+        self.hp_wgrad = high_precision_wgrad
+        self.direction = "rowwise" if high_precision_wgrad else "both"
         self.weights = _WeightCache(recipe, self._quantize_weights)
 
     def _quantize_weights(self, w):
@@ -121,27 +124,34 @@ class _Quantized(_CachedWeights):
                                   block_2d=self.recipe == "fp8_block")
 
     def forward(self, x, qw, bias, splits, expected=0):
-        qx = ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2,
-                                splits_total=self.total)
+        qx = ops.group_quantize(x, splits, self.recipe, direction=self.direction,
+                                pow2_scales=self.pow2, splits_total=self.total)
         y = ops.grouped_mm_fp8(list(qx), qw, splits, self.recipe, bias=bias,
                                splits_total=self.total, expected_rows=expected)
-        return y, (_columnwise(qx), qw)
+        return y, (x if self.hp_wgrad else _columnwise(qx), qw)
 
     def input_state(self, x, splits):
+        if self.hp_wgrad:
+            return x
         # The same quantization of the same x: the same bytes as forward's columnwise copy.
         return _columnwise(ops.group_quantize(x, splits, self.recipe, pow2_scales=self.pow2,
                                               splits_total=self.total))
 
     def dgrad(self, dy, state, splits, need_dx, expected=0):
         _qx, qw = state
-        qdy = ops.group_quantize(dy, splits, self.recipe, self.grad_dtype, pow2_scales=self.pow2,
+        qdy = ops.group_quantize(dy, splits, self.recipe, self.grad_dtype,
+                                 direction=self.direction, pow2_scales=self.pow2,
                                  splits_total=self.total)
         dx = (ops.grouped_mm_fp8_dgrad(list(qdy), qw, splits, self.recipe,
                                        splits_total=self.total, expected_rows=expected)
               if need_dx else None)
-        return dx, _columnwise(qdy)
+        return dx, dy if self.hp_wgrad else _columnwise(qdy)
 
     def wgrad(self, qdy, state, splits, main_grad, expected=0):
+        if self.hp_wgrad:  # qdy and state[0] are the bf16 dy and x
+            hp = _HighPrecision()
+            hp.total = self.total
+            return hp.wgrad(qdy, state, splits, main_grad, expected)
         qx, _qw = state
         kw = dict(splits_total=self.total, expected_rows=expected)
         if main_grad is not None:

@@ -108,7 +108,12 @@ class GroupedLinear(torch.nn.Module):
                       blocks; 'mxfp8' MX blocks of 32 (training: forward quantizes x, the weights
                       are quantized once and reused until weight._version changes, backward
                       quantizes dy in grad_dtype, e4m3 or e5m2; pow2_scales for the FP8 recipes;
-                      forward's is_first_microbatch keeps them across calls of a compiled graph).
+                      forward's is_first_microbatch keeps them across calls of a compiled graph;
+                      high_precision_wgrad=True runs the weight gradient as the 16-bit GEMM of
+                      the bf16 dy and x, forward and dgrad staying FP8, as TransformerEngine's
+                      override_linear_precision=(False, False, True): x and dy are then quantized
+                      rowwise only, which pays where the FP8 wgrad is no faster than the 16-bit
+                      one, e.g. fp8_block on fine-grained experts; docs/performance.md).
                       bfloat16 layers; in/out features multiples of 16 (mxfp8: 32, fp8_block:
                       128); fp8_current and fp8_block: every split a multiple of 16 (pad
                       experts: MoE pads them by default); groupmm.recipe_traits(recipe) states
@@ -151,12 +156,13 @@ class GroupedLinear(torch.nn.Module):
     def __init__(self, experts, in_features, out_features, bias=True, dtype=torch.bfloat16,
                  device=None, accumulate_into_main_grad=False, recipe="bf16", delay_wgrad=False,
                  grad_dtype=torch.float8_e4m3fn, pow2_scales=False, splits_total="exact",
-                 expected_rows=0):
+                 expected_rows=0, high_precision_wgrad=False):
         super().__init__()
         self.experts, self.in_features, self.out_features = experts, in_features, out_features
         self.accumulate_into_main_grad = accumulate_into_main_grad
         self.recipe, self.delay_wgrad = recipe, delay_wgrad
-        self._exec = self._make_executor(recipe, dtype, grad_dtype, pow2_scales)
+        self._exec = self._make_executor(recipe, dtype, grad_dtype, pow2_scales,
+                                         bool(high_precision_wgrad))
         _check(splits_total in ("exact", "at_most"), recipe,
                f"splits_total='{splits_total}' must be 'exact' or 'at_most'")
         self.splits_total = self._exec.total = splits_total
@@ -172,8 +178,11 @@ class GroupedLinear(torch.nn.Module):
                 if p is not None:
                     p.main_grad = torch.zeros_like(p, dtype=torch.float32)
 
-    def _make_executor(self, recipe, dtype, grad_dtype, pow2_scales):
+    def _make_executor(self, recipe, dtype, grad_dtype, pow2_scales, hp_wgrad):
         _check(recipe in RECIPES, recipe, f"recipe must be one of {', '.join(RECIPES)}")
+        _check(not hp_wgrad or (recipe != "bf16" and recipe not in INFERENCE_RECIPES), recipe,
+               "high_precision_wgrad=True applies to the quantized training recipes "
+               "(fp8_current, fp8_block, mxfp8)")
         K, N = self.in_features, self.out_features
         if recipe == "bf16":
             return _HighPrecision()
@@ -192,7 +201,7 @@ class GroupedLinear(torch.nn.Module):
                f"grad_dtype={grad_dtype} must be torch.float8_e4m3fn or torch.float8_e5m2")
         _check(traits.e5m2_gradients or grad_dtype == torch.float8_e4m3fn, recipe,
                f"{recipe} gradients are float8_e4m3fn (the block GEMMs' operands)")
-        return _Quantized(recipe, grad_dtype, pow2_scales)
+        return _Quantized(recipe, grad_dtype, pow2_scales, hp_wgrad)
 
     def reset_parameters(self):
         # nn.Linear's init per expert: kaiming_uniform(a=sqrt(5)) is U(-1/sqrt(K), 1/sqrt(K)).

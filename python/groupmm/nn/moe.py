@@ -125,11 +125,11 @@ class MoE(torch.nn.Module):
     expert) from transformers' DeepseekV3MoE or a state dict, with 16-bit weights or the release's
     FP8 ones (recipe 'fp8_block').
 
-    recipe and delay_wgrad go to the expert GroupedLinears and the shared expert's (see there);
-    fp8_current and fp8_block need every split a multiple of 16 (recipe_traits(recipe).
-    split_multiple), so align defaults to it (and must be a multiple of it), and a training
-    forward with a shared expert needs T a multiple of it too (the shared expert is one group of
-    T rows). backward_dw() runs the delayed weight gradients.
+    recipe, delay_wgrad and high_precision_wgrad go to the expert GroupedLinears and the shared
+    expert's (see there); fp8_current and fp8_block need every split a multiple of 16
+    (recipe_traits(recipe).split_multiple), so align defaults to it (and must be a multiple of
+    it), and a training forward with a shared expert needs T a multiple of it too (the shared
+    expert is one group of T rows). backward_dw() runs the delayed weight gradients.
 
     Expert parallelism (ep_group = a torch.distributed ProcessGroup of R ranks; docs/
     expert_parallelism.md): the experts are sharded over the group's ranks, rank r holding the
@@ -157,7 +157,8 @@ class MoE(torch.nn.Module):
                  scaling_factor=1.0, expert_bias=False, capacity_factor=0.0, align=None,
                  recipe="bf16", delay_wgrad=False, recompute=True, dtype=torch.bfloat16,
                  device=None, ep_group=None, ep_mode="throughput", ep_capacity=None,
-                 fused_gate_up=False, bias=False, activation=None, router_on_input=False):
+                 fused_gate_up=False, bias=False, activation=None, router_on_input=False,
+                 high_precision_wgrad=False):
         super().__init__()
         self.recompute = bool(recompute)
         self.fused_gate_up = bool(fused_gate_up)
@@ -214,7 +215,8 @@ class MoE(torch.nn.Module):
             self.ep = moe_ep.ExpertParallel(ep_group, experts, ep_mode, self.capacity_factor,
                                             ep_capacity)
         local = experts if self.ep is None else self.ep.local_experts
-        lkw = dict(kw, bias=False, recipe=recipe, delay_wgrad=delay_wgrad)
+        lkw = dict(kw, bias=False, recipe=recipe, delay_wgrad=delay_wgrad,
+                   high_precision_wgrad=high_precision_wgrad)
         if self.ep is not None:  # capacity mode: the experts compute the received rows only
             lkw["splits_total"] = self.ep.splits_total(recipe)
         self.gate_up = GroupedLinear(local, hidden, 2 * ffn_hidden, **dict(lkw, bias=bool(bias)))
@@ -228,7 +230,8 @@ class MoE(torch.nn.Module):
                 self.down_bias.uniform_(-1 / math.sqrt(ffn_hidden), 1 / math.sqrt(ffn_hidden))
         self.shared_up = self.shared_down = None
         if shared_ffn_hidden:
-            skw = dict(kw, recipe=recipe, delay_wgrad=delay_wgrad)
+            skw = dict(kw, recipe=recipe, delay_wgrad=delay_wgrad,
+                       high_precision_wgrad=high_precision_wgrad)
             self.shared_up = _SharedLinear(hidden, 2 * shared_ffn_hidden, **skw)
             self.shared_down = _SharedLinear(shared_ffn_hidden, hidden, **skw)
 
