@@ -272,6 +272,21 @@ def layer_fp8(dd):
                                      body)
 
 
+def layer_fp8_wgrad(dd):
+    d = load("layer_fp8_wgrad_h200", dd)
+    body = []
+    for c in cases_in_order(rows_of(d)):
+        cells = [c]
+        for rec in ("fp8_current", "fp8_block"):
+            r = rows_of(d, case=c, recipe=rec)[0]
+            cells += [f"{r['bf16_us'] / r['cached_w_us']:.2f}",
+                      f"{r['bf16_us'] / r['hp_wgrad_cached_w_us']:.2f}"]
+        body.append(cells)
+    return caption(d) + "\n" + table(
+        ["case", "fp8_current", "with the bf16 wgrad", "fp8_block", "with the bf16 wgrad"], body) + \
+        f"\n{d['notes']}\n"
+
+
 def layer_step_kernels(dd):
     d = load("layer_step_kernels_h200", dd)
     return caption(d) + "\n" + table(["stage", "bf16", "fp8_block"],
@@ -442,7 +457,7 @@ def python_overhead(dd):
 
 TABLES = {f.__name__: f for f in (
     gemm_bf16, gemm_fp8_current, gemm_fp8_block, fp8_power_cap,
-    peers_deepgemm, gemm_w4, gemm_w4_fused, gemm_w4_decode_passes, gemm_w4_decode_ctas, peers_triton, peers_serving_triton, quantize, layer_bf16, layer_fp8, layer_step_kernels,
+    peers_deepgemm, gemm_w4, gemm_w4_fused, gemm_w4_decode_passes, gemm_w4_decode_ctas, peers_triton, peers_serving_triton, quantize, layer_bf16, layer_fp8, layer_fp8_wgrad, layer_step_kernels,
     moe_block, moe_dense_bound, moe_bench_bound, moe_stages_recipes, kernel_gate_up, kernel_down_dgrad, moe_memory, ep_plan, ep_exchange, ep_scaling, ep_overlap,
     python_overhead, hf_backends, grouped_mm_dropin)}
 
