@@ -112,8 +112,9 @@ class GroupedLinear(torch.nn.Module):
                       high_precision_wgrad=True runs the weight gradient as the 16-bit GEMM of
                       the bf16 dy and x, forward and dgrad staying FP8, as TransformerEngine's
                       override_linear_precision=(False, False, True): x and dy are then quantized
-                      rowwise only, which pays where the FP8 wgrad is no faster than the 16-bit
-                      one, e.g. fp8_block on fine-grained experts; docs/performance.md).
+                      rowwise only and backward keeps the 16-bit x instead of its FP8 columnwise
+                      copy, which pays where the FP8 wgrad is no faster than the 16-bit one, e.g.
+                      fp8_block on fine-grained experts; docs/performance.md).
                       bfloat16 layers; in/out features multiples of 16 (mxfp8: 32, fp8_block:
                       128); fp8_current and fp8_block: every split a multiple of 16 (pad
                       experts: MoE pads them by default); groupmm.recipe_traits(recipe) states
