@@ -12,8 +12,9 @@ namespace {
 using nn::GroupedLinear;
 using nn::GroupedLinearConfig;
 
+// hp_wgrad: QuantizedRecipeOptions::high_precision_wgrad.
 GroupedLinearConfig cfg(QuantRecipe r, int64_t G, int64_t K, int64_t N, int64_t max_tokens,
-                        bool main_grad) {
+                        bool main_grad, bool hp_wgrad = false) {
   GroupedLinearConfig c;
   c.experts = G;
   c.in_features = K;
@@ -23,7 +24,9 @@ GroupedLinearConfig cfg(QuantRecipe r, int64_t G, int64_t K, int64_t N, int64_t 
   c.seed = 11;
   c.accumulate_into_main_grad = main_grad;
   c.delay_wgrad = true;
-  if (r != QuantRecipe::none) c.recipe = nn::quantized_recipe(r);
+  nn::QuantizedRecipeOptions o;
+  o.high_precision_wgrad = hp_wgrad;
+  if (r != QuantRecipe::none) c.recipe = nn::quantized_recipe(r, o);
   return c;
 }
 
@@ -85,11 +88,7 @@ TEST_P(QuantizedLayerGpu, HighPrecisionWgradIsTheBf16Wgrad) {
   const QuantRecipe r = GetParam();
   const int64_t G = 12, K = 256, N = 640, M = 1536;
   Context ctx(Device::CUDA);
-  nn::QuantizedRecipeOptions o;
-  o.high_precision_wgrad = true;
-  GroupedLinearConfig hc = cfg(r, G, K, N, M, true);
-  hc.recipe = nn::quantized_recipe(r, o);
-  GroupedLinear hp(ctx, hc), q(ctx, cfg(r, G, K, N, M, true));
+  GroupedLinear hp(ctx, cfg(r, G, K, N, M, true, true)), q(ctx, cfg(r, G, K, N, M, true));
   GroupedLinear h(ctx, cfg(QuantRecipe::none, G, K, N, M, true));
   std::vector<int64_t> s = align_splits(make_splits(Pattern::quarter_empty, G, M), 16);
   Tensor x = bf16_input(M, K, 1.0f, Device::CUDA), dy = bf16_input(M, N, 0.1f, Device::CUDA);
@@ -114,11 +113,7 @@ TEST_P(QuantizedLayerGpu, WholeStepInOneGraphEqualsEager) {
   for (const bool hp_wgrad : {false, true}) {
     SCOPED_TRACE(hp_wgrad ? "high_precision_wgrad" : "FP8 wgrad");
     Context ctx(Device::CUDA, stream);
-    GroupedLinearConfig c = cfg(r, G, K, N, M, true);
-    nn::QuantizedRecipeOptions o;
-    o.high_precision_wgrad = hp_wgrad;
-    c.recipe = nn::quantized_recipe(r, o);
-    GroupedLinear l(ctx, c);
+    GroupedLinear l(ctx, cfg(r, G, K, N, M, true, hp_wgrad));
     Tensor x = bf16_input(M, K, 1.0f, Device::CUDA), dy = bf16_input(M, N, 0.1f, Device::CUDA);
     Tensor ds = Tensor::empty({G}, DType::int64, Device::CUDA, stream);
     std::vector<int64_t> first = align_splits(make_splits(Pattern::balanced, G, M), 16);

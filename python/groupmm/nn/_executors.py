@@ -148,10 +148,8 @@ class _Quantized(_CachedWeights):
         return dx, dy if self.hp_wgrad else _columnwise(qdy)
 
     def wgrad(self, qdy, state, splits, main_grad, expected=0):
-        if self.hp_wgrad:  # qdy and state[0] are the bf16 dy and x
-            hp = _HighPrecision()
-            hp.total = self.total
-            return hp.wgrad(qdy, state, splits, main_grad, expected)
+        if self.hp_wgrad:  # qdy and state[0] are the bf16 dy and x: the 16-bit wgrad (self.total)
+            return _HighPrecision.wgrad(self, qdy, state, splits, main_grad, expected)
         qx, _qw = state
         kw = dict(splits_total=self.total, expected_rows=expected)
         if main_grad is not None:
