@@ -188,6 +188,15 @@ struct BlockwiseWideMainloop : Base {
     auto one_block = [&]() {
       pipeline.consumer_wait(read);
       const int stage = read.index();
+      // The stage's scales are read before the wgmma is issued, never after: in a cluster one
+      // thread of the warpgroup releases the stage (PipelineTmaAsync's signaling thread), once its
+      // own warp's wait for the wgmma returns. That wgmma started only after every warp issued
+      // it, so every warp's reads before the issue are done; a read after the issue could still
+      // be pending in a lagging warp when the producer refills the stage (wrong values under
+      // racecheck). The products are formed while the MMAs run.
+      cute::Tensor rows = filter_zeros(tCsSFA(_, _, _, stage));
+      const float r0 = rows(0), r1 = rows(1);
+      const float sb0 = sSFB(0, 0, stage), sb1 = sSFB(64, 0, stage);
       tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
       warpgroup_fence_operand(block);
       warpgroup_arrive();
@@ -197,11 +206,8 @@ struct BlockwiseWideMainloop : Base {
         tiled_mma.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
-      // The factors while the MMAs run: row scale times each block's weight scale.
-      cute::Tensor rows = filter_zeros(tCsSFA(_, _, _, stage));
-      const float sb0 = sSFB(0, 0, stage), sb1 = sSFB(64, 0, stage);
-      const float f00 = rows(0) * sb0, f10 = rows(1) * sb0;
-      const float f01 = rows(0) * sb1, f11 = rows(1) * sb1;
+      const float f00 = r0 * sb0, f10 = r1 * sb0;
+      const float f01 = r0 * sb1, f11 = r1 * sb1;
       warpgroup_wait<0>();
       warpgroup_fence_operand(block);
       CUTLASS_PRAGMA_UNROLL
