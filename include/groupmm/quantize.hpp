@@ -206,7 +206,8 @@ QuantizedBuffers allocate_quantized(const QuantizedShapes& s, Device d,
                                     cudaStream_t stream = nullptr);
 
 struct GroupQuantizeArgs {
-  TensorView input;   // [M, K] activations or [G, N, K] weights; bf16/fp16/fp32
+  TensorView
+      input;  // [M, K] activations ([T, K] with row_map) or [G, N, K] weights; bf16/fp16/fp32
   TensorView splits;  // [G] int32/int64 row counts (device); absent for weights
   // exact: sum(splits) == M (a short sum is kFaultSplitsTotalMismatch). at_most (activations
   // only): sum(splits) <= M; the input rows past the sum are not read and the outputs' rows past
@@ -216,6 +217,14 @@ struct GroupQuantizeArgs {
   // On the rows the experts own, every output byte is exact mode's over a buffer of sum(splits)
   // rows. A sum above M is reported as in exact mode.
   SplitsTotal splits_total = SplitsTotal::exact;
+  // Optional, activations only: the rows are gathered. row_map [M] int32 (device): output row r
+  // quantizes input row row_map[r] of input [T, K] (any T), -1 a zero row (moe_permute_sources'
+  // row map: the permuted rows straight from x, no permuted copy). Every output byte equals the
+  // quantization of the gathered [M, K] rows; M = row_map.shape[0] is the rows the splits and
+  // the outputs describe. An entry outside [-1, T) is kFaultBadIndex (read as a zero row);
+  // entries past sum(splits) (at_most) are not read. fp8_current and fp8_block with bf16 input
+  // (the FP8 training recipes' activations), not with amax_schedule=separate.
+  TensorView row_map;
   QuantizeConfig config;
   // Outputs (caller-provided, at least group_quantize_shapes() elements, dtypes as given there):
   // out.data / out.scale_inv when rowwise, out.columnwise_data / out.columnwise_scale_inv when

@@ -10,7 +10,8 @@ namespace groupmm {
 // The validated problem: rows M (G*N for weights), K, G, and the static layout.
 struct QuantProblem {
   int64_t M = 0, K = 0, G = 0;
-  bool uniform = false;  // weights: every expert has M/G rows
+  bool uniform = false;   // weights: every expert has M/G rows
+  bool gathered = false;  // GroupQuantizeArgs::row_map: M output rows gathered from the input
   qnum::Layout L;
   bool rowwise = false, columnwise = false;
   qnum::ScaleSlack row_slack, col_slack;  // of the scale buffers this call writes (lines 0: none)

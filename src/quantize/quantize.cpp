@@ -141,7 +141,8 @@ std::string QuantizedShapes::to_string() const {
 
 std::string GroupQuantizeArgs::to_string() const {
   return detail::cat("GroupQuantizeArgs(input=", input.to_string(), ", splits=", splits.to_string(),
-                     splits_total == SplitsTotal::at_most ? ", splits_total=at_most" : "", ", ",
+                     splits_total == SplitsTotal::at_most ? ", splits_total=at_most" : "",
+                     row_map.present() ? ", row_map=" + row_map.to_string() : "", ", ",
                      config.to_string(), ", out=", out.to_string(), ")");
 }
 
@@ -338,9 +339,27 @@ QuantProblem validate_quantize_args(const Context& ctx, const GroupQuantizeArgs&
     p.G = a.splits.dim(0);
     p.M = x.dim(0);
     p.K = x.dim(1);
+    if (a.row_map.present()) {
+      const TensorView& m = a.row_map;
+      GROUPMM_CHECK(m.dtype == DType::int32 && m.rank == 1, op, ": row_map must be int32 [M], not ",
+                    dtype_name(m.dtype), " ", m.shape_string());
+      GROUPMM_CHECK(m.device == ctx.device(), op, ": row_map is on ", device_name(m.device),
+                    " but the context is ", device_name(ctx.device()));
+      GROUPMM_CHECK(m.data != nullptr || m.dim(0) == 0, op, ": row_map.data is null");
+      const QuantRecipe r = a.config.recipe;
+      GROUPMM_CHECK(r == QuantRecipe::fp8_current || r == QuantRecipe::fp8_block, op,
+                    ": row_map needs fp8_current or fp8_block, not ", recipe_name(r));
+      GROUPMM_CHECK(x.dtype == DType::bf16, op, ": row_map needs a bf16 ", iname, ", not ",
+                    dtype_name(x.dtype));
+      GROUPMM_CHECK(a.config.amax_schedule != AmaxSchedule::separate, op,
+                    ": row_map needs the fused amax schedule, not amax_schedule=separate");
+      p.gathered = true;
+      p.M = m.dim(0);  // the gathered rows: what the splits and the outputs describe
+    }
   } else {
     GROUPMM_CHECK(x.rank == 3, op, ": ", iname, ".rank=", x.rank,
                   " must be 3 ([G, N, K] weights) when splits is absent");
+    GROUPMM_CHECK(!a.row_map.present(), op, ": row_map needs splits (activations)");
     p.uniform = true;
     p.G = x.dim(0);
     p.M = x.dim(0) * x.dim(1);
@@ -382,7 +401,7 @@ size_t group_quantize_workspace_size(const Context& ctx, const GroupQuantizeArgs
   int64_t G = 1, M = 0, K = 0;
   if (a.splits.present()) {
     G = a.splits.dim(0);
-    M = a.input.dim(0);
+    M = a.row_map.present() ? a.row_map.dim(0) : a.input.dim(0);
     K = a.input.dim(1);
   } else if (a.input.rank == 3) {
     G = a.input.dim(0);

@@ -75,6 +75,57 @@ inline Quantized run_quantize(Context& ctx, const TensorView& x, const TensorVie
   return q;
 }
 
+// run_quantize with the rows gathered: output row r quantizes x's row row_map[r] (row_map [M]
+// int32 on x's device, M the rows the splits describe).
+inline Quantized run_quantize_gathered(Context& ctx, const TensorView& x, const TensorView& row_map,
+                                       const TensorView& splits, const QuantizeConfig& cfg,
+                                       const TensorView& dbias = TensorView()) {
+  const int64_t G = splits.dim(0), M = row_map.dim(0), K = x.dim(1);
+  Quantized q;
+  q.buf = allocate_quantized(group_quantize_shapes(M, K, G, cfg), ctx.device(), ctx.stream());
+  for (const Tensor* t : {&q.buf.data, &q.buf.scale_inv, &q.buf.columnwise_data,
+                          &q.buf.columnwise_scale_inv, &q.buf.amax, &q.buf.global_scale})
+    if (t->view().present()) fill_bytes(*t, 0xFF, ctx.stream());
+  GroupQuantizeArgs a;
+  a.input = x;
+  a.row_map = row_map;
+  a.splits = splits;
+  a.config = cfg;
+  a.out = q.buf.view(G, splits, cfg);
+  q.gt = dbias.present() ? bgrad_group_quantize(ctx, a, dbias) : group_quantize(ctx, a);
+  return q;
+}
+
+// A row map of M rows over a T-row input: random sources (repeats, as top-k routing has), every
+// `pad_every`-th row -1 (padding; 0: none).
+inline std::vector<int32_t> random_row_map(int64_t M, int64_t T, uint64_t seed, int pad_every = 7) {
+  std::vector<int32_t> m(static_cast<size_t>(M));
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t r = 0; r < M; ++r) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    const bool pad = pad_every > 0 && r % pad_every == pad_every - 1;
+    m[static_cast<size_t>(r)] = pad || T == 0 ? -1 : static_cast<int32_t>((z >> 33) % uint64_t(T));
+  }
+  return m;
+}
+
+// The rows of x [T, K] (host) gathered by map (an entry outside [0, T): a zero row), [M, K].
+inline Tensor gather_rows_host(const Tensor& x, const std::vector<int32_t>& map) {
+  const int64_t T = x.view().dim(0), K = x.view().dim(1), M = static_cast<int64_t>(map.size());
+  const size_t row = static_cast<size_t>(K) * static_cast<size_t>(dtype_bits(x.view().dtype) / 8);
+  Tensor out = Tensor::empty({M, K}, x.view().dtype, Device::CPU);
+  const auto* src = static_cast<const uint8_t*>(x.data());
+  auto* dst = static_cast<uint8_t*>(out.data());
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t s = map[static_cast<size_t>(r)];
+    if (s >= 0 && s < T)
+      std::memcpy(dst + r * row, src + s * row, row);
+    else
+      std::memset(dst + r * row, 0, row);
+  }
+  return out;
+}
+
 // Dequantizes q (from its rowwise or columnwise copy) into out.
 inline void run_dequantize(Context& ctx, const Quantized& q, const QuantizeConfig& cfg, bool col,
                            const TensorView& out) {

@@ -219,6 +219,95 @@ TEST(QuantCpu, FaultsAreReportedAndOddNvfp4ColumnwiseSkipped) {
   EXPECT_TRUE(ctx.take_status().bits & kFaultSplitsOverflow);
 }
 
+void expect_same_buffers(const QuantizedBuffers& a, const QuantizedBuffers& b,
+                         const std::string& what) {
+  const std::pair<const char*, std::pair<const Tensor*, const Tensor*>> outs[] = {
+      {"data", {&a.data, &b.data}},
+      {"scale_inv", {&a.scale_inv, &b.scale_inv}},
+      {"columnwise_data", {&a.columnwise_data, &b.columnwise_data}},
+      {"columnwise_scale_inv", {&a.columnwise_scale_inv, &b.columnwise_scale_inv}},
+      {"amax", {&a.amax, &b.amax}}};
+  for (const auto& [name, t] : outs) {
+    ASSERT_EQ(t.first->view().present(), t.second->view().present()) << what << " " << name;
+    if (t.first->view().present())
+      EXPECT_EQ(quant_bytes(*t.first), quant_bytes(*t.second)) << what << " " << name;
+  }
+}
+
+// row_map: every output byte and the bias gradient are those of the gathered copy quantized (-1
+// rows zero rows, repeated sources, zero-row experts); an entry outside [-1, T) is a fault and a
+// zero row.
+TEST(QuantCpu, GatheredRowsEqualTheQuantizedGatheredCopy) {
+  Context ctx(Device::CPU);
+  const int64_t T = 200, K = 256, G = 5, M = 704;
+  Tensor x = make_input(rand_wide(static_cast<size_t>(T * K)), DType::bf16, {T, K}, Device::CPU);
+  std::vector<int32_t> s = to_i32(make_splits(Pattern::quarter_empty, G, M));
+  const TensorView sv = host_view(s, DType::int32, {G});
+  for (bool fault : {false, true}) {
+    std::vector<int32_t> map = random_row_map(M, T, fault ? 9 : 3);
+    if (fault) {
+      map[1] = static_cast<int32_t>(T);
+      map[M - 2] = -9;
+    }
+    const Tensor xg = gather_rows_host(x, map);
+    for (const QuantizeConfig& cfg :
+         {qcfg(QuantRecipe::fp8_block, QuantDirection::both),
+          qcfg(QuantRecipe::fp8_block, QuantDirection::columnwise, ScaleLayout::mn_major),
+          qcfg(QuantRecipe::fp8_current, QuantDirection::both),
+          qcfg(QuantRecipe::fp8_current, QuantDirection::rowwise, ScaleLayout::plain,
+               DType::fp8e5m2),
+          with_amax(qcfg(QuantRecipe::fp8_current, QuantDirection::both), AmaxSchedule::fused,
+                    2)}) {
+      std::vector<float> db_g(static_cast<size_t>(G * K), -1.0f), db_c(db_g.size(), -2.0f);
+      const Quantized g = run_quantize_gathered(ctx, x, host_view(map, DType::int32, {M}), sv, cfg,
+                                                host_view(db_g, DType::fp32, {G, K}));
+      const StatusBlock st = ctx.take_status();
+      EXPECT_EQ(st.bits, fault ? kFaultBadIndex : 0u) << cfg_name(cfg);
+      if (fault) EXPECT_EQ(st.value, T) << cfg_name(cfg);  // the first bad entry
+      const Quantized c = run_quantize(ctx, xg, sv, cfg, host_view(db_c, DType::fp32, {G, K}));
+      ctx.check();
+      expect_same_buffers(g.buf, c.buf, cfg_name(cfg));
+      EXPECT_EQ(db_g, db_c) << cfg_name(cfg);
+    }
+  }
+}
+
+TEST(QuantCpu, GatheredRowsValidation) {
+  Context ctx(Device::CPU);
+  const int64_t T = 40, K = 128, G = 2, M = 64;
+  Tensor x = make_input(rand_wide(static_cast<size_t>(T * K)), DType::bf16, {T, K}, Device::CPU);
+  std::vector<int32_t> s = {32, 32}, map = random_row_map(M, T, 1);
+  std::vector<int64_t> map64(map.begin(), map.end());
+  const TensorView sv = host_view(s, DType::int32, {G});
+  auto cfg = qcfg(QuantRecipe::fp8_block);
+  QuantizedBuffers b = allocate_quantized(group_quantize_shapes(M, K, G, cfg), Device::CPU);
+  GroupQuantizeArgs a;
+  a.input = x;
+  a.row_map = host_view(map, DType::int32, {M});
+  a.splits = sv;
+  a.config = cfg;
+  a.out = b.view(G, sv, cfg);
+  EXPECT_NO_THROW(group_quantize(ctx, a));
+  a.row_map = host_view(map64, DType::int64, {M});
+  EXPECT_THROW_MSG(group_quantize(ctx, a),
+                   "group_quantize: row_map must be int32 [M], not int64 [64]");
+  a.row_map = host_view(map, DType::int32, {M});
+  a.config = with_amax(qcfg(QuantRecipe::fp8_current), AmaxSchedule::separate);
+  EXPECT_THROW_MSG(group_quantize(ctx, a),
+                   "group_quantize: row_map needs the fused amax schedule, not "
+                   "amax_schedule=separate");
+  a.config = qcfg(QuantRecipe::mxfp8);
+  EXPECT_THROW_MSG(group_quantize(ctx, a),
+                   "group_quantize: row_map needs fp8_current or fp8_block, not mxfp8");
+  a.config = cfg;
+  Tensor x32 = make_input(rand_wide(static_cast<size_t>(T * K)), DType::fp32, {T, K}, Device::CPU);
+  a.input = x32;
+  EXPECT_THROW_MSG(group_quantize(ctx, a), "group_quantize: row_map needs a bf16 input, not fp32");
+  a.input = x;
+  a.out.data = TensorView(b.data.data(), DType::fp8e4m3, Device::CPU, {T, K});  // sized for T
+  EXPECT_THROW_MSG(group_quantize(ctx, a), "group_quantize: out.data.numel=5120");
+}
+
 TEST(QuantCpu, ValidationNamesOpArgumentAndValue) {
   Context ctx(Device::CPU);
   Problem p = make_problem(Pattern::balanced, 2, 64, 96);

@@ -469,6 +469,127 @@ TEST(QuantizeGpuGraph, ReplayWithNewSplitsEqualsEager) {
   cudaStreamDestroy(stream);
 }
 
+// row_map: the rows gathered on the GPU quantize to the CPU reference's bytes and to the GPU's own
+// quantization of the gathered copy, bias gradients included: fp8_block, fp8_current (e4m3 and
+// e5m2; the early amax reduction for small experts, the blocking one for large), -1 rows, repeated
+// sources, zero-row experts, G = 1 and G = 128; an entry outside [-1, T) sets kFaultBadIndex on
+// both backends and reads as a zero row.
+TEST(QuantizeGpuGathered, MatchesCpuAndTheGatheredCopy) {
+  GROUPMM_REQUIRE_GPU();
+  struct C {
+    int64_t G, M;
+    Pattern p;
+    bool fault;
+  };
+  const C cases[] = {{1, 1000, Pattern::balanced, false},
+                     {8, 4096, Pattern::quarter_empty, false},
+                     {128, 8192, Pattern::zipf, false},
+                     {6, 2048, Pattern::zero_first, true}};
+  const int64_t K = 512;
+  for (const C& c : cases) {
+    const int64_t T = c.M / 4 + 3;
+    const std::vector<float> v = input_values(T * K, true);
+    Context cctx(Device::CPU), gctx(Device::CUDA);
+    Tensor hx = make_input(v, DType::bf16, {T, K}, Device::CPU);
+    Tensor dx = clone_to(hx, Device::CUDA);
+    std::vector<int64_t> s = make_splits(c.p, c.G, c.M);
+    TensorView hs = host_view(s, DType::int64, {c.G});
+    Tensor ds = clone_to(hs, Device::CUDA);
+    std::vector<int32_t> map = random_row_map(c.M, T, uint64_t(c.G));
+    if (c.fault) {
+      map[size_t(c.M / 2)] = static_cast<int32_t>(T);
+      map[size_t(c.M - 1)] = -2;
+    }
+    TensorView hmap = host_view(map, DType::int32, {c.M});
+    Tensor dmap = clone_to(hmap, Device::CUDA);
+    Tensor dxg = clone_to(gather_rows_host(hx, map), Device::CUDA);
+    const std::string what = "G" + std::to_string(c.G) + "_" + pattern_name(c.p);
+    for (const QuantizeConfig& cfg :
+         {qcfg(QuantRecipe::fp8_block, QuantDirection::both),
+          qcfg(QuantRecipe::fp8_block, QuantDirection::rowwise, ScaleLayout::mn_major),
+          qcfg(QuantRecipe::fp8_current, QuantDirection::both),
+          qcfg(QuantRecipe::fp8_current, QuantDirection::both, ScaleLayout::plain, DType::fp8e5m2),
+          with_amax(qcfg(QuantRecipe::fp8_current, QuantDirection::rowwise), AmaxSchedule::fused,
+                    3)}) {
+      Tensor dbc = Tensor::empty({c.G, K}, DType::fp32, Device::CPU);
+      Tensor dbg = Tensor::empty({c.G, K}, DType::fp32, Device::CUDA);
+      Tensor dbg2 = Tensor::empty({c.G, K}, DType::fp32, Device::CUDA);
+      for (Tensor* t : {&dbc, &dbg, &dbg2}) fill_bytes(*t, 0xFF);
+      Quantized qc = run_quantize_gathered(cctx, hx, hmap, hs, cfg, dbc);
+      Quantized qg = run_quantize_gathered(gctx, dx, dmap, ds, cfg, dbg);
+      const StatusBlock sg = gctx.take_status(), sc = cctx.take_status();
+      EXPECT_EQ(sg.bits, c.fault ? kFaultBadIndex : 0u) << what << " " << cfg_name(cfg);
+      EXPECT_EQ(sc.bits, sg.bits) << what;
+      Quantized qcopy = run_quantize(gctx, dxg, ds, cfg, dbg2);
+      EXPECT_NO_THROW(gctx.check());
+      expect_same_outputs(qg, qc, what + " vs cpu " + cfg_name(cfg));
+      expect_same_outputs(qg, qcopy, what + " vs the gathered copy " + cfg_name(cfg));
+      EXPECT_EQ(quant_bytes(dbg), quant_bytes(dbc)) << what << " dbias vs cpu " << cfg_name(cfg);
+      EXPECT_EQ(quant_bytes(dbg), quant_bytes(dbg2)) << what << " dbias vs copy " << cfg_name(cfg);
+    }
+  }
+}
+
+// A captured gathered quantization replays with new row maps and splits as eager computes them.
+TEST(QuantizeGpuGraph, GatheredReplayWithNewRowMapsEqualsEager) {
+  GROUPMM_REQUIRE_GPU();
+  const int64_t G = 16, M = 4096, T = 1100, K = 384;
+  cudaStream_t stream;
+  GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    Context ctx(Device::CUDA, stream);
+    Tensor dx = make_input(input_values(T * K, false), DType::bf16, {T, K}, Device::CUDA);
+    Tensor ds = Tensor::empty({G}, DType::int32, Device::CUDA, stream);
+    Tensor dmap = Tensor::empty({M}, DType::int32, Device::CUDA, stream);
+    for (const auto& cfg : {qcfg(QuantRecipe::fp8_block, QuantDirection::both),
+                            qcfg(QuantRecipe::fp8_current, QuantDirection::both)}) {
+      std::vector<int32_t> s0 = to_i32(make_splits(Pattern::balanced, G, M));
+      std::vector<int32_t> m0 = random_row_map(M, T, 1);
+      copy(ds, host_view(s0, DType::int32, {G}), stream);
+      copy(dmap, host_view(m0, DType::int32, {M}), stream);
+      GroupQuantizeArgs a;
+      a.input = dx;
+      a.row_map = dmap;
+      a.splits = ds;
+      a.config = cfg;
+      QuantizedBuffers gb =
+          allocate_quantized(group_quantize_shapes(M, K, G, cfg), Device::CUDA, stream);
+      a.out = gb.view(G, ds, cfg);
+      ctx.reserve_workspace(group_quantize_workspace_size(ctx, a));
+      group_quantize(ctx, a);  // eager warm-up: sets kernel attributes once
+      GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      GROUPMM_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      group_quantize(ctx, a);
+      GROUPMM_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+      GROUPMM_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      uint64_t seed = 2;
+      for (Pattern p : {Pattern::zipf, Pattern::quarter_empty, Pattern::random_odd}) {
+        std::vector<int32_t> s = to_i32(make_splits(p, G, M));
+        std::vector<int32_t> m = random_row_map(M, T, seed++, 5);
+        copy(ds, host_view(s, DType::int32, {G}), stream);
+        copy(dmap, host_view(m, DType::int32, {M}), stream);
+        Quantized graph_out{std::move(gb), GroupedTensor()};
+        for (const Tensor* t :
+             {&graph_out.buf.data, &graph_out.buf.scale_inv, &graph_out.buf.columnwise_data,
+              &graph_out.buf.columnwise_scale_inv, &graph_out.buf.amax})
+          if (t->view().present()) fill_bytes(*t, 0xFF, stream);
+        GROUPMM_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        Quantized eager = run_quantize_gathered(ctx, dx, dmap, ds, cfg);
+        GROUPMM_CHECK_CUDA(cudaStreamSynchronize(stream));
+        expect_same_outputs(graph_out, eager,
+                            std::string("gathered graph ") + cfg_name(cfg) + " " + pattern_name(p));
+        gb = std::move(graph_out.buf);
+      }
+      ctx.check();
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
 TEST(QuantizeGpuFaults, BadSplitsSetStatusAndMatchCpu) {
   GROUPMM_REQUIRE_GPU();
   const int64_t M = 512, K = 64;

@@ -51,6 +51,28 @@ struct Quantizer {
   }
 };
 
+// The input rows the outputs quantize, [M, K] as fp32: row r of each expert's rows is input row
+// row_map[r] (-1, or a faulting entry, a zero row); rows past the experts' stay 0 (never read).
+std::vector<float> gather_rows(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem& p,
+                               const std::vector<Geom>& geo) {
+  const std::vector<float> x = to_floats(a.input);
+  const int64_t T = a.input.dim(0), K = p.K;
+  const int32_t* map = a.row_map.ptr<int32_t>();
+  std::vector<float> out(static_cast<size_t>(p.M * K), 0.0f);
+  for (int64_t gi = 0; gi < p.G; ++gi) {
+    const Geom& g = geo[static_cast<size_t>(gi)];
+    for (int64_t r = g.start; r < g.start + g.rows; ++r) {
+      const int64_t src = map[r];
+      if (src < -1 || src >= T)
+        report_fault_host(ctx.status(), kFaultBadIndex, OpId::group_quantize,
+                          static_cast<int32_t>(gi), src);
+      if (src < 0 || src >= T) continue;
+      std::copy_n(x.begin() + src * K, K, out.begin() + r * K);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem& p,
@@ -59,7 +81,7 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   Geom end;  // after the last expert: where the scales' slack starts
   const std::vector<Geom> geo = quant_geoms(ctx, a.splits, p.M, p.G, L.cb, OpId::group_quantize,
                                             &end, a.splits_total == SplitsTotal::at_most);
-  Quantizer Q{a, p, L, to_floats(a.input)};
+  Quantizer Q{a, p, L, p.gathered ? gather_rows(ctx, a, p, geo) : to_floats(a.input)};
   const bool fp4 = qnum::is_fp4(L.recipe);
   const bool need_expert_amax =
       L.recipe == QuantRecipe::fp8_current || L.recipe == QuantRecipe::nvfp4;

@@ -23,8 +23,8 @@ const char* tile_schedule_name(TileSchedule s) {
 
 std::string TileKernelKey::to_string() const {
   return detail::cat("quantize tile kernel (", recipe_name(recipe), ", ", dtype_name(input),
-                     " input, ", e5m2 ? "e5m2" : "e4m3", " data, ", tile_schedule_name(schedule),
-                     " schedule)");
+                     gathered ? " gathered" : "", " input, ", e5m2 ? "e5m2" : "e4m3", " data, ",
+                     tile_schedule_name(schedule), " schedule)");
 }
 
 namespace {
@@ -117,7 +117,8 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
                 " has too many 128x128 tiles (at most 2^30)");
   const TileSchedule schedule = choose_schedule(a.config, p, col_tiles);
   const bool fused = schedule != TileSchedule::tiles;
-  const TileLaunch launch_tiles = find_tile_kernel({recipe, a.input.dtype, p.L.e5m2, schedule});
+  const TileLaunch launch_tiles =
+      find_tile_kernel({recipe, a.input.dtype, p.L.e5m2, schedule, p.gathered});
   const bool expert_amax = has_expert_amax(recipe);
   const QuantWorkspace layout = QuantWorkspace::of(p.M, p.K, p.G, expert_amax, dbias.present());
   const QuantPlan plan = plan_view(QuantWorkspace::plan(ws), p.G);
@@ -138,6 +139,8 @@ void group_quantize(Context& ctx, const GroupQuantizeArgs& a, const QuantProblem
   tp.x = a.input.data;
   tp.M = p.M;
   tp.K = p.K;
+  tp.row_map = p.gathered ? static_cast<const int32_t*>(a.row_map.data) : nullptr;
+  tp.x_rows = a.input.dim(0);
   tp.plan = plan;
   tp.L = p.L;
   tp.rowwise = p.rowwise;

@@ -83,14 +83,17 @@ struct TileKernelKey {
   DType input;  // bf16, fp16, fp32
   bool e5m2;    // fp8 data format (always false for nvfp4)
   TileSchedule schedule;
+  bool gathered;  // rows read through GroupQuantizeArgs::row_map
   bool operator==(const TileKernelKey& o) const {
-    return recipe == o.recipe && input == o.input && e5m2 == o.e5m2 && schedule == o.schedule;
+    return recipe == o.recipe && input == o.input && e5m2 == o.e5m2 && schedule == o.schedule &&
+           gathered == o.gathered;
   }
   std::string to_string() const;
 };
 
 // The compile-time form of a key: E the input element (common/element.cuh).
-template <class E_, QuantRecipe kRecipe_, bool kE5m2_, TileSchedule kSchedule_>
+template <class E_, QuantRecipe kRecipe_, bool kE5m2_, TileSchedule kSchedule_,
+          bool kGathered_ = false>
 struct TileVariant {
   using E = E_;
   using Pair = typename E::Pair;
@@ -103,6 +106,9 @@ struct TileVariant {
       kRecipe == QuantRecipe::fp8_current || kRecipe == QuantRecipe::nvfp4;
   static constexpr bool kFused = kSchedule != TileSchedule::tiles;
   static constexpr bool kEarly = kSchedule == TileSchedule::fused_amax_early;
+  // Rows gathered through a row map (tile_smem.cuh, load_async_gathered): the FP8 training
+  // recipes' bf16 activations only, whose amax (fp8_current) is fused.
+  static constexpr bool kGathered = kGathered_;
   // Only mxfp8 and nvfp4 scales may be swizzled (and so padded): the other recipes compile no
   // padding code.
   static constexpr bool kMaySwizzle = kRecipe == QuantRecipe::mxfp8 || kFp4;
@@ -111,13 +117,18 @@ struct TileVariant {
   static_assert(kRecipe != QuantRecipe::none, "a quantization recipe");
   static_assert(kExpertAmax || !kFused, "only fp8_current and nvfp4 have an expert amax");
   static_assert(!(kFp4 && kE5m2), "nvfp4 and mxfp4 have no fp8 data format");
-  static constexpr TileKernelKey key() { return {kRecipe, E::kDType, kE5m2, kSchedule}; }
+  static_assert(!kGathered || ((kRecipe == QuantRecipe::fp8_current && kFused) ||
+                               kRecipe == QuantRecipe::fp8_block),
+                "gathered rows: fp8_current (fused amax) or fp8_block");
+  static constexpr TileKernelKey key() { return {kRecipe, E::kDType, kE5m2, kSchedule, kGathered}; }
 };
 
 // The kernel's arguments (built by dispatch.cu; everything CTA-uniform).
 struct TileParams {
-  const void* x;  // [M, K] input
+  const void* x;  // [M, K] input ([x_rows, K] with row_map)
   int64_t M, K;
+  const int32_t* row_map;  // [M] gathered variants: the input row of each row, -1 a zero row
+  int64_t x_rows;          // gathered variants: the input's rows (row_map's bound)
   QuantPlan plan;
   qnum::Layout L;
   bool rowwise, colwise;

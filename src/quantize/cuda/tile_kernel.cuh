@@ -38,7 +38,8 @@ __global__ void __launch_bounds__(TileConfig::kThreads, V::kMinBlocks)
   __shared__ EarlyAmaxShared early_state;  // TileSchedule::fused_amax_early
   __shared__ uint32_t block_amax_2d[64];   // [8][8] nvfp4 16x16 blocks, [16] fp8 128x128
 
-  prefetch_first_items<E>(p);
+  // Gathered rows: the row map may still be being written (this kernel starts before pdl_wait).
+  if constexpr (!V::kGathered) prefetch_first_items<E>(p);
   pdl_wait();  // the plan (or the amax pass): this kernel may start before they finish
   // The next kernel in the stream (e.g. the next call's plan) may launch now: it waits for this
   // grid in its own pdl_wait, and it only becomes resident as this kernel's CTAs retire.
@@ -109,7 +110,11 @@ __global__ void __launch_bounds__(TileConfig::kThreads, V::kMinBlocks)
   }
 
   auto load_item = [&](const uint8_t* buf, const ItemInfo& it) {
-    S::load_async(buf, it, tid, row_elems);
+    if constexpr (V::kGathered) {
+      S::load_async_gathered(buf, it, tid, row_elems, p.x_rows, p.status);
+    } else {
+      S::load_async(buf, it, tid, row_elems);
+    }
   };
 #pragma unroll
   for (int q = 0; q + 1 < kStages; ++q) {
@@ -228,12 +233,32 @@ constexpr void add_formats(TileKernel* rows, int& n) {
   add_schedules<kRecipe, E, false>(rows, n);
   if constexpr (!qnum::is_fp4(kRecipe)) add_schedules<kRecipe, E, true>(rows, n);
 }
+// The gathered rows of the FP8 training recipes' bf16 activations: fp8_block (e4m3: its
+// gradients are e4m3 too), fp8_current in both formats with the fused amax schedules.
+template <class V>
+constexpr void add_row(TileKernel* rows, int& n) {
+  rows[n++] = {V::key(), &launch_tile_kernel<V>};
+}
+template <QuantRecipe kRecipe>
+constexpr void add_gathered(TileKernel* rows, int& n) {
+  if constexpr (kRecipe == QuantRecipe::fp8_block) {
+    add_row<TileVariant<Bf16, kRecipe, false, TileSchedule::tiles, true>>(rows, n);
+  } else if constexpr (kRecipe == QuantRecipe::fp8_current) {
+    add_row<TileVariant<Bf16, kRecipe, false, TileSchedule::fused_amax, true>>(rows, n);
+    add_row<TileVariant<Bf16, kRecipe, false, TileSchedule::fused_amax_early, true>>(rows, n);
+    add_row<TileVariant<Bf16, kRecipe, true, TileSchedule::fused_amax, true>>(rows, n);
+    add_row<TileVariant<Bf16, kRecipe, true, TileSchedule::fused_amax_early, true>>(rows, n);
+  }
+}
 template <QuantRecipe kRecipe>
 constexpr int variant_count() {
   const int schedules =
       kRecipe == QuantRecipe::fp8_current || kRecipe == QuantRecipe::nvfp4 ? 3 : 1;
   const int formats = qnum::is_fp4(kRecipe) ? 1 : 2;
-  return 3 * formats * schedules;  // bf16, fp16, fp32 inputs
+  const int gathered = kRecipe == QuantRecipe::fp8_block     ? 1
+                       : kRecipe == QuantRecipe::fp8_current ? 4
+                                                             : 0;
+  return 3 * formats * schedules + gathered;  // bf16, fp16, fp32 inputs; gathered bf16
 }
 template <QuantRecipe kRecipe>
 constexpr std::array<TileKernel, variant_count<kRecipe>()> tile_kernels() {
@@ -242,6 +267,7 @@ constexpr std::array<TileKernel, variant_count<kRecipe>()> tile_kernels() {
   add_formats<kRecipe, Bf16>(rows.data(), n);
   add_formats<kRecipe, Fp16>(rows.data(), n);
   add_formats<kRecipe, Fp32>(rows.data(), n);
+  add_gathered<kRecipe>(rows.data(), n);
   return rows;
 }
 

@@ -35,12 +35,13 @@ namespace groupmm::cuda::tile {
 enum : int32_t { kItemNone = 0, kItemQuant = 1, kItemAmax = 2 };
 enum : int32_t { kPadRow = 1, kPadCol = 2 };  // ItemInfo::flags
 
-struct ItemInfo {      // one 128x128 work item, CTA-uniform
-  const uint8_t* src;  // input element (row0, col0) of the tile
-  int64_t gi;          // expert
-  int64_t t;           // global row tile (dbias partial row)
-  int32_t lt, ct;      // expert-local row tile, column tile
-  int32_t vr, vc;      // valid rows, valid columns
+struct ItemInfo {       // one 128x128 work item, CTA-uniform
+  const uint8_t* src;   // input element (row0, col0) of the tile; gathered: (row 0, col0)
+  const int32_t* rows;  // gathered: the row map's entry of the tile's row 0
+  int64_t gi;           // expert
+  int64_t t;            // global row tile (dbias partial row)
+  int32_t lt, ct;       // expert-local row tile, column tile
+  int32_t vr, vc;       // valid rows, valid columns
   int32_t kind;
   int32_t flags;         // kPadRow / kPadCol: the tile writes swizzle padding (rare)
   int64_t slot0, slot1;  // fused quantize item: the expert's amax slots [slot0, slot1)
@@ -109,8 +110,10 @@ __device__ void make_item(const TileParams& p, const SchedState& s, int32_t kind
                           int64_t t, int ct, ItemInfo& it) {
   const int64_t start = s.plan.start[gi], rows = s.plan.rows[gi], ts = s.plan.tile_start[gi];
   const int64_t row0 = (t - ts) * qnum::kTileRows, col0 = int64_t(ct) * TileConfig::kCols;
+  const int64_t first = p.row_map != nullptr ? 0 : start + row0;
   it.src = reinterpret_cast<const uint8_t*>(static_cast<const typename E::Storage*>(p.x) +
-                                            (start + row0) * p.K + col0);
+                                            first * p.K + col0);
+  it.rows = p.row_map != nullptr ? p.row_map + start + row0 : nullptr;
   it.gi = gi;
   it.t = t;
   it.lt = static_cast<int32_t>(t - ts);

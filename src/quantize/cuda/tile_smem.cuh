@@ -81,6 +81,38 @@ struct TileSmem {
                  ok ? 16 : 0);
     }
   }
+
+  // load_async with the tile's rows gathered: row r is input row it.rows[r] (it.src: the input's
+  // row 0 at the tile's first column), -1 a zero row; an entry outside [-1, x_rows) reads as a
+  // zero row and is reported (kFaultBadIndex, the item's expert). The row-map entries of a
+  // thread's rows are loaded together before its copies are issued (one latency, not kLoads).
+  template <class Item>
+  static __device__ __forceinline__ void load_async_gathered(const uint8_t* buf, const Item& it,
+                                                             int tid, int row_elems, int64_t x_rows,
+                                                             StatusBlock* status) {
+    constexpr int kRowStep = TileConfig::kThreads / kChunksPerRow;
+    const int ch = tid % kChunksPerRow, r0 = tid / kChunksPerRow;
+    const uint32_t d0 = static_cast<uint32_t>(__cvta_generic_to_shared(buf)) + r0 * kRowBytes;
+    const int sw0 = ch ^ (r0 & 1) ^ ((ch >> 2) & 6);
+    const bool ok_c = ch * kVec < it.vc;
+    const int vr = it.vr;
+    int32_t src_row[kLoads];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int r = r0 + j * kRowStep;
+      src_row[j] = ok_c && r < vr ? __ldg(it.rows + r) : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int r = r0 + j * kRowStep;
+      const int32_t s = src_row[j];
+      const bool ok = s >= 0 && s < x_rows;
+      if (!ok && s != -1 && ch == 0)
+        report_fault(status, kFaultBadIndex, OpId::group_quantize, static_cast<int32_t>(it.gi), s);
+      const uint8_t* src = it.src + (int64_t(ok ? s : 0) * row_elems + ch * kVec) * kElemBytes;
+      cp_async16(d0 + j * kRowStep * kRowBytes + ((sw0 ^ ((r >> 4) & 7)) << 4), src, ok ? 16 : 0);
+    }
+  }
 };
 
 }  // namespace groupmm::cuda::tile
