@@ -227,6 +227,16 @@ GroupedLinear::~GroupedLinear() {
   for (GroupedLinear* p : parts_) p->whole_ = nullptr;  // (a whole outlives its parts)
 }
 
+void LinearExecutor::forward_gathered(Context&, const TensorView&, const TensorView&,
+                                      const TensorView&, const TensorView&, const TensorView&,
+                                      const TensorView&) {
+  GROUPMM_CHECK(false, "LinearExecutor.forward_gathered: this executor does not gather");
+}
+void LinearExecutor::dgrad_gathered(Context&, const TensorView&, const TensorView&,
+                                    const TensorView&, const TensorView&, const TensorView&) {
+  GROUPMM_CHECK(false, "LinearExecutor.dgrad_gathered: this executor does not gather");
+}
+
 void GroupedLinear::check_ctx(const Context& ctx, const char* fn) const {
   GROUPMM_CHECK(ctx.device() == device_, "GroupedLinear.", fn, ": the context is ",
                 device_name(ctx.device()), " but the layer lives on ", device_name(device_));
@@ -262,15 +272,36 @@ TensorView GroupedLinear::forward(Context& ctx, const TensorView& x, const Tenso
   return forward_impl(ctx, x, splits, "GroupedLinear.forward", true);
 }
 
+TensorView GroupedLinear::forward_gathered(Context& ctx, const TensorView& x_src,
+                                           const TensorView& row_map, const TensorView& splits) {
+  return forward_impl(ctx, x_src, splits, "GroupedLinear.forward_gathered", true, row_map);
+}
+
+bool GroupedLinear::gathers() const {
+  return exec_->gathers();
+}
+
+// The row map of a gathered pass: int32 [M] on the layer's device, M <= max_tokens.
+static void check_row_map(const char* op, const TensorView& m, Device d, int64_t max_rows) {
+  check_view(op, "row_map", m, DType::int32, 1, d);
+  GROUPMM_CHECK(m.dim(0) <= max_rows, op, ": row_map.shape[0]=", m.dim(0),
+                " exceeds max_tokens=", max_rows);
+}
+
 TensorView GroupedLinear::forward_impl(Context& ctx, const TensorView& x, const TensorView& splits,
-                                       const char* op, bool run_gemm) {
+                                       const char* op, bool run_gemm, const TensorView& row_map) {
   check_ctx(ctx, "forward");
   GROUPMM_CHECK(!pending_wgrad_, op,
                 ": a delayed wgrad is pending; call backward_dw() before the "
                 "next forward");
-  check_view(op, "x", x, cfg_.dtype, 2, device_);
-  check_dim(op, "x", x, 1, cfg_.in_features);
-  const int64_t M = x.dim(0);
+  const bool gathered = row_map.present();
+  GROUPMM_CHECK(!gathered || exec_->gathers(), op, ": recipe ", cfg_.recipe->name(),
+                " does not gather its input (gathers() is false)");
+  const char* xname = gathered ? "x_src" : "x";
+  check_view(op, xname, x, cfg_.dtype, 2, device_);
+  check_dim(op, xname, x, 1, cfg_.in_features);
+  if (gathered) check_row_map(op, row_map, device_, cfg_.max_tokens);
+  const int64_t M = gathered ? row_map.dim(0) : x.dim(0);
   GROUPMM_CHECK(M <= cfg_.max_tokens, op, ": x.shape[0]=", M,
                 " exceeds max_tokens=", cfg_.max_tokens);
   check_splits(op, splits, cfg_.experts, device_);
@@ -278,25 +309,54 @@ TensorView GroupedLinear::forward_impl(Context& ctx, const TensorView& x, const 
   saved_splits_ = TensorView(splits_.data(), splits.dtype, device_, {cfg_.experts});
   copy(saved_splits_, splits, ctx.stream());
   const TensorView y(y_.data(), cfg_.dtype, device_, {M, cfg_.out_features});
-  if (run_gemm) exec_->forward(ctx, x, w_view_, b_view_, saved_splits_, y);
+  if (gathered) {
+    exec_->forward_gathered(ctx, x, row_map, w_view_, b_view_, saved_splits_, y);
+  } else if (run_gemm) {
+    exec_->forward(ctx, x, w_view_, b_view_, saved_splits_, y);
+  }
   saved_x_ = x;
   saved_m_ = M;
   return y;
 }
 
 TensorView GroupedLinear::backward(Context& ctx, const TensorView& dy) {
-  const char* op = "GroupedLinear.backward";
+  return backward_impl(ctx, dy, TensorView(), "GroupedLinear.backward");
+}
+
+TensorView GroupedLinear::backward_gathered(Context& ctx, const TensorView& dy_src,
+                                            const TensorView& row_map) {
+  const char* op = "GroupedLinear.backward_gathered";
+  GROUPMM_CHECK(row_map.present(), op, ": row_map is required");
+  return backward_impl(ctx, dy_src, row_map, op);
+}
+
+TensorView GroupedLinear::backward_impl(Context& ctx, const TensorView& dy,
+                                        const TensorView& row_map, const char* op) {
   check_ctx(ctx, "backward");
   GROUPMM_CHECK(saved_m_ >= 0, op,
                 ": no saved forward (call forward first; each backward "
                 "consumes one forward)");
-  check_view(op, "dy", dy, cfg_.dtype, 2, device_);
-  GROUPMM_CHECK(dy.dim(0) == saved_m_, op, ": dy.shape[0]=", dy.dim(0),
-                " must equal forward's x.shape[0]=", saved_m_);
-  check_dim(op, "dy", dy, 1, cfg_.out_features);
+  const bool gathered = row_map.present();
+  GROUPMM_CHECK(!gathered || exec_->gathers(), op, ": recipe ", cfg_.recipe->name(),
+                " does not gather its input (gathers() is false)");
+  const char* dyname = gathered ? "dy_src" : "dy";
+  check_view(op, dyname, dy, cfg_.dtype, 2, device_);
+  if (gathered) {
+    check_row_map(op, row_map, device_, cfg_.max_tokens);
+    GROUPMM_CHECK(row_map.dim(0) == saved_m_, op, ": row_map.shape[0]=", row_map.dim(0),
+                  " must equal forward's rows ", saved_m_);
+  } else {
+    GROUPMM_CHECK(dy.dim(0) == saved_m_, op, ": dy.shape[0]=", dy.dim(0),
+                  " must equal forward's x.shape[0]=", saved_m_);
+  }
+  check_dim(op, dyname, dy, 1, cfg_.out_features);
 
   const TensorView dx(dx_.data(), cfg_.dtype, device_, {saved_m_, cfg_.in_features});
-  exec_->dgrad(ctx, dy, w_view_, saved_splits_, dx);
+  if (gathered) {
+    exec_->dgrad_gathered(ctx, dy, row_map, w_view_, saved_splits_, dx);
+  } else {
+    exec_->dgrad(ctx, dy, w_view_, saved_splits_, dx);
+  }
   if (cfg_.delay_wgrad) {
     pending_dy_ = dy;
     pending_wgrad_ = true;

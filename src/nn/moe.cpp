@@ -62,6 +62,8 @@ MoE::MoE(Context& ctx, const MoEConfig& cfg) : cfg_(cfg), device_(ctx.device()) 
     shared_up_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, H, 2 * Fs, T, 3, false));
     shared_down_ = std::make_unique<GroupedLinear>(ctx, linear(cfg, 1, Fs, H, T, 4, false));
   }
+  gathered_ = cfg.gathered_quantize && !cfg.ep.enabled() && !cfg.fused_gate_up &&
+              gate_up_->gathers() && down_->gathers();
   cudaStream_t s = ctx.stream();
   const Device d = device_;
   const DType t = cfg.dtype, gt = cfg.accumulate_into_main_grad ? DType::fp32 : t;
@@ -75,12 +77,12 @@ MoE::MoE(Context& ctx, const MoEConfig& cfg) : cfg_(cfg), device_(ctx.device()) 
   losses_ = Tensor::empty({2}, DType::fp32, d, s);
   map_buf_ = Tensor::empty({3 * E}, DType::int32, d, s);
   dest_ = Tensor::empty({T, k}, DType::int32, d, s);
-  xp_ = Tensor::empty({R, H}, t, d, s);
+  if (!gathered_) xp_ = Tensor::empty({R, H}, t, d, s);  // gathered: no permuted copies
   probs_ = Tensor::empty({R}, DType::fp32, d, s);
-  if (cfg.fused_gate_up) src_row_ = Tensor::empty({R}, DType::int32, d, s);
+  if (cfg.fused_gate_up || gathered_) src_row_ = Tensor::empty({R}, DType::int32, d, s);
   h_ = Tensor::empty({R, F}, t, d, s);
   y_ = Tensor::empty({T, H}, t, d, s);
-  dyp_ = Tensor::empty({R, H}, t, d, s);
+  if (!gathered_) dyp_ = Tensor::empty({R, H}, t, d, s);
   dprobs_ = Tensor::empty({R}, DType::fp32, d, s);
   dgu_ = Tensor::empty({R, 2 * F}, t, d, s);
   dx_ = Tensor::empty({T, H}, t, d, s);
@@ -229,10 +231,11 @@ int64_t MoE::saved_bytes() const {
   const int64_t T = saved_t_, R = rows_, H = cfg_.hidden, F = cfg_.ffn_hidden, k = cfg_.topk;
   const int64_t e = dtype_storage_bytes(cfg_.dtype, 1);
   int64_t b = T * cfg_.experts * 4 + 3 * T * k * 4;  // logits; ids, weights, destination rows
-  b += R * 4 * (cfg_.fused_gate_up ? 2 : 1);         // row weights (and the row map)
-  if (!cfg_.fused_gate_up) b += R * H * e;           // the permuted rows
-  b += R * 3 * F * e;                                // pre-activation [R, 2F], activation [R, F]
-  b += T * 3 * cfg_.shared_ffn_hidden * e;           // the shared expert's
+  const bool row_map = cfg_.fused_gate_up || gathered_;
+  b += R * 4 * (row_map ? 2 : 1);           // row weights (and the row map)
+  if (!row_map) b += R * H * e;             // the permuted rows
+  b += R * 3 * F * e;                       // pre-activation [R, 2F], activation [R, F]
+  b += T * 3 * cfg_.shared_ffn_hidden * e;  // the shared expert's
   return b;
 }
 
@@ -305,13 +308,18 @@ TensorView MoE::forward(Context& ctx, const TensorView& x) {
     stage(MoEStage::gate_up, false);
     stage(MoEStage::activation, false);  // inside gate_up's kernel
   } else {
-    if (ep_on)
+    if (gathered_) {  // gate_up quantizes the permuted rows straight from x
+      moe_permute_sources(ctx, map_, rows_view(src_row_, R, 0, DType::int32), ra.weights, probs);
+    } else if (ep_on) {
       ep::ep_dispatch(ctx, transport(), *plan_, x, xp, ra.weights, probs);
-    else
+    } else {
       moe_permute(ctx, x, map_, xp, ra.weights, probs);
+    }
     stage(MoEStage::permute, false);
 
-    gu_ = gate_up_->forward(ctx, xp, splits_);
+    gu_ = gathered_
+              ? gate_up_->forward_gathered(ctx, x, rows_view(src_row_, R, 0, DType::int32), splits_)
+              : gate_up_->forward(ctx, xp, splits_);
     stage(MoEStage::gate_up, false);
     weighted_swiglu_forward(ctx, gu_, probs, h, SwigluForm{},
                             capacity_ep(cfg_) ? splits_ : TensorView());
@@ -373,13 +381,19 @@ TensorView MoE::backward(Context& ctx, const TensorView& dy) {
     backward_chunked(ctx, dy, dx, dweights);
   } else {
     const TensorView dyp = rows_view(dyp_, R, H, t);
-    if (ep_on)
+    if (gathered_) {
+      // down quantizes its gradient straight from dy: unpermute's backward is the row map's
+      // gather (dy_perm[dest_row[t, j]] = dy[t], padding rows 0).
+    } else if (ep_on) {
       ep::ep_combine_backward(ctx, transport(), *plan_, dy, TensorView(), TensorView(), dyp,
                               TensorView());
-    else
+    } else {
       moe_unpermute_backward(ctx, dy, map_, dyp);
+    }
     stage(MoEStage::unpermute, true);
-    const TensorView dh = down_->backward(ctx, dyp);
+    const TensorView dh =
+        gathered_ ? down_->backward_gathered(ctx, dy, rows_view(src_row_, R, 0, DType::int32))
+                  : down_->backward(ctx, dyp);
     stage(MoEStage::down, true);
     const TensorView dgu = rows_view(dgu_, R, 2 * F, t);
     const TensorView probs = rows_view(probs_, R, 0, DType::fp32);

@@ -56,8 +56,9 @@ std::string MoEConfig::to_string() const {
                      ", delay_wgrad=", delay_wgrad ? "true" : "false",
                      ", main_grad=", accumulate_into_main_grad ? "true" : "false",
                      ", expert_bias=", expert_bias ? "true" : "false",
-                     fused_gate_up ? ", fused_gate_up=true" : "", ", ep=", ep.to_string(), ", ",
-                     router_config().to_string(), ")");
+                     fused_gate_up ? ", fused_gate_up=true" : "",
+                     gathered_quantize ? "" : ", gathered_quantize=false", ", ep=", ep.to_string(),
+                     ", ", router_config().to_string(), ")");
 }
 
 void check_moe_config(const Context& ctx, const MoEConfig& c) {

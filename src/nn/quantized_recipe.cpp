@@ -1,6 +1,7 @@
 // GroupedLinear's quantized recipes (fp8_current, fp8_block, mxfp8): grouped quantization of x, W
-// and dy into executor-owned buffers sized for max_tokens, and the quantized grouped GEMMs over
-// them (wgrad: the bf16 GEMM of dy and x with high_precision_wgrad). Built only from public ops.
+// and dy into executor-owned buffers sized for max_tokens (x and dy optionally gathered through a
+// row map), and the quantized grouped GEMMs over them (wgrad: the bf16 GEMM of dy and x with
+// high_precision_wgrad). Built only from public ops.
 #include <algorithm>
 
 #include "groupmm/dbias.hpp"
@@ -42,14 +43,19 @@ struct QuantSlot {
     return t;
   }
 
+  // row_map: the input's rows gathered (GroupQuantizeArgs::row_map).
   GroupQuantizeArgs args(const TensorView& input, const TensorView& splits,
-                         SplitsTotal total = SplitsTotal::exact) const {
+                         SplitsTotal total = SplitsTotal::exact,
+                         const TensorView& row_map = TensorView()) const {
     GroupQuantizeArgs a;
     a.input = input;
     a.splits = splits;
+    a.row_map = row_map;
     a.splits_total = splits.present() ? total : SplitsTotal::exact;
     a.config = cfg;
-    const int64_t rows = splits.present() ? input.dim(0) : input.dim(0) * input.dim(1);
+    const int64_t rows = row_map.present()  ? row_map.dim(0)
+                         : splits.present() ? input.dim(0)
+                                            : input.dim(0) * input.dim(1);
     a.out = view(rows, splits);
     return a;
   }
@@ -61,6 +67,7 @@ class QuantizedExecutor final : public LinearExecutor {
                     const QuantizedRecipeOptions& o)
       : w_rows_(c.experts * c.out_features),
         fuse_dbias_(c.bias && !c.accumulate_into_main_grad),
+        has_bias_(c.bias),
         hp_wgrad_(o.high_precision_wgrad),
         total_(c.splits_total),
         expected_(c.expected_rows) {
@@ -110,24 +117,28 @@ class QuantizedExecutor final : public LinearExecutor {
 
   void forward(Context& ctx, const TensorView& x, const TensorView& w, const TensorView& bias,
                const TensorView& splits, const TensorView& y) override {
-    if (!weights_valid_) {
-      group_quantize(ctx, w_.args(w, TensorView()));
-      weights_valid_ = true;
-    }
-    group_quantize(ctx, x_.args(x, splits, total_));
-    grouped_gemm(ctx, gemm(GemmPass::forward, x_.view(x.dim(0), splits), weights(), y, splits,
-                           x.dim(0), bias));
+    forward_rows(ctx, x, TensorView(), w, bias, splits, y);
+  }
+  void forward_gathered(Context& ctx, const TensorView& x_src, const TensorView& row_map,
+                        const TensorView& w, const TensorView& bias, const TensorView& splits,
+                        const TensorView& y) override {
+    forward_rows(ctx, x_src, row_map, w, bias, splits, y);
   }
 
   void dgrad(Context& ctx, const TensorView& dy, const TensorView&, const TensorView& splits,
              const TensorView& dx) override {
-    if (fuse_dbias_) {
-      bgrad_group_quantize(ctx, dy_.args(dy, splits, total_), db_);
-    } else {
-      group_quantize(ctx, dy_.args(dy, splits, total_));
-    }
-    grouped_gemm(
-        ctx, gemm(GemmPass::dgrad, dy_.view(dy.dim(0), splits), weights(), dx, splits, dy.dim(0)));
+    dgrad_rows(ctx, dy, TensorView(), splits, dx);
+  }
+  void dgrad_gathered(Context& ctx, const TensorView& dy_src, const TensorView& row_map,
+                      const TensorView&, const TensorView& splits, const TensorView& dx) override {
+    dgrad_rows(ctx, dy_src, row_map, splits, dx);
+  }
+
+  // A 16-bit wgrad reads the bf16 x and dy, and a bias gradient into a main grad the bf16 dy:
+  // neither exists when they were gathered.
+  // mxfp8 quantizes no gathered rows (GroupQuantizeArgs::row_map).
+  bool gathers() const override {
+    return x_.cfg.recipe != QuantRecipe::mxfp8 && !hp_wgrad_ && (!has_bias_ || fuse_dbias_);
   }
 
   void wgrad(Context& ctx, const TensorView& dy, const TensorView& x, const TensorView& splits,
@@ -136,8 +147,9 @@ class QuantizedExecutor final : public LinearExecutor {
     if (hp_wgrad_) {
       grouped_gemm(ctx, wgrad16(dy, x, dw, splits, beta));
     } else {
-      QuantizedGemmArgs a = gemm(GemmPass::wgrad, dy_.view(dy.dim(0), splits),
-                                 x_.view(x.dim(0), splits), dw, splits, dy.dim(0));
+      // The quantized copies' rows (x and dy may be the sources of gathered passes).
+      QuantizedGemmArgs a = gemm(GemmPass::wgrad, dy_.view(dy_rows_, splits),
+                                 x_.view(x_rows_, splits), dw, splits, dy_rows_);
       a.beta = beta;
       grouped_gemm(ctx, a);
     }
@@ -152,6 +164,31 @@ class QuantizedExecutor final : public LinearExecutor {
   void weights_changed() override { weights_valid_ = false; }
 
  private:
+  // forward of x [M, K], or of the rows row_map [M] picks from x (row_map present).
+  void forward_rows(Context& ctx, const TensorView& x, const TensorView& row_map,
+                    const TensorView& w, const TensorView& bias, const TensorView& splits,
+                    const TensorView& y) {
+    if (!weights_valid_) {
+      group_quantize(ctx, w_.args(w, TensorView()));
+      weights_valid_ = true;
+    }
+    x_rows_ = row_map.present() ? row_map.dim(0) : x.dim(0);
+    group_quantize(ctx, x_.args(x, splits, total_, row_map));
+    grouped_gemm(ctx, gemm(GemmPass::forward, x_.view(x_rows_, splits), weights(), y, splits,
+                           x_rows_, bias));
+  }
+  void dgrad_rows(Context& ctx, const TensorView& dy, const TensorView& row_map,
+                  const TensorView& splits, const TensorView& dx) {
+    dy_rows_ = row_map.present() ? row_map.dim(0) : dy.dim(0);
+    if (fuse_dbias_) {
+      bgrad_group_quantize(ctx, dy_.args(dy, splits, total_, row_map), db_);
+    } else {
+      group_quantize(ctx, dy_.args(dy, splits, total_, row_map));
+    }
+    grouped_gemm(
+        ctx, gemm(GemmPass::dgrad, dy_.view(dy_rows_, splits), weights(), dx, splits, dy_rows_));
+  }
+
   GroupedTensor weights() const { return w_.view(w_rows_, TensorView()); }
 
   // rows: the call's (x or dy rows), which caps the expected rows.
@@ -186,9 +223,11 @@ class QuantizedExecutor final : public LinearExecutor {
   }
 
   QuantSlot x_, w_, dy_;
-  int64_t w_rows_;  // G * N
-  Tensor db_;       // dy's bias gradient from the fused quantization, until wgrad
+  int64_t x_rows_ = 0, dy_rows_ = 0;  // the rows the last forward / dgrad quantized
+  int64_t w_rows_;                    // G * N
+  Tensor db_;                         // dy's bias gradient from the fused quantization, until wgrad
   bool fuse_dbias_;
+  bool has_bias_;
   bool hp_wgrad_;      // QuantizedRecipeOptions::high_precision_wgrad
   SplitsTotal total_;  // of the activations' quantizers, the GEMMs and dbias
   int64_t expected_;   // GroupedLinearConfig::expected_rows (the GEMMs' kernel choice)

@@ -107,6 +107,8 @@ expect 2 "--recipe mxfp8 does not apply to --ep" -- bench moe --cpu --ep capacit
 expect 0 "experts fp8_block" -- bench moe --cpu --case mixtral --recipe fp8_block
 expect 0 "experts fp8_block\(bf16 wgrad\)" -- bench moe --cpu --case mixtral --recipe fp8_block --high-precision-wgrad
 expect 2 "--high-precision-wgrad needs a quantized --recipe" -- bench moe --cpu --high-precision-wgrad
+expect 0 "experts fp8_current, quantized from x and dy" -- bench moe --cpu --case mixtral --recipe fp8_current
+expect 0 "experts fp8_current$" -- bench moe --cpu --case mixtral --recipe fp8_current --permuted-copies
 expect 2 "bench ep needs about .* of host memory, more than the .* available; reduce --tokens or --ranks" -- bench ep --cpu --ranks 32 --case dsv3 --tokens 1048576
 # an address-space limit counts as what is available (not under AddressSanitizer, whose shadow
 # memory needs terabytes of address space)

@@ -1,4 +1,5 @@
-// nn::MoE with fused_gate_up against the same block with the separate ops, on one device: the
+// nn::MoE with fused_gate_up (or gathered_quantize) against the same block with the separate ops
+// (the permuted copies), on one device: the
 // same parameters (the same seed), inputs and two steps (the second with new inputs, so that the
 // gather of backward reads the current routing); y, the losses, dx and every gradient bit for bit
 // (tests/cpu/test_moe_layer.cpp, tests/cuda/test_moe_layer_gpu.cpp).
@@ -22,12 +23,38 @@ inline std::vector<nn::GroupedLinear*> moe_linears(nn::MoE& m) {
   return l;
 }
 
+// Two blocks of configs a and b (the same seed: the same parameters), T tokens a step.
+inline void expect_moe_pair_bit_exact(Context& ctx, const nn::MoEConfig& a, const nn::MoEConfig& b,
+                                      int64_t T);
+
 // T tokens a step; c.fused_gate_up is ignored (the pair is made from c).
 inline void expect_fused_gate_up_bit_exact(Context& ctx, nn::MoEConfig c, int64_t T) {
+  nn::MoEConfig f = c;
   c.fused_gate_up = false;
-  nn::MoE plain(ctx, c);
-  c.fused_gate_up = true;
-  nn::MoE fused(ctx, c);
+  f.fused_gate_up = true;
+  expect_moe_pair_bit_exact(ctx, c, f, T);
+}
+
+// MoEConfig::gathered_quantize against the permuted copies (c: an FP8 recipe whose layers
+// gather); c.gathered_quantize is ignored.
+inline void expect_gathered_quantize_bit_exact(Context& ctx, nn::MoEConfig c, int64_t T) {
+  nn::MoEConfig g = c;
+  c.gathered_quantize = false;
+  g.gathered_quantize = true;
+  {
+    nn::MoE probe(ctx, g);
+    ASSERT_TRUE(probe.gathered()) << g.to_string();
+    nn::MoE off(ctx, c);
+    ASSERT_FALSE(off.gathered());
+  }
+  expect_moe_pair_bit_exact(ctx, c, g, T);
+}
+
+inline void expect_moe_pair_bit_exact(Context& ctx, const nn::MoEConfig& a, const nn::MoEConfig& b,
+                                      int64_t T) {
+  const nn::MoEConfig& c = a;
+  nn::MoE plain(ctx, a);
+  nn::MoE fused(ctx, b);
   auto pl = moe_linears(plain), fl = moe_linears(fused);
   ASSERT_EQ(bytes_of(plain.router_weight()), bytes_of(fused.router_weight()));
   for (size_t i = 0; i < pl.size(); ++i)
@@ -52,8 +79,11 @@ inline void expect_fused_gate_up_bit_exact(Context& ctx, nn::MoEConfig c, int64_
     EXPECT_EQ(bytes_of(dxp), bytes_of(dxf)) << "dx";
     EXPECT_EQ(bytes_of(plain.router_weight_grad()), bytes_of(fused.router_weight_grad()))
         << "router dW";
-    for (size_t i = 0; i < pl.size(); ++i)
+    for (size_t i = 0; i < pl.size(); ++i) {
       EXPECT_EQ(bytes_of(pl[i]->weight_grad()), bytes_of(fl[i]->weight_grad())) << "dW " << i;
+      if (pl[i]->bias_grad().present())
+        EXPECT_EQ(bytes_of(pl[i]->bias_grad()), bytes_of(fl[i]->bias_grad())) << "db " << i;
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 // GroupedLinear with the quantized recipes on the CPU backend: close to the bf16 layer on the same
 // weights and inputs (y, dx, dW, db), delayed wgrad equal to immediate, the weight cache and its
 // invalidation, main_grad accumulation, and the recipes' configuration errors.
-#include "common/test_util.hpp"
+#include "common/quant_test_util.hpp"
 #include "base/cpu_util.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
 #include "groupmm/quantize.hpp"
@@ -145,6 +145,102 @@ TEST_P(QuantizedLayerCpu, HighPrecisionWgradIsTheBf16Wgrad) {
     }
   }
   EXPECT_NE(nn::quantized_recipe(r, o)->name().find("bf16 wgrad"), std::string::npos);
+}
+
+// Rows of a [T, n] bf16 matrix gathered by map (-1: a zero row).
+std::vector<uint16_t> gather16(const std::vector<uint16_t>& v, int64_t n,
+                               const std::vector<int32_t>& map) {
+  std::vector<uint16_t> out(map.size() * size_t(n), 0);
+  for (size_t r = 0; r < map.size(); ++r)
+    if (map[r] >= 0) std::copy_n(v.begin() + map[r] * n, n, out.begin() + int64_t(r) * n);
+  return out;
+}
+
+// forward_gathered / backward_gathered (each, or both) equal forward / backward on the gathered
+// copies bit for bit: y, dx, dW, db; immediate and delayed wgrad, into a main grad (without bias:
+// a bias gradient into a main grad reads the bf16 dy, so that layer does not gather).
+TEST_P(QuantizedLayerCpu, GatheredPassesEqualTheGatheredCopies) {
+  const QuantRecipe r = GetParam();
+  Context ctx(Device::CPU);
+  const int64_t T = 150, M = 304;
+  std::vector<int64_t> splits = {160, 0, 48, 96};
+  std::vector<int32_t> map = random_row_map(M, T, 5);
+  auto x_src = bf16_randn(size_t(T * 256)), dy_src = bf16_randn(size_t(T * 384), 0.1f);
+  auto x = gather16(x_src, 256, map), dy = gather16(dy_src, 384, map);
+  TensorView xs(x_src.data(), DType::bf16, Device::CPU, {T, 256});
+  TensorView dys(dy_src.data(), DType::bf16, Device::CPU, {T, 384});
+  TensorView xv(x.data(), DType::bf16, Device::CPU, {M, 256});
+  TensorView dyv(dy.data(), DType::bf16, Device::CPU, {M, 384});
+  TensorView mv(map.data(), DType::int32, Device::CPU, {M});
+  TensorView sv(splits.data(), DType::int64, Device::CPU, {4});
+  for (bool main_grad : {false, true}) {
+    for (bool delay : {false, true}) {
+      GroupedLinearConfig c = layer_cfg(nn::quantized_recipe(r), main_grad, delay);
+      c.bias = !main_grad;
+      GroupedLinear ref(ctx, c);
+      const Step want = run_step(ref, ctx, x, dy, splits);
+      for (int mode : {0, 1, 2}) {  // both passes gathered, forward only, backward only
+        GroupedLinear l(ctx, c);    // same seed: same weights
+        const std::string what = std::string(recipe_name(r)) + (main_grad ? " main_grad" : "") +
+                                 (delay ? " delay" : "") + " mode " + std::to_string(mode);
+        if (r == QuantRecipe::mxfp8) {
+          EXPECT_FALSE(l.gathers());
+          EXPECT_THROW_MSG(l.forward_gathered(ctx, xs, mv, sv),
+                           "GroupedLinear.forward_gathered: recipe mxfp8 does not gather its "
+                           "input (gathers() is false)");
+          continue;
+        }
+        ASSERT_TRUE(l.gathers()) << what;
+        Step got;
+        got.y = cpu::to_floats(mode == 2 ? l.forward(ctx, xv, sv)
+                                         : l.forward_gathered(ctx, xs, mv, sv));
+        got.dx =
+            cpu::to_floats(mode == 1 ? l.backward(ctx, dyv) : l.backward_gathered(ctx, dys, mv));
+        l.backward_dw(ctx);
+        ctx.check();
+        got.dw = cpu::to_floats(l.weight_grad());
+        if (c.bias) got.db = cpu::to_floats(l.bias_grad());
+        EXPECT_EQ(got.y, want.y) << what;
+        EXPECT_EQ(got.dx, want.dx) << what;
+        EXPECT_EQ(got.dw, want.dw) << what;
+        EXPECT_EQ(got.db, want.db) << what;
+      }
+    }
+  }
+}
+
+TEST(QuantizedLayerCpuErrors, GatheredPassesRefused) {
+  Context ctx(Device::CPU);
+  nn::QuantizedRecipeOptions o;
+  o.high_precision_wgrad = true;
+  std::vector<int32_t> map = random_row_map(64, 40, 1);
+  std::vector<int64_t> splits = {64, 0, 0, 0};
+  auto x_src = bf16_randn(40 * 256);
+  TensorView xs(x_src.data(), DType::bf16, Device::CPU, {40, 256});
+  TensorView mv(map.data(), DType::int32, Device::CPU, {64});
+  TensorView sv(splits.data(), DType::int64, Device::CPU, {4});
+  // a 16-bit wgrad, and a bias gradient into a main grad, read the bf16 operands
+  GroupedLinear hp(ctx, layer_cfg(nn::quantized_recipe(QuantRecipe::fp8_block, o), false));
+  EXPECT_FALSE(hp.gathers());
+  GroupedLinear mg(ctx, layer_cfg(nn::quantized_recipe(QuantRecipe::fp8_block), true));
+  EXPECT_FALSE(mg.gathers());
+  GroupedLinear bf(ctx, layer_cfg(nullptr, false));
+  EXPECT_FALSE(bf.gathers());
+  EXPECT_THROW_MSG(bf.forward_gathered(ctx, xs, mv, sv), "does not gather its input");
+  GroupedLinear l(ctx, layer_cfg(nn::quantized_recipe(QuantRecipe::fp8_current), false));
+  ASSERT_TRUE(l.gathers());
+  TensorView m64(map.data(), DType::int64, Device::CPU, {32});
+  EXPECT_THROW_MSG(l.forward_gathered(ctx, xs, m64, sv), "GroupedLinear.forward_gathered: row_map");
+  std::vector<int32_t> big(600, -1);
+  EXPECT_THROW_MSG(
+      l.forward_gathered(ctx, xs, TensorView(big.data(), DType::int32, Device::CPU, {600}), sv),
+      "GroupedLinear.forward_gathered: row_map.shape[0]=600 exceeds max_tokens=512");
+  l.forward_gathered(ctx, xs, mv, sv);
+  std::vector<uint16_t> dy_src(40 * 384, 0);
+  TensorView dys(dy_src.data(), DType::bf16, Device::CPU, {40, 384});
+  EXPECT_THROW_MSG(
+      l.backward_gathered(ctx, dys, TensorView(map.data(), DType::int32, Device::CPU, {48})),
+      "GroupedLinear.backward_gathered: row_map.shape[0]=48 must equal forward's rows 64");
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, QuantizedLayerCpu,

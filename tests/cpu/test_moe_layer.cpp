@@ -232,6 +232,34 @@ TEST(MoECpu, FusedGateUpEqualsTheSeparateOps) {
   expect_fused_gate_up_bit_exact(ctx, c, 7);
 }
 
+// gathered_quantize (the FP8 layers quantizing straight from x and dy through the row map) equals
+// the permuted copies bit for bit: both FP8 recipes, padding and capacity, bias (fused dbias),
+// delayed wgrad; a main grad without bias (T a multiple of 16: the shared expert's FP8 wgrad).
+TEST(MoECpu, GatheredQuantizeEqualsThePermutedCopies) {
+  Context ctx(Device::CPU);
+  for (QuantRecipe r : {QuantRecipe::fp8_current, QuantRecipe::fp8_block}) {
+    SCOPED_TRACE(recipe_name(r));
+    MoEConfig c{.hidden = 256,
+                .ffn_hidden = 128,
+                .experts = 4,
+                .topk = 2,
+                .max_tokens = 48,
+                .renormalize = true,
+                .shared_ffn_hidden = 128,
+                .pad_align = 16,
+                .bias = true,
+                .seed = 5};
+    c.recipe = nn::quantized_recipe(r);
+    expect_gathered_quantize_bit_exact(ctx, c, 48);
+    c.capacity_factor = 0.75;
+    c.delay_wgrad = true;
+    expect_gathered_quantize_bit_exact(ctx, c, 32);
+    c.bias = false;
+    c.accumulate_into_main_grad = true;
+    expect_gathered_quantize_bit_exact(ctx, c, 16);
+  }
+}
+
 // saved_bytes(): what a forward leaves for backward, by the layer's buffers and the rows of this
 // forward's map (padding included); 0 once backward consumed it; fused_gate_up keeps the row map
 // instead of the permuted rows.

@@ -2,7 +2,7 @@
 // seeded weights; the quantized operands are bit-exact across backends, so only the GEMMs'
 // accumulation differs), accuracy against the bf16 layer, and the whole step (with the weight
 // quantization) captured in one CUDA graph, replayed with three routings equal to eager.
-#include "common/test_util.hpp"
+#include "common/quant_test_util.hpp"
 #include "base/cpu_util.hpp"
 #include "groupmm/nn/grouped_linear.hpp"
 
@@ -100,6 +100,46 @@ TEST_P(QuantizedLayerGpu, HighPrecisionWgradIsTheBf16Wgrad) {
   EXPECT_EQ(a.dw, bf16.dw);
   EXPECT_NE(a.dw, fp8.dw) << "the FP8 wgrad ran";
   EXPECT_EQ(a.db, bf16.db);
+}
+
+// forward_gathered and backward_gathered (x and dy quantized through a row map with -1 rows and
+// repeated sources) equal forward and backward on the gathered copies bit for bit on the GPU: y,
+// dx, dW, db (fused into dy's quantization); and into a main grad without bias.
+TEST_P(QuantizedLayerGpu, GatheredPassesEqualTheGatheredCopies) {
+  GROUPMM_REQUIRE_GPU();
+  const QuantRecipe r = GetParam();
+  const int64_t G = 12, K = 256, N = 640, M = 1536, T = 700;
+  Context ctx(Device::CUDA);
+  std::vector<int64_t> s = align_splits(make_splits(Pattern::quarter_empty, G, M), 16);
+  std::vector<int32_t> map = random_row_map(M, T, 4);
+  Tensor xs = bf16_input(T, K, 1.0f, Device::CPU), dys = bf16_input(T, N, 0.1f, Device::CPU);
+  Tensor x = clone_to(gather_rows_host(xs, map), Device::CUDA);
+  Tensor dy = clone_to(gather_rows_host(dys, map), Device::CUDA);
+  Tensor dxs = clone_to(xs, Device::CUDA), ddys = clone_to(dys, Device::CUDA);
+  Tensor dmap = clone_to(host_view(map, DType::int32, {M}), Device::CUDA);
+  Tensor ds = clone_to(host_view(s, DType::int64, {G}), Device::CUDA);
+  for (bool main_grad : {false, true}) {
+    GroupedLinearConfig c = cfg(r, G, K, N, M, main_grad);
+    c.bias = !main_grad;
+    GroupedLinear ref(ctx, c), l(ctx, c);
+    if (r == QuantRecipe::mxfp8) {
+      EXPECT_FALSE(l.gathers());
+      continue;
+    }
+    ASSERT_TRUE(l.gathers());
+    const Outs want = step(ctx, ref, x, ds, dy);
+    Outs got;
+    got.y = floats_of(l.forward_gathered(ctx, dxs, dmap, ds));
+    got.dx = floats_of(l.backward_gathered(ctx, ddys, dmap));
+    l.backward_dw(ctx);
+    ctx.check();
+    got.dw = floats_of(l.weight_grad());
+    got.db = floats_of(l.bias_grad());
+    EXPECT_EQ(got.y, want.y) << "main_grad " << main_grad;
+    EXPECT_EQ(got.dx, want.dx) << "main_grad " << main_grad;
+    EXPECT_EQ(got.dw, want.dw) << "main_grad " << main_grad;
+    EXPECT_EQ(got.db, want.db) << "main_grad " << main_grad;
+  }
 }
 
 // forward + backward + backward_dw, W's quantization included, in one graph; three routings;

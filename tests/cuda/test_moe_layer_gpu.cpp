@@ -151,9 +151,9 @@ struct Step {
   }
 };
 
-TEST(MoEGpuGraph, OneGraphReplaysManyRoutingsBitForBit) {
-  GROUPMM_REQUIRE_GPU();
-  const MoEConfig c = cfg(LayerCase{"graph", true, true, true, 0.0, 16, RouterScore::softmax});
+// One captured step (forward, backward, delayed wgrad) replays new routings (one with every token
+// on the same experts, one with a new router) as eager runs compute them, and eager runs repeat.
+void expect_graph_replays_routings(const MoEConfig& c) {
   cudaStream_t stream;
   GROUPMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
@@ -201,6 +201,42 @@ TEST(MoEGpuGraph, OneGraphReplaysManyRoutingsBitForBit) {
     cudaGraphDestroy(graph);
   }
   cudaStreamDestroy(stream);
+}
+
+TEST(MoEGpuGraph, OneGraphReplaysManyRoutingsBitForBit) {
+  GROUPMM_REQUIRE_GPU();
+  expect_graph_replays_routings(
+      cfg(LayerCase{"graph", true, true, true, 0.0, 16, RouterScore::softmax}));
+}
+
+// The FP8 blocks with gathered_quantize (gate_up quantizing x, down dy, through the row map):
+// bit for bit the permuted copies (y, dx, every gradient, two steps; capacity, padding, a shared
+// expert, bias, delayed wgrad; a main grad without bias), and one CUDA graph replaying routings.
+TEST(MoEGpuFp8, GatheredQuantizeEqualsThePermutedCopiesAndReplays) {
+  GROUPMM_REQUIRE_GPU();
+  Context gctx(Device::CUDA);
+  for (QuantRecipe r : {QuantRecipe::fp8_current, QuantRecipe::fp8_block}) {
+    SCOPED_TRACE(recipe_name(r));
+    // the recipe's layers: the shared expert 128 wide (fp8_block's 128-feature multiple)
+    auto fp8 = [&](const LayerCase& lc) {
+      MoEConfig c = cfg(lc);
+      c.recipe = nn::quantized_recipe(r);
+      c.shared_ffn_hidden = 128;
+      return c;
+    };
+    MoEConfig c = fp8(LayerCase{"gathered", true, false, false, 0.0, 16, RouterScore::softmax});
+    expect_gathered_quantize_bit_exact(gctx, c, 512);
+    c = fp8(LayerCase{"gathered_capacity", true, true, false, 0.8, 16, RouterScore::sigmoid});
+    expect_gathered_quantize_bit_exact(gctx, c, 496);
+    c = fp8(LayerCase{"gathered_graph", true, true, true, 0.0, 16, RouterScore::softmax});
+    c.bias = false;  // a bias gradient into a main grad reads the bf16 dy: no gather
+    {
+      MoE probe(gctx, c);
+      ASSERT_TRUE(probe.gathered());
+    }
+    expect_gathered_quantize_bit_exact(gctx, c, 512);
+    expect_graph_replays_routings(c);
+  }
 }
 
 }  // namespace

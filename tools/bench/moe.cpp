@@ -63,6 +63,7 @@ std::vector<MoeBenchCase> moe_bench_cases(const BenchMoeOptions& o) {
     out.push_back(c);
     if (o.tokens > 0) out.back().cfg.max_tokens = o.tokens;
     out.back().cfg.fused_gate_up = o.fused_gate_up;
+    out.back().cfg.gathered_quantize = !o.permuted_copies;
     if (o.recipe != "bf16") {  // the expert linears quantized, experts padded as the recipe needs
       const QuantRecipe r = training_recipe_of(o.recipe);
       if (cpu) {  // the smoke shapes widened to the recipe's feature multiple (128: fp8_block)
@@ -161,7 +162,9 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
                               : "",
       (long long)moe_permuted_rows(T, c.topk, c.experts),
       c.recipe ? c.recipe->name().c_str() : "bf16",
-      c.fused_gate_up ? ", gate_up fused (moe_gate_up_swiglu)" : "");
+      c.fused_gate_up  ? ", gate_up fused (moe_gate_up_swiglu)"
+      : moe.gathered() ? ", quantized from x and dy (gathered_quantize)"
+                       : "");
   const TensorView y = moe.forward(ctx, x);
   ctx.check();
   // activation memory: what this forward leaves for backward, in T*H 16-bit rows
@@ -220,6 +223,7 @@ bool run_moe_case(Context& ctx, const MoeBenchCase& bc, int iters, JsonFile& jso
                .add("score", router_score_name(c.score))
                .add("recipe", c.recipe ? c.recipe->name() : std::string("bf16"))
                .add("fused_gate_up", c.fused_gate_up)
+               .add("gathered_quantize", moe.gathered())
                .add("kept_th_rows", kept_rows)
                .add("fwd_us", fwd_us)
                .add("fwd_bwd_us", step_us)
@@ -325,6 +329,9 @@ void add_bench_moe_options(CLI::App& app, BenchMoeCommand& cmd) {
                "with a quantized --recipe: wgrad as the bf16 GEMM, forward and dgrad in FP8 "
                "(QuantizedRecipeOptions::high_precision_wgrad)");
   app.add_flag("--cpu", o.cpu, "smoke run on the CPU reference backend (tiny shapes)");
+  app.add_flag("--permuted-copies", o.permuted_copies,
+               "with fp8_current / fp8_block: the layers quantize permuted copies of x and dy "
+               "(MoEConfig::gathered_quantize off) instead of gathering their rows");
   app.add_flag("--fused-gate-up", o.fused_gate_up,
                "the block's gate_up projection and weighted SwiGLU as one kernel-layer op "
                "(MoEConfig::fused_gate_up; bf16, no EP)");

@@ -55,8 +55,9 @@ struct BenchMoeOptions {
   // The expert linears' recipe: bf16, or a quantized training recipe (experts padded to its
   // split_multiple, recipe_traits); one GPU only.
   std::string recipe = "bf16";
-  bool cpu = false;            // smoke run on the CPU reference backend (tiny shapes, wall clock)
-  bool fused_gate_up = false;  // MoEConfig::fused_gate_up for every case
+  bool cpu = false;              // smoke run on the CPU reference backend (tiny shapes, wall clock)
+  bool fused_gate_up = false;    // MoEConfig::fused_gate_up for every case
+  bool permuted_copies = false;  // MoEConfig::gathered_quantize off for every case
   // QuantizedRecipeOptions::high_precision_wgrad for a quantized recipe (wgrad in bf16)
   bool high_precision_wgrad = false;
   std::string json;  // write the results here (bench/peers_torch_moe.py reads them)

@@ -110,6 +110,16 @@ class LinearExecutor {
                      bool accumulate) = 0;
   // The layer's weights changed (import, optimizer step): drop cached quantized weights.
   virtual void weights_changed() {}
+  // Executors that quantize their inputs may read them through a row map (GroupQuantizeArgs::
+  // row_map): forward on x = the rows row_map [M] picks from x_src [T, K], dgrad on dy likewise;
+  // results bit for bit those of forward / dgrad on the gathered copy. wgrad then reads what
+  // they quantized (its x and dy views are the sources).
+  virtual bool gathers() const { return false; }
+  virtual void forward_gathered(Context& ctx, const TensorView& x_src, const TensorView& row_map,
+                                const TensorView& w, const TensorView& bias,
+                                const TensorView& splits, const TensorView& y);
+  virtual void dgrad_gathered(Context& ctx, const TensorView& dy_src, const TensorView& row_map,
+                              const TensorView& w, const TensorView& splits, const TensorView& dx);
 };
 
 class LinearRecipe {
@@ -213,8 +223,20 @@ class GroupedLinear {
   // returns y [M, N], the layer's buffer, for the caller to write. High-precision recipe without
   // bias only (a quantized recipe's forward keeps its own copies for backward).
   TensorView forward_external(Context& ctx, const TensorView& x, const TensorView& splits);
+  // forward on x = the rows of x_src [T, K] that row_map [M] int32 picks (-1 a zero row:
+  // moe_permute_sources' row map), without the gathered copy: the quantized recipes quantize
+  // straight from x_src (when gathers()). y, and everything backward computes, bit for bit
+  // forward's on the gathered copy. x_src must stay alive until the wgrad is enqueued, as x.
+  TensorView forward_gathered(Context& ctx, const TensorView& x_src, const TensorView& row_map,
+                              const TensorView& splits);
   // dy [M, N] with forward's M. Returns dx [M, K]; computes dW/db now unless delay_wgrad.
   TensorView backward(Context& ctx, const TensorView& dy);
+  // backward on dy = the rows of dy_src [T, N] that row_map [M] picks (M: forward's), when
+  // gathers(); bit for bit backward's on the gathered copy. Either forward may precede it.
+  TensorView backward_gathered(Context& ctx, const TensorView& dy_src, const TensorView& row_map);
+  // Whether forward_gathered / backward_gathered run (fp8_current and fp8_block, without
+  // high_precision_wgrad and without a bias gradient into a main grad).
+  bool gathers() const;
   // With delay_wgrad: computes the queued dW/db (throws if nothing is queued).
   void backward_dw(Context& ctx);
   bool wgrad_pending() const { return pending_wgrad_; }
@@ -248,7 +270,9 @@ class GroupedLinear {
  private:
   void check_ctx(const Context& ctx, const char* fn) const;
   TensorView forward_impl(Context& ctx, const TensorView& x, const TensorView& splits,
-                          const char* op, bool run_gemm);
+                          const char* op, bool run_gemm, const TensorView& row_map = TensorView());
+  TensorView backward_impl(Context& ctx, const TensorView& dy, const TensorView& row_map,
+                           const char* op);
   void run_wgrad(Context& ctx, const TensorView& dy, const TensorView& x);
   void follow_whole();  // a part: its views of the whole's parameters and grads
 

@@ -156,6 +156,14 @@ struct MoEConfig {
   // Results are bit for bit those of the separate ops. High precision (no recipe), no bias, no
   // expert parallelism; on CUDA the shapes moe_gate_up_swiglu_supported takes.
   bool fused_gate_up = false;
+  // The FP8 recipes' expert layers quantize straight from the tokens (GroupedLinear::
+  // forward_gathered / backward_gathered through moe_permute_sources' row map): gate_up's input
+  // from x and down's gradient from dy, with no permuted copy of either (moe_permute and
+  // moe_unpermute_backward do not run). Results bit for bit the permuted copies'. Applies where
+  // the layers gather (GroupedLinear::gathers(): fp8_current, fp8_block, without
+  // high_precision_wgrad or a bias gradient into a main grad) and neither expert parallelism nor
+  // fused_gate_up is on; elsewhere the copies are made.
+  bool gathered_quantize = true;
   RouterConfig router_config() const;
   std::string to_string() const;
 };
@@ -231,12 +239,15 @@ class MoE {
   // Activation memory: the bytes of the layer's own buffers that the pending forward wrote and
   // its backward reads (0 when no forward is pending): the routing (router logits, expert ids and
   // weights, the permute map's destination rows), each grouped row's router weight (and the row
-  // map with fused_gate_up), the permuted rows (not with fused_gate_up: backward gathers them
-  // again), the gate_up pre-activation, the activation, and the shared expert's pre-activation
-  // and activation. Not counted: x (the caller's, which backward also reads) and, with expert
-  // parallelism, the plan's own metadata; with a quantized recipe, the layers' quantized copies of
-  // their operands. Host arithmetic on the pending forward's sizes.
+  // map with fused_gate_up or gathered_quantize), the permuted rows (not with fused_gate_up:
+  // backward gathers them again; not when gathered: no copy exists), the gate_up pre-activation,
+  // the activation, and the shared expert's pre-activation and activation. Not counted: x (the
+  // caller's, which backward also reads) and, with expert parallelism, the plan's own metadata;
+  // with a quantized recipe, the layers' quantized copies of their operands. Host arithmetic on the
+  // pending forward's sizes.
   int64_t saved_bytes() const;
+  // Whether MoEConfig::gathered_quantize applies to this block (decided at construction).
+  bool gathered() const { return gathered_; }
 
   const MoEConfig& config() const { return cfg_; }
   Device device() const { return device_; }
@@ -266,10 +277,11 @@ class MoE {
   Device device_;
   std::unique_ptr<GroupedLinear> gate_up_, down_, shared_up_, shared_down_;
   Tensor wr_, dwr_, bias_;
-  Tensor logits_, ids_, weights_, counts_, losses_;      // router
-  Tensor map_buf_, dest_;                                // permute map: [3E] starts|kept|splits
-  Tensor xp_, probs_, h_, y_;                            // forward
-  Tensor src_row_;                                       // fused_gate_up: the row map [rows]
+  Tensor logits_, ids_, weights_, counts_, losses_;  // router
+  Tensor map_buf_, dest_;                            // permute map: [3E] starts|kept|splits
+  Tensor xp_, probs_, h_, y_;                        // forward
+  Tensor src_row_;  // fused_gate_up, gathered(): the row map [rows]
+  bool gathered_ = false;
   Tensor dyp_, dprobs_, dgu_, dx_, dweights_, dlogits_;  // backward
   Tensor sh_h_, sh_dgu_, token_counts_;                  // shared expert; [max_tokens + 1] = 0..T
   PermuteMap map_;
